@@ -1,0 +1,147 @@
+/*
+ * moex_impl.h - private: the context, error reporting, validated dimensions, and the
+ * backend function table. Never installed.
+ *
+ * Flow of every public call (src/core/api.c):
+ *   1. validate the argument struct (src/core/validate.c): shapes, dtypes, pointers,
+ *      options; on failure set the message and return without touching anything;
+ *   2. fill the op's dims struct below;
+ *   3. check the workspace against the backend's size, align it, and call the backend.
+ * Backends may therefore assume well-formed arguments; they still own the checks of
+ * split values (only they can read them) and must write nothing when those fail.
+ */
+#ifndef MOEX_IMPL_H
+#define MOEX_IMPL_H
+
+#include "moex.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOEX_MSG_LEN 1024
+#define MOEX_WS_ALIGN 256   /* the core hands backends workspaces aligned to this */
+
+/* ---- Validated dimensions, one struct per operation family ------------------------- */
+
+typedef struct moex_gl_dims {        /* grouped linear */
+    int64_t G, T, K, N;
+    moex_dtype dt;                   /* activation dtype (x, w, y, dy, dx) */
+} moex_gl_dims;
+
+typedef struct moex_glu_dims {       /* scaled GLU */
+    int64_t T, F;
+    int64_t G;                       /* 0 when no splits were given: all T rows */
+    moex_dtype dt;
+} moex_glu_dims;
+
+typedef struct moex_mlp_dims {       /* grouped MLP */
+    int64_t G, T, H, F;
+    moex_dtype dt;
+} moex_mlp_dims;
+
+typedef struct moex_router_dims {
+    int64_t T, E, k;
+    moex_dtype dt;                   /* logits dtype */
+} moex_router_dims;
+
+typedef struct moex_perm_dims {      /* permute and unpermute */
+    int64_t T, H, k;
+    int64_t E;                       /* permute forward only; 0 otherwise */
+    moex_dtype dt;
+} moex_perm_dims;
+
+typedef struct moex_moe_dims {       /* MoE layer */
+    int64_t T, H, E, F, k;
+    moex_dtype dt;
+} moex_moe_dims;
+
+/* ---- Backend function table --------------------------------------------------------
+ * *_ws returns the workspace bytes the backend needs (before the core's alignment slack).
+ * Run functions get a workspace aligned to MOEX_WS_ALIGN of at least that size.
+ * A NULL entry means the backend does not implement the op (MOEX_ERR_UNSUPPORTED).     */
+
+#define MOEX_OP(name, args_t, dims_t)                                                       \
+    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);               \
+    moex_status (*name)(moex_context *ctx, const args_t *a, const dims_t *d, void *ws,      \
+                        size_t ws_bytes, moex_stream stream)
+
+typedef struct moex_splits_dims { int64_t G; } moex_splits_dims;
+
+typedef struct moex_backend_ops {
+    const char *name;
+    MOEX_OP(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);
+    MOEX_OP(grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims);
+    MOEX_OP(grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims);
+    MOEX_OP(grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims);
+    MOEX_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims);
+    MOEX_OP(scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims);
+    MOEX_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims);
+    MOEX_OP(grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims);
+    MOEX_OP(router_forward, moex_router_args, moex_router_dims);
+    MOEX_OP(router_backward, moex_router_grad_args, moex_router_dims);
+    MOEX_OP(permute_forward, moex_permute_args, moex_perm_dims);
+    MOEX_OP(permute_backward, moex_permute_grad_args, moex_perm_dims);
+    MOEX_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims);
+    MOEX_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims);
+    MOEX_OP(moe_layer_forward, moex_moe_layer_args, moex_moe_dims);
+    MOEX_OP(moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims);
+    size_t (*moe_layer_saved)(moex_context *ctx, const moex_moe_layer_args *a,
+                              const moex_moe_dims *d);
+    moex_status (*check_splits)(moex_context *ctx, moex_stream stream);
+    void (*destroy)(moex_context *ctx);   /* frees backend_state */
+} moex_backend_ops;
+
+#undef MOEX_OP
+
+/* ---- Context ------------------------------------------------------------------------ */
+
+struct moex_context {
+    moex_backend backend;
+    int device;
+    int num_threads;                 /* CPU backend */
+    const moex_backend_ops *ops;
+    void *backend_state;             /* owned by the backend */
+    char msg[MOEX_MSG_LEN];          /* last error, "" when none */
+};
+
+/* Records a printf-style message in ctx (if not NULL) and returns `status`. */
+moex_status moex_fail(moex_context *ctx, moex_status status, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+/* Backend constructors: fill ctx->ops and ctx->backend_state, or fail with a message. */
+moex_status moex_cpu_backend_init(moex_context *ctx);
+moex_status moex_cuda_backend_init(moex_context *ctx);   /* only in CUDA builds */
+
+/* ---- Small helpers shared by backends ---------------------------------------------- */
+
+static inline bool moex_present(const moex_tensor *t) { return t->ndim != 0; }
+
+static inline int64_t moex_numel(const moex_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+static inline size_t moex_align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+/* Weight matrix g of a grouped weight (packed or discrete), as a byte pointer. */
+static inline void *moex_weight_ptr(const moex_weight *w, int64_t g) {
+    if (w->ptrs) return w->ptrs[g];
+    return (char *)w->t.data +
+           (size_t)g * (size_t)(w->t.shape[1] * w->t.shape[2]) * moex_dtype_size(w->t.dtype);
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEX_IMPL_H */

@@ -1,0 +1,86 @@
+/*
+ * validate.h - private: argument checks shared by the public entry points.
+ * Each check returns MOEX_OK, or records "<op>: <name> ..." in ctx and returns
+ * MOEX_ERR_INVALID_ARG. Shapes are given as arrays of ndim values; -1 matches any size.
+ */
+#ifndef MOEX_VALIDATE_H
+#define MOEX_VALIDATE_H
+
+#include "moex_impl.h"
+
+#define MOEX_DT(d) (1u << (unsigned)(d))
+#define MOEX_DT_FLOAT (MOEX_DT(MOEX_DTYPE_F32) | MOEX_DT(MOEX_DTYPE_BF16) | MOEX_DT(MOEX_DTYPE_F16))
+#define MOEX_DT_OFFSETS (MOEX_DT(MOEX_DTYPE_I32) | MOEX_DT(MOEX_DTYPE_I64))
+
+/* Try a check; return its status on failure. */
+#define MOEX_TRY(expr)                        \
+    do {                                      \
+        moex_status st_ = (expr);             \
+        if (st_ != MOEX_OK) return st_;       \
+    } while (0)
+
+const char *moex_dtype_name(moex_dtype dt);
+
+/* A required tensor: ndim and shape match, dtype in `dtypes`, data non-NULL unless empty. */
+moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              int ndim, const int64_t *shape, unsigned dtypes);
+
+/* The same, but an absent tensor (ndim == 0) passes. */
+moex_status moex_check_optional(moex_context *ctx, const char *op, const char *name,
+                                const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes);
+
+/* A grouped weight [G, R, C], packed or discrete (see moex_weight). */
+moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
+                              int64_t G, int64_t R, int64_t C, unsigned dtypes);
+
+/* True when a weight is present (packed data, discrete pointers, or a described shape). */
+static inline bool moex_weight_present(const moex_weight *w) { return w->t.ndim != 0 || w->ptrs; }
+
+/* splits: [G] I64 with G >= 1; sets *G. */
+moex_status moex_check_splits_arg(moex_context *ctx, const char *op, const moex_tensor *splits, int64_t *G);
+
+/* Checks the glu options (kind, layout, F a multiple of 32 when interleaved, finite
+ * clamp constants with limit > 0). */
+moex_status moex_check_glu(moex_context *ctx, const char *op, const moex_glu_params *glu, int64_t F);
+
+/* Checks that `mode` is a known moex_bias_mode / moex_grad_mode. */
+moex_status moex_check_bias_mode(moex_context *ctx, const char *op, moex_bias_mode mode);
+moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mode mode);
+
+/* The workspace: the public size is the backend's plus alignment slack; `run` gets an
+ * aligned pointer. Fails when the caller's buffer is NULL or smaller than the public size. */
+size_t moex_ws_public_size(size_t backend_bytes);
+moex_status moex_ws_prepare(moex_context *ctx, const char *op, size_t backend_bytes, void *ws,
+                            size_t ws_bytes, void **aligned);
+
+/* Common entry checks: ctx and args non-NULL; clears the message. */
+moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
+
+/* The two halves of every public operation, after its validate function has filled `d`:
+ *   MOEX_WORKSPACE_SIZE: *bytes = the backend's size plus alignment slack;
+ *   MOEX_DISPATCH:       checks the workspace and runs the backend's op.
+ * `field` names the op in moex_backend_ops.                                             */
+#define MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field)                                           \
+    do {                                                                                      \
+        if (!(ctx)->ops->field)                                                               \
+            return moex_fail((ctx), MOEX_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", \
+                             (op), (ctx)->ops->name);                                         \
+    } while (0)
+
+#define MOEX_WORKSPACE_SIZE(ctx, op, field, a, d, bytes)                                      \
+    do {                                                                                      \
+        MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
+        *(bytes) = moex_ws_public_size((ctx)->ops->field##_ws((ctx), (a), &(d)));              \
+        return MOEX_OK;                                                                       \
+    } while (0)
+
+#define MOEX_DISPATCH(ctx, op, field, a, d, ws, ws_bytes, stream)                             \
+    do {                                                                                      \
+        MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
+        size_t need_ = (ctx)->ops->field##_ws((ctx), (a), &(d));                              \
+        void *aligned_ = NULL;                                                                \
+        MOEX_TRY(moex_ws_prepare((ctx), (op), need_, (ws), (ws_bytes), &aligned_));           \
+        return (ctx)->ops->field((ctx), (a), &(d), aligned_, need_, (stream));                \
+    } while (0)
+
+#endif /* MOEX_VALIDATE_H */

@@ -1,0 +1,153 @@
+/*
+ * cpu_glu.c - the CPU scaled GLU, forward and backward (math in cpu_glu_math.h).
+ *
+ *   forward:  z[i, j] = p_i * act(a_ij) g(b_ij)                       z  [T, F]   =
+ *   backward: (da_ij, db_ij) = d z[i, j] / d(a_ij, b_ij) * dz_ij       dh [T, 2F]  =
+ *             dprobs_i += sum_j dz_ij act(a_ij) g(b_ij)                dprobs [T]  +=
+ * with p_i = probs[i] (1 when probs is absent). The rows done are [0, sum(splits)) when
+ * splits are given, else all T; the rest are neither read nor written. Everything is
+ * computed in f32 and rounded once when stored; the dprobs sum of a row runs over j in
+ * increasing order, so results do not depend on the number of threads.
+ *
+ * Inside the backend the backward also accepts an absent dh (the grouped MLP asks only
+ * for dprobs that way); the public API always passes one.
+ *
+ * Workspace: (G + 1) int64 offsets when splits are given, else none.
+ */
+#include "cpu_glu_math.h"
+#include "cpu_ops.h"
+#include "cpu_convert.h"
+#include "validate.h"
+
+/* Elements per thread chunk worth the hand-off, and per f32 staging block of a row. */
+#define GLU_GRAIN_ELEMS 16384
+#define GLU_BLOCK 256
+
+/* What a range of rows needs: the tensors as raw pointers (NULL when absent). */
+typedef struct glu_job {
+    moex_glu_consts c;
+    int64_t F, L;               /* F, and the half-segment length (cpu_glu_math.h) */
+    moex_dtype dt;
+    const void *h;              /* [T, 2F] */
+    const float *probs;         /* [T] or NULL */
+    void *z;                    /* forward: [T, F] */
+    const void *dz;             /* backward: [T, F] */
+    void *dh;                   /* backward: [T, 2F] or NULL */
+    float *dprobs;              /* backward: [T] or NULL */
+} glu_job;
+
+/* Rows [begin, end): each segment of a row is staged in f32 blocks of GLU_BLOCK columns. */
+static void glu_forward_rows(void *arg, int64_t begin, int64_t end) {
+    const glu_job *jb = (const glu_job *)arg;
+    const int64_t F = jb->F, L = jb->L;
+    float a[GLU_BLOCK], b[GLU_BLOCK], z[GLU_BLOCK];
+    for (int64_t i = begin; i < end; i++) {
+        const float p = jb->probs ? jb->probs[i] : 1.0f;
+        for (int64_t s = 0; s < F; s += L) {            /* segment: a at 2s, b at 2s + L */
+            for (int64_t j0 = 0; j0 < L; j0 += GLU_BLOCK) {
+                const int64_t n = L - j0 < GLU_BLOCK ? L - j0 : GLU_BLOCK;
+                const int64_t ha = i * 2 * F + 2 * s + j0;
+                moex_cpu_load_f32(a, moex_cpu_cat(jb->h, jb->dt, ha), jb->dt, n);
+                moex_cpu_load_f32(b, moex_cpu_cat(jb->h, jb->dt, ha + L), jb->dt, n);
+                for (int64_t j = 0; j < n; j++) z[j] = moex_glu_forward(jb->c, a[j], b[j], p);
+                moex_cpu_store_f32(moex_cpu_at(jb->z, jb->dt, i * F + s + j0), jb->dt, z, n);
+            }
+        }
+    }
+}
+
+static void glu_backward_rows(void *arg, int64_t begin, int64_t end) {
+    const glu_job *jb = (const glu_job *)arg;
+    const int64_t F = jb->F, L = jb->L;
+    float a[GLU_BLOCK], b[GLU_BLOCK], dz[GLU_BLOCK], da[GLU_BLOCK], db[GLU_BLOCK];
+    for (int64_t i = begin; i < end; i++) {
+        const float p = jb->probs ? jb->probs[i] : 1.0f;
+        float dp = 0.0f;                                /* this row's dprobs, j increasing */
+        for (int64_t s = 0; s < F; s += L) {
+            for (int64_t j0 = 0; j0 < L; j0 += GLU_BLOCK) {
+                const int64_t n = L - j0 < GLU_BLOCK ? L - j0 : GLU_BLOCK;
+                const int64_t ha = i * 2 * F + 2 * s + j0;
+                moex_cpu_load_f32(a, moex_cpu_cat(jb->h, jb->dt, ha), jb->dt, n);
+                moex_cpu_load_f32(b, moex_cpu_cat(jb->h, jb->dt, ha + L), jb->dt, n);
+                moex_cpu_load_f32(dz, moex_cpu_cat(jb->dz, jb->dt, i * F + s + j0), jb->dt, n);
+                for (int64_t j = 0; j < n; j++) {
+                    float term;
+                    moex_glu_backward(jb->c, a[j], b[j], p, dz[j], &da[j], &db[j], &term);
+                    dp += term;
+                }
+                if (jb->dh) {
+                    moex_cpu_store_f32(moex_cpu_at(jb->dh, jb->dt, ha), jb->dt, da, n);
+                    moex_cpu_store_f32(moex_cpu_at(jb->dh, jb->dt, ha + L), jb->dt, db, n);
+                }
+            }
+        }
+        if (jb->dprobs) jb->dprobs[i] += dp;
+    }
+}
+
+/* The rows to do: sum(splits) after checking the split values, or T without splits. */
+static moex_status glu_rows(moex_context *ctx, const char *op, const moex_tensor *splits,
+                            const moex_glu_dims *d, void *ws, int64_t *rows) {
+    *rows = d->T;
+    if (d->G == 0) return MOEX_OK;
+    int64_t *off = (int64_t *)ws;
+    MOEX_TRY(moex_cpu_read_offsets(ctx, op, splits, d->T, off));
+    *rows = off[d->G];
+    return MOEX_OK;
+}
+
+static glu_job glu_job_of(const moex_glu_params *glu, const moex_glu_dims *d, const void *h,
+                          const moex_tensor *probs) {
+    glu_job jb = {0};
+    jb.c = moex_glu_consts_of(glu);
+    jb.F = d->F;
+    jb.L = moex_glu_segment(glu->layout, d->F);
+    jb.dt = d->dt;
+    jb.h = h;
+    jb.probs = moex_present(probs) ? (const float *)probs->data : NULL;
+    return jb;
+}
+
+static int64_t glu_grain(int64_t F) {
+    return F >= GLU_GRAIN_ELEMS ? 1 : GLU_GRAIN_ELEMS / (F > 0 ? F : 1);
+}
+
+static size_t glu_ws(const moex_glu_dims *d) {
+    return d->G > 0 ? (size_t)(d->G + 1) * sizeof(int64_t) : 0;
+}
+
+size_t moex_cpu_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a,
+                                      const moex_glu_dims *d) {
+    return glu_ws(d);
+}
+
+moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *a,
+                                        const moex_glu_dims *d, void *ws, size_t ws_bytes,
+                                        moex_stream stream) {
+    int64_t rows;
+    MOEX_TRY(glu_rows(ctx, "moex_scaled_glu_forward", &a->splits, d, ws, &rows));
+    if (rows == 0 || d->F == 0) return MOEX_OK;
+    glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
+    jb.z = a->z.data;
+    moex_cpu_parallel_for(ctx, rows, glu_grain(d->F), glu_forward_rows, &jb);
+    return MOEX_OK;
+}
+
+size_t moex_cpu_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
+                                       const moex_glu_dims *d) {
+    return glu_ws(d);
+}
+
+moex_status moex_cpu_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *a,
+                                         const moex_glu_dims *d, void *ws, size_t ws_bytes,
+                                         moex_stream stream) {
+    int64_t rows;
+    MOEX_TRY(glu_rows(ctx, "moex_scaled_glu_backward", &a->splits, d, ws, &rows));
+    glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
+    jb.dz = a->dz.data;
+    jb.dh = moex_present(&a->dh) ? a->dh.data : NULL;
+    jb.dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
+    if (rows == 0 || d->F == 0 || (!jb.dh && !jb.dprobs)) return MOEX_OK;
+    moex_cpu_parallel_for(ctx, rows, glu_grain(d->F), glu_backward_rows, &jb);
+    return MOEX_OK;
+}

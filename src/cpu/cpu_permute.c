@@ -1,0 +1,192 @@
+/*
+ * cpu_permute.c - the CPU permute and unpermute, forward and backward.
+ *
+ * Token t's copy for its j-th expert is row row_map[t*k + j] of the permuted [T*k, H]
+ * buffer; rows are sorted by expert and, within an expert, by (t, j) (stable).
+ *   permute forward:    splits[e] = #{(t, j): ids[t, j] == e}      splits [E] I64   =
+ *                       row_map[t*k + j] = the row of (t, j)       row_map [T*k]    =
+ *                       xp[row_map[t*k + j]] = x[t]                xp [T*k, H]      =
+ *                       probs_p[row_map[t*k + j]] = probs[t, j]    probs_p [T*k]    =
+ *   permute backward:   dx[t] = sum_j dxp[row_map[t*k + j]]        dx [T, H]        =
+ *                       dprobs[t, j] = dprobs_p[row_map[t*k + j]]  dprobs [T, k]    =
+ *   unpermute forward:  y[t] = sum_j yp[row_map[t*k + j]]          y [T, H]         =
+ *   unpermute backward: dyp[row_map[t*k + j]] = dy[t]              dyp [T*k, H]     =
+ * Sums run over j in increasing order in f32 and are rounded once. Ids outside [0, E) and
+ * row_map values outside [0, T*k) fail with MOEX_ERR_INVALID_ARG before anything is written.
+ *
+ * Inside the backend the permute backward also accepts an absent dx, and a dx whose dtype
+ * differs from dxp's (the MoE layer sums into f32); the public API always passes dx in the
+ * dtype of dxp.
+ *
+ * Workspace: permute forward E int64 (the next free row of each expert); the others none.
+ */
+#include "cpu_ops.h"
+#include "moex_half.h"
+
+#include <string.h>
+
+#define PERM_GRAIN_ELEMS 16384   /* elements per thread worth the hand-off */
+
+static inline float load_elem(const void *base, moex_dtype dt, int64_t i) {
+    switch (dt) {
+    case MOEX_DTYPE_BF16: return moex_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOEX_DTYPE_F16: return moex_f16_to_f32(((const uint16_t *)base)[i]);
+    default: return ((const float *)base)[i];
+    }
+}
+
+static inline void store_elem(void *base, moex_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case MOEX_DTYPE_BF16: ((uint16_t *)base)[i] = moex_f32_to_bf16(v); break;
+    case MOEX_DTYPE_F16: ((uint16_t *)base)[i] = moex_f32_to_f16(v); break;
+    default: ((float *)base)[i] = v; break;
+    }
+}
+
+/* Rows of T tokens per thread chunk, for k rows of H elements per token. */
+static int64_t token_grain(int64_t k, int64_t H) {
+    int64_t g = PERM_GRAIN_ELEMS / (k * H);
+    return g < 1 ? 1 : g;
+}
+
+/* Fails unless every row_map value is in [0, T*k). */
+static moex_status check_row_map(moex_context *ctx, const char *op, const moex_tensor *row_map, int64_t T,
+                                 int64_t k) {
+    const int32_t *rm = (const int32_t *)row_map->data;
+    for (int64_t i = 0; i < T * k; i++)
+        if (rm[i] < 0 || rm[i] >= T * k)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: row_map[%lld] = %d is outside [0, T*k = %lld)", op,
+                             (long long)i, (int)rm[i], (long long)(T * k));
+    return MOEX_OK;
+}
+
+/* What a range of tokens needs (NULL for tensors an op does not use). */
+typedef struct perm_job {
+    int64_t H, k;
+    const int32_t *row_map;   /* [T*k] */
+    moex_dtype src_dt, dst_dt;
+    size_t row_bytes;         /* H elements of the copied dtype */
+    const void *src;          /* gather: [T*k, H]; scatter: [T, H] */
+    void *dst;                /* gather: [T, H];   scatter: [T*k, H] */
+    const float *vsrc;        /* per-(t, j) values: gather [T*k] by row, scatter [T, k] */
+    float *vdst;              /* gather [T, k], scatter [T*k] by row */
+} perm_job;
+
+/* dst[t] = sum_j src[row_map[t*k + j]] (f32, j ascending, one rounding);
+ * vdst[t*k + j] = vsrc[row_map[t*k + j]]. */
+static void gather_tokens(void *arg, int64_t begin, int64_t end) {
+    const perm_job *jb = (const perm_job *)arg;
+    const int64_t H = jb->H, k = jb->k;
+    for (int64_t t = begin; t < end; t++) {
+        const int32_t *rm = jb->row_map + t * k;
+        if (jb->dst) {
+            for (int64_t h = 0; h < H; h++) {
+                float acc = load_elem(jb->src, jb->src_dt, (int64_t)rm[0] * H + h);
+                for (int64_t j = 1; j < k; j++) acc += load_elem(jb->src, jb->src_dt, (int64_t)rm[j] * H + h);
+                store_elem(jb->dst, jb->dst_dt, t * H + h, acc);
+            }
+        }
+        if (jb->vdst)
+            for (int64_t j = 0; j < k; j++) jb->vdst[t * k + j] = jb->vsrc[rm[j]];
+    }
+}
+
+/* dst[row_map[t*k + j]] = src[t] (a copy); vdst[row_map[t*k + j]] = vsrc[t*k + j]. */
+static void scatter_tokens(void *arg, int64_t begin, int64_t end) {
+    const perm_job *jb = (const perm_job *)arg;
+    const int64_t k = jb->k;
+    for (int64_t t = begin; t < end; t++) {
+        const int32_t *rm = jb->row_map + t * k;
+        const char *src = (const char *)jb->src + (size_t)t * jb->row_bytes;
+        for (int64_t j = 0; j < k; j++) {
+            memcpy((char *)jb->dst + (size_t)rm[j] * jb->row_bytes, src, jb->row_bytes);
+            if (jb->vdst) jb->vdst[rm[j]] = jb->vsrc[t * k + j];
+        }
+    }
+}
+
+/* ---- permute ------------------------------------------------------------------------- */
+
+size_t moex_cpu_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
+    return (size_t)d->E * sizeof(int64_t);
+}
+
+moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d,
+                                     void *ws, size_t ws_bytes, moex_stream stream) {
+    const int64_t T = d->T, k = d->k, E = d->E, n = T * k;
+    const int32_t *ids = (const int32_t *)a->ids.data;
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= E)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                             "moex_permute_forward: ids[%lld, %lld] = %d is outside [0, num_experts = %lld)",
+                             (long long)(i / k), (long long)(i % k), (int)ids[i], (long long)E);
+
+    int64_t *splits = (int64_t *)a->splits.data, *next = (int64_t *)ws;
+    int32_t *row_map = (int32_t *)a->row_map.data;
+    for (int64_t e = 0; e < E; e++) splits[e] = 0;
+    for (int64_t i = 0; i < n; i++) splits[ids[i]]++;
+    int64_t off = 0;
+    for (int64_t e = 0; e < E; e++) {
+        next[e] = off;
+        off += splits[e];
+    }
+    for (int64_t i = 0; i < n; i++) row_map[i] = (int32_t)next[ids[i]]++;   /* (t, j) ascending: stable */
+
+    if (T == 0) return MOEX_OK;
+    perm_job jb = {d->H, k, row_map, d->dt, d->dt, (size_t)d->H * moex_dtype_size(d->dt), a->x.data, a->xp.data,
+                   moex_present(&a->probs) ? (const float *)a->probs.data : NULL,
+                   moex_present(&a->probs) ? (float *)a->probs_p.data : NULL};
+    moex_cpu_parallel_for(ctx, T, token_grain(k, d->H), scatter_tokens, &jb);
+    return MOEX_OK;
+}
+
+size_t moex_cpu_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
+    return 0;
+}
+
+moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d,
+                                      void *ws, size_t ws_bytes, moex_stream stream) {
+    moex_status st = check_row_map(ctx, "moex_permute_backward", &a->row_map, d->T, d->k);
+    if (st != MOEX_OK) return st;
+    if (d->T == 0) return MOEX_OK;
+    const bool with_dx = moex_present(&a->dx), with_dprobs = moex_present(&a->dprobs_p);
+    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, a->dxp.dtype,
+                   with_dx ? a->dx.dtype : a->dxp.dtype, 0, a->dxp.data, with_dx ? a->dx.data : NULL,
+                   with_dprobs ? (const float *)a->dprobs_p.data : NULL,
+                   with_dprobs ? (float *)a->dprobs.data : NULL};
+    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
+    return MOEX_OK;
+}
+
+/* ---- unpermute ----------------------------------------------------------------------- */
+
+size_t moex_cpu_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
+    return 0;
+}
+
+moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d,
+                                       void *ws, size_t ws_bytes, moex_stream stream) {
+    moex_status st = check_row_map(ctx, "moex_unpermute_forward", &a->row_map, d->T, d->k);
+    if (st != MOEX_OK) return st;
+    if (d->T == 0) return MOEX_OK;
+    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, d->dt, d->dt, 0, a->yp.data, a->y.data,
+                   NULL, NULL};
+    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
+    return MOEX_OK;
+}
+
+size_t moex_cpu_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
+                                      const moex_perm_dims *d) {
+    return 0;
+}
+
+moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,
+                                        const moex_perm_dims *d, void *ws, size_t ws_bytes, moex_stream stream) {
+    moex_status st = check_row_map(ctx, "moex_unpermute_backward", &a->row_map, d->T, d->k);
+    if (st != MOEX_OK) return st;
+    if (d->T == 0) return MOEX_OK;
+    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, d->dt, d->dt,
+                   (size_t)d->H * moex_dtype_size(d->dt), a->dy.data, a->dyp.data, NULL, NULL};
+    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), scatter_tokens, &jb);
+    return MOEX_OK;
+}

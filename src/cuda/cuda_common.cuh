@@ -1,0 +1,75 @@
+/*
+ * cuda_common.cuh - private device helpers shared by the CUDA kernels: f32 <-> storage
+ * conversions for f32/bf16/f16, fixed-order warp and block reductions, the bad-input
+ * flag, and the group lookup in the schedule.
+ */
+#ifndef MOEX_CUDA_COMMON_CUH
+#define MOEX_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+typedef __half f16;
+
+static __device__ __forceinline__ float to_f32(float v) { return v; }
+static __device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+static __device__ __forceinline__ float to_f32(f16 v) { return __half2float(v); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float v);
+template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
+template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ f16 from_f32<f16>(float v) { return __float2half_rn(v); }
+
+/* Reads element i of a tensor whose dtype is only known at run time (f32, bf16 or f16). */
+static __device__ __forceinline__ float load_any(const void *p, int is_f32, int is_bf16, int64_t i) {
+    if (is_f32) return ((const float *)p)[i];
+    if (is_bf16) return __bfloat162float(((const bf16 *)p)[i]);
+    return __half2float(((const f16 *)p)[i]);
+}
+
+/* Sum over the 32 lanes in a fixed butterfly order: every lane gets the same bits. */
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Block sum (blockDim.x a multiple of 32, at most 1024) in a fixed order; all threads get
+ * the result. `red` is shared scratch of 32 floats. */
+static __device__ __forceinline__ float block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? red[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+/* Records bad device input (first op wins; see moex_cuda_flag_kind). */
+static __device__ __forceinline__ void flag_bad(int *flag, int op_id, int kind) {
+    atomicCAS(flag, 0, (op_id << 4) | kind);
+}
+
+/* The group g with tiles[g] <= t < tiles[g+1] (tiles nondecreasing, t < tiles[G]). */
+static __device__ __forceinline__ int find_group_i32(const int32_t *tiles, int G, int64_t t) {
+    int lo = 0, hi = G - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if ((int64_t)tiles[mid] <= t) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The group g with off[g] <= r < off[g+1] (r < off[G]); empty groups are skipped. */
+static __device__ __forceinline__ int find_group_i64(const int64_t *off, int G, int64_t r) {
+    int lo = 0, hi = G - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) >> 1;
+        if (off[mid] <= r) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+#endif /* MOEX_CUDA_COMMON_CUH */

@@ -1,0 +1,383 @@
+/*
+ * cuda_grouped_gemm_sm80.cu - the portable grouped GEMM (sm_80 and newer).
+ *
+ * One kernel, two schedules (moex_cuda_gemm_kind in cuda_ops.h):
+ *   ROWS:  grid (N tiles, row tiles); a CTA finds its group by a binary search of its row
+ *          tile in the device schedule (tiles[]), so the host never sees a split value.
+ *   WGRAD: grid (N tiles, M tiles, G); a CTA reduces over its group's rows.
+ * Tiles are 128 x 128 x 32 with 256 threads. Operands are staged global -> registers ->
+ * shared memory (one buffer, the next tile's loads in flight during the math), converted
+ * to the compute type on the way. bf16/f16 use mma.sync m16n8k16 with f32 accumulators
+ * (8 warps, 2 x 4, each 64 x 32); f32 uses plain FFMA (8 x 8 outputs per thread), never
+ * TF32. Every output element is owned by exactly one thread and summed in a fixed order,
+ * so results are deterministic. Loads outside the valid rows/columns read zeros, stores are
+ * guarded, so odd sizes and clamped bad splits never touch memory outside the tensors.
+ */
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#define GBM 128
+#define GBN 128
+#define GBK 32
+#define GTHREADS 256
+
+typedef struct gemm_params {
+    int kind;
+    const int64_t *off;
+    const int32_t *tiles;
+    int G;
+    int64_t m_dim, n_dim, k_dim;
+    const void *a;
+    int64_t lda;
+    const void *b;
+    void *const *b_ptrs;
+    int64_t b_gstride, ldb;
+    int b_kc;
+    void *c;
+    void *const *c_ptrs;
+    int64_t c_gstride, ldc;
+    int accumulate;
+    const void *bias;
+    int bias_f32, bias_bf16;
+    int64_t bias_gstride;
+    int bias_scaled;
+    const float *probs;
+    const float *residual;
+    int64_t ldr;
+} gemm_params;
+
+/* Shared-memory row stride (elements): conflict-free fragment reads. */
+template <typename TC> struct smem_stride { static constexpr int v = GBK + 8; };
+template <> struct smem_stride<float> { static constexpr int v = GBK + 1; };
+
+/* Element e of a 16-byte vector holding TS values, as f32. */
+template <typename TS> __device__ __forceinline__ float vec_elem(const uint4 &r, int e);
+static __device__ __forceinline__ uint32_t vec_word(const uint4 &r, int w) {
+    return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w;
+}
+template <> __device__ __forceinline__ float vec_elem<float>(const uint4 &r, int e) {
+    return __uint_as_float(vec_word(r, e));
+}
+template <> __device__ __forceinline__ float vec_elem<bf16>(const uint4 &r, int e) {
+    uint32_t w = vec_word(r, e >> 1);
+    return __uint_as_float(((e & 1) ? (w >> 16) : (w & 0xffffu)) << 16);
+}
+template <> __device__ __forceinline__ float vec_elem<f16>(const uint4 &r, int e) {
+    uint32_t w = vec_word(r, e >> 1);
+    return __half2float(__ushort_as_half((unsigned short)((e & 1) ? (w >> 16) : (w & 0xffffu))));
+}
+
+/* One operand tile: 128 rows (an output dimension) x 32 reduction steps, element (row, k)
+ * at base[row * ld + k] when kc (reduction contiguous) else base[k * ld + row]; rows >=
+ * `rows` or k >= `kvalid` read as zero. Staged in f32 registers, stored as TC. */
+template <typename TS, typename TC> struct tile_loader {
+    static constexpr int VEC = 16 / sizeof(TS);
+    static constexpr int NV = GBM * GBK / VEC / GTHREADS;
+    static constexpr int S = smem_stride<TC>::v;
+    float v[NV][VEC];
+    const TS *base;
+    int64_t ld, rows;
+    int kc, vec_ok;
+
+    __device__ void init(const TS *b, int64_t ld_, int64_t rows_, int kc_) {
+        base = b;
+        ld = ld_;
+        rows = rows_;
+        kc = kc_;
+        vec_ok = ((uintptr_t)b % 16 == 0) && (ld_ % VEC == 0);
+    }
+
+    __device__ void load(int64_t k0, int64_t kvalid) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            int idx = threadIdx.x + i * GTHREADS;
+            int row, kk;
+            if (kc) {
+                row = idx / (GBK / VEC);
+                kk = (idx % (GBK / VEC)) * VEC;
+            } else {
+                kk = idx / (GBM / VEC);
+                row = (idx % (GBM / VEC)) * VEC;
+            }
+            int64_t k = k0 + kk;
+            bool full = kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
+            if (full && vec_ok) {
+                const TS *src = kc ? base + row * ld + k : base + k * ld + row;
+                uint4 r = __ldg((const uint4 *)src);
+#pragma unroll
+                for (int e = 0; e < VEC; e++) v[i][e] = vec_elem<TS>(r, e);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++) {
+                    int64_t rr = kc ? row : row + e, ke = kc ? k + e : k;
+                    v[i][e] = (rr < rows && ke < kvalid) ? to_f32(base[kc ? rr * ld + ke : ke * ld + rr]) : 0.0f;
+                }
+            }
+        }
+    }
+
+    __device__ void store(TC *sm) const {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            int idx = threadIdx.x + i * GTHREADS;
+            int row, kk;
+            if (kc) {
+                row = idx / (GBK / VEC);
+                kk = (idx % (GBK / VEC)) * VEC;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) sm[row * S + kk + e] = from_f32<TC>(v[i][e]);
+            } else {
+                kk = idx / (GBM / VEC);
+                row = (idx % (GBM / VEC)) * VEC;
+#pragma unroll
+                for (int e = 0; e < VEC; e++) sm[(row + e) * S + kk] = from_f32<TC>(v[i][e]);
+            }
+        }
+    }
+};
+
+template <typename TC> __device__ __forceinline__ void mma16816(float *d, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void mma16816<bf16>(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void mma16816<f16>(float *d, const uint32_t *a, const uint32_t *b) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Where a CTA's outputs go. */
+typedef struct tile_out {
+    int g;
+    int64_t row0;       /* ROWS: first global row; WGRAD: first row of C_g   */
+    int64_t rows;       /* valid rows in this tile                           */
+    int64_t n0;
+    void *cg;           /* WGRAD: C_g */
+} tile_out;
+
+template <typename TO>
+__device__ __forceinline__ void store_out(const gemm_params &p, const tile_out &t, int m, int n, float acc) {
+    int64_t col = t.n0 + n;
+    if (m >= t.rows || col >= p.n_dim) return;
+    int64_t r = t.row0 + m;
+    TO *dst;
+    if (p.kind == MOEX_CUDA_GEMM_ROWS) {
+        if (p.bias) {
+            int64_t bi = (int64_t)t.g * p.bias_gstride + col;
+            float b = load_any(p.bias, p.bias_f32, p.bias_bf16, bi);
+            acc += p.bias_scaled ? p.probs[r] * b : b;
+        }
+        if (p.residual) acc += p.residual[r * p.ldr + col];
+        dst = (TO *)p.c + r * p.ldc + col;
+    } else {
+        dst = (TO *)t.cg + r * p.ldc + col;
+    }
+    if (p.accumulate) *(float *)dst += acc;
+    else *dst = from_f32<TO>(acc);
+}
+
+template <typename TC, typename TA, typename TB, typename TO>
+__global__ void __launch_bounds__(GTHREADS) grouped_gemm_kernel(gemm_params p) {
+    constexpr int S = smem_stride<TC>::v;
+    __shared__ __align__(16) TC As[GBM * S];
+    __shared__ __align__(16) TC Bs[GBN * S];
+
+    tile_loader<TA, TC> la;
+    tile_loader<TB, TC> lb;
+    tile_out t;
+    int64_t kvalid;
+    t.n0 = (int64_t)blockIdx.x * GBN;
+    if (p.kind == MOEX_CUDA_GEMM_ROWS) {
+        int64_t tile = blockIdx.y;
+        if (tile >= p.tiles[p.G]) return;
+        t.g = find_group_i32(p.tiles, p.G, tile);
+        t.row0 = p.off[t.g] + (tile - p.tiles[t.g]) * GBM;
+        t.rows = min((int64_t)GBM, p.off[t.g + 1] - t.row0);
+        t.cg = NULL;
+        const TB *bg = p.b_ptrs ? (const TB *)p.b_ptrs[t.g] : (const TB *)p.b + t.g * p.b_gstride;
+        la.init((const TA *)p.a + t.row0 * p.lda, p.lda, t.rows, 1);
+        lb.init(p.b_kc ? bg + t.n0 * p.ldb : bg + t.n0, p.ldb, p.n_dim - t.n0, p.b_kc);
+        kvalid = p.k_dim;
+    } else {
+        t.g = blockIdx.z;
+        int64_t r0 = p.off[t.g];
+        kvalid = p.off[t.g + 1] - r0;
+        if (kvalid <= 0 && p.accumulate) return;   /* += of an empty group: unchanged */
+        t.row0 = (int64_t)blockIdx.y * GBM;
+        t.rows = min((int64_t)GBM, p.m_dim - t.row0);
+        t.cg = p.c_ptrs ? p.c_ptrs[t.g] : (void *)((TO *)p.c + t.g * p.c_gstride);
+        la.init((const TA *)p.a + r0 * p.lda + t.row0, p.lda, t.rows, 0);
+        lb.init((const TB *)p.b + r0 * p.ldb + t.n0, p.ldb, p.n_dim - t.n0, 0);
+    }
+
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int gq = lane >> 2, tq = lane & 3;            /* mma fragment coordinates  */
+    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4; /* SIMT coordinates */
+    constexpr bool simt = sizeof(TC) == 4;
+    float acc[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+
+    int64_t nk = (kvalid + GBK - 1) / GBK;
+    if (nk > 0) {
+        la.load(0, kvalid);
+        lb.load(0, kvalid);
+    }
+    for (int64_t kt = 0; kt < nk; kt++) {
+        __syncthreads();
+        la.store(As);
+        lb.store(Bs);
+        __syncthreads();
+        if (kt + 1 < nk) {
+            la.load((kt + 1) * GBK, kvalid);
+            lb.load((kt + 1) * GBK, kvalid);
+        }
+        if constexpr (simt) {
+#pragma unroll 4
+            for (int k = 0; k < GBK; k++) {
+                float av[8], bv[8];
+#pragma unroll
+                for (int i = 0; i < 8; i++) av[i] = to_f32(As[(ty + 16 * i) * S + k]);
+#pragma unroll
+                for (int j = 0; j < 8; j++) bv[j] = to_f32(Bs[(tx + 16 * j) * S + k]);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+#pragma unroll
+                    for (int j = 0; j < 8; j++) acc[i * 8 + j] = fmaf(av[i], bv[j], acc[i * 8 + j]);
+            }
+        } else {
+#pragma unroll
+            for (int ks = 0; ks < GBK; ks += 16) {
+                uint32_t af[4][4], bfr[4][2];
+                int c = ks + 2 * tq;
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++) {
+                    int r = wm + mt * 16 + gq;
+                    af[mt][0] = *(const uint32_t *)&As[r * S + c];
+                    af[mt][1] = *(const uint32_t *)&As[(r + 8) * S + c];
+                    af[mt][2] = *(const uint32_t *)&As[r * S + c + 8];
+                    af[mt][3] = *(const uint32_t *)&As[(r + 8) * S + c + 8];
+                }
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    int n = wn + nt * 8 + gq;
+                    bfr[nt][0] = *(const uint32_t *)&Bs[n * S + c];
+                    bfr[nt][1] = *(const uint32_t *)&Bs[n * S + c + 8];
+                }
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++) mma16816<TC>(&acc[(mt * 4 + nt) * 4], af[mt], bfr[nt]);
+            }
+        }
+    }
+
+    if constexpr (simt) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) store_out<TO>(p, t, ty + 16 * i, tx + 16 * j, acc[i * 8 + j]);
+    } else {
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float *d = &acc[(mt * 4 + nt) * 4];
+                int r = wm + mt * 16 + gq, n = wn + nt * 8 + 2 * tq;
+                store_out<TO>(p, t, r, n, d[0]);
+                store_out<TO>(p, t, r, n + 1, d[1]);
+                store_out<TO>(p, t, r + 8, n, d[2]);
+                store_out<TO>(p, t, r + 8, n + 1, d[3]);
+            }
+    }
+}
+
+template <typename TC, typename TA, typename TB, typename TO>
+static void launch(const gemm_params &p, dim3 grid, cudaStream_t stream) {
+    grouped_gemm_kernel<TC, TA, TB, TO><<<grid, GTHREADS, 0, stream>>>(p);
+}
+
+template <typename TC, typename TA>
+static int launch_to(moex_dtype to, const gemm_params &p, dim3 grid, cudaStream_t stream) {
+    if (to == MOEX_DTYPE_F32) launch<TC, TA, TC, float>(p, grid, stream);
+    else launch<TC, TA, TC, TC>(p, grid, stream);
+    return 1;
+}
+
+moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *g,
+                               cudaStream_t stream) {
+    gemm_params p;
+    p.kind = g->kind;
+    p.off = g->sched->off;
+    p.tiles = g->sched->tiles;
+    p.G = (int)g->sched->G;
+    p.m_dim = g->m_dim;
+    p.n_dim = g->n_dim;
+    p.k_dim = g->k_dim;
+    p.a = g->a;
+    p.lda = g->lda;
+    p.b = g->b;
+    p.b_ptrs = g->b_ptrs;
+    p.b_gstride = g->b_gstride;
+    p.ldb = g->ldb;
+    p.b_kc = g->b_kc;
+    p.c = g->c;
+    p.c_ptrs = g->c_ptrs;
+    p.c_gstride = g->c_gstride;
+    p.ldc = g->ldc;
+    p.accumulate = g->accumulate;
+    p.bias = g->bias;
+    p.bias_f32 = g->bias_dt == MOEX_DTYPE_F32;
+    p.bias_bf16 = g->bias_dt == MOEX_DTYPE_BF16;
+    p.bias_gstride = g->bias_gstride;
+    p.bias_scaled = g->bias_scaled;
+    p.probs = g->probs;
+    p.residual = g->residual;
+    p.ldr = g->ldr;
+
+    dim3 grid;
+    int64_t nt = (g->n_dim + GBN - 1) / GBN;
+    if (g->kind == MOEX_CUDA_GEMM_ROWS) {
+        int64_t mt = moex_cuda_max_tiles(g->sched->T, g->sched->G);
+        if (nt == 0 || g->sched->T == 0) return MOEX_OK;
+        if (mt > 65535 || nt > 2147483647)
+            return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: %lld row tiles exceed the grid limit (T too large)",
+                             op, (long long)mt);
+        grid = dim3((unsigned)nt, (unsigned)mt, 1);
+    } else {
+        int64_t mt = (g->m_dim + GBM - 1) / GBM;
+        if (nt == 0 || mt == 0) return MOEX_OK;
+        if (mt > 65535 || g->sched->G > 65535)
+            return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: weight-gradient grid too large (%lld x %lld groups)",
+                             op, (long long)mt, (long long)g->sched->G);
+        grid = dim3((unsigned)nt, (unsigned)mt, (unsigned)g->sched->G);
+    }
+    if (g->accumulate && g->to != MOEX_DTYPE_F32)
+        return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: accumulating GEMM needs an f32 output", op);
+
+    int ok = 0;
+    if (g->tc == MOEX_DTYPE_F32) {
+        if (g->ta == MOEX_DTYPE_F32 && g->tb == MOEX_DTYPE_F32 && g->to == MOEX_DTYPE_F32) {
+            launch<float, float, float, float>(p, grid, stream);
+            ok = 1;
+        }
+    } else if (g->tc == MOEX_DTYPE_BF16 && g->tb == MOEX_DTYPE_BF16 &&
+               (g->to == MOEX_DTYPE_F32 || g->to == MOEX_DTYPE_BF16)) {
+        if (g->ta == MOEX_DTYPE_BF16) ok = launch_to<bf16, bf16>(g->to, p, grid, stream);
+        else if (g->ta == MOEX_DTYPE_F32) ok = launch_to<bf16, float>(g->to, p, grid, stream);
+    } else if (g->tc == MOEX_DTYPE_F16 && g->tb == MOEX_DTYPE_F16 &&
+               (g->to == MOEX_DTYPE_F32 || g->to == MOEX_DTYPE_F16)) {
+        if (g->ta == MOEX_DTYPE_F16) ok = launch_to<f16, f16>(g->to, p, grid, stream);
+        else if (g->ta == MOEX_DTYPE_F32) ok = launch_to<f16, float>(g->to, p, grid, stream);
+    }
+    if (!ok)
+        return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no GEMM kernel for operand dtypes %d/%d, compute %d, out %d",
+                         op, (int)g->ta, (int)g->tb, (int)g->tc, (int)g->to);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}

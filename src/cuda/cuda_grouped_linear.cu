@@ -1,0 +1,190 @@
+/*
+ * cuda_grouped_linear.cu - grouped linear forward, backward-data and backward-weight on
+ * the GPU: the device schedule from the splits, then the grouped GEMM (with the bias
+ * fused in its epilogue), and the deterministic dbias / dprobs reductions.
+ *   forward:         y_g = x_g W_g^T (+ b_g | + p_i b_g)                       (=)
+ *   backward_data:   dx_g = dy_g W_g (=), dbias_g = sum (p_i) dy_i (=),
+ *                    dprobs_i += dy_i . b_g (scaled bias only)
+ *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
+ * The moex_cuda_linear_* building blocks take an already built schedule, so the grouped
+ * MLP and the MoE layer build it once per call.
+ */
+#include "cuda_ops.h"
+
+moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                 int64_t K, int64_t N, const void *x, const moex_weight *w,
+                                 moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
+                                 cudaStream_t stream) {
+    moex_cuda_gemm g = {};
+    g.kind = MOEX_CUDA_GEMM_ROWS;
+    g.sched = s;
+    g.ta = g.tb = g.tc = g.to = dt;
+    g.n_dim = N;
+    g.k_dim = K;
+    g.a = x;
+    g.lda = K;
+    g.b = w->t.data;
+    g.b_ptrs = w->ptrs;
+    g.b_gstride = N * K;
+    g.ldb = K;
+    g.b_kc = 1;
+    g.c = y;
+    g.ldc = N;
+    if (bias_mode != MOEX_BIAS_NONE) {
+        g.bias = bias->data;
+        g.bias_dt = bias->dtype;
+        g.bias_gstride = N;
+        g.bias_scaled = bias_mode == MOEX_BIAS_SCALED;
+        g.probs = probs;
+    }
+    return moex_cuda_gemm_run(ctx, op, &g, stream);
+}
+
+moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                   int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
+                                   const float *dbias_probs, float *dbias, float *partial,
+                                   const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
+    if (dx) {
+        moex_cuda_gemm g = {};
+        g.kind = MOEX_CUDA_GEMM_ROWS;
+        g.sched = s;
+        g.ta = g.tb = g.tc = g.to = dt;
+        g.n_dim = K;
+        g.k_dim = N;
+        g.a = dy;
+        g.lda = N;
+        g.b = w->t.data;
+        g.b_ptrs = w->ptrs;
+        g.b_gstride = N * K;
+        g.ldb = K;
+        g.b_kc = 0;
+        g.c = dx;
+        g.ldc = K;
+        MOEX_TRY(moex_cuda_gemm_run(ctx, op, &g, stream));
+    }
+    if (dbias) MOEX_TRY(moex_cuda_group_colsum(ctx, op, s, dy, dt, N, dbias_probs, partial, dbias, stream));
+    if (dprobs)
+        MOEX_TRY(moex_cuda_row_dot_bias(ctx, op, s, dy, dt, N, bias->data, bias->dtype, dprobs, stream));
+    return MOEX_OK;
+}
+
+moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                   int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                   moex_grad_mode mode, cudaStream_t stream) {
+    moex_cuda_gemm g = {};
+    g.kind = MOEX_CUDA_GEMM_WGRAD;
+    g.sched = s;
+    g.ta = g.tb = g.tc = dt;
+    g.to = dw->t.dtype;
+    g.m_dim = N;
+    g.n_dim = K;
+    g.a = dy;
+    g.lda = N;
+    g.b = x;
+    g.ldb = K;
+    g.c = dw->t.data;
+    g.c_ptrs = dw->ptrs;
+    g.c_gstride = N * K;
+    g.ldc = K;
+    g.accumulate = mode == MOEX_GRAD_ACCUMULATE;
+    return moex_cuda_gemm_run(ctx, op, &g, stream);
+}
+
+/* ---- forward ------------------------------------------------------------------------ */
+
+static size_t sched_layout(const moex_gl_dims *d, char *base, moex_cuda_sched *s) {
+    moex_cuda_carver c = {base, 0};
+    moex_cuda_sched_take(&c, s, d->G, d->T);
+    return c.used;
+}
+
+extern "C" size_t moex_cuda_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a,
+                                                      const moex_gl_dims *d) {
+    moex_cuda_sched s;
+    return sched_layout(d, NULL, &s);
+}
+
+static moex_status fwd_run(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d,
+                           void *ws, cudaStream_t stream) {
+    const char *op = "moex_grouped_linear_forward";
+    moex_cuda_sched s;
+    sched_layout(d, (char *)ws, &s);
+    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_FORWARD, &s, (const int64_t *)a->splits.data, stream));
+    return moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->K, d->N, a->x.data, &a->w, a->bias_mode, &a->bias,
+                                (const float *)a->probs.data, a->y.data, stream);
+}
+
+extern "C" moex_status moex_cuda_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *a,
+                                                        const moex_gl_dims *d, void *ws, size_t ws_bytes,
+                                                        moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_forward", fwd_run(ctx, a, d, ws, (cudaStream_t)stream));
+}
+
+/* ---- backward data ------------------------------------------------------------------ */
+
+static size_t dgrad_layout(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, char *base,
+                           moex_cuda_sched *s, float **partial) {
+    moex_cuda_carver c = {base, 0};
+    moex_cuda_sched_take(&c, s, d->G, d->T);
+    *partial = NULL;
+    if (moex_present(&a->dbias))
+        *partial = (float *)moex_cuda_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));
+    return c.used;
+}
+
+extern "C" size_t moex_cuda_grouped_linear_backward_data_ws(moex_context *ctx,
+                                                            const moex_grouped_linear_dgrad_args *a,
+                                                            const moex_gl_dims *d) {
+    moex_cuda_sched s;
+    float *p;
+    return dgrad_layout(a, d, NULL, &s, &p);
+}
+
+static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                             void *ws, cudaStream_t stream) {
+    const char *op = "moex_grouped_linear_backward_data";
+    moex_cuda_sched s;
+    float *partial;
+    dgrad_layout(a, d, (char *)ws, &s, &partial);
+    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_DGRAD, &s, (const int64_t *)a->splits.data, stream));
+    const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
+    void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
+    float *dbias = moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE ? (float *)a->dbias.data : NULL;
+    float *dprobs = moex_present(&a->dprobs) && scaled ? (float *)a->dprobs.data : NULL;
+    return moex_cuda_linear_dgrad(ctx, op, &s, d->dt, d->K, d->N, a->dy.data, &a->w, dx,
+                                  scaled ? (const float *)a->probs.data : NULL, dbias, partial, &a->bias, dprobs,
+                                  stream);
+}
+
+extern "C" moex_status moex_cuda_grouped_linear_backward_data(moex_context *ctx,
+                                                              const moex_grouped_linear_dgrad_args *a,
+                                                              const moex_gl_dims *d, void *ws, size_t ws_bytes,
+                                                              moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_backward_data", dgrad_run(ctx, a, d, ws, (cudaStream_t)stream));
+}
+
+/* ---- backward weight ---------------------------------------------------------------- */
+
+extern "C" size_t moex_cuda_grouped_linear_backward_weight_ws(moex_context *ctx,
+                                                              const moex_grouped_linear_wgrad_args *a,
+                                                              const moex_gl_dims *d) {
+    moex_cuda_sched s;
+    return sched_layout(d, NULL, &s);
+}
+
+static moex_status wgrad_run(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                             void *ws, cudaStream_t stream) {
+    const char *op = "moex_grouped_linear_backward_weight";
+    moex_cuda_sched s;
+    sched_layout(d, (char *)ws, &s);
+    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_WGRAD, &s, (const int64_t *)a->splits.data, stream));
+    return moex_cuda_linear_wgrad(ctx, op, &s, d->dt, d->K, d->N, a->x.data, a->dy.data, &a->dw, a->dw_mode,
+                                  stream);
+}
+
+extern "C" moex_status moex_cuda_grouped_linear_backward_weight(moex_context *ctx,
+                                                                const moex_grouped_linear_wgrad_args *a,
+                                                                const moex_gl_dims *d, void *ws, size_t ws_bytes,
+                                                                moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_backward_weight", wgrad_run(ctx, a, d, ws, (cudaStream_t)stream));
+}

@@ -1,0 +1,280 @@
+/*
+ * cuda_ops.h - private: the CUDA backend's operations (one file per kernel idea) and the
+ * building blocks they share: the device-side group schedule, the grouped GEMM, the
+ * deterministic reductions, and workspace carving.
+ *
+ * Rules every file here keeps (DESIGN.md section 3):
+ *   - split values are read on the device only; the schedule kernel (cuda_splits.cu) turns
+ *     splits into clamped row offsets and tile offsets in the workspace, and later kernels
+ *     read those; nothing ever writes outside the T rows whatever the splits say;
+ *   - no allocation and no synchronisation inside an operation: all scratch is carved from
+ *     the caller's workspace, whose size depends on shapes only;
+ *   - no floating-point atomics: reductions go through per-tile partials and a fixed-order
+ *     second pass, so results are bitwise reproducible.
+ */
+#ifndef MOEX_CUDA_OPS_H
+#define MOEX_CUDA_OPS_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_check.h"
+#include "moex_impl.h"
+#include "validate.h"   /* MOEX_TRY */
+
+/* ---- backend state ----------------------------------------------------------------- */
+
+/* Operations that can record bad device-side input in the flag (the first one wins). */
+enum moex_cuda_op_id {
+    MOEX_CUDA_OP_SPLITS_TO_OFFSETS = 1,
+    MOEX_CUDA_OP_GL_FORWARD,
+    MOEX_CUDA_OP_GL_DGRAD,
+    MOEX_CUDA_OP_GL_WGRAD,
+    MOEX_CUDA_OP_GLU_FORWARD,
+    MOEX_CUDA_OP_GLU_BACKWARD,
+    MOEX_CUDA_OP_MLP_FORWARD,
+    MOEX_CUDA_OP_MLP_BACKWARD,
+    MOEX_CUDA_OP_PERMUTE_FORWARD,
+    MOEX_CUDA_OP_PERMUTE_BACKWARD,
+    MOEX_CUDA_OP_UNPERMUTE_FORWARD,
+    MOEX_CUDA_OP_UNPERMUTE_BACKWARD,
+    MOEX_CUDA_OP_MOE_FORWARD,
+    MOEX_CUDA_OP_MOE_BACKWARD,
+    MOEX_CUDA_OP_ROUTER_FORWARD,
+    MOEX_CUDA_OP_ROUTER_BACKWARD,
+    MOEX_CUDA_OP_COUNT
+};
+
+/* What the flag recorded: flag = (op_id << 4) | kind, 0 when nothing was seen. */
+enum moex_cuda_flag_kind {
+    MOEX_CUDA_BAD_SPLITS = 1,   /* a negative split, or a sum past T          */
+    MOEX_CUDA_BAD_IDS = 2       /* a routing id outside [0, E) (skipped)        */
+};
+
+typedef struct moex_cuda_state {
+    int *flag;                  /* device int, zero when clean; allocated once  */
+    int num_sms;
+} moex_cuda_state;
+
+static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
+    return (moex_cuda_state *)ctx->backend_state;
+}
+
+/* Makes ctx->device current for the duration of an op (restores the caller's device). */
+typedef struct moex_cuda_device_guard {
+    int prev;
+    int changed;
+} moex_cuda_device_guard;
+moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, moex_cuda_device_guard *g);
+void moex_cuda_device_leave(moex_cuda_device_guard *g);
+
+/* Returns `call` (a moex_status expression) evaluated with ctx->device current. */
+#define MOEX_CUDA_GUARDED(ctx, op, call)                                   \
+    do {                                                                   \
+        moex_cuda_device_guard g_;                                         \
+        moex_status s_ = moex_cuda_device_enter((ctx), (op), &g_);         \
+        if (s_ != MOEX_OK) return s_;                                      \
+        s_ = (call);                                                       \
+        moex_cuda_device_leave(&g_);                                       \
+        return s_;                                                         \
+    } while (0)
+
+/* ---- workspace carving --------------------------------------------------------------
+ * The same code computes the size (base == NULL) and the pointers (base != NULL), so the
+ * *_ws query and the run can never disagree. Every piece is aligned to 256 bytes.      */
+
+typedef struct moex_cuda_carver {
+    char *base;
+    size_t used;
+} moex_cuda_carver;
+
+static inline void *moex_cuda_take(moex_cuda_carver *c, size_t bytes) {
+    size_t at = moex_align_up(c->used, 256);
+    c->used = at + moex_align_up(bytes, 256);
+    return c->base ? (void *)(c->base + at) : NULL;
+}
+
+/* ---- the group schedule (cuda_splits.cu) --------------------------------------------
+ * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T).
+ * tiles[G+1] (int32): tiles[g] = sum over groups before g of ceil(rows / MOEX_CUDA_BM).
+ * A grid of moex_cuda_max_tiles(T, G) row tiles covers every schedule.                   */
+
+#define MOEX_CUDA_BM 128        /* row tile of the GEMMs and the row reductions */
+
+typedef struct moex_cuda_sched {
+    int64_t *off;
+    int32_t *tiles;
+    int64_t G, T;
+} moex_cuda_sched;
+
+static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
+    return (T + MOEX_CUDA_BM - 1) / MOEX_CUDA_BM + G;
+}
+
+/* Takes the schedule's arrays from the workspace. */
+void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
+
+/* Fills s from device splits [G] (NULL: one group of all T rows); bad values set the
+ * context flag with op_id. One small launch. */
+moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
+                                  const moex_cuda_sched *s, const int64_t *splits,
+                                  cudaStream_t stream);
+
+/* ---- the grouped GEMM (cuda_grouped_gemm_sm80.cu) ----------------------------------- */
+
+typedef enum moex_cuda_gemm_kind {
+    /* C rows follow the group rows: for each group g and its rows r in [off[g], off[g+1]),
+     *   C[r, n] = sum_k A[r, k] * B_g(n, k), A row-major [T, k_dim] (ld lda),
+     *   B_g(n, k) = b_kc ? B_g[n * ldb + k] : B_g[k * ldb + n].                         */
+    MOEX_CUDA_GEMM_ROWS = 0,
+    /* One output matrix per group, reduced over the group's rows:
+     *   C_g[m, n] = sum_{r in group g} A[r, m] * B[r, n],  A [T, m_dim] (lda), B [T, n_dim] (ldb). */
+    MOEX_CUDA_GEMM_WGRAD = 1
+} moex_cuda_gemm_kind;
+
+typedef struct moex_cuda_gemm {
+    moex_cuda_gemm_kind kind;
+    const moex_cuda_sched *sched;
+    moex_dtype ta, tb, tc;      /* operand dtypes and the compute dtype (tc = f32: exact SIMT) */
+    moex_dtype to;              /* output dtype */
+    int64_t m_dim;              /* WGRAD: rows of each C_g */
+    int64_t n_dim;              /* columns of C */
+    int64_t k_dim;              /* ROWS: the reduction length */
+    const void *a;
+    int64_t lda;
+    const void *b;              /* packed: B_0, group g at b + g * b_gstride elements */
+    void *const *b_ptrs;        /* discrete: device array of G pointers (b unused)     */
+    int64_t b_gstride, ldb;
+    int b_kc;                   /* ROWS: B_g indexed (n, k) as n * ldb + k              */
+    void *c;
+    void *const *c_ptrs;        /* WGRAD discrete output */
+    int64_t c_gstride, ldc;
+    /* epilogue: out = acc (+ bias_g[n] | + p_r bias_g[n]) (+ residual[r, n]); ROWS only
+     * for bias/residual. accumulate: f32 out += acc (empty groups untouched).            */
+    int accumulate;
+    const void *bias;
+    moex_dtype bias_dt;
+    int64_t bias_gstride;
+    int bias_scaled;
+    const float *probs;
+    const float *residual;
+    int64_t ldr;
+} moex_cuda_gemm;
+
+moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *p,
+                               cudaStream_t stream);
+
+/* ---- grouped linear building blocks (cuda_grouped_linear.cu), on a built schedule ---- */
+
+/* y = x W_g^T (+ b_g | + p b_g); x [T, K], w [G, N, K], y [T, N]. */
+moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                 int64_t K, int64_t N, const void *x, const moex_weight *w,
+                                 moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
+                                 cudaStream_t stream);
+/* dx = dy W_g (dx != NULL); dbias = sum (p) dy (dbias != NULL, p = dbias_probs or 1, partial
+ * from moex_cuda_colsum_partial_bytes); dprobs += dy . bias_g (dprobs != NULL). */
+moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                   int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
+                                   const float *dbias_probs, float *dbias, float *partial,
+                                   const moex_tensor *bias, float *dprobs, cudaStream_t stream);
+/* dW_g = dy_g^T x_g, written (f32 or dt) or accumulated (f32). */
+moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                   int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                   moex_grad_mode mode, cudaStream_t stream);
+
+/* ---- deterministic reductions (cuda_reduce.cu) ------------------------------------- */
+
+/* dbias[g, n] = sum over rows r of group g of (p_r *) src[r, n] (f32 out, "=").
+ * partial: workspace of moex_cuda_colsum_partial_bytes(T, G, N). */
+size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N);
+moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex_cuda_sched *s,
+                                   const void *src, moex_dtype dt, int64_t N, const float *probs,
+                                   float *partial, float *dbias, cudaStream_t stream);
+
+/* dprobs[r] += sum_n src[r, n] * bias_g[n] for every row r < off[G] (g the row's group). */
+moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex_cuda_sched *s,
+                                   const void *src, moex_dtype dt, int64_t N, const void *bias,
+                                   moex_dtype bias_dt, float *dprobs, cudaStream_t stream);
+
+/* ---- scaled GLU launchers (cuda_glu.cu), used by the GLU ops and the grouped MLP ----- */
+
+/* z[r] = p_r * glu(h[r]) for rows r < *total_rows (a device int64; NULL: all T rows). */
+moex_status moex_cuda_glu_fwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+                              const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
+                              const void *h, const float *probs, void *z, cudaStream_t stream);
+/* dh = glu'(h) dz (dh != NULL); dprobs[r] += sum_j dz act g (dprobs != NULL); same rows. */
+moex_status moex_cuda_glu_bwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+                              const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
+                              const void *h, const float *probs, const void *dz, void *dh,
+                              float *dprobs, cudaStream_t stream);
+
+/* ---- routing launchers (cuda_routing.cu), used by the routing ops and the MoE layer -- */
+
+size_t moex_cuda_permute_ws(int64_t T, int64_t k, int64_t E);
+moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, const void *x,
+                                  moex_dtype dt, const int32_t *ids, const float *probs,
+                                  int64_t T, int64_t H, int64_t k, int64_t E, void *xp,
+                                  float *probs_p, int64_t *splits, int32_t *row_map, void *ws,
+                                  cudaStream_t stream);
+/* dx[t] = sum_j dxp[row_map[t*k+j]] (out dtype dx_dt: dt or f32);
+ * dprobs[t*k+j] = dprobs_p[row_map[t*k+j]] when both are given. */
+moex_status moex_cuda_permute_bwd_run(moex_context *ctx, const char *op, const int32_t *row_map,
+                                      const void *dxp, moex_dtype dt, const float *dprobs_p,
+                                      int64_t T, int64_t H, int64_t k, void *dx, moex_dtype dx_dt,
+                                      float *dprobs, cudaStream_t stream);
+moex_status moex_cuda_unpermute_run(moex_context *ctx, const char *op, const int32_t *row_map,
+                                    const void *yp, moex_dtype dt, int64_t T, int64_t H, int64_t k,
+                                    void *y, cudaStream_t stream);
+moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const int32_t *row_map,
+                                        const void *dy, moex_dtype dt, int64_t T, int64_t H,
+                                        int64_t k, void *dyp, int64_t rows_p, cudaStream_t stream);
+moex_status moex_cuda_router_fwd_run(moex_context *ctx, const char *op, const void *logits,
+                                     moex_dtype dt, int64_t T, int64_t E, int64_t k,
+                                     moex_router_score score, moex_router_norm norm, float *probs,
+                                     int32_t *ids, cudaStream_t stream);
+moex_status moex_cuda_router_bwd_run(moex_context *ctx, const char *op, const void *logits,
+                                     moex_dtype dt, int64_t T, int64_t E, int64_t k,
+                                     moex_router_score score, moex_router_norm norm,
+                                     const int32_t *ids, const float *dprobs, void *dlogits,
+                                     cudaStream_t stream);
+
+/* ---- small kernels (cuda_reduce.cu) -------------------------------------------------- */
+
+/* Zeroes n floats (a kernel, so that it is the same in and out of graphs). */
+moex_status moex_cuda_zero_f32(moex_context *ctx, const char *op, float *p, int64_t n,
+                               cudaStream_t stream);
+
+/* ---- the operations ----------------------------------------------------------------- */
+
+#define MOEX_CUDA_OP(name, args_t, dims_t)                                                    \
+    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);        \
+    moex_status moex_cuda_##name(moex_context *ctx, const args_t *a, const dims_t *d, void *ws, \
+                                 size_t ws_bytes, moex_stream stream)
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+MOEX_CUDA_OP(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);    /* cuda_splits.cu         */
+MOEX_CUDA_OP(grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims);      /* cuda_grouped_linear.cu */
+MOEX_CUDA_OP(grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims);
+MOEX_CUDA_OP(grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims);
+MOEX_CUDA_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims);             /* cuda_glu.cu            */
+MOEX_CUDA_OP(scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims);
+MOEX_CUDA_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims);           /* cuda_grouped_mlp.cu    */
+MOEX_CUDA_OP(grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims);
+MOEX_CUDA_OP(router_forward, moex_router_args, moex_router_dims);                  /* cuda_routing.cu        */
+MOEX_CUDA_OP(router_backward, moex_router_grad_args, moex_router_dims);
+MOEX_CUDA_OP(permute_forward, moex_permute_args, moex_perm_dims);
+MOEX_CUDA_OP(permute_backward, moex_permute_grad_args, moex_perm_dims);
+MOEX_CUDA_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims);
+MOEX_CUDA_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims);
+MOEX_CUDA_OP(moe_layer_forward, moex_moe_layer_args, moex_moe_dims);               /* cuda_moe_layer.cu      */
+MOEX_CUDA_OP(moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims);
+size_t moex_cuda_moe_layer_saved(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d);
+#ifdef __cplusplus
+}
+#endif
+
+#undef MOEX_CUDA_OP
+
+#endif /* MOEX_CUDA_OPS_H */

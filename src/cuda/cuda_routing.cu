@@ -1,0 +1,521 @@
+/*
+ * cuda_routing.cu - routing on the GPU: the top-k router (forward, backward), permute
+ * (tokens to expert-sorted rows, producing the splits on the device) and unpermute, each
+ * with its backward. Semantics are those of src/cpu/cpu_router.c and cpu_permute.c.
+ *
+ * Router: one warp per token; scores in f32 (softmax with a fixed-order warp max and sum,
+ * or sigmoid); the k picks are taken in (score desc, index asc) order, each pick the
+ * warp's best candidate strictly after the previous pick, so no per-token scratch is needed.
+ *
+ * Permute: a deterministic counting sort in three launches over chunks of PERM_CHUNK
+ * entries of the flattened [T*k] ids (one warp per chunk): (1) per-chunk expert counts,
+ * (2) one block turns them into each chunk's first row per expert and writes splits,
+ * (3) each chunk assigns rows in (t, j) order (warp match + popc ranks), then a copy kernel
+ * moves rows. Ids outside [0, E) (or row_map values outside [0, T*k)) are skipped and
+ * recorded in the context's flag (moex_context_check_splits reports them).
+ */
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#define ROUTER_WARPS 4
+#define PERM_CHUNK 2048
+#define COPY_THREADS 256
+
+/* ---- router ------------------------------------------------------------------------- */
+
+template <typename T>
+static __device__ __forceinline__ void score_stats(const T *l, int64_t E, moex_router_score score, float *m,
+                                                   float *sum) {
+    int lane = threadIdx.x & 31;
+    *m = 0.0f;
+    *sum = 1.0f;
+    if (score == MOEX_ROUTER_SIGMOID) return;
+    float mx = -INFINITY;
+    for (int64_t e = lane; e < E; e += 32) mx = fmaxf(mx, to_f32(l[e]));
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float s = 0.0f;
+    for (int64_t e = lane; e < E; e += 32) s += expf(to_f32(l[e]) - mx);
+    *m = mx;
+    *sum = warp_sum(s);
+}
+
+static __device__ __forceinline__ float score_of(float logit, moex_router_score score, float m, float sum) {
+    if (score == MOEX_ROUTER_SIGMOID) return 1.0f / (1.0f + expf(-logit));
+    return expf(logit - m) / sum;
+}
+
+/* True when (s1, e1) comes before (s2, e2): larger score first, lower index on ties. */
+static __device__ __forceinline__ bool before(float s1, int64_t e1, float s2, int64_t e2) {
+    return s1 > s2 || (s1 == s2 && e1 < e2);
+}
+
+template <typename T>
+static __global__ void router_fwd_kernel(const T *logits, int64_t T_rows, int64_t E, int64_t k,
+                                         moex_router_score score, moex_router_norm norm, float *probs,
+                                         int32_t *ids) {
+    int64_t t = (int64_t)blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (t >= T_rows) return;
+    const T *l = logits + t * E;
+    float m, sum;
+    score_stats(l, E, score, &m, &sum);
+    float prev_s = INFINITY, total = 0.0f;
+    int64_t prev_e = -1;
+    for (int64_t j = 0; j < k; j++) {
+        float bs = -INFINITY, bkey = -INFINITY;
+        int64_t be = -1;
+        for (int64_t e = lane; e < E; e += 32) {
+            float s = score_of(to_f32(l[e]), score, m, sum);
+            float key = isnan(s) ? -INFINITY : s;          /* NaN scores sort last */
+            if (j > 0 && !before(prev_s, prev_e, key, e)) continue;
+            if (be < 0 || before(key, e, bkey, be)) {
+                bkey = key;
+                be = e;
+                bs = s;
+            }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ok = __shfl_xor_sync(0xffffffffu, bkey, o);
+            float os = __shfl_xor_sync(0xffffffffu, bs, o);
+            int64_t oe = __shfl_xor_sync(0xffffffffu, be, o);
+            if (oe >= 0 && (be < 0 || before(ok, oe, bkey, be))) {
+                bkey = ok;
+                be = oe;
+                bs = os;
+            }
+        }
+        if (lane == 0) {
+            probs[t * k + j] = bs;
+            ids[t * k + j] = (int32_t)be;
+        }
+        total += bs;
+        prev_s = bkey;
+        prev_e = be;
+    }
+    if (norm == MOEX_ROUTER_RENORM) {
+        __syncwarp();
+        for (int64_t j = lane; j < k; j += 32) probs[t * k + j] = probs[t * k + j] / total;
+    }
+}
+
+moex_status moex_cuda_router_fwd_run(moex_context *ctx, const char *op, const void *logits, moex_dtype dt,
+                                     int64_t T, int64_t E, int64_t k, moex_router_score score,
+                                     moex_router_norm norm, float *probs, int32_t *ids, cudaStream_t stream) {
+    if (T == 0 || k == 0) return MOEX_OK;
+    unsigned nb = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
+    if (dt == MOEX_DTYPE_BF16)
+        router_fwd_kernel<bf16><<<nb, ROUTER_WARPS * 32, 0, stream>>>((const bf16 *)logits, T, E, k, score, norm,
+                                                                      probs, ids);
+    else
+        router_fwd_kernel<float><<<nb, ROUTER_WARPS * 32, 0, stream>>>((const float *)logits, T, E, k, score, norm,
+                                                                       probs, ids);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+/* dlogits as in cpu_router.c; ids outside [0, E) count as not chosen and are flagged. */
+template <typename T>
+static __global__ void router_bwd_kernel(const T *logits, int64_t T_rows, int64_t E, int64_t k,
+                                         moex_router_score score, moex_router_norm norm, const int32_t *ids,
+                                         const float *dq, T *dlogits, int *flag) {
+    int64_t t = (int64_t)blockIdx.x * ROUTER_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31;
+    if (t >= T_rows) return;
+    const T *l = logits + t * E;
+    const int32_t *id = ids + t * k;
+    const float *dqt = dq + t * k;
+    float m, sum;
+    score_stats(l, E, score, &m, &sum);
+    /* Per-token scalars, computed by every lane in the same order (j ascending). */
+    float ssum = 0.0f, dq_q = 0.0f, dp_p = 0.0f;
+    int bad = 0;
+    for (int64_t j = 0; j < k; j++) {
+        int32_t e = id[j];
+        if (e < 0 || e >= E) {
+            bad = 1;
+            continue;
+        }
+        ssum += score_of(to_f32(l[e]), score, m, sum);
+    }
+    if (norm == MOEX_ROUTER_RENORM)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t e = id[j];
+            if (e < 0 || e >= E) continue;
+            dq_q += dqt[j] * (score_of(to_f32(l[e]), score, m, sum) / ssum);
+        }
+    for (int64_t j = 0; j < k; j++) {
+        int32_t e = id[j];
+        if (e < 0 || e >= E) continue;
+        float dp = norm == MOEX_ROUTER_RENORM ? (dqt[j] - dq_q) / ssum : dqt[j];
+        dp_p += dp * score_of(to_f32(l[e]), score, m, sum);
+    }
+    if (bad && lane == 0) flag_bad(flag, MOEX_CUDA_OP_ROUTER_BACKWARD, MOEX_CUDA_BAD_IDS);
+    for (int64_t e = lane; e < E; e += 32) {
+        float ds = 0.0f;
+        for (int64_t j = 0; j < k; j++)
+            if (id[j] == e) ds += norm == MOEX_ROUTER_RENORM ? (dqt[j] - dq_q) / ssum : dqt[j];
+        float s = score_of(to_f32(l[e]), score, m, sum);
+        float dl = score == MOEX_ROUTER_SIGMOID ? ds * s * (1.0f - s) : s * (ds - dp_p);
+        dlogits[t * E + e] = from_f32<T>(dl);
+    }
+}
+
+moex_status moex_cuda_router_bwd_run(moex_context *ctx, const char *op, const void *logits, moex_dtype dt,
+                                     int64_t T, int64_t E, int64_t k, moex_router_score score,
+                                     moex_router_norm norm, const int32_t *ids, const float *dprobs,
+                                     void *dlogits, cudaStream_t stream) {
+    if (T == 0) return MOEX_OK;
+    unsigned nb = (unsigned)((T + ROUTER_WARPS - 1) / ROUTER_WARPS);
+    int *flag = moex_cuda_st(ctx)->flag;
+    if (dt == MOEX_DTYPE_BF16)
+        router_bwd_kernel<bf16><<<nb, ROUTER_WARPS * 32, 0, stream>>>((const bf16 *)logits, T, E, k, score, norm,
+                                                                      ids, dprobs, (bf16 *)dlogits, flag);
+    else
+        router_bwd_kernel<float><<<nb, ROUTER_WARPS * 32, 0, stream>>>((const float *)logits, T, E, k, score, norm,
+                                                                       ids, dprobs, (float *)dlogits, flag);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+/* ---- permute -------------------------------------------------------------------------- */
+
+static int64_t perm_chunks(int64_t n) { return (n + PERM_CHUNK - 1) / PERM_CHUNK; }
+
+size_t moex_cuda_permute_ws(int64_t T, int64_t k, int64_t E) {
+    return (size_t)perm_chunks(T * k) * (size_t)E * sizeof(int32_t);
+}
+
+/* counts[c, e] = entries of chunk c with id e (one warp per chunk, smem cnt[E]). */
+static __global__ void perm_count_kernel(const int32_t *ids, int64_t n, int64_t E, int32_t *counts, int *flag,
+                                         int op_id) {
+    extern __shared__ int32_t cnt[];
+    int64_t c = blockIdx.x;
+    int lane = threadIdx.x;
+    for (int64_t e = lane; e < E; e += 32) cnt[e] = 0;
+    __syncwarp();
+    int bad = 0;
+    int64_t end = min(n, (c + 1) * PERM_CHUNK);
+    for (int64_t base = c * PERM_CHUNK; base < end; base += 32) {
+        int64_t i = base + lane;
+        int32_t id = i < end ? ids[i] : -1;
+        bool valid = i < end && id >= 0 && id < E;
+        if (i < end && !valid) bad = 1;
+        unsigned mask = __match_any_sync(0xffffffffu, valid ? id : -1);
+        int leader = __ffs(mask) - 1;
+        if (valid && lane == leader) cnt[id] += __popc(mask);
+        __syncwarp();
+    }
+    for (int64_t e = lane; e < E; e += 32) counts[c * E + e] = cnt[e];
+    if (bad) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
+}
+
+/* counts[c, e] becomes the first row of chunk c's expert-e entries; splits[e] = total. */
+static __global__ void __launch_bounds__(1024) perm_scan_kernel(int32_t *counts, int64_t nc, int64_t E,
+                                                                int64_t *splits) {
+    __shared__ int64_t wsum[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t carry = 0;
+    for (int64_t e0 = 0; e0 < E; e0 += 1024) {
+        int64_t e = e0 + threadIdx.x;
+        int64_t tot = 0;
+        if (e < E)
+            for (int64_t c = 0; c < nc; c++) {
+                int32_t v = counts[c * E + e];
+                counts[c * E + e] = (int32_t)tot;
+                tot += v;
+            }
+        /* exclusive scan of tot over the experts of this chunk */
+        int64_t v = tot;
+        for (int o = 1; o < 32; o <<= 1) {
+            int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+            if (lane >= o) v += u;
+        }
+        __syncthreads();
+        if (lane == 31) wsum[warp] = v;
+        __syncthreads();
+        if (warp == 0) {
+            int64_t w = wsum[lane];
+            for (int o = 1; o < 32; o <<= 1) {
+                int64_t u = __shfl_up_sync(0xffffffffu, w, o);
+                if (lane >= o) w += u;
+            }
+            wsum[lane] = w;
+        }
+        __syncthreads();
+        int64_t incl = v + (warp > 0 ? wsum[warp - 1] : 0);
+        int64_t first = carry + incl - tot;
+        if (e < E) {
+            splits[e] = tot;
+            for (int64_t c = 0; c < nc; c++) counts[c * E + e] += (int32_t)first;
+        }
+        carry += wsum[31];
+        __syncthreads();
+    }
+}
+
+/* row_map[i] = the row of entry i: its chunk's first row for its expert plus its rank. */
+static __global__ void perm_assign_kernel(const int32_t *ids, int64_t n, int64_t E, const int32_t *counts,
+                                          int32_t *row_map) {
+    extern __shared__ int32_t next[];
+    int64_t c = blockIdx.x;
+    int lane = threadIdx.x;
+    for (int64_t e = lane; e < E; e += 32) next[e] = counts[c * E + e];
+    __syncwarp();
+    int64_t end = min(n, (c + 1) * PERM_CHUNK);
+    for (int64_t base = c * PERM_CHUNK; base < end; base += 32) {
+        int64_t i = base + lane;
+        int32_t id = i < end ? ids[i] : -1;
+        bool valid = i < end && id >= 0 && id < E;
+        unsigned mask = __match_any_sync(0xffffffffu, valid ? id : -1);
+        int leader = __ffs(mask) - 1;
+        int rank = __popc(mask & ((1u << lane) - 1u));
+        int32_t row = valid ? next[id] + rank : -1;
+        __syncwarp();
+        if (valid && lane == leader) next[id] += __popc(mask);
+        __syncwarp();
+        if (i < end) row_map[i] = row;
+    }
+}
+
+/* xp[row_map[t*k + j]] = x[t]; probs_p[row_map[t*k + j]] = probs[t*k + j]. Block per token. */
+template <typename T>
+static __global__ void perm_copy_kernel(const T *x, const float *probs, const int32_t *row_map, int64_t T_rows,
+                                        int64_t H, int64_t k, T *xp, float *probs_p) {
+    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = row_map[t * k + j];
+            if (r < 0) continue;
+            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) xp[(int64_t)r * H + h] = x[t * H + h];
+            if (probs && threadIdx.x == 0) probs_p[r] = probs[t * k + j];
+        }
+    }
+}
+
+static unsigned copy_blocks(int64_t T) { return (unsigned)(T < (1 << 20) ? T : (1 << 20)); }
+
+moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, const void *x, moex_dtype dt,
+                                  const int32_t *ids, const float *probs, int64_t T, int64_t H, int64_t k,
+                                  int64_t E, void *xp, float *probs_p, int64_t *splits, int32_t *row_map,
+                                  void *ws, cudaStream_t stream) {
+    int64_t n = T * k, nc = perm_chunks(n);
+    size_t smem = (size_t)E * sizeof(int32_t);
+    if (smem > 48 * 1024)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the permute kernel's limit (12288)",
+                         op, (long long)E);
+    int32_t *counts = (int32_t *)ws;
+    if (nc > 0) {
+        perm_count_kernel<<<(unsigned)nc, 32, smem, stream>>>(ids, n, E, counts, moex_cuda_st(ctx)->flag, op_id);
+        CUDA_TRY_LAUNCH(ctx, op);
+    }
+    perm_scan_kernel<<<1, 1024, 0, stream>>>(counts, nc, E, splits);
+    CUDA_TRY_LAUNCH(ctx, op);
+    if (nc == 0) return MOEX_OK;
+    perm_assign_kernel<<<(unsigned)nc, 32, smem, stream>>>(ids, n, E, counts, row_map);
+    CUDA_TRY_LAUNCH(ctx, op);
+    unsigned nb = copy_blocks(T);
+    if (dt == MOEX_DTYPE_F32)
+        perm_copy_kernel<float><<<nb, COPY_THREADS, 0, stream>>>((const float *)x, probs, row_map, T, H, k,
+                                                                 (float *)xp, probs_p);
+    else if (dt == MOEX_DTYPE_BF16)
+        perm_copy_kernel<bf16><<<nb, COPY_THREADS, 0, stream>>>((const bf16 *)x, probs, row_map, T, H, k,
+                                                                (bf16 *)xp, probs_p);
+    else
+        perm_copy_kernel<f16><<<nb, COPY_THREADS, 0, stream>>>((const f16 *)x, probs, row_map, T, H, k,
+                                                               (f16 *)xp, probs_p);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+/* ---- gathers and scatters by row_map ----------------------------------------------------- */
+
+/* dst[t] = sum_j src[row_map[t*k + j]] (f32, j ascending, rounded once; rows outside
+ * [0, rows_p) skipped and flagged); vdst[t*k + j] = vsrc[row_map[t*k + j]] (0 when skipped). */
+template <typename TS, typename TD>
+static __global__ void gather_sum_kernel(const int32_t *row_map, const TS *src, int64_t T_rows, int64_t H,
+                                         int64_t k, int64_t rows_p, TD *dst, const float *vsrc, float *vdst,
+                                         int *flag, int op_id) {
+    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
+        if (dst)
+            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) {
+                float s = 0.0f;
+                for (int64_t j = 0; j < k; j++) {
+                    int32_t r = row_map[t * k + j];
+                    if (r >= 0 && r < rows_p) s += to_f32(src[(int64_t)r * H + h]);
+                }
+                dst[t * H + h] = from_f32<TD>(s);
+            }
+        for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
+            int32_t r = row_map[t * k + j];
+            bool ok = r >= 0 && r < rows_p;
+            if (!ok) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
+            if (vdst) vdst[t * k + j] = ok ? vsrc[r] : 0.0f;
+        }
+    }
+}
+
+/* dst[row_map[t*k + j]] = src[t]. */
+template <typename T>
+static __global__ void scatter_copy_kernel(const int32_t *row_map, const T *src, int64_t T_rows, int64_t H,
+                                           int64_t k, int64_t rows_p, T *dst, int *flag, int op_id) {
+    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x)
+        for (int64_t j = 0; j < k; j++) {
+            int32_t r = row_map[t * k + j];
+            if (r < 0 || r >= rows_p) {
+                if (threadIdx.x == 0) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
+                continue;
+            }
+            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) dst[(int64_t)r * H + h] = src[t * H + h];
+        }
+}
+
+template <typename TS>
+static void launch_gather(const int32_t *row_map, const void *src, int64_t T, int64_t H, int64_t k, void *dst,
+                          moex_dtype dst_dt, const float *vsrc, float *vdst, int *flag, int op_id,
+                          cudaStream_t stream) {
+    unsigned nb = copy_blocks(T);
+    if (dst_dt == MOEX_DTYPE_F32 || !dst)
+        gather_sum_kernel<TS, float><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
+                                                                      (float *)dst, vsrc, vdst, flag, op_id);
+    else
+        gather_sum_kernel<TS, TS><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
+                                                                   (TS *)dst, vsrc, vdst, flag, op_id);
+}
+
+static void gather(const int32_t *row_map, const void *src, moex_dtype dt, int64_t T, int64_t H, int64_t k,
+                   void *dst, moex_dtype dst_dt, const float *vsrc, float *vdst, int *flag, int op_id,
+                   cudaStream_t stream) {
+    if (dt == MOEX_DTYPE_F32) launch_gather<float>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
+    else if (dt == MOEX_DTYPE_BF16) launch_gather<bf16>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
+    else launch_gather<f16>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
+}
+
+moex_status moex_cuda_permute_bwd_run(moex_context *ctx, const char *op, const int32_t *row_map, const void *dxp,
+                                      moex_dtype dt, const float *dprobs_p, int64_t T, int64_t H, int64_t k,
+                                      void *dx, moex_dtype dx_dt, float *dprobs, cudaStream_t stream) {
+    if (T == 0 || (!dx && !dprobs)) return MOEX_OK;
+    gather(row_map, dxp, dt, T, H, k, dx, dx_dt, dprobs_p, dprobs_p ? dprobs : NULL, moex_cuda_st(ctx)->flag,
+           MOEX_CUDA_OP_PERMUTE_BACKWARD, stream);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+moex_status moex_cuda_unpermute_run(moex_context *ctx, const char *op, const int32_t *row_map, const void *yp,
+                                    moex_dtype dt, int64_t T, int64_t H, int64_t k, void *y, cudaStream_t stream) {
+    if (T == 0) return MOEX_OK;
+    gather(row_map, yp, dt, T, H, k, y, dt, NULL, NULL, moex_cuda_st(ctx)->flag, MOEX_CUDA_OP_UNPERMUTE_FORWARD,
+           stream);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const int32_t *row_map, const void *dy,
+                                        moex_dtype dt, int64_t T, int64_t H, int64_t k, void *dyp, int64_t rows_p,
+                                        cudaStream_t stream) {
+    if (T == 0) return MOEX_OK;
+    unsigned nb = copy_blocks(T);
+    int *flag = moex_cuda_st(ctx)->flag;
+    int id = MOEX_CUDA_OP_UNPERMUTE_BACKWARD;
+    if (dt == MOEX_DTYPE_F32)
+        scatter_copy_kernel<float><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const float *)dy, T, H, k, rows_p,
+                                                                    (float *)dyp, flag, id);
+    else if (dt == MOEX_DTYPE_BF16)
+        scatter_copy_kernel<bf16><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const bf16 *)dy, T, H, k, rows_p,
+                                                                   (bf16 *)dyp, flag, id);
+    else
+        scatter_copy_kernel<f16><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const f16 *)dy, T, H, k, rows_p,
+                                                                  (f16 *)dyp, flag, id);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+/* ---- the operations ------------------------------------------------------------------- */
+
+extern "C" size_t moex_cuda_router_forward_ws(moex_context *ctx, const moex_router_args *a,
+                                              const moex_router_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_router_forward(moex_context *ctx, const moex_router_args *a,
+                                                const moex_router_dims *d, void *ws, size_t ws_bytes,
+                                                moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_router_forward",
+                      moex_cuda_router_fwd_run(ctx, "moex_router_forward", a->logits.data, d->dt, d->T, d->E, d->k,
+                                               a->score, a->norm, (float *)a->probs.data, (int32_t *)a->ids.data,
+                                               (cudaStream_t)stream));
+}
+
+extern "C" size_t moex_cuda_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a,
+                                               const moex_router_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_router_backward(moex_context *ctx, const moex_router_grad_args *a,
+                                                 const moex_router_dims *d, void *ws, size_t ws_bytes,
+                                                 moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_router_backward",
+                      moex_cuda_router_bwd_run(ctx, "moex_router_backward", a->logits.data, d->dt, d->T, d->E, d->k,
+                                               a->score, a->norm, (const int32_t *)a->ids.data,
+                                               (const float *)a->dprobs.data, a->dlogits.data, (cudaStream_t)stream));
+}
+
+extern "C" size_t moex_cuda_permute_forward_ws(moex_context *ctx, const moex_permute_args *a,
+                                               const moex_perm_dims *d) {
+    return moex_cuda_permute_ws(d->T, d->k, d->E);
+}
+
+extern "C" moex_status moex_cuda_permute_forward(moex_context *ctx, const moex_permute_args *a,
+                                                 const moex_perm_dims *d, void *ws, size_t ws_bytes,
+                                                 moex_stream stream) {
+    const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+    float *probs_p = moex_present(&a->probs_p) ? (float *)a->probs_p.data : NULL;
+    MOEX_CUDA_GUARDED(ctx, "moex_permute_forward",
+                      moex_cuda_permute_run(ctx, "moex_permute_forward", MOEX_CUDA_OP_PERMUTE_FORWARD, a->x.data,
+                                            d->dt, (const int32_t *)a->ids.data, probs_p ? probs : NULL, d->T, d->H,
+                                            d->k, d->E, a->xp.data, probs_p, (int64_t *)a->splits.data,
+                                            (int32_t *)a->row_map.data, ws, (cudaStream_t)stream));
+}
+
+extern "C" size_t moex_cuda_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a,
+                                                const moex_perm_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_permute_backward(moex_context *ctx, const moex_permute_grad_args *a,
+                                                  const moex_perm_dims *d, void *ws, size_t ws_bytes,
+                                                  moex_stream stream) {
+    const float *dprobs_p = moex_present(&a->dprobs_p) ? (const float *)a->dprobs_p.data : NULL;
+    float *dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
+    void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
+    moex_dtype dx_dt = moex_present(&a->dx) ? a->dx.dtype : d->dt;
+    MOEX_CUDA_GUARDED(ctx, "moex_permute_backward",
+                      moex_cuda_permute_bwd_run(ctx, "moex_permute_backward", (const int32_t *)a->row_map.data,
+                                                a->dxp.data, d->dt, dprobs_p, d->T, d->H, d->k, dx, dx_dt,
+                                                dprobs_p ? dprobs : NULL, (cudaStream_t)stream));
+}
+
+extern "C" size_t moex_cuda_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a,
+                                                 const moex_perm_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_unpermute_forward(moex_context *ctx, const moex_unpermute_args *a,
+                                                   const moex_perm_dims *d, void *ws, size_t ws_bytes,
+                                                   moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_unpermute_forward",
+                      moex_cuda_unpermute_run(ctx, "moex_unpermute_forward", (const int32_t *)a->row_map.data,
+                                              a->yp.data, d->dt, d->T, d->H, d->k, a->y.data, (cudaStream_t)stream));
+}
+
+extern "C" size_t moex_cuda_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
+                                                  const moex_perm_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,
+                                                    const moex_perm_dims *d, void *ws, size_t ws_bytes,
+                                                    moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_unpermute_backward",
+                      moex_cuda_unpermute_bwd_run(ctx, "moex_unpermute_backward", (const int32_t *)a->row_map.data,
+                                                  a->dy.data, d->dt, d->T, d->H, d->k, a->dyp.data, d->T * d->k,
+                                                  (cudaStream_t)stream));
+}

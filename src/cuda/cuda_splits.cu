@@ -1,0 +1,158 @@
+/*
+ * cuda_splits.cu - split values on the device: the group schedule every grouped kernel
+ * walks (clamped row offsets and row-tile offsets), and the splits_to_offsets operation.
+ * Both are one launch of one block that scans the splits in chunks of 1024; the host
+ * never reads a split value.
+ */
+#include "cuda_common.cuh"
+#include "cuda_ops.h"
+
+#define SCAN_THREADS 1024
+
+/* Inclusive block scan of one int64 per thread (blockDim.x == SCAN_THREADS). `sh` holds 32
+ * int64. Returns the thread's inclusive prefix; *total gets the chunk's sum. */
+static __device__ int64_t block_scan_i64(int64_t v, int64_t *sh, int64_t *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    __syncthreads();
+    if (lane == 31) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int64_t w = sh[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            int64_t u = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += u;
+        }
+        sh[lane] = w;
+    }
+    __syncthreads();
+    if (warp > 0) v += sh[warp - 1];
+    *total = sh[31];
+    return v;
+}
+
+/* off[g+1] = min(off[g] + max(s_g, 0), T); tiles[g+1] = tiles[g] + ceil(rows_g / BM).
+ * splits == NULL: one group of T rows. */
+static __global__ void __launch_bounds__(SCAN_THREADS)
+sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t *tiles,
+             int *flag, int op_id) {
+    __shared__ int64_t sh[32];
+    int64_t carry_rows = 0, carry_tiles = 0;
+    int bad = 0;
+    if (threadIdx.x == 0) {
+        off[0] = 0;
+        tiles[0] = 0;
+    }
+    for (int64_t base = 0; base < G; base += SCAN_THREADS) {
+        int64_t g = base + threadIdx.x;
+        int64_t s = 0;
+        if (g < G) {
+            s = splits ? splits[g] : T;
+            if (s < 0) bad = 1;
+            s = s < 0 ? 0 : (s > T + 1 ? T + 1 : s);   /* bounded: the sums cannot overflow */
+        }
+        int64_t total;
+        int64_t incl = block_scan_i64(s, sh, &total) + carry_rows;
+        int64_t prev = incl - s;
+        int64_t hi = incl > T ? T : incl, lo = prev > T ? T : prev;
+        if (incl > T) bad = 1;
+        int64_t nt = (hi - lo + MOEX_CUDA_BM - 1) / MOEX_CUDA_BM;
+        int64_t ttotal;
+        int64_t tincl = block_scan_i64(nt, sh, &ttotal) + carry_tiles;
+        if (g < G) {
+            off[g + 1] = hi;
+            tiles[g + 1] = (int32_t)tincl;
+        }
+        carry_rows += total;
+        carry_tiles += ttotal;
+        __syncthreads();
+    }
+    if (bad) flag_bad(flag, op_id, MOEX_CUDA_BAD_SPLITS);
+}
+
+void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T) {
+    s->off = (int64_t *)moex_cuda_take(c, (size_t)(G + 1) * sizeof(int64_t));
+    s->tiles = (int32_t *)moex_cuda_take(c, (size_t)(G + 1) * sizeof(int32_t));
+    s->G = G;
+    s->T = T;
+}
+
+moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
+                                  const moex_cuda_sched *s, const int64_t *splits,
+                                  cudaStream_t stream) {
+    sched_kernel<<<1, SCAN_THREADS, 0, stream>>>(splits, s->G, s->T, s->off, s->tiles,
+                                                 moex_cuda_st(ctx)->flag, op_id);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
+/* ---- splits_to_offsets --------------------------------------------------------------- */
+
+typedef struct offsets_outs {
+    void *out[MOEX_MAX_OFFSETS];
+    int64_t stride[MOEX_MAX_OFFSETS];
+    int is_i64[MOEX_MAX_OFFSETS];
+    int leading_zero[MOEX_MAX_OFFSETS];
+    int n;
+} offsets_outs;
+
+static __device__ void put_offset(const offsets_outs &o, int i, int64_t at, int64_t v) {
+    if (o.is_i64[i]) ((int64_t *)o.out[i])[at] = v;
+    else ((int32_t *)o.out[i])[at] = (int32_t)v;
+}
+
+/* out_i[g (+1)] = stride_i * (s_0 + ... + s_g), negative splits counted as 0 and flagged. */
+static __global__ void __launch_bounds__(SCAN_THREADS)
+offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
+    __shared__ int64_t sh[32];
+    int64_t carry = 0;
+    int bad = 0;
+    if (threadIdx.x == 0)
+        for (int i = 0; i < o.n; i++)
+            if (o.leading_zero[i]) put_offset(o, i, 0, 0);
+    for (int64_t base = 0; base < G; base += SCAN_THREADS) {
+        int64_t g = base + threadIdx.x;
+        int64_t s = g < G ? splits[g] : 0;
+        if (s < 0) {
+            bad = 1;
+            s = 0;
+        }
+        int64_t total;
+        int64_t incl = block_scan_i64(s, sh, &total) + carry;
+        if (g < G)
+            for (int i = 0; i < o.n; i++) put_offset(o, i, g + o.leading_zero[i], incl * o.stride[i]);
+        carry += total;
+        __syncthreads();
+    }
+    if (bad) flag_bad(flag, MOEX_CUDA_OP_SPLITS_TO_OFFSETS, MOEX_CUDA_BAD_SPLITS);
+}
+
+static moex_status offsets_run(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                               const moex_splits_dims *d, cudaStream_t stream) {
+    offsets_outs o;
+    o.n = a->num_outputs;
+    for (int i = 0; i < MOEX_MAX_OFFSETS; i++) {
+        o.out[i] = i < o.n ? a->outputs[i].out.data : NULL;
+        o.stride[i] = i < o.n ? a->outputs[i].stride : 1;
+        o.is_i64[i] = i < o.n && a->outputs[i].out.dtype == MOEX_DTYPE_I64;
+        o.leading_zero[i] = i < o.n && a->outputs[i].start == MOEX_OFFSETS_LEADING_ZERO;
+    }
+    offsets_kernel<<<1, SCAN_THREADS, 0, stream>>>((const int64_t *)a->splits.data, d->G, o,
+                                                   moex_cuda_st(ctx)->flag);
+    CUDA_TRY_LAUNCH(ctx, "moex_splits_to_offsets");
+    return MOEX_OK;
+}
+
+extern "C" size_t moex_cuda_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                                 const moex_splits_dims *d) {
+    return 0;
+}
+
+extern "C" moex_status moex_cuda_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                                   const moex_splits_dims *d, void *ws, size_t ws_bytes,
+                                                   moex_stream stream) {
+    MOEX_CUDA_GUARDED(ctx, "moex_splits_to_offsets", offsets_run(ctx, a, d, (cudaStream_t)stream));
+}

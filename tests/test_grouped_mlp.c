@@ -1,0 +1,320 @@
+/*
+ * test_grouped_mlp.c - moex_grouped_mlp_forward / backward on the CPU backend against the
+ * fp64 reference, under the tolerance model of tests/ref/ref.h (with bounds propagated
+ * through h, z, dz and dh, which the library stores in the activation dtype).
+ *
+ * Coverage: f32, bf16, f16; G = 1, 5 and 128 with every splits kind and all groups empty;
+ * sum(splits) < T with NaN input tails (x, dy, probs) and poisoned output tails checked
+ * untouched; H and F not powers of two; SwiGLU and clamped SwiGLU (default and custom
+ * constants), contiguous and interleaved layouts; b1 absent / activation dtype / f32;
+ * b2 NONE / ADD / SCALED; probs present and absent; z saved and recomputed; every
+ * gradient present and absent; dW written (f32 or activation dtype; empty groups zero)
+ * and accumulated (empty groups bitwise unchanged); packed and discrete weights.
+ * The backward gets the library's own forward outputs (h, z), as a caller would.
+ */
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { G_DX = 1, G_DW1 = 2, G_DW2 = 4, G_DB1 = 8, G_DB2 = 16, G_DP = 32, G_ALL = 63 };
+
+typedef struct mlp_cfg {
+    moex_dtype dt;
+    int64_t G, T, rows, H, F;
+    tu_splits_kind kind;
+    moex_glu_kind glu_kind;
+    moex_glu_layout layout;
+    int custom_clamp;
+    int b1;                     /* 0 absent, 1 activation dtype, 2 f32 */
+    moex_bias_mode b2_mode;
+    int b2_f32;
+    int probs, save_z;
+    unsigned grads;
+    moex_grad_mode dw_mode;
+    int dw_f32;                 /* WRITE: f32 (1) or activation dtype (0) */
+    int discrete;
+} mlp_cfg;
+
+static double worst_seen;
+
+static void note(double ratio) {
+    if (ratio > worst_seen && isfinite(ratio)) worst_seen = ratio;
+}
+
+static const char *dt_name(moex_dtype dt) {
+    return dt == MOEX_DTYPE_F32 ? "f32" : dt == MOEX_DTYPE_BF16 ? "bf16" : "f16";
+}
+
+static int64_t max3(int64_t a, int64_t b, int64_t c) {
+    int64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+/* Compares a gradient weight (packed or discrete) with ref (+ init for ACCUMULATE);
+ * checks empty groups are zero (WRITE) or unchanged (ACCUMULATE). */
+static void check_dw(const char *what, const tu_weight *w, const double *ref, const double *bound,
+                     const double *init, int acc, const int64_t *splits, const ref_tol_model *m) {
+    const int64_t n = w->G * w->R * w->C, per = w->R * w->C;
+    double *got = tu_doubles(n), *want = tu_doubles(n), *wb = tu_doubles(n);
+    tu_weight_read(w, got);
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = ref[i] + (acc ? init[i] : 0.0);
+        wb[i] = bound[i] + (acc ? fabs(init[i]) : 0.0);
+    }
+    float *gf = (float *)tu_alloc((size_t)n * sizeof(float) + 4); /* every dtype is exact in f32 */
+    for (int64_t i = 0; i < n; i++) gf[i] = (float)got[i];
+    note(tu_check_close(what, MOEX_DTYPE_F32, gf, want, wb, n, w->C, m, __FILE__, __LINE__));
+    for (int64_t g = 0; g < w->G; g++) {
+        if (splits[g]) continue;
+        int ok = 1;
+        for (int64_t i = g * per; i < (g + 1) * per; i++) ok &= acc ? got[i] == init[i] : got[i] == 0.0;
+        CHECK_MSG(ok, "%s: empty group %lld must be %s", what, (long long)g, acc ? "unchanged" : "zero");
+    }
+    free(gf);
+    free(got);
+    free(want);
+    free(wb);
+}
+
+static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c) {
+    const moex_dtype dt = c->dt;
+    const int64_t G = c->G, T = c->T, H = c->H, F = c->F, rows = c->rows;
+    const int acc = c->dw_mode == MOEX_GRAD_ACCUMULATE;
+    char label[320], what[400];
+    snprintf(label, sizeof label,
+             "%s G=%lld T=%lld rows=%lld H=%lld F=%lld %s %s%s %s b1=%d b2=%d%s probs=%d save_z=%d grads=%u dw=%s%s %s",
+             dt_name(dt), (long long)G, (long long)T, (long long)rows, (long long)H, (long long)F,
+             tu_splits_name(c->kind), c->glu_kind ? "clamped" : "swiglu", c->custom_clamp ? "(custom)" : "",
+             c->layout ? "interleaved" : "contiguous", c->b1, (int)c->b2_mode, c->b2_f32 ? "(f32)" : "", c->probs,
+             c->save_z, c->grads, acc ? "acc" : "write", acc ? "" : (c->dw_f32 ? "(f32)" : "(act)"),
+             c->discrete ? "discrete" : "packed");
+    tu_log("case %s\n", label);
+    int failures_before = tu_failures();
+
+    moex_glu_params glu = moex_glu_params_default(c->glu_kind);
+    glu.layout = c->layout;
+    if (c->custom_clamp) glu.limit = 4.5f, glu.alpha = 1.25f, glu.offset = 0.5f;
+    const moex_dtype b1dt = c->b1 == 2 ? MOEX_DTYPE_F32 : dt, b2dt = c->b2_f32 ? MOEX_DTYPE_F32 : dt;
+
+    int64_t *splits = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
+    tu_make_splits(r, c->kind, G, rows, splits);
+    /* values: h = x W1^T + b1 spans roughly +-8, past the clamp limit */
+    const double ws1 = 2.5 * sqrt(3.0 / (double)H);
+    double *x = tu_doubles(T * H), *w1 = tu_doubles(G * 2 * F * H), *b1 = tu_doubles(G * 2 * F);
+    double *w2 = tu_doubles(G * H * F), *b2 = tu_doubles(G * H), *probs = tu_doubles(T), *dy = tu_doubles(T * H);
+    double *dp0 = tu_doubles(T), *dw1_0 = tu_doubles(G * 2 * F * H), *dw2_0 = tu_doubles(G * H * F);
+    tu_fill_uniform(r, x, rows * H, -1, 1, dt);
+    tu_fill_uniform(r, w1, G * 2 * F * H, -ws1, ws1, dt);
+    tu_fill_uniform(r, b1, G * 2 * F, -1, 1, b1dt);
+    tu_fill_uniform(r, w2, G * H * F, -0.3, 0.3, dt);
+    tu_fill_uniform(r, b2, G * H, -1, 1, b2dt);
+    tu_fill_uniform(r, probs, rows, 0.05, 1, MOEX_DTYPE_F32);
+    tu_fill_uniform(r, dy, rows * H, -1, 1, dt);
+    tu_fill_uniform(r, dp0, rows, -1, 1, MOEX_DTYPE_F32);
+    tu_fill_uniform(r, dw1_0, G * 2 * F * H, -1, 1, MOEX_DTYPE_F32);
+    tu_fill_uniform(r, dw2_0, G * H * F, -1, 1, MOEX_DTYPE_F32);
+
+    void *xb = tu_buffer_rows(dt, x, rows, T, H), *dyb = tu_buffer_rows(dt, dy, rows, T, H);
+    void *pb = tu_buffer_rows(MOEX_DTYPE_F32, probs, rows, T, 1);
+    void *b1b = tu_buffer(b1dt, b1, G * 2 * F), *b2b = tu_buffer(b2dt, b2, G * H);
+    tu_weight w1t = tu_weight_make(dt, G, 2 * F, H, w1, c->discrete);
+    tu_weight w2t = tu_weight_make(dt, G, H, F, w2, c->discrete);
+    void *hb = tu_poisoned(dt, T * 2 * F), *zb = tu_poisoned(dt, T * F), *yb = tu_poisoned(dt, T * H);
+    moex_tensor splits_t = moex_tensor_1d(splits, MOEX_DTYPE_I64, G);
+
+    ref_mlp p = {.G = G, .T = T, .H = H, .F = F, .splits = splits, .x = x, .w1 = w1,
+                 .b1 = c->b1 ? b1 : NULL, .w2 = w2, .b2 = b2, .probs = c->probs ? probs : NULL,
+                 .b2_mode = c->b2_mode, .glu = glu};
+
+    /* ---- forward ---- */
+    moex_grouped_mlp_args fa;
+    memset(&fa, 0, sizeof fa);
+    fa.x = moex_tensor_2d(xb, dt, T, H);
+    fa.w1 = w1t.w;
+    if (c->b1) fa.b1 = moex_tensor_2d(b1b, b1dt, G, 2 * F);
+    fa.w2 = w2t.w;
+    fa.b2_mode = c->b2_mode;
+    if (c->b2_mode != MOEX_BIAS_NONE) fa.b2 = moex_tensor_2d(b2b, b2dt, G, H);
+    if (c->probs) fa.probs = moex_tensor_1d(pb, MOEX_DTYPE_F32, T);
+    fa.glu = glu;
+    fa.splits = splits_t;
+    fa.h = moex_tensor_2d(hb, dt, T, 2 * F);
+    if (c->save_z) fa.z = moex_tensor_2d(zb, dt, T, F);
+    fa.y = moex_tensor_2d(yb, dt, T, H);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_grouped_mlp_forward_workspace_size(ctx, &fa, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_grouped_mlp_forward(ctx, &fa, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    double *h = tu_doubles(T * 2 * F), *hbd = tu_doubles(T * 2 * F), *z = tu_doubles(T * F), *zbd = tu_doubles(T * F);
+    double *y = tu_doubles(T * H), *ybd = tu_doubles(T * H);
+    ref_grouped_mlp_forward(&p, h, hbd, z, zbd, y, ybd);
+    ref_tol_model m = ref_tol_for(dt, dt, 0, H);
+    snprintf(what, sizeof what, "forward h [%s]", label);
+    note(CHECK_CLOSE(what, dt, hb, h, hbd, rows * 2 * F, 2 * F, &m));
+    CHECK_POISONED("forward: h tail rows", dt, hb, rows * 2 * F, T * 2 * F);
+    m = ref_tol_for(dt, dt, 1, H + 8);
+    if (c->save_z) {
+        snprintf(what, sizeof what, "forward z [%s]", label);
+        note(CHECK_CLOSE(what, dt, zb, z, zbd, rows * F, F, &m));
+        CHECK_POISONED("forward: z tail rows", dt, zb, rows * F, T * F);
+    } else {
+        CHECK_POISONED("forward: absent z untouched", dt, zb, 0, T * F);
+    }
+    m = ref_tol_for(dt, dt, 1, max3(H, F, 8));
+    snprintf(what, sizeof what, "forward y [%s]", label);
+    note(CHECK_CLOSE(what, dt, yb, y, ybd, rows * H, H, &m));
+    CHECK_POISONED("forward: y tail rows", dt, yb, rows * H, T * H);
+
+    /* ---- backward ---- */
+    const unsigned gr = c->grads;
+    const int want_db2 = (gr & G_DB2) && c->b2_mode != MOEX_BIAS_NONE, want_dp = (gr & G_DP) && c->probs;
+    const moex_dtype dwdt = acc || c->dw_f32 ? MOEX_DTYPE_F32 : dt;
+    void *dxb = tu_poisoned(dt, T * H), *db1b = tu_poisoned(MOEX_DTYPE_F32, G * 2 * F);
+    void *db2b = tu_poisoned(MOEX_DTYPE_F32, G * H), *dpb = tu_buffer_rows(MOEX_DTYPE_F32, dp0, rows, T, 1);
+    tu_weight dw1t = tu_weight_make(dwdt, G, 2 * F, H, acc ? dw1_0 : NULL, c->discrete);
+    tu_weight dw2t = tu_weight_make(dwdt, G, H, F, acc ? dw2_0 : NULL, c->discrete);
+    moex_grouped_mlp_grad_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.x = fa.x;
+    ba.w1 = w1t.w;
+    ba.w2 = w2t.w;
+    ba.b2_mode = c->b2_mode;
+    if (c->b2_mode == MOEX_BIAS_SCALED) ba.b2 = fa.b2;
+    ba.probs = fa.probs;
+    ba.glu = glu;
+    ba.splits = splits_t;
+    ba.h = fa.h;
+    ba.z = fa.z;
+    ba.dy = moex_tensor_2d(dyb, dt, T, H);
+    if (gr & G_DX) ba.dx = moex_tensor_2d(dxb, dt, T, H);
+    ba.dw_mode = c->dw_mode;
+    if (gr & G_DW1) ba.dw1 = dw1t.w;
+    if (gr & G_DW2) ba.dw2 = dw2t.w;
+    if (gr & G_DB1) ba.db1 = moex_tensor_2d(db1b, MOEX_DTYPE_F32, G, 2 * F);
+    if (want_db2) ba.db2 = moex_tensor_2d(db2b, MOEX_DTYPE_F32, G, H);
+    if (want_dp) ba.dprobs = moex_tensor_1d(dpb, MOEX_DTYPE_F32, T);
+    CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &ba, &bytes), MOEX_OK);
+    ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_grouped_mlp_backward(ctx, &ba, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+
+    ref_mlp_grads g = {0};
+    g.dx = tu_doubles(T * H), g.dxb = tu_doubles(T * H);
+    g.dw1 = tu_doubles(G * 2 * F * H), g.dw1b = tu_doubles(G * 2 * F * H);
+    g.dw2 = tu_doubles(G * H * F), g.dw2b = tu_doubles(G * H * F);
+    g.db1 = tu_doubles(G * 2 * F), g.db1b = tu_doubles(G * 2 * F);
+    g.db2 = tu_doubles(G * H), g.db2b = tu_doubles(G * H);
+    g.dprobs = tu_doubles(T), g.dprobsb = tu_doubles(T);
+    ref_grouped_mlp_backward(&p, dy, &g);
+    const int64_t kb = max3(rows, H, 2 * F) + 8;
+    if (gr & G_DX) {
+        m = ref_tol_for(dt, dt, 1, kb);
+        snprintf(what, sizeof what, "backward dx [%s]", label);
+        note(CHECK_CLOSE(what, dt, dxb, g.dx, g.dxb, rows * H, H, &m));
+        CHECK_POISONED("backward: dx tail rows", dt, dxb, rows * H, T * H);
+    } else {
+        CHECK_POISONED("backward: absent dx untouched", dt, dxb, 0, T * H);
+    }
+    m = ref_tol_for(dwdt, dt, 1, kb);
+    if (gr & G_DW1) {
+        snprintf(what, sizeof what, "backward dW1 [%s]", label);
+        check_dw(what, &dw1t, g.dw1, g.dw1b, dw1_0, acc, splits, &m);
+    }
+    if (gr & G_DW2) {
+        snprintf(what, sizeof what, "backward dW2 [%s]", label);
+        check_dw(what, &dw2t, g.dw2, g.dw2b, dw2_0, acc, splits, &m);
+    }
+    if (!(gr & G_DW1) || !(gr & G_DW2)) { /* absent: untouched */
+        double *v = tu_doubles(G * 2 * F * H);
+        int ok = 1;
+        if (!(gr & G_DW1)) {
+            tu_weight_read(&dw1t, v);
+            for (int64_t i = 0; i < G * 2 * F * H; i++) ok &= acc ? v[i] == dw1_0[i] : isnan(v[i]);
+        }
+        if (!(gr & G_DW2)) {
+            tu_weight_read(&dw2t, v);
+            for (int64_t i = 0; i < G * H * F; i++) ok &= acc ? v[i] == dw2_0[i] : isnan(v[i]);
+        }
+        CHECK_MSG(ok, "backward: absent dW1/dW2 untouched [%s]", label);
+        free(v);
+    }
+    m = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
+    if (gr & G_DB1) {
+        snprintf(what, sizeof what, "backward db1 [%s]", label);
+        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, db1b, g.db1, g.db1b, G * 2 * F, 2 * F, &m));
+    } else {
+        CHECK_POISONED("backward: absent db1 untouched", MOEX_DTYPE_F32, db1b, 0, G * 2 * F);
+    }
+    if (want_db2) { /* db2 = sum p dy reads only exact inputs: nothing rounded on the way */
+        ref_tol_model m2 = ref_tol_for(MOEX_DTYPE_F32, dt, 0, rows + 1);
+        snprintf(what, sizeof what, "backward db2 [%s]", label);
+        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, db2b, g.db2, g.db2b, G * H, H, &m2));
+    } else {
+        CHECK_POISONED("backward: absent db2 untouched", MOEX_DTYPE_F32, db2b, 0, G * H);
+    }
+    if (want_dp) {
+        for (int64_t i = 0; i < rows; i++) {
+            g.dprobs[i] += dp0[i];
+            g.dprobsb[i] += fabs(dp0[i]);
+        }
+        snprintf(what, sizeof what, "backward dprobs (+=) [%s]", label);
+        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, dpb, g.dprobs, g.dprobsb, rows, 1, &m));
+    } else {
+        double *back = tu_read(MOEX_DTYPE_F32, dpb, rows);
+        CHECK_MSG(memcmp(back, dp0, (size_t)rows * sizeof(double)) == 0, "backward: absent dprobs untouched [%s]",
+                  label);
+        free(back);
+    }
+    CHECK_POISONED("backward: dprobs tail rows", MOEX_DTYPE_F32, dpb, rows, T);
+    if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
+
+    free(splits); free(x); free(w1); free(b1); free(w2); free(b2); free(probs); free(dy); free(dp0);
+    free(dw1_0); free(dw2_0); free(xb); free(dyb); free(pb); free(b1b); free(b2b); free(hb); free(zb); free(yb);
+    free(h); free(hbd); free(z); free(zbd); free(y); free(ybd); free(dxb); free(db1b); free(db2b); free(dpb);
+    free(g.dx); free(g.dxb); free(g.dw1); free(g.dw1b); free(g.dw2); free(g.dw2b);
+    free(g.db1); free(g.db1b); free(g.db2); free(g.db2b); free(g.dprobs); free(g.dprobsb);
+    tu_weight_free(&w1t); tu_weight_free(&w2t); tu_weight_free(&dw1t); tu_weight_free(&dw2t);
+}
+
+int main(void) {
+    moex_context *ctx = tu_cpu_context();
+    tu_rng r = tu_rng_seed(777);
+    static const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
+    const moex_glu_kind SW = MOEX_GLU_SWIGLU, CL = MOEX_GLU_CLAMPED_SWIGLU;
+    const moex_glu_layout CO = MOEX_GLU_CONTIGUOUS, IL = MOEX_GLU_INTERLEAVED_32;
+    const moex_grad_mode WR = MOEX_GRAD_WRITE, AC = MOEX_GRAD_ACCUMULATE;
+    /* dt, G, T, rows, H, F, kind, glu, layout, custom, b1, b2 mode, b2 f32, probs, save z, grads,
+     * dw mode, dw f32, discrete */
+    const mlp_cfg cases[] = {
+        {0, 1, 37, 31, 40, 36, TU_SPLITS_BALANCED, SW, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 1, 0},
+        {0, 1, 20, 20, 24, 32, TU_SPLITS_BALANCED, CL, IL, 0, 2, MOEX_BIAS_ADD, 1, 1, 0, G_ALL, AC, 0, 1},
+        {0, 5, 50, 43, 40, 64, TU_SPLITS_EMPTY_FIRST, CL, IL, 0, 0, MOEX_BIAS_ADD, 1, 1, 0, G_ALL, AC, 0, 1},
+        {0, 5, 50, 43, 40, 36, TU_SPLITS_EMPTY_MIDDLE, SW, CO, 0, 2, MOEX_BIAS_NONE, 0, 0, 1, G_DX | G_DW1, WR, 0, 0},
+        {0, 5, 50, 43, 33, 36, TU_SPLITS_EMPTY_LAST, CL, CO, 1, 1, MOEX_BIAS_SCALED, 0, 1, 0,
+         G_DW2 | G_DB1 | G_DB2 | G_DP, WR, 0, 1},
+        {0, 5, 50, 43, 40, 36, TU_SPLITS_SKEWED, SW, CO, 0, 1, MOEX_BIAS_ADD, 0, 1, 1, G_DP | G_DB2, WR, 1, 0},
+        {0, 5, 50, 43, 40, 36, TU_SPLITS_ONE_GROUP, CL, CO, 0, 2, MOEX_BIAS_SCALED, 1, 1, 0, G_DX | G_DP, AC, 0, 0},
+        {0, 5, 50, 43, 40, 32, TU_SPLITS_RANDOM, SW, IL, 0, 0, MOEX_BIAS_SCALED, 0, 1, 1, G_DW1 | G_DW2 | G_DB1, AC, 0,
+         1},
+        {0, 4, 12, 0, 24, 20, TU_SPLITS_BALANCED, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 0, 0},
+        {0, 4, 12, 0, 24, 20, TU_SPLITS_BALANCED, SW, CO, 0, 1, MOEX_BIAS_ADD, 0, 1, 0, G_ALL, AC, 0, 1},
+        {0, 128, 300, 290, 40, 36, TU_SPLITS_SKEWED, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, AC, 0, 0},
+        {0, 128, 300, 290, 24, 32, TU_SPLITS_RANDOM, SW, IL, 0, 2, MOEX_BIAS_ADD, 0, 0, 0, G_ALL, WR, 1, 1},
+    };
+    const int ncases = (int)(sizeof cases / sizeof cases[0]);
+    int n = 0;
+    for (int d = 0; d < 3; d++) {
+        for (int i = 0; i < ncases; i++) {
+            mlp_cfg c = cases[i];
+            c.dt = dts[d];
+            run_case(ctx, &r, &c), n++;
+        }
+    }
+    printf("%d cases, worst err/tol %.3g\n", n, worst_seen);
+    moex_context_destroy(ctx);
+    return tu_finish();
+}

@@ -1,0 +1,113 @@
+/*
+ * test_splits_to_offsets.c - moex_splits_to_offsets against the reference: G = 1, 5, 128;
+ * every splits kind (empty groups first/middle/last, skewed, all in one group, all empty);
+ * 1..8 outputs mixing I32 and I64, strides 1, K, 7 and large, with and without the
+ * leading zero. Every output buffer has poisoned guard elements past its end that must
+ * stay untouched; the splits must stay unchanged. Negative splits fail with
+ * MOEX_ERR_BAD_SPLITS and write nothing.
+ */
+#include "test_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GUARD 4
+
+static void run_case(moex_context *ctx, tu_rng *r, int64_t G, const int64_t *splits, int num_outputs,
+                     const char *label) {
+    moex_splits_to_offsets_args a;
+    memset(&a, 0, sizeof a);
+    int64_t *sp = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
+    memcpy(sp, splits, (size_t)G * sizeof(int64_t));
+    a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, G);
+    a.num_outputs = num_outputs;
+    void *buf[MOEX_MAX_OFFSETS];
+    int64_t len[MOEX_MAX_OFFSETS];
+    static const int64_t strides[] = {1, 4096, 7, 1, 3, 1 << 20, 1, 11};
+    for (int i = 0; i < num_outputs; i++) {
+        moex_offsets_output *o = &a.outputs[i];
+        moex_dtype dt = (i + (int)tu_randint(r, 2)) % 2 ? MOEX_DTYPE_I64 : MOEX_DTYPE_I32;
+        o->stride = strides[i];
+        if (dt == MOEX_DTYPE_I32 && o->stride > 4096) dt = MOEX_DTYPE_I64; /* keep within int32 */
+        o->start = tu_randint(r, 2) ? MOEX_OFFSETS_LEADING_ZERO : MOEX_OFFSETS_INCLUSIVE;
+        len[i] = G + (o->start == MOEX_OFFSETS_LEADING_ZERO);
+        buf[i] = tu_poisoned(dt, len[i] + GUARD);
+        o->out = moex_tensor_1d(buf[i], dt, len[i]);
+    }
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_splits_to_offsets_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    moex_status st = moex_splits_to_offsets(ctx, &a, ws, bytes, NULL);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    int64_t *want = (int64_t *)tu_alloc((size_t)(G + 1) * sizeof(int64_t));
+    for (int i = 0; i < num_outputs; i++) {
+        const moex_offsets_output *o = &a.outputs[i];
+        ref_splits_to_offsets(splits, G, o->stride, o->start == MOEX_OFFSETS_LEADING_ZERO, want);
+        int64_t bad = -1;
+        for (int64_t j = 0; j < len[i] && bad < 0; j++)
+            if ((int64_t)ref_load(o->out.dtype, buf[i], j) != want[j]) bad = j;
+        CHECK_MSG(bad < 0, "%s G=%lld output %d (%s, stride %lld, %s): element %lld is %lld, want %lld", label,
+                  (long long)G, i, o->out.dtype == MOEX_DTYPE_I32 ? "i32" : "i64", (long long)o->stride,
+                  o->start == MOEX_OFFSETS_LEADING_ZERO ? "leading zero" : "inclusive", (long long)bad,
+                  bad < 0 ? 0LL : (long long)ref_load(o->out.dtype, buf[i], bad), bad < 0 ? 0LL : (long long)want[bad]);
+        CHECK_POISONED("guard past the output", o->out.dtype, buf[i], len[i], len[i] + GUARD);
+    }
+    CHECK_MSG(memcmp(sp, splits, (size_t)G * sizeof(int64_t)) == 0, "%s: splits changed", label);
+    for (int i = 0; i < num_outputs; i++) free(buf[i]);
+    free(want);
+    free(ws);
+    free(sp);
+}
+
+/* A negative split: MOEX_ERR_BAD_SPLITS naming the group, nothing written. */
+static void run_negative(moex_context *ctx, int64_t G, int64_t bad_group) {
+    int64_t *sp = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
+    for (int64_t g = 0; g < G; g++) sp[g] = g % 3;
+    sp[bad_group] = -2;
+    moex_splits_to_offsets_args a;
+    memset(&a, 0, sizeof a);
+    a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, G);
+    a.num_outputs = 2;
+    void *o0 = tu_poisoned(MOEX_DTYPE_I64, G + 1), *o1 = tu_poisoned(MOEX_DTYPE_I32, G);
+    a.outputs[0] = (moex_offsets_output){moex_tensor_1d(o0, MOEX_DTYPE_I64, G + 1), 1, MOEX_OFFSETS_LEADING_ZERO};
+    a.outputs[1] = (moex_offsets_output){moex_tensor_1d(o1, MOEX_DTYPE_I32, G), 5, MOEX_OFFSETS_INCLUSIVE};
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_splits_to_offsets_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_splits_to_offsets(ctx, &a, ws, bytes, NULL), MOEX_ERR_BAD_SPLITS);
+    char num[32];
+    snprintf(num, sizeof num, "%lld", (long long)bad_group);
+    CHECK_MSG_HAS(ctx, "splits_to_offsets");
+    CHECK_MSG_HAS(ctx, num);
+    CHECK_POISONED("offsets after bad splits", MOEX_DTYPE_I64, o0, 0, G + 1);
+    CHECK_POISONED("offsets after bad splits", MOEX_DTYPE_I32, o1, 0, G);
+    free(o0);
+    free(o1);
+    free(ws);
+    free(sp);
+}
+
+int main(void) {
+    moex_context *ctx = tu_cpu_context();
+    tu_rng r = tu_rng_seed(7);
+    static const int64_t Gs[] = {1, 5, 128};
+    for (int gi = 0; gi < 3; gi++) {
+        int64_t G = Gs[gi];
+        int64_t *splits = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
+        for (int kind = 0; kind < TU_SPLITS_NUM_KINDS; kind++) {
+            int64_t total = 3 * G + 17;
+            tu_make_splits(&r, (tu_splits_kind)kind, G, total, splits);
+            for (int n = 1; n <= MOEX_MAX_OFFSETS; n += 3)
+                run_case(ctx, &r, G, splits, n, tu_splits_name((tu_splits_kind)kind));
+            run_case(ctx, &r, G, splits, MOEX_MAX_OFFSETS, tu_splits_name((tu_splits_kind)kind));
+        }
+        memset(splits, 0, (size_t)G * sizeof(int64_t)); /* all groups empty */
+        run_case(ctx, &r, G, splits, 3, "all-empty");
+        run_negative(ctx, G, G - 1);
+        run_negative(ctx, G, 0);
+        free(splits);
+    }
+    moex_context_destroy(ctx);
+    return tu_finish();
+}

@@ -1,0 +1,112 @@
+/*
+ * check.h - the harness of `moex check`: buffers that live in backend memory with a host
+ * copy, comparison of a library output with the fp64 reference (tests/ref/ref.h) under
+ * its tolerance model, untouched-tail checks, and one table row per (op, backend, dtype,
+ * shape). The op families are in check_ops.c (splits, grouped linear, GLU, grouped MLP)
+ * and check_routing.c (router, permute, unpermute, MoE layer).
+ */
+#ifndef MOEX_CLI_CHECK_H
+#define MOEX_CLI_CHECK_H
+
+#include "cli_util.h"
+#include "ref.h"
+
+typedef struct checker {
+    moex_context *ctx;
+    moex_backend be;
+    cli_rng rng;
+    int verbose;
+    int rows, failed;          /* table rows printed, rows that failed */
+} checker;
+
+/* One buffer: n elements of dt, a host copy and its backend twin. */
+typedef struct cbuf {
+    moex_dtype dt;
+    int64_t n;
+    void *host;
+    void *dev;
+} cbuf;
+
+/* The result of one table row, accumulated over its outputs. */
+typedef struct crow {
+    double worst;       /* largest |got - ref| / tol over every compared element */
+    int bad;            /* elements out of tolerance, non-finite, or a written tail */
+    char note[200];     /* the first problem, for the FAIL line */
+} crow;
+
+/* ---- buffers ------------------------------------------------------------------------ */
+
+/* Input: v[0..n) is rounded to dt IN PLACE (the reference then computes on exactly what
+ * the library reads) and copied to the backend. v may be NULL: zeros. Returns 0 or -1. */
+int  cb_in(checker *c, cbuf *b, moex_dtype dt, double *v, int64_t n);
+/* Output: poisoned (every byte 0xFF: NaN in float dtypes, -1 in integers), or set to
+ * init[0..n) rounded to dt when init is not NULL (for "+=" outputs). */
+int  cb_out(checker *c, cbuf *b, moex_dtype dt, int64_t n, double *init);
+/* Copies the backend buffer to the host copy. */
+int  cb_get(checker *c, cbuf *b);
+void cb_free(checker *c, cbuf *b);
+
+moex_tensor cb_1d(const cbuf *b, int64_t d0);
+moex_tensor cb_2d(const cbuf *b, int64_t d0, int64_t d1);
+moex_tensor cb_3d(const cbuf *b, int64_t d0, int64_t d1, int64_t d2);
+
+/* ---- comparison ---------------------------------------------------------------------- */
+
+/* Downloads `got` and compares elements [0, nvalid) with ref[i] within ref_tol(m, ref[i],
+ * bound[i]) (bound NULL: |ref|); elements [nvalid, n) must still hold their poison bytes.
+ * Updates r. `name` names the output in the note. */
+void c_compare(checker *c, crow *r, const char *name, cbuf *got, const double *ref, const double *bound,
+               int64_t nvalid, const ref_tol_model *m);
+
+/* Records a failed library call (or a failed copy when st == MOEX_OK) in r. */
+void c_call_failed(checker *c, crow *r, const char *what, moex_status st);
+
+/* Prints the table row and counts it. */
+void c_row(checker *c, const char *op, moex_dtype dt, const char *shape, const crow *r);
+
+/* Runs one operation: its workspace query `wsfn`, a backend workspace, then `fn` on the
+ * args pointer `a`. Sets `done` to 1 on success; otherwise records the failure in r
+ * (`ok` == 0: an earlier setup step failed, the op is not run). */
+#define C_RUN(c, r, ok, wsfn, fn, a, done)                                                  \
+    do {                                                                                    \
+        size_t wsb_ = 0;                                                                    \
+        void *ws_ = NULL;                                                                   \
+        moex_status st_ = MOEX_OK;                                                          \
+        int ok_ = (ok);                                                                     \
+        if (ok_) st_ = wsfn((c)->ctx, (a), &wsb_);                                          \
+        if (ok_ && st_ == MOEX_OK && wsb_) {                                                \
+            ws_ = cli_mem_alloc((c)->be, wsb_);                                             \
+            if (!ws_) ok_ = 0;                                                              \
+        }                                                                                   \
+        if (ok_ && st_ == MOEX_OK) st_ = fn((c)->ctx, (a), ws_, wsb_, NULL);                 \
+        if (ok_ && st_ == MOEX_OK && cli_mem_sync((c)->be) != 0) ok_ = 0;                   \
+        cli_mem_free((c)->be, ws_);                                                         \
+        (done) = ok_ && st_ == MOEX_OK;                                                     \
+        if (!(done)) c_call_failed((c), (r), #fn, st_);                                     \
+    } while (0)
+
+/* ---- data --------------------------------------------------------------------------- */
+
+double *c_doubles(int64_t n);                                  /* zeroed, exits on OOM */
+void    c_uniform(checker *c, double *v, int64_t n, double lo, double hi);
+
+typedef enum c_splits_kind {
+    C_SPLITS_BALANCED = 0,   /* as equal as possible               */
+    C_SPLITS_SKEWED,         /* random shares, one group empty      */
+    C_SPLITS_EMPTY_ENDS,     /* first and last groups empty         */
+    C_SPLITS_ONE_GROUP       /* everything in the middle group      */
+} c_splits_kind;
+
+const char *c_splits_name(c_splits_kind k);
+/* splits[0..G) >= 0 summing to S. */
+void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits);
+
+/* The op families (each prints its rows). */
+void check_splits_to_offsets(checker *c);
+void check_grouped_linear(checker *c);
+void check_scaled_glu(checker *c);
+void check_grouped_mlp(checker *c);
+void check_routing(checker *c);
+void check_moe_layer(checker *c);
+
+#endif /* MOEX_CLI_CHECK_H */

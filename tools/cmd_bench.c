@@ -1,0 +1,510 @@
+/*
+ * cmd_bench.c - `moex bench`: times grouped linear forward, backward data, backward weight
+ * and the grouped MLP forward+backward on named configurations, median of N runs, and
+ * reports GFLOP/s. On the CPU it also times one OpenBLAS cblas_sgemm of the same total
+ * size (M = T, the same K and N: the dense GEMM the grouped forward is split from) and the
+ * ratio grouped / dense. CUDA timings use CUDA events on the legacy default stream
+ * (cli_mem.c), so this file needs no CUDA header.
+ *
+ * FLOP counts (S = sum(splits) rows): linear forward, backward data and backward weight
+ * 2 S K N each; grouped MLP forward 6 S H F (FC1 2F x H, FC2 H x F), backward twice that,
+ * forward+backward 18 S H F.
+ */
+#include "cli_util.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#ifdef MOEX_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
+
+#define CMD "bench"
+
+typedef enum splits_kind { SPLITS_BALANCED = 0, SPLITS_SKEWED = 1 } splits_kind;
+static const char *const splits_words[] = {"balanced", "skewed", NULL};
+
+/* A named problem: the grouped linear (G, T, K, N) and the grouped MLP of the same model
+ * (H, F) whose FC1 or FC2 is that linear. */
+typedef struct bench_config {
+    const char *name;
+    int64_t G, T, K, N, H, F;
+    splits_kind splits;
+    int cuda;           /* 1: sized for a GPU (DESIGN.md section 6), not run by "all" on the CPU */
+    const char *what;
+} bench_config;
+
+static const bench_config configs[] = {
+    {"tiny", 4, 512, 256, 256, 256, 128, SPLITS_BALANCED, 0, "a quick smoke test"},
+    {"small", 8, 4096, 1024, 1024, 1024, 512, SPLITS_BALANCED, 0, "8 balanced groups (CPU default)"},
+    {"skewed", 8, 4096, 1024, 1024, 1024, 512, SPLITS_SKEWED, 0, "8 Dirichlet(0.5) groups, one empty"},
+    {"many", 128, 4096, 1024, 1024, 1024, 512, SPLITS_BALANCED, 0, "128 small groups"},
+    {"dsv3-fc1", 8, 32768, 7168, 4096, 7168, 2048, SPLITS_BALANCED, 1, "DeepSeek-V3 FC1"},
+    {"dsv3-fc2", 8, 32768, 2048, 7168, 7168, 2048, SPLITS_BALANCED, 1, "DeepSeek-V3 FC2"},
+    {"qwen3-30b-fc1", 128, 32768, 2048, 1536, 2048, 768, SPLITS_BALANCED, 1, "Qwen3-30B-A3B FC1"},
+    {"qwen3-30b-fc2", 128, 32768, 768, 2048, 2048, 768, SPLITS_BALANCED, 1, "Qwen3-30B-A3B FC2"},
+    {"mixtral-fc1", 8, 16384, 4096, 28672, 4096, 14336, SPLITS_BALANCED, 1, "Mixtral 8x7B FC1"},
+    {"gptoss-fc1", 32, 16384, 2880, 5760, 2880, 2880, SPLITS_BALANCED, 1, "GPT-OSS-120B FC1"},
+};
+#define NUM_CONFIGS ((int)(sizeof configs / sizeof configs[0]))
+
+static const char *const backend_words[] = {"cpu", "cuda", NULL};
+static const char *const dtype_words[] = {"default", "f32", "bf16", NULL};
+
+typedef struct bench_opts {
+    int backend, dtype, splits, json;
+    int64_t iters, threads, seed;
+    const char *config;
+} bench_opts;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: moex bench --backend cpu|cuda [options]\n"
+            "\n"
+            "Times grouped linear forward, backward data, backward weight and the grouped MLP\n"
+            "forward+backward (SwiGLU times probs, no biases), median of N runs, in GFLOP/s. On\n"
+            "the CPU also times one OpenBLAS cblas_sgemm of the same total size (M=T, K, N) and\n"
+            "prints the ratio grouped forward / sgemm.\n"
+            "\n"
+            "options:\n"
+            "  --backend B      cpu | cuda (required)\n"
+            "  --config NAME    a configuration below, or 'all' (default: small on the CPU,\n"
+            "                   all of DESIGN.md section 6 on cuda)\n"
+            "  --dtype D        f32 | bf16 (default: f32 on the CPU, bf16 on cuda)\n"
+            "  --splits S       balanced | skewed: override the configuration's splits\n"
+            "  --iters N        timed runs per operation, after one warm-up (default 5 on the\n"
+            "                   CPU, 20 on cuda)\n"
+            "  --threads N      CPU threads of the library (default: MOEX_NUM_THREADS or all)\n"
+            "  --seed S         seed of the data and the skewed splits (default 1)\n"
+            "  --json           print one JSON object instead of the table\n"
+            "  -h, --help       this help\n"
+            "\n"
+            "configurations (G groups, T rows, K in, N out; MLP: H hidden, F ffn):\n");
+    for (int i = 0; i < NUM_CONFIGS; i++) {
+        const bench_config *c = &configs[i];
+        fprintf(out, "  %-14s G=%-3lld T=%-5lld K=%-5lld N=%-5lld H=%-5lld F=%-5lld %s%s\n", c->name,
+                (long long)c->G, (long long)c->T, (long long)c->K, (long long)c->N, (long long)c->H,
+                (long long)c->F, c->what, c->cuda ? " [cuda]" : "");
+    }
+}
+
+/* ---- data --------------------------------------------------------------------------- */
+
+/* splits[G] summing to T. Skewed: Dirichlet(0.5) shares (a Gamma(0.5) draw is N(0,1)^2 / 2)
+ * with one random group forced empty, rounded by cumulative sums so the total is exact. */
+static void make_splits(splits_kind kind, int64_t G, int64_t T, cli_rng *r, int64_t *splits) {
+    if (kind == SPLITS_BALANCED) {
+        for (int64_t g = 0; g < G; g++) splits[g] = T / G + (g < T % G ? 1 : 0);
+        return;
+    }
+    double *share = malloc((size_t)G * sizeof(double)), total = 0.0;
+    int64_t empty = G > 1 ? cli_rng_below(r, G) : -1;
+    for (int64_t g = 0; g < G; g++) {
+        double n = cli_rng_normal(r);
+        share[g] = g == empty ? 0.0 : n * n + 1e-12;
+        total += share[g];
+    }
+    double cum = 0.0;
+    int64_t prev = 0;
+    for (int64_t g = 0; g < G; g++) {
+        cum += share[g];
+        int64_t end = g == G - 1 ? T : (int64_t)llround((double)T * cum / total);
+        if (end < prev) end = prev;
+        if (end > T) end = T;
+        splits[g] = end - prev;
+        prev = end;
+    }
+    if (empty >= 0 && splits[empty] != 0) {   /* rounding gave it rows: move them on */
+        splits[(empty + 1) % G] += splits[empty];
+        splits[empty] = 0;
+    }
+    free(share);
+}
+
+/* n elements of dtype dt in backend memory, uniform in [-scale, scale). A random block of
+ * up to 1M elements is tiled over the buffer (fast for GPU-sized weights). */
+static int fill_random(moex_backend b, void *dst, moex_dtype dt, size_t n, double scale, cli_rng *r) {
+    size_t block = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20), es = moex_dtype_size(dt);
+    float *f = malloc(block * sizeof(float));
+    void *h = malloc(block * es);
+    if (!f || !h) {
+        free(f);
+        free(h);
+        return -1;
+    }
+    for (size_t i = 0; i < block; i++) f[i] = (float)(scale * (2.0 * cli_rng_uniform(r) - 1.0));
+    cli_from_f32(h, dt, f, block);
+    int rc = 0;
+    for (size_t at = 0; at < n && rc == 0; at += block) {
+        size_t m = n - at < block ? n - at : block;
+        rc = cli_mem_upload(b, (char *)dst + at * es, h, m * es);
+    }
+    free(f);
+    free(h);
+    return rc;
+}
+
+/* ---- timing ------------------------------------------------------------------------- */
+
+typedef moex_status (*bench_fn)(moex_context *ctx, void *arg);
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median seconds of `iters` runs after one warm-up; -1 when a call fails (message printed). */
+static double time_median(moex_context *ctx, moex_backend backend, int64_t iters, bench_fn fn, void *arg,
+                          const char *what) {
+    cli_timer tm;
+    if (cli_timer_init(&tm, backend) != 0) return -1.0;
+    double *t = malloc((size_t)iters * sizeof(double));
+    double med = -1.0;
+    moex_status st = fn(ctx, arg);
+    if (st == MOEX_OK && cli_mem_sync(backend) == 0 && t) {
+        for (int64_t i = 0; i < iters && st == MOEX_OK; i++) {
+            cli_timer_start(&tm);
+            st = fn(ctx, arg);
+            t[i] = cli_timer_stop(&tm);
+        }
+        if (st == MOEX_OK) {
+            qsort(t, (size_t)iters, sizeof(double), cmp_double);
+            med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+        }
+    }
+    if (st != MOEX_OK) cli_error(CMD, "%s failed: %s (%s)", what, moex_last_error(ctx), moex_status_string(st));
+    free(t);
+    cli_timer_destroy(&tm);
+    return med;
+}
+
+/* The workspace (shared by all ops of a config) and the argument structs. */
+typedef struct bench_ws {
+    void *ptr;
+    size_t bytes;
+} bench_ws;
+
+typedef struct gl_bench {
+    moex_grouped_linear_args fwd;
+    moex_grouped_linear_dgrad_args dgrad;
+    moex_grouped_linear_wgrad_args wgrad;
+    bench_ws *ws;
+} gl_bench;
+
+typedef struct mlp_bench {
+    moex_grouped_mlp_args fwd;
+    moex_grouped_mlp_grad_args bwd;
+    bench_ws *ws;
+} mlp_bench;
+
+static moex_status run_fwd(moex_context *ctx, void *a) {
+    gl_bench *b = a;
+    return moex_grouped_linear_forward(ctx, &b->fwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_dgrad(moex_context *ctx, void *a) {
+    gl_bench *b = a;
+    return moex_grouped_linear_backward_data(ctx, &b->dgrad, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_wgrad(moex_context *ctx, void *a) {
+    gl_bench *b = a;
+    return moex_grouped_linear_backward_weight(ctx, &b->wgrad, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_mlp(moex_context *ctx, void *a) {
+    mlp_bench *b = a;
+    moex_status st = moex_grouped_mlp_forward(ctx, &b->fwd, b->ws->ptr, b->ws->bytes, NULL);
+    if (st != MOEX_OK) return st;
+    return moex_grouped_mlp_backward(ctx, &b->bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+
+#ifdef MOEX_HAVE_OPENBLAS
+typedef struct sgemm_bench {
+    int64_t M, N, K;
+    const float *a, *b;
+    float *c;
+} sgemm_bench;
+
+static moex_status run_sgemm(moex_context *ctx, void *arg) {
+    (void)ctx;
+    sgemm_bench *s = arg;   /* C[M,N] = A[M,K] B[N,K]^T, as y = x W^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (blasint)s->M, (blasint)s->N, (blasint)s->K, 1.0f,
+                s->a, (blasint)s->K, s->b, (blasint)s->K, 0.0f, s->c, (blasint)s->N);
+    return MOEX_OK;
+}
+#endif
+
+/* ---- one configuration ---------------------------------------------------------------- */
+
+typedef struct bench_row {
+    const char *op;
+    double flops, seconds;   /* seconds < 0: failed or unavailable */
+} bench_row;
+
+#define MAX_ROWS 5
+
+static void grow(size_t *ws, moex_status st, size_t bytes) {
+    if (st == MOEX_OK && bytes > *ws) *ws = bytes;
+}
+
+/* Runs every op of config c; fills rows (returns their count) or returns -1. */
+static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_config *c,
+                     splits_kind sk, const bench_opts *o, bench_row *rows, int64_t *splits_out) {
+    const int64_t G = c->G, T = c->T, K = c->K, N = c->N, H = c->H, F = c->F;
+    const size_t es = moex_dtype_size(dt);
+    cli_rng r = cli_rng_make((uint64_t)o->seed);
+    make_splits(sk, G, T, &r, splits_out);
+    int64_t S = 0;
+    for (int64_t g = 0; g < G; g++) S += splits_out[g];
+
+    /* buffers: linear x [T,K], w [G,N,K], y/dy [T,N], dx [T,K], dw [G,N,K];
+     * MLP x [T,H], w1 [G,2F,H], w2 [G,H,F], probs [T], h [T,2F], z [T,F], y/dy/dx [T,H],
+     * dw1, dw2 */
+    enum { X, W, Y, DX, DW, MX, W1, W2, PR, MH, MZ, MY, MDX, DW1, DW2, SPL, NBUF };
+    size_t bytes[NBUF] = {
+        [X] = (size_t)(T * K) * es, [W] = (size_t)(G * N * K) * es, [Y] = (size_t)(T * N) * es,
+        [DX] = (size_t)(T * K) * es, [DW] = (size_t)(G * N * K) * es, [MX] = (size_t)(T * H) * es,
+        [W1] = (size_t)(G * 2 * F * H) * es, [W2] = (size_t)(G * H * F) * es, [PR] = (size_t)T * 4,
+        [MH] = (size_t)(T * 2 * F) * es, [MZ] = (size_t)(T * F) * es, [MY] = (size_t)(T * H) * es,
+        [MDX] = (size_t)(T * H) * es, [DW1] = (size_t)(G * 2 * F * H) * es, [DW2] = (size_t)(G * H * F) * es,
+        [SPL] = (size_t)G * 8,
+    };
+    void *buf[NBUF] = {0};
+    int rc = -1, n = 0;
+    bench_ws ws = {NULL, 0};
+    for (int i = 0; i < NBUF; i++) {
+        buf[i] = cli_mem_alloc(be, bytes[i]);
+        if (!buf[i]) {
+            cli_error(CMD, "%s: cannot allocate %zu bytes of %s memory", c->name, bytes[i], cli_backend_name(be));
+            goto done;
+        }
+    }
+    if (fill_random(be, buf[X], dt, (size_t)(T * K), 1.0, &r) ||
+        fill_random(be, buf[W], dt, (size_t)(G * N * K), 1.0 / sqrt((double)K), &r) ||
+        fill_random(be, buf[Y], dt, (size_t)(T * N), 1.0, &r) ||
+        fill_random(be, buf[MX], dt, (size_t)(T * H), 1.0, &r) ||
+        fill_random(be, buf[W1], dt, (size_t)(G * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
+        fill_random(be, buf[W2], dt, (size_t)(G * H * F), 1.0 / sqrt((double)F), &r) ||
+        fill_random(be, buf[MDX], dt, (size_t)(T * H), 1.0, &r) ||   /* dy of the MLP, see below */
+        fill_random(be, buf[PR], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
+        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]))
+        goto done;
+
+    moex_tensor splits = moex_tensor_1d(buf[SPL], MOEX_DTYPE_I64, G);
+    gl_bench gl;
+    memset(&gl, 0, sizeof gl);
+    gl.ws = &ws;
+    gl.fwd.x = moex_tensor_2d(buf[X], dt, T, K);
+    gl.fwd.w = moex_weight_packed(moex_tensor_3d(buf[W], dt, G, N, K));
+    gl.fwd.bias_mode = MOEX_BIAS_NONE;
+    gl.fwd.splits = splits;
+    gl.fwd.y = moex_tensor_2d(buf[Y], dt, T, N);
+    gl.dgrad.dy = moex_tensor_2d(buf[Y], dt, T, N);
+    gl.dgrad.w = gl.fwd.w;
+    gl.dgrad.bias_mode = MOEX_BIAS_NONE;
+    gl.dgrad.splits = splits;
+    gl.dgrad.dx = moex_tensor_2d(buf[DX], dt, T, K);
+    gl.wgrad.x = gl.fwd.x;
+    gl.wgrad.dy = gl.dgrad.dy;
+    gl.wgrad.splits = splits;
+    gl.wgrad.dw_mode = MOEX_GRAD_WRITE;
+    gl.wgrad.dw = moex_weight_packed(moex_tensor_3d(buf[DW], dt, G, N, K));
+
+    /* The MLP's dy is the [T,H] buffer MDX filled above; its dx goes to MY (the forward's
+     * y is not needed by the backward, so y and dx share MY). */
+    mlp_bench mlp;
+    memset(&mlp, 0, sizeof mlp);
+    mlp.ws = &ws;
+    mlp.fwd.x = moex_tensor_2d(buf[MX], dt, T, H);
+    mlp.fwd.w1 = moex_weight_packed(moex_tensor_3d(buf[W1], dt, G, 2 * F, H));
+    mlp.fwd.w2 = moex_weight_packed(moex_tensor_3d(buf[W2], dt, G, H, F));
+    mlp.fwd.b2_mode = MOEX_BIAS_NONE;
+    mlp.fwd.probs = moex_tensor_1d(buf[PR], MOEX_DTYPE_F32, T);
+    mlp.fwd.glu = moex_glu_params_default(MOEX_GLU_SWIGLU);
+    mlp.fwd.splits = splits;
+    mlp.fwd.h = moex_tensor_2d(buf[MH], dt, T, 2 * F);
+    mlp.fwd.z = moex_tensor_2d(buf[MZ], dt, T, F);
+    mlp.fwd.y = moex_tensor_2d(buf[MY], dt, T, H);
+    mlp.bwd.x = mlp.fwd.x;
+    mlp.bwd.w1 = mlp.fwd.w1;
+    mlp.bwd.w2 = mlp.fwd.w2;
+    mlp.bwd.b2_mode = MOEX_BIAS_NONE;
+    mlp.bwd.probs = mlp.fwd.probs;
+    mlp.bwd.glu = mlp.fwd.glu;
+    mlp.bwd.splits = splits;
+    mlp.bwd.h = mlp.fwd.h;
+    mlp.bwd.z = mlp.fwd.z;
+    mlp.bwd.dy = moex_tensor_2d(buf[MDX], dt, T, H);
+    mlp.bwd.dx = moex_tensor_2d(buf[MY], dt, T, H);
+    mlp.bwd.dw_mode = MOEX_GRAD_WRITE;
+    mlp.bwd.dw1 = moex_weight_packed(moex_tensor_3d(buf[DW1], dt, G, 2 * F, H));
+    mlp.bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[DW2], dt, G, H, F));
+
+    size_t b = 0;
+    grow(&ws.bytes, moex_grouped_linear_forward_workspace_size(ctx, &gl.fwd, &b), b);
+    grow(&ws.bytes, moex_grouped_linear_backward_data_workspace_size(ctx, &gl.dgrad, &b), b);
+    grow(&ws.bytes, moex_grouped_linear_backward_weight_workspace_size(ctx, &gl.wgrad, &b), b);
+    grow(&ws.bytes, moex_grouped_mlp_forward_workspace_size(ctx, &mlp.fwd, &b), b);
+    grow(&ws.bytes, moex_grouped_mlp_backward_workspace_size(ctx, &mlp.bwd, &b), b);
+    if (ws.bytes) {
+        ws.ptr = cli_mem_alloc(be, ws.bytes);
+        if (!ws.ptr) {
+            cli_error(CMD, "%s: cannot allocate a workspace of %zu bytes", c->name, ws.bytes);
+            goto done;
+        }
+    }
+
+    const double lin = 2.0 * (double)S * (double)K * (double)N;
+    rows[n++] = (bench_row){"forward", lin, time_median(ctx, be, o->iters, run_fwd, &gl, "forward")};
+    rows[n++] = (bench_row){"backward_data", lin, time_median(ctx, be, o->iters, run_dgrad, &gl, "backward_data")};
+    rows[n++] = (bench_row){"backward_weight", lin, time_median(ctx, be, o->iters, run_wgrad, &gl, "backward_weight")};
+    rows[n++] = (bench_row){"mlp_fwd_bwd", 18.0 * (double)S * (double)H * (double)F,
+                            time_median(ctx, be, o->iters, run_mlp, &mlp, "grouped MLP forward+backward")};
+    rows[n] = (bench_row){"sgemm", 2.0 * (double)T * (double)K * (double)N, -1.0};
+#ifdef MOEX_HAVE_OPENBLAS
+    if (be == MOEX_BACKEND_CPU) {
+        float *a = malloc((size_t)(T * K) * sizeof(float)), *wb = malloc((size_t)(N * K) * sizeof(float));
+        float *cc = malloc((size_t)(T * N) * sizeof(float));
+        if (a && wb && cc) {
+            for (int64_t i = 0; i < T * K; i++) a[i] = (float)(2.0 * cli_rng_uniform(&r) - 1.0);
+            for (int64_t i = 0; i < N * K; i++) wb[i] = (float)((2.0 * cli_rng_uniform(&r) - 1.0) / sqrt((double)K));
+            sgemm_bench sb = {T, N, K, a, wb, cc};
+            rows[n].seconds = time_median(ctx, be, o->iters, run_sgemm, &sb, "cblas_sgemm");
+        }
+        free(a);
+        free(wb);
+        free(cc);
+    }
+#endif
+    n++;
+    rc = n;
+done:
+    cli_mem_free(be, ws.ptr);
+    for (int i = 0; i < NBUF; i++) cli_mem_free(be, buf[i]);
+    return rc;
+}
+
+/* ---- the command -------------------------------------------------------------------- */
+
+static double gflops(const bench_row *r) { return r->seconds > 0 ? r->flops / r->seconds * 1e-9 : 0.0; }
+
+int cli_cmd_bench(int argc, char **argv) {
+    bench_opts o = {.backend = -1, .dtype = 0, .splits = -1, .json = 0, .iters = 0, .threads = 0, .seed = 1,
+                    .config = NULL};
+    const cli_option opts[] = {
+        {"backend", CLI_OPT_CHOICE, &o.backend, backend_words, 0, 0},
+        {"config", CLI_OPT_STRING, &o.config, NULL, 0, 0},
+        {"dtype", CLI_OPT_CHOICE, &o.dtype, dtype_words, 0, 0},
+        {"splits", CLI_OPT_CHOICE, &o.splits, splits_words, 0, 0},
+        {"iters", CLI_OPT_INT, &o.iters, NULL, 1, 100000},
+        {"threads", CLI_OPT_INT, &o.threads, NULL, 1, 1024},
+        {"seed", CLI_OPT_INT, &o.seed, NULL, 0, 9.007199254740992e15},
+        {"json", CLI_OPT_FLAG, &o.json, NULL, 0, 0},
+    };
+    int pr = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage);
+    if (pr == CLI_PARSE_HELP) return CLI_EXIT_OK;
+    if (pr != CLI_PARSE_OK) return CLI_EXIT_USAGE;
+    if (o.backend < 0) {
+        cli_error(CMD, "--backend cpu|cuda is required (see 'moex bench --help')");
+        return CLI_EXIT_USAGE;
+    }
+    moex_backend be = o.backend == 1 ? MOEX_BACKEND_CUDA : MOEX_BACKEND_CPU;
+    int cuda = be == MOEX_BACKEND_CUDA;
+
+    /* which configurations */
+    int pick[NUM_CONFIGS], npick = 0;
+    const char *want = o.config ? o.config : cuda ? "all" : "small";
+    for (int i = 0; i < NUM_CONFIGS; i++) {
+        if (strcmp(want, "all") == 0 ? configs[i].cuda == cuda : strcmp(want, configs[i].name) == 0)
+            pick[npick++] = i;
+    }
+    if (npick == 0) {
+        cli_error(CMD, "unknown --config '%s' (see 'moex bench --help' for the names)", want);
+        return CLI_EXIT_USAGE;
+    }
+    moex_dtype dt = o.dtype == 1 ? MOEX_DTYPE_F32 : o.dtype == 2 ? MOEX_DTYPE_BF16
+                  : cuda ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F32;
+    if (o.iters == 0) o.iters = cuda ? 20 : 5;
+
+    moex_context *ctx = cli_context(CMD, be);
+    if (!ctx) return CLI_EXIT_FAIL;
+    if (o.threads > 0 && !cuda) {
+        moex_status st = moex_context_set_num_threads(ctx, (int)o.threads);
+        if (st != MOEX_OK) {
+            cli_error(CMD, "%s", moex_last_error(ctx));
+            moex_context_destroy(ctx);
+            return CLI_EXIT_FAIL;
+        }
+    }
+
+    int failed = 0;
+    if (o.json)
+        printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"iters\": %lld, \"results\": [", cli_backend_name(be),
+               cli_dtype_name(dt), (long long)o.iters);
+    else {
+        printf("moex bench: backend %s, dtype %s, median of %lld runs after a warm-up\n", cli_backend_name(be),
+               cli_dtype_name(dt), (long long)o.iters);
+#ifndef MOEX_HAVE_OPENBLAS
+        if (!cuda) printf("(baseline unavailable: this moex was built without OpenBLAS, no cblas_sgemm to compare)\n");
+#endif
+        printf("%-14s %4s %6s %6s %6s %-8s  %-16s %10s %10s %9s\n", "config", "G", "T", "K", "N", "splits", "op",
+               "ms", "GFLOP/s", "vs sgemm");
+    }
+    for (int p = 0; p < npick; p++) {
+        const bench_config *c = &configs[pick[p]];
+        splits_kind sk = o.splits >= 0 ? (splits_kind)o.splits : c->splits;
+        bench_row rows[MAX_ROWS];
+        int64_t *splits = malloc((size_t)c->G * sizeof(int64_t));
+        int n = splits ? bench_one(ctx, be, dt, c, sk, &o, rows, splits) : -1;
+        if (n < 0) {
+            failed = 1;
+            free(splits);
+            continue;
+        }
+        double base = rows[n - 1].seconds > 0 ? gflops(&rows[n - 1]) : 0.0;
+        for (int i = 0; i < n; i++) {
+            const bench_row *r = &rows[i];
+            int is_base = strcmp(r->op, "sgemm") == 0;
+            if (is_base && cuda) continue;
+            if (r->seconds < 0 && !is_base) failed = 1;
+            double ratio = base > 0 && r->seconds > 0 && !is_base ? gflops(r) / base : 0.0;
+            if (o.json) {
+                printf("%s\n  {\"config\": \"%s\", \"G\": %lld, \"T\": %lld, \"K\": %lld, \"N\": %lld, \"H\": %lld, "
+                       "\"F\": %lld, \"splits\": \"%s\", \"op\": \"%s\", ",
+                       (p == 0 && i == 0) ? "" : ",", c->name, (long long)c->G, (long long)c->T, (long long)c->K,
+                       (long long)c->N, (long long)c->H, (long long)c->F, splits_words[sk], r->op);
+                if (r->seconds > 0)
+                    printf("\"ms\": %.4f, \"gflops\": %.2f", r->seconds * 1e3, gflops(r));
+                else
+                    printf("\"ms\": null, \"gflops\": null");
+                if (ratio > 0) printf(", \"vs_sgemm\": %.4f", ratio);
+                printf("}");
+            } else {
+                const char *label = strcmp(r->op, "mlp_fwd_bwd") == 0 ? "mlp fwd+bwd"
+                                  : is_base ? "sgemm (M=T)" : r->op;
+                printf("%-14s %4lld %6lld %6lld %6lld %-8s  %-16s ", i == 0 ? c->name : "", (long long)c->G,
+                       (long long)c->T, (long long)c->K, (long long)c->N, splits_words[sk], label);
+                if (r->seconds > 0)
+                    printf("%10.3f %10.2f", r->seconds * 1e3, gflops(r));
+                else
+                    printf("%10s %10s", is_base ? "n/a" : "FAILED", "");
+                if (ratio > 0) printf(" %8.1f%%", 100.0 * ratio);
+                printf("\n");
+            }
+        }
+        if (!o.json) {
+            printf("%-14s splits:", "");
+            for (int64_t g = 0; g < c->G && g < 16; g++) printf(" %lld", (long long)splits[g]);
+            if (c->G > 16) printf(" ... (%lld groups)", (long long)c->G);
+            printf("   MLP: H=%lld F=%lld, 18*S*H*F flops\n", (long long)c->H, (long long)c->F);
+        }
+        free(splits);
+    }
+    if (o.json) printf("\n], \"baseline\": \"%s\"}\n",
+#ifdef MOEX_HAVE_OPENBLAS
+                       cuda ? "none" : "openblas cblas_sgemm"
+#else
+                       "none"
+#endif
+        );
+    moex_context_destroy(ctx);
+    return failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
