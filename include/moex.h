@@ -32,17 +32,19 @@
  *     The workspace is caller-owned scratch of at least `bytes` bytes (NULL when 0), in the
  *     backend's memory (device memory for CUDA), with no alignment requirement, and must
  *     not be used by anything else until the operation has finished on its stream. Its
- *     size depends on shapes and dtypes only, never on split values.
+ *     size depends on shapes, dtypes and options, never on split values.
  *   - CPU backend: calls run to completion before they return; the stream is ignored.
  *     CUDA backend: calls enqueue work on `stream` (NULL is the legacy default stream),
  *     do not synchronise, do not allocate, and are capturable in a CUDA graph.
  *   - Errors: every entry point validates shapes, dtypes, pointers and options and returns
  *     a status; moex_last_error(ctx) names the problem. When a call fails nothing has
  *     been written. The library never exits, aborts or throws.
- *   - Bad split values (a negative split, or a sum past T): the CPU backend reads them and
- *     fails with MOEX_ERR_BAD_SPLITS before writing. The CUDA backend cannot read them
- *     without a synchronisation, so its kernels clamp to the T rows and set a device flag
- *     that moex_context_check_splits() reports.
+ *   - Bad split values (a negative split, or a sum past T) and routing ids outside [0, E):
+ *     the CPU backend reads them and fails (MOEX_ERR_BAD_SPLITS, MOEX_ERR_INVALID_ARG)
+ *     before writing. The CUDA backend cannot read them without a synchronisation, so its
+ *     kernels clamp to the T rows, skip bad ids, and set a device flag that
+ *     moex_context_check_splits() reports.
+ *   - Outputs must not overlap inputs or each other.
  *   - Determinism: the same inputs give bitwise the same outputs, run after run.
  *   - Thread safety: a context may be used by one thread at a time.
  * ---------------------------------------------------------------------------------------
@@ -110,10 +112,11 @@ moex_backend moex_context_backend(const moex_context *ctx);
 /* CPU backend: the number of threads element-wise work and GEMMs may use (n >= 1). */
 moex_status moex_context_set_num_threads(moex_context *ctx, int n);
 
-/* Reports split values that kernels found bad since the last call (a negative split, or
- * a sum past T) with MOEX_ERR_BAD_SPLITS and a message naming the first operation that
- * saw them, then clears the record. CUDA: synchronises `stream`. CPU: bad splits are
- * reported by the call itself, so this returns MOEX_OK. */
+/* Reports device-side values that kernels found bad since the last call and clears the
+ * record: split values (a negative split, or a sum past T) give MOEX_ERR_BAD_SPLITS,
+ * routing ids or row maps out of range MOEX_ERR_INVALID_ARG, with a message naming them.
+ * CUDA: synchronises `stream`. CPU: such values are reported by the call itself, so this
+ * returns MOEX_OK. */
 moex_status moex_context_check_splits(moex_context *ctx, moex_stream stream);
 
 /* ---- Tensors ------------------------------------------------------------------------- */
@@ -193,7 +196,8 @@ typedef enum moex_offsets_start {
 } moex_offsets_start;
 
 typedef struct moex_offsets_output {
-    moex_tensor out;                /* [G+1] or [G], I32 or I64, =                        */
+    moex_tensor out;                /* [G+1] or [G], I32 or I64, =; values must fit the
+                                       dtype (CPU: INVALID_ARG; CUDA: the device flag)    */
     int64_t stride;                 /* multiplier >= 1 (1: rows; K: elements of [T,K])    */
     moex_offsets_start start;
 } moex_offsets_output;
@@ -230,7 +234,7 @@ typedef struct moex_grouped_linear_dgrad_args {
     moex_tensor dy;             /* [T, N]                                   in            */
     moex_weight w;              /* [G, N, K], dtype of dy                   in            */
     moex_bias_mode bias_mode;   /* the forward's                                          */
-    moex_tensor bias;           /* [G, N]; SCALED with dprobs only          in            */
+    moex_tensor bias;           /* [G, N], dtype of dy or f32; SCALED with dprobs only    */
     moex_tensor probs;          /* [T] f32; SCALED only                     in            */
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_tensor dx;             /* [T, K], dtype of dy; optional            =             */
@@ -324,11 +328,12 @@ moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_gr
  * forward:  h = x W1_g^T (+ b1_g)           [T, 2F]
  *           z = p * glu(h)                  [T, F]
  *           y = z W2_g^T (+ b2_g | + p b2_g) [T, H]
- * backward: dz = dy W2_g, dh = glu'(h) dz, dx = dh W1_g, dW2 = dy^T z, dW1 = dh^T x,
+ * backward: dz = dy W2_g, dh = p * glu'(h) dz, dx = dh W1_g, dW2 = dy^T z, dW1 = dh^T x,
  *           db1 = sum dh, db2 = sum dy (or sum p dy),
  *           dprobs += (GLU term) + (scaled-bias term).
  * Intermediates kept in the workspace (z when not saved, dz, dh) are stored in the
- * activation dtype, as the saved h and z are.                                             */
+ * activation dtype, as the saved h and z are; the GLU always reads h as stored, so a
+ * recomputed z is bitwise the saved one.                                                  */
 
 typedef struct moex_grouped_mlp_args {
     moex_tensor x;              /* [T, H]                                   in            */
@@ -475,9 +480,11 @@ moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad
 
 /* ---- MoE layer ----------------------------------------------------------------------- *
  * y = unpermute(grouped_mlp(permute(x, router(x Wr^T)))), with the router's probs applied
- * in the scaled GLU (and to b2 when b2_mode is SCALED). The forward writes everything
- * the backward needs into `saved`, a caller-owned buffer of moex_moe_layer_saved_size
- * bytes (backend memory, no alignment requirement) that must be kept until the backward.        */
+ * in the scaled GLU (and to b2 when b2_mode is SCALED). The router's logits, dlogits and
+ * its GEMMs are f32 whatever the activation dtype. The forward writes everything the
+ * backward needs into `saved`, a caller-owned buffer of moex_moe_layer_saved_size bytes
+ * (backend memory, no alignment requirement) that must be kept, at the same address,
+ * until the backward.                                                                     */
 
 typedef struct moex_moe_layer_args {
     moex_tensor x;              /* [T, H]                                   in            */
@@ -486,10 +493,10 @@ typedef struct moex_moe_layer_args {
     moex_router_score score;
     moex_router_norm norm;
     moex_weight w1;             /* [E, 2F, H]                               in            */
-    moex_tensor b1;             /* [E, 2F]; optional                        in            */
+    moex_tensor b1;             /* [E, 2F], dtype of x or f32; optional     in            */
     moex_weight w2;             /* [E, H, F]                                in            */
     moex_bias_mode b2_mode;
-    moex_tensor b2;             /* [E, H]; ADD/SCALED                       in            */
+    moex_tensor b2;             /* [E, H], dtype of x or f32; ADD/SCALED    in            */
     moex_glu_params glu;
     void *saved;                /* forward: =; backward: in                               */
     size_t saved_bytes;
@@ -502,7 +509,7 @@ typedef struct moex_moe_layer_grad_args {
     /* gradients: each optional */
     moex_tensor dx;             /* [T, H]                                   =             */
     moex_grad_mode dw_mode;     /* for drouter_w, dw1, dw2                                */
-    moex_tensor drouter_w;      /* [E, H]                                   = or +=       */
+    moex_tensor drouter_w;      /* [E, H]: WRITE f32 or dtype of x; ACCUMULATE f32        */
     moex_weight dw1;            /* [E, 2F, H]                               = or +=       */
     moex_weight dw2;            /* [E, H, F]                                = or +=       */
     moex_tensor db1;            /* [E, 2F] f32                              =             */

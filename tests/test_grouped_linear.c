@@ -2,7 +2,8 @@
  * test_grouped_linear.c - moex_grouped_linear_forward / backward_data / backward_weight on
  * the CPU backend against the fp64 reference, under the tolerance model of tests/ref/ref.h.
  *
- * Coverage: f32, bf16, f16; G = 1, 5 and 128; every splits kind (balanced, skewed, empty
+ * Coverage: f32, bf16, f16; G = 1, 3, 5 and 128 (G = 3 with K, N and rows past the CPU
+ * GEMM's block sizes); every splits kind (balanced, skewed, empty
  * group first / middle / last, all in one group) and all groups empty; sum(splits) < T
  * with the input tail rows (x, dy, probs) poisoned with NaN (the outputs must be finite
  * and match, so the library never read them) and the output tail rows poisoned and
@@ -235,10 +236,18 @@ int main(void) {
                 run_case(ctx, &r, &c), n++;
             }
         }
-        /* all groups empty (rows = 0), both dW modes */
+        /* all groups empty (rows = 0), both dW modes; and T = 0 */
         for (int acc = 0; acc < 2; acc++) {
             gl_cfg c = {dt, 5, 16, 0, 9, 10, TU_SPLITS_BALANCED, 1, acc, MOEX_BIAS_SCALED, dt, 7,
                         (moex_grad_mode)acc, dt};
+            run_case(ctx, &r, &c), n++;
+            c.T = 0;
+            run_case(ctx, &r, &c), n++;
+        }
+        /* large: K, N, rows past the CPU GEMM's blocking (K 256, N 512, M 128), not multiples */
+        {
+            gl_cfg c = {dt, 3, 320, 300, 300, 530, TU_SPLITS_SKEWED, 0, d == 1, MOEX_BIAS_SCALED, dt, 7,
+                        (moex_grad_mode)(d != 0), MOEX_DTYPE_F32};
             run_case(ctx, &r, &c), n++;
         }
         /* G = 128: many empty groups, skewed and one-group */

@@ -3,14 +3,16 @@
  * fp64 reference, under the tolerance model of tests/ref/ref.h (with bounds propagated
  * through h, z, dz and dh, which the library stores in the activation dtype).
  *
- * Coverage: f32, bf16, f16; G = 1, 5 and 128 with every splits kind and all groups empty;
+ * Coverage: f32, bf16, f16; G = 1, 3 (H, 2F past the CPU GEMM's blocks), 5 and 128 with
+ * every splits kind and all groups empty;
  * sum(splits) < T with NaN input tails (x, dy, probs) and poisoned output tails checked
  * untouched; H and F not powers of two; SwiGLU and clamped SwiGLU (default and custom
  * constants), contiguous and interleaved layouts; b1 absent / activation dtype / f32;
  * b2 NONE / ADD / SCALED; probs present and absent; z saved and recomputed; every
  * gradient present and absent; dW written (f32 or activation dtype; empty groups zero)
  * and accumulated (empty groups bitwise unchanged); packed and discrete weights.
- * The backward gets the library's own forward outputs (h, z), as a caller would.
+ * The backward gets the library's own forward outputs (h, z), as a caller would, and the
+ * reference backward uses the same saved tensors (ref_mlp.h_saved / z_saved).
  */
 #include "test_util.h"
 
@@ -170,6 +172,24 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c) {
     CHECK_POISONED("forward: y tail rows", dt, yb, rows * H, T * H);
 
     /* ---- backward ---- */
+    /* The reference backward uses the saved h and z as the library's does. A saved h that
+     * sits exactly on a clamp kink (a == limit, b == +-limit: the slope there is a matter of
+     * convention) is moved just past it, in the buffer and for the reference alike. */
+    double *hs = tu_read(dt, hb, rows * 2 * F), *zs = tu_read(dt, zb, rows * F);
+    if (c->glu_kind == MOEX_GLU_CLAMPED_SWIGLU) {
+        const double L = glu.limit, past = ref_round(dt, L * (1 + 8 * ref_unit_roundoff(dt)));
+        for (int64_t i = 0; i < rows; i++) {
+            for (int64_t j = 0; j < F; j++) {
+                int64_t ja, jb;
+                ref_glu_columns(glu.layout, F, j, &ja, &jb);
+                int64_t ia = i * 2 * F + ja, ib = i * 2 * F + jb;
+                if (hs[ia] == L) hs[ia] = past, ref_store(dt, hb, ia, past);
+                if (fabs(hs[ib]) == L) hs[ib] = copysign(past, hs[ib]), ref_store(dt, hb, ib, hs[ib]);
+            }
+        }
+    }
+    p.h_saved = hs;
+    p.z_saved = c->save_z ? zs : NULL;
     const unsigned gr = c->grads;
     const int want_db2 = (gr & G_DB2) && c->b2_mode != MOEX_BIAS_NONE, want_dp = (gr & G_DP) && c->probs;
     const moex_dtype dwdt = acc || c->dw_f32 ? MOEX_DTYPE_F32 : dt;
@@ -272,6 +292,7 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c) {
     CHECK_POISONED("backward: dprobs tail rows", MOEX_DTYPE_F32, dpb, rows, T);
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
 
+    free(hs); free(zs);
     free(splits); free(x); free(w1); free(b1); free(w2); free(b2); free(probs); free(dy); free(dp0);
     free(dw1_0); free(dw2_0); free(xb); free(dyb); free(pb); free(b1b); free(b2b); free(hb); free(zb); free(yb);
     free(h); free(hbd); free(z); free(zbd); free(y); free(ybd); free(dxb); free(db1b); free(db2b); free(dpb);
@@ -302,6 +323,9 @@ int main(void) {
          1},
         {0, 4, 12, 0, 24, 20, TU_SPLITS_BALANCED, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 0, 0},
         {0, 4, 12, 0, 24, 20, TU_SPLITS_BALANCED, SW, CO, 0, 1, MOEX_BIAS_ADD, 0, 1, 0, G_ALL, AC, 0, 1},
+        {0, 2, 0, 0, 24, 32, TU_SPLITS_BALANCED, CL, IL, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, AC, 0, 0},
+        /* large: H and 2F past the CPU GEMM's blocking */
+        {0, 3, 300, 290, 300, 160, TU_SPLITS_RANDOM, CL, IL, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, AC, 0, 0},
         {0, 128, 300, 290, 40, 36, TU_SPLITS_SKEWED, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, AC, 0, 0},
         {0, 128, 300, 290, 24, 32, TU_SPLITS_RANDOM, SW, IL, 0, 2, MOEX_BIAS_ADD, 0, 0, 0, G_ALL, WR, 1, 1},
     };

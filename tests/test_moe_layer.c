@@ -221,11 +221,27 @@ static moex_status lib_backward(moe_lib *L) {
 static int64_t n1(const moe_case *c) { return c->E * 2 * c->F * c->H; }
 static int64_t n2(const moe_case *c) { return c->E * c->H * c->F; }
 
+/* The longest reduction on an output's path (ref.h's k): H (FC1, the logits), 2F (FC2 and
+ * FC1's dgrad), E + k (the softmax sum and the router backward) plus a few f32 operations
+ * (exp, divisions); for weight gradients also the rows (T*k, and T for drouter_w). */
+static int64_t longest(const moe_case *c, int weights) {
+    int64_t k = c->H;
+    if (2 * c->F > k) k = 2 * c->F;
+    if (c->E + c->k > k) k = c->E + c->k;
+    if (weights && c->T * c->k > k) k = c->T * c->k;
+    return k + 4;
+}
+
+/* b[i] = ref_moe_bound(m, b[i], L): the MLP-model bound plus the routing's error. */
+static void with_routing_error(const ref_tol_model *m, double *b, int64_t n, double L) {
+    for (int64_t i = 0; i < n; i++) b[i] = ref_moe_bound(m, b[i], L);
+}
+
 /* Forward and backward of one case against the reference. */
 static void test_case(tu_rng *r, const moe_case *c) {
     char name[256], what[320];
     describe(name, sizeof name, c);
-    const int64_t T = c->T, H = c->H, E = c->E, F = c->F, k = c->k;
+    const int64_t T = c->T, H = c->H, E = c->E, F = c->F;
     moe_data v = make_data(r, c);
     ref_moe p = ref_of(c, &v);
     moe_lib L;
@@ -250,22 +266,29 @@ static void test_case(tu_rng *r, const moe_case *c) {
     CHECK_STATUS(ctx, lib_backward(&L), MOEX_OK);
 
     /* reference */
-    double *y = tu_doubles(T * H), *yb = tu_doubles(T * H);
+    double *y = tu_doubles(T * H), *yb = tu_doubles(T * H), *Lt = tu_doubles(T);
     ref_moe_layer_forward(&p, y, yb, NULL, NULL, NULL);
+    ref_moe_logit_bounds(&p, Lt);
     ref_moe_grads rg = {tu_doubles(T * H), tu_doubles(T * H), tu_doubles(E * H), tu_doubles(E * H),
                         tu_doubles(n1(c)), tu_doubles(n1(c)), tu_doubles(n2(c)), tu_doubles(n2(c)),
-                        tu_doubles(E * 2 * F), tu_doubles(E * 2 * F), tu_doubles(E * H), tu_doubles(E * H)};
+                        tu_doubles(E * 2 * F), tu_doubles(E * 2 * F), tu_doubles(E * H), tu_doubles(E * H), 0};
     ref_moe_layer_backward(&p, v.dy, &rg);
     for (int64_t i = 0; i < E * H; i++) rg.drouter_w[i] += acc_rw[i];
     for (int64_t i = 0; i < n1(c); i++) rg.dw1[i] += acc1[i];
     for (int64_t i = 0; i < n2(c); i++) rg.dw2[i] += acc2[i];
 
-    /* longest reductions: H (FC1, logits), F (FC2), E (dx through the router), T*k (dW) */
     const int mid = c->dt != MOEX_DTYPE_F32;
-    ref_tol_model my = ref_tol_for(c->dt, c->dt, mid, H + 2 * F + E + k + 16);
-    ref_tol_model mg = ref_tol_for(c->dt, c->dt, mid, T * k + H + 2 * F + E + 16);
-    ref_tol_model mw = ref_tol_for(c->dw_dt, c->dt, mid, T * k + H + 2 * F + E + 16);
-    ref_tol_model mb = ref_tol_for(MOEX_DTYPE_F32, c->dt, mid, T * k + H + 2 * F + E + 16);
+    ref_tol_model my = ref_tol_for(c->dt, c->dt, mid, longest(c, 0));
+    ref_tol_model mg = ref_tol_for(c->dt, c->dt, mid, longest(c, 0));
+    ref_tol_model mw = ref_tol_for(c->dw_dt, c->dt, mid, longest(c, 1));
+    ref_tol_model mb = ref_tol_for(MOEX_DTYPE_F32, c->dt, mid, longest(c, 1));
+    for (int64_t i = 0; i < T * H; i++) yb[i] = ref_moe_bound(&my, yb[i], Lt[i / H]);
+    with_routing_error(&mg, rg.dxb, T * H, rg.L_max);
+    with_routing_error(&mw, rg.drouter_wb, E * H, rg.L_max);
+    with_routing_error(&mw, rg.dw1b, n1(c), rg.L_max);
+    with_routing_error(&mw, rg.dw2b, n2(c), rg.L_max);
+    with_routing_error(&mb, rg.db1b, E * 2 * F, rg.L_max);
+    with_routing_error(&mb, rg.db2b, E * H, rg.L_max);
     snprintf(what, sizeof what, "%s: y", name);
     CHECK_CLOSE(what, c->dt, L.y, y, yb, T * H, H, &my);
     snprintf(what, sizeof what, "%s: dx", name);
@@ -275,10 +298,14 @@ static void test_case(tu_rng *r, const moe_case *c) {
     double *dw1 = tu_doubles(n1(c)), *dw2 = tu_doubles(n2(c));
     tu_weight_read(&L.dw1, dw1);
     tu_weight_read(&L.dw2, dw2);
+    /* the weights' values (in dw_dt) are exact in f32 */
+    float *dw1f = (float *)tu_buffer(MOEX_DTYPE_F32, dw1, n1(c)), *dw2f = (float *)tu_buffer(MOEX_DTYPE_F32, dw2, n2(c));
     snprintf(what, sizeof what, "%s: dw1", name);
-    CHECK_CLOSE(what, MOEX_DTYPE_F64_AS_F32(c), dw1, rg.dw1, rg.dw1b, n1(c), H, &mw);
+    CHECK_CLOSE(what, MOEX_DTYPE_F32, dw1f, rg.dw1, rg.dw1b, n1(c), H, &mw);
     snprintf(what, sizeof what, "%s: dw2", name);
-    CHECK_CLOSE(what, MOEX_DTYPE_F64_AS_F32(c), dw2, rg.dw2, rg.dw2b, n2(c), F, &mw);
+    CHECK_CLOSE(what, MOEX_DTYPE_F32, dw2f, rg.dw2, rg.dw2b, n2(c), F, &mw);
+    free(dw1f);
+    free(dw2f);
     snprintf(what, sizeof what, "%s: db1", name);
     CHECK_CLOSE(what, MOEX_DTYPE_F32, L.db1, rg.db1, rg.db1b, E * 2 * F, 2 * F, &mb);
     if (c->b2_mode != MOEX_BIAS_NONE) {
@@ -312,9 +339,350 @@ static void test_case(tu_rng *r, const moe_case *c) {
         free(y1); free(dx1); free(drw1); free(dw1b);
     }
 
-    free(acc_rw); free(acc1); free(acc2); free(y); free(yb); free(dw1); free(dw2);
+    free(acc_rw); free(acc1); free(acc2); free(y); free(yb); free(Lt); free(dw1); free(dw2);
     free(rg.dx); free(rg.dxb); free(rg.drouter_w); free(rg.drouter_wb); free(rg.dw1); free(rg.dw1b);
     free(rg.dw2); free(rg.dw2b); free(rg.db1); free(rg.db1b); free(rg.db2); free(rg.db2b);
     lib_free(&L);
     free_data(&v);
+}
+
+/* ---- finite differences -------------------------------------------------------------- */
+
+/* The parameters of a case, as (name, values, count, gradient) for the FD loops. */
+typedef struct param {
+    const char *name;
+    double *v;
+    int64_t n;
+    const double *grad;
+} param;
+
+static int params_of(const moe_case *c, moe_data *v, const ref_moe_grads *g, param *out) {
+    int n = 0;
+    out[n++] = (param){"x", v->x, c->T * c->H, g->dx};
+    out[n++] = (param){"router_w", v->wr, c->E * c->H, g->drouter_w};
+    out[n++] = (param){"w1", v->w1, n1(c), g->dw1};
+    out[n++] = (param){"w2", v->w2, n2(c), g->dw2};
+    if (c->with_b1) out[n++] = (param){"b1", v->b1, c->E * 2 * c->F, g->db1};
+    if (c->b2_mode != MOEX_BIAS_NONE) out[n++] = (param){"b2", v->b2, c->E * c->H, g->db2};
+    return n;
+}
+
+static double ref_loss(const moe_case *c, const moe_data *v) {
+    ref_moe p = ref_of(c, v);
+    double *y = tu_doubles(c->T * c->H), l = 0;
+    ref_moe_layer_forward(&p, y, NULL, NULL, NULL, NULL);
+    for (int64_t i = 0; i < c->T * c->H; i++) l += v->dy[i] * y[i];
+    free(y);
+    return l;
+}
+
+/* The reference backward against central differences of the reference forward, for every
+ * parameter, in fp64 (the routing keeps a margin of GAP, far above the step). */
+static void test_reference_fd(tu_rng *r, const moe_case *c) {
+    char name[256];
+    describe(name, sizeof name, c);
+    moe_data v = make_data(r, c);
+    ref_moe p = ref_of(c, &v);
+    ref_moe_grads g = {tu_doubles(c->T * c->H), NULL, tu_doubles(c->E * c->H), NULL, tu_doubles(n1(c)), NULL,
+                       tu_doubles(n2(c)), NULL, tu_doubles(c->E * 2 * c->F), NULL, tu_doubles(c->E * c->H), NULL, 0};
+    ref_moe_layer_backward(&p, v.dy, &g);
+    param ps[6];
+    const int np = params_of(c, &v, &g, ps);
+    const double eps = 1e-5;
+    for (int q = 0; q < np; q++) {
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < ps[q].n; i++) scale = fmax(scale, fabs(ps[q].grad[i]));
+        for (int64_t i = 0; i < ps[q].n; i++) {
+            double keep = ps[q].v[i];
+            ps[q].v[i] = keep + eps;
+            double lp = ref_loss(c, &v);
+            ps[q].v[i] = keep - eps;
+            double lm = ref_loss(c, &v);
+            ps[q].v[i] = keep;
+            double fd = (lp - lm) / (2 * eps), an = ps[q].grad[i];
+            worst = fmax(worst, fabs(fd - an) / (1e-8 * scale + 1e-6 * fabs(an) + 1e-12));
+        }
+        CHECK_MSG(worst <= 1.0, "%s: reference d%s vs central differences: worst err/tol %.3g", name, ps[q].name,
+                  worst);
+        tu_log("  %s: reference d%s FD worst err/tol %.3g\n", name, ps[q].name, worst);
+    }
+    free(g.dx); free(g.drouter_w); free(g.dw1); free(g.dw2); free(g.db1); free(g.db2);
+    free_data(&v);
+}
+
+/* sum(dy * y) of the library's forward (f32 case). */
+static double lib_loss(moe_lib *L, const moe_case *c, const moe_data *v) {
+    CHECK_STATUS(ctx, lib_forward(L), MOEX_OK);
+    double l = 0;
+    for (int64_t i = 0; i < c->T * c->H; i++) l += v->dy[i] * (double)((float *)L->y)[i];
+    return l;
+}
+
+/* The library backward against central differences of the library forward, in f32, at a few
+ * random coordinates of every parameter (packed weights, f32). */
+static void test_library_fd(tu_rng *r, const moe_case *c) {
+    char name[256];
+    describe(name, sizeof name, c);
+    moe_data v = make_data(r, c);
+    moe_lib L;
+    lib_make(c, &v, &L);
+    CHECK_STATUS(ctx, lib_forward(&L), MOEX_OK);
+    CHECK_STATUS(ctx, lib_backward(&L), MOEX_OK);
+    /* library gradients as doubles, and the library buffer behind each parameter */
+    double *gx = tu_read(MOEX_DTYPE_F32, L.dx, c->T * c->H), *grw = tu_read(MOEX_DTYPE_F32, L.drw, c->E * c->H);
+    double *g1 = tu_read(MOEX_DTYPE_F32, L.dw1.packed, n1(c)), *g2 = tu_read(MOEX_DTYPE_F32, L.dw2.packed, n2(c));
+    double *gb1 = tu_read(MOEX_DTYPE_F32, L.db1, c->E * 2 * c->F), *gb2 = tu_read(MOEX_DTYPE_F32, L.db2, c->E * c->H);
+    ref_moe_grads g = {.dx = gx, .drouter_w = grw, .dw1 = g1, .dw2 = g2, .db1 = gb1, .db2 = gb2};
+    param ps[6];
+    const int np = params_of(c, &v, &g, ps);
+    float *bufs[6] = {(float *)L.x, (float *)L.wr, (float *)L.w1.packed, (float *)L.w2.packed, NULL, NULL};
+    int nb = 4;
+    if (c->with_b1) bufs[nb++] = (float *)L.b1;
+    if (c->b2_mode != MOEX_BIAS_NONE) bufs[nb++] = (float *)L.b2;
+    const float eps = 1e-2f;
+    for (int q = 0; q < np; q++) {
+        double worst = 0, scale = 0;
+        for (int64_t i = 0; i < ps[q].n; i++) scale = fmax(scale, fabs(ps[q].grad[i]));
+        for (int s = 0; s < 6; s++) {
+            int64_t i = tu_randint(r, ps[q].n);
+            if (c->n_empty && q == 0) i = (i / c->H) * c->H + 1 + tu_randint(r, c->H - 1);   /* keep x[:,0] = 1 */
+            float keep = bufs[q][i];
+            bufs[q][i] = keep + eps;
+            double lp = lib_loss(&L, c, &v);
+            bufs[q][i] = keep - eps;
+            double lm = lib_loss(&L, c, &v);
+            bufs[q][i] = keep;
+            double fd = (lp - lm) / (2.0 * ((double)(keep + eps) - keep)), an = ps[q].grad[i];
+            worst = fmax(worst, fabs(fd - an) / (1e-3 * scale + 1e-2 * fabs(an) + 1e-6));
+        }
+        CHECK_MSG(worst <= 1.0, "%s: library d%s vs central differences of the library forward: worst err/tol %.3g",
+                  name, ps[q].name, worst);
+        tu_log("  %s: library d%s FD worst err/tol %.3g\n", name, ps[q].name, worst);
+    }
+    free(gx); free(grw); free(g1); free(g2); free(gb1); free(gb2);
+    lib_free(&L);
+    free_data(&v);
+}
+
+/* ---- errors, T = 0 ------------------------------------------------------------------- */
+
+static void test_errors(tu_rng *r) {
+    const moe_case c = {9, 8, 4, 4, 2, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_BIAS_ADD, 1,
+                        MOEX_GLU_SWIGLU, MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_F32, 0, MOEX_GRAD_WRITE, MOEX_DTYPE_F32, 0};
+    moe_data v = make_data(r, &c);
+    moe_lib L;
+    lib_make(&c, &v, &L);
+    size_t bytes, saved_bytes;
+    CHECK_STATUS(ctx, moex_moe_layer_saved_size(ctx, &L.a, &saved_bytes), MOEX_OK);
+    CHECK(saved_bytes > 0);
+    void *saved = tu_zalloc(saved_bytes);
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &L.a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    size_t ws_bytes = bytes;
+
+    moex_moe_layer_args a = L.a;
+    a.saved = NULL;
+    a.saved_bytes = saved_bytes;
+    CHECK_STATUS(ctx, moex_moe_layer_forward(ctx, &a, ws, ws_bytes, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "saved");
+    a.saved = saved;
+    a.saved_bytes = saved_bytes - 1;
+    CHECK_STATUS(ctx, moex_moe_layer_forward(ctx, &a, ws, ws_bytes, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "moex_moe_layer_saved_size");
+    CHECK_POISONED("y after a bad saved", MOEX_DTYPE_F32, L.y, 0, c.T * c.H);
+    a.saved_bytes = saved_bytes;
+    CHECK_STATUS(ctx, moex_moe_layer_forward(ctx, &a, ws, ws_bytes - 1, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "workspace");
+
+    /* backward from a saved buffer that holds no forward: fails before writing */
+    moex_moe_layer_grad_args g = L.g;
+    g.fwd = a;
+    CHECK_STATUS(ctx, moex_moe_layer_backward_workspace_size(ctx, &g, &bytes), MOEX_OK);
+    void *wsb = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_moe_layer_backward(ctx, &g, wsb, bytes, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "does not hold a forward");
+    CHECK_POISONED("dx without a forward", MOEX_DTYPE_F32, L.dx, 0, c.T * c.H);
+    CHECK_POISONED("drouter_w without a forward", MOEX_DTYPE_F32, L.drw, 0, c.E * c.H);
+    CHECK_POISONED("db1 without a forward", MOEX_DTYPE_F32, L.db1, 0, c.E * 2 * c.F);
+    /* backward with other routing options than the forward's */
+    CHECK_STATUS(ctx, moex_moe_layer_forward(ctx, &a, ws, ws_bytes, NULL), MOEX_OK);
+    g.fwd.score = MOEX_ROUTER_SIGMOID;
+    CHECK_STATUS(ctx, moex_moe_layer_backward(ctx, &g, wsb, bytes, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "another layer");
+    CHECK_POISONED("dx after a mismatched saved", MOEX_DTYPE_F32, L.dx, 0, c.T * c.H);
+    g.fwd = a;
+    CHECK_STATUS(ctx, moex_moe_layer_backward(ctx, &g, wsb, bytes, NULL), MOEX_OK);
+
+    /* argument errors */
+    moex_moe_layer_args b = a;
+    b.topk = 0;
+    CHECK_STATUS(ctx, moex_moe_layer_saved_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "topk");
+    b.topk = 5;
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "topk");
+    b = a;
+    b.router_w.dtype = MOEX_DTYPE_BF16;
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "router_w");
+    b = a;
+    b.w1.t.shape[1] = 7;
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "w1");
+    b = a;
+    b.b2_mode = MOEX_BIAS_NONE;
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "b2");
+    b = a;
+    b.score = (moex_router_score)3;
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "score");
+    b = a;
+    b.glu.layout = MOEX_GLU_INTERLEAVED_32;   /* F = 4 is not a multiple of 32 */
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "INTERLEAVED_32");
+    b = a;
+    b.y = moex_tensor_2d(L.y, MOEX_DTYPE_F32, c.T, c.H + 1);
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &b, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "y");
+    moex_moe_layer_grad_args h = g;
+    h.dw_mode = MOEX_GRAD_ACCUMULATE;
+    h.drouter_w.dtype = MOEX_DTYPE_BF16;
+    CHECK_STATUS(ctx, moex_moe_layer_backward_workspace_size(ctx, &h, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "drouter_w");
+    h = g;
+    h.fwd.b2_mode = MOEX_BIAS_NONE;
+    h.fwd.b2 = (moex_tensor){0};
+    CHECK_STATUS(ctx, moex_moe_layer_backward_workspace_size(ctx, &h, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "db2");
+    h = g;
+    h.dx.dtype = MOEX_DTYPE_F16;
+    CHECK_STATUS(ctx, moex_moe_layer_backward_workspace_size(ctx, &h, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "dx");
+    h = g;
+    h.dy = (moex_tensor){0};
+    CHECK_STATUS(ctx, moex_moe_layer_backward_workspace_size(ctx, &h, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "dy");
+    CHECK_STATUS(ctx, moex_moe_layer_forward(NULL, &a, ws, ws_bytes, NULL), MOEX_ERR_INVALID_ARG);
+    CHECK_STATUS(ctx, moex_moe_layer_backward(ctx, NULL, wsb, bytes, NULL), MOEX_ERR_INVALID_ARG);
+
+    free(saved); free(ws); free(wsb);
+    lib_free(&L);
+    free_data(&v);
+}
+
+/* T = 0 runs (nothing to route); an absent dx and drouter_w skip the router path. */
+static void test_empty_and_partial(tu_rng *r) {
+    moe_case c = {0, 8, 3, 4, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, MOEX_BIAS_SCALED, 1,
+                  MOEX_GLU_SWIGLU, MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_F32, 0, MOEX_GRAD_WRITE, MOEX_DTYPE_F32, 0};
+    moe_data v = make_data(r, &c);
+    moe_lib L;
+    lib_make(&c, &v, &L);
+    CHECK_STATUS(ctx, lib_forward(&L), MOEX_OK);
+    CHECK_STATUS(ctx, lib_backward(&L), MOEX_OK);
+    double *z = tu_doubles(c.E * 2 * c.F * c.H);
+    tu_weight_read(&L.dw1, z);
+    int64_t nz = 0;
+    for (int64_t i = 0; i < n1(&c); i++) nz += z[i] != 0.0;
+    CHECK_MSG(nz == 0, "T = 0: dw1 must be all zeros (WRITE), %lld are not", (long long)nz);
+    free(z);
+    lib_free(&L);
+    free_data(&v);
+
+    /* only weight gradients: dx and drouter_w absent */
+    c.T = 11;
+    v = make_data(r, &c);
+    lib_make(&c, &v, &L);
+    L.g.dx = (moex_tensor){0};
+    L.g.drouter_w = (moex_tensor){0};
+    CHECK_STATUS(ctx, lib_forward(&L), MOEX_OK);
+    CHECK_STATUS(ctx, lib_backward(&L), MOEX_OK);
+    ref_moe p = ref_of(&c, &v);
+    ref_moe_grads rg = {.dw2 = tu_doubles(n2(&c)), .dw2b = tu_doubles(n2(&c))};
+    ref_moe_layer_backward(&p, v.dy, &rg);
+    ref_tol_model m = ref_tol_for(MOEX_DTYPE_F32, MOEX_DTYPE_F32, 0, longest(&c, 1));
+    with_routing_error(&m, rg.dw2b, n2(&c), rg.L_max);
+    CHECK_CLOSE("weights only: dw2", MOEX_DTYPE_F32, L.dw2.packed, rg.dw2, rg.dw2b, n2(&c), c.F, &m);
+    CHECK_POISONED("dx not asked", MOEX_DTYPE_F32, L.dx, 0, c.T * c.H);
+    CHECK_POISONED("drouter_w not asked", MOEX_DTYPE_F32, L.drw, 0, c.E * c.H);
+    free(rg.dw2);
+    free(rg.dw2b);
+    lib_free(&L);
+
+    /* only drouter_w, then only dx: each alone must match the reference */
+    for (int only_dx = 0; only_dx < 2; only_dx++) {
+        lib_make(&c, &v, &L);
+        L.g.dw1 = (moex_weight){0};
+        L.g.dw2 = (moex_weight){0};
+        L.g.db1 = (moex_tensor){0};
+        L.g.db2 = (moex_tensor){0};
+        if (only_dx)
+            L.g.drouter_w = (moex_tensor){0};
+        else
+            L.g.dx = (moex_tensor){0};
+        CHECK_STATUS(ctx, lib_forward(&L), MOEX_OK);
+        CHECK_STATUS(ctx, lib_backward(&L), MOEX_OK);
+        ref_moe_grads g1 = {.dx = tu_doubles(c.T * c.H), .dxb = tu_doubles(c.T * c.H),
+                            .drouter_w = tu_doubles(c.E * c.H), .drouter_wb = tu_doubles(c.E * c.H)};
+        ref_moe_layer_backward(&p, v.dy, &g1);
+        ref_tol_model m0 = ref_tol_for(MOEX_DTYPE_F32, MOEX_DTYPE_F32, 0, longest(&c, 1));
+        if (only_dx) {
+            with_routing_error(&m0, g1.dxb, c.T * c.H, g1.L_max);
+            CHECK_CLOSE("dx alone", MOEX_DTYPE_F32, L.dx, g1.dx, g1.dxb, c.T * c.H, c.H, &m0);
+            CHECK_POISONED("drouter_w not asked", MOEX_DTYPE_F32, L.drw, 0, c.E * c.H);
+        } else {
+            with_routing_error(&m0, g1.drouter_wb, c.E * c.H, g1.L_max);
+            CHECK_CLOSE("drouter_w alone", MOEX_DTYPE_F32, L.drw, g1.drouter_w, g1.drouter_wb, c.E * c.H, c.H, &m0);
+            CHECK_POISONED("dx not asked", MOEX_DTYPE_F32, L.dx, 0, c.T * c.H);
+        }
+        CHECK_POISONED("db1 not asked", MOEX_DTYPE_F32, L.db1, 0, c.E * 2 * c.F);
+        free(g1.dx); free(g1.dxb); free(g1.drouter_w); free(g1.drouter_wb);
+        lib_free(&L);
+    }
+    free_data(&v);
+}
+
+int main(void) {
+    ctx = tu_cpu_context();
+    tu_rng r = tu_rng_seed(4242);
+    const moex_router_score SM = MOEX_ROUTER_SOFTMAX, SG = MOEX_ROUTER_SIGMOID;
+    const moex_router_norm RN = MOEX_ROUTER_RENORM, RAW = MOEX_ROUTER_NO_RENORM;
+    const moex_glu_kind SW = MOEX_GLU_SWIGLU, CL = MOEX_GLU_CLAMPED_SWIGLU;
+    const moex_glu_layout CT = MOEX_GLU_CONTIGUOUS, IL = MOEX_GLU_INTERLEAVED_32;
+    const moex_dtype F32 = MOEX_DTYPE_F32, BF = MOEX_DTYPE_BF16, F16 = MOEX_DTYPE_F16;
+    const moex_grad_mode WR = MOEX_GRAD_WRITE, AC = MOEX_GRAD_ACCUMULATE;
+    const moe_case cases[] = {
+        {23, 16, 4, 8, 2, SM, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 1, WR, F32, 0},
+        {19, 12, 5, 6, 1, SG, RAW, MOEX_BIAS_ADD, 1, SW, CT, F32, 2, WR, F32, 1},
+        {13, 8, 3, 4, 3, SM, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F32, 0, AC, F32, 0},     /* k = E */
+        {29, 16, 6, 32, 2, SM, RN, MOEX_BIAS_SCALED, 1, CL, IL, BF, 2, WR, BF, 0},
+        {29, 16, 6, 32, 2, SM, RN, MOEX_BIAS_SCALED, 1, CL, IL, F16, 2, AC, F32, 1},
+        {31, 24, 8, 8, 4, SG, RN, MOEX_BIAS_ADD, 0, SW, CT, BF, 3, WR, F32, 0},
+        {7, 5, 2, 3, 1, SM, RN, MOEX_BIAS_NONE, 1, SW, CT, F32, 0, WR, F32, 0},        /* k = 1 renorm: dlogits = 0 */
+        {40, 9, 7, 5, 2, SG, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F16, 4, WR, F16, 1},
+        {1, 3, 2, 1, 2, SG, RN, MOEX_BIAS_ADD, 1, SW, CT, F32, 0, AC, F32, 0},          /* one token, k = E */
+        {64, 20, 12, 10, 3, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, BF, 5, AC, F32, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&r, &cases[i]);
+
+    const moe_case fd_cases[] = {
+        {5, 4, 3, 2, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
+        {4, 3, 4, 3, 1, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
+        {3, 4, 3, 2, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
+        {6, 4, 5, 2, 2, SM, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F32, 1, WR, F32, 0},
+        {5, 3, 4, 2, 3, SG, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
+    };
+    for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) test_reference_fd(&r, &fd_cases[i]);
+
+    const moe_case lib_fd_cases[] = {
+        {17, 10, 4, 6, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 1, WR, F32, 0},
+        {12, 8, 5, 4, 2, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
+        {9, 6, 3, 4, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
+    };
+    for (size_t i = 0; i < sizeof lib_fd_cases / sizeof lib_fd_cases[0]; i++) test_library_fd(&r, &lib_fd_cases[i]);
+
+    test_errors(&r);
+    test_empty_and_partial(&r);
+    moex_context_destroy(ctx);
+    return tu_finish();
 }

@@ -318,6 +318,13 @@ static void test_errors(void) {
         CHECK_POISONED("dyp after bad row_map", MOEX_DTYPE_F32, xp, 0, 24);
     }
 
+    /* unpermute backward scatters: a row_map with a repeated row is refused */
+    int32_t dup[6] = {0, 1, 2, 3, 3, 5};
+    tu_poison(xp, sizeof xp);
+    CHECK_STATUS(ctx, lib_unpermute_backward(&c, dup, x, xp), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "permutation");
+    CHECK_POISONED("dyp after a repeated row", MOEX_DTYPE_F32, xp, 0, 24);
+
     /* argument errors */
     int32_t ids[6] = {0, 1, 2, 3, 1, 0};
     moex_permute_args a = {0};

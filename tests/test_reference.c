@@ -404,6 +404,22 @@ static void test_fd_mlp(tu_rng *r, moex_glu_kind kind, moex_glu_layout layout, m
     if (b2_mode != MOEX_BIAS_NONE) FD_MLP(db2, c.b2, G * H);
     if (with_probs) FD_MLP(dprobs, c.probs, c.rows);
 #undef FD_MLP
+    /* the saved-tensor path: h_saved / z_saved equal to the exact h and z change nothing */
+    {
+        ref_mlp_grads g2 = g;
+        g2.dx = tu_doubles(T * H), g2.dw1 = tu_doubles(G * 2 * F * H), g2.dw2 = tu_doubles(G * H * F);
+        g2.dxb = g2.dw1b = g2.dw2b = g2.db1 = g2.db1b = g2.db2 = g2.db2b = g2.dprobs = g2.dprobsb = NULL;
+        ref_grouped_mlp_forward(&c.p, c.h, NULL, c.z, NULL, c.y, NULL);
+        c.p.h_saved = c.h, c.p.z_saved = c.z;
+        ref_grouped_mlp_backward(&c.p, c.dy, &g2);
+        c.p.h_saved = c.p.z_saved = NULL;
+        double dmax = 0;
+        for (int64_t i = 0; i < c.rows * H; i++) dmax = fmax(dmax, fabs(g2.dx[i] - g.dx[i]));
+        for (int64_t i = 0; i < G * 2 * F * H; i++) dmax = fmax(dmax, fabs(g2.dw1[i] - g.dw1[i]));
+        for (int64_t i = 0; i < G * H * F; i++) dmax = fmax(dmax, fabs(g2.dw2[i] - g.dw2[i]));
+        CHECK_MSG(dmax == 0.0, "%s: saved h and z path differs by %g", nm, dmax);
+        free(g2.dx); free(g2.dw1); free(g2.dw2);
+    }
     /* forward bounds */
     double *hb = tu_doubles(T * 2 * F), *zb = tu_doubles(T * F), *yb = tu_doubles(T * H);
     ref_grouped_mlp_forward(&c.p, c.h, hb, c.z, zb, c.y, yb);

@@ -160,6 +160,7 @@ moex_status moex_cpu_grouped_linear_forward(moex_context *ctx, const moex_groupe
     const int64_t tr = tile_rows(N);
     for (int64_t g = 0; g < G; g++) {
         const int64_t m = w.off[g + 1] - w.off[g];
+        if (m == 0) continue;
         const moex_cpu_matrix wg = moex_cpu_matrix_of(moex_weight_ptr(&a->w, g), dt, K, MOEX_CPU_TRANS);
         if (dt == MOEX_DTYPE_F32) {
             const moex_cpu_matrix xg = moex_cpu_matrix_of(moex_cpu_cat(a->x.data, dt, w.off[g] * K), dt, K,
@@ -276,6 +277,7 @@ moex_status moex_cpu_grouped_linear_backward_data(moex_context *ctx, const moex_
         const int64_t tr = tile_rows(K);
         for (int64_t g = 0; g < G; g++) {
             const int64_t m = w.off[g + 1] - w.off[g];
+            if (m == 0) continue;
             const moex_cpu_matrix wg = moex_cpu_matrix_of(moex_weight_ptr(&a->w, g), dt, K, MOEX_CPU_NOTRANS);
             if (dt == MOEX_DTYPE_F32) {
                 const moex_cpu_matrix dyg = moex_cpu_matrix_of(moex_cpu_cat(a->dy.data, dt, w.off[g] * N), dt, N,

@@ -11,14 +11,16 @@
  *                       dprobs[t, j] = dprobs_p[row_map[t*k + j]]  dprobs [T, k]    =
  *   unpermute forward:  y[t] = sum_j yp[row_map[t*k + j]]          y [T, H]         =
  *   unpermute backward: dyp[row_map[t*k + j]] = dy[t]              dyp [T*k, H]     =
- * Sums run over j in increasing order in f32 and are rounded once. Ids outside [0, E) and
- * row_map values outside [0, T*k) fail with MOEX_ERR_INVALID_ARG before anything is written.
+ * Sums run over j in increasing order in f32 and are rounded once. Ids outside [0, E),
+ * row_map values outside [0, T*k), and (unpermute backward, which scatters) a row_map that
+ * is not a permutation fail with MOEX_ERR_INVALID_ARG before anything is written.
  *
  * Inside the backend the permute backward also accepts an absent dx, and a dx whose dtype
  * differs from dxp's (the MoE layer sums into f32); the public API always passes dx in the
  * dtype of dxp.
  *
- * Workspace: permute forward E int64 (the next free row of each expert); the others none.
+ * Workspace: permute forward E int64 (the next free row of each expert); unpermute backward
+ * T*k bytes (rows seen); the others none.
  */
 #include "cpu_ops.h"
 #include "moex_half.h"
@@ -133,9 +135,11 @@ moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_permute_args 
     for (int64_t i = 0; i < n; i++) row_map[i] = (int32_t)next[ids[i]]++;   /* (t, j) ascending: stable */
 
     if (T == 0) return MOEX_OK;
-    perm_job jb = {d->H, k, row_map, d->dt, d->dt, (size_t)d->H * moex_dtype_size(d->dt), a->x.data, a->xp.data,
-                   moex_present(&a->probs) ? (const float *)a->probs.data : NULL,
-                   moex_present(&a->probs) ? (float *)a->probs_p.data : NULL};
+    const bool with_probs = moex_present(&a->probs);
+    perm_job jb = {.H = d->H, .k = k, .row_map = row_map, .src_dt = d->dt, .dst_dt = d->dt,
+                   .row_bytes = (size_t)d->H * moex_dtype_size(d->dt), .src = a->x.data, .dst = a->xp.data,
+                   .vsrc = with_probs ? (const float *)a->probs.data : NULL,
+                   .vdst = with_probs ? (float *)a->probs_p.data : NULL};
     moex_cpu_parallel_for(ctx, T, token_grain(k, d->H), scatter_tokens, &jb);
     return MOEX_OK;
 }
@@ -150,10 +154,11 @@ moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_permute_grad
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;
     const bool with_dx = moex_present(&a->dx), with_dprobs = moex_present(&a->dprobs_p);
-    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, a->dxp.dtype,
-                   with_dx ? a->dx.dtype : a->dxp.dtype, 0, a->dxp.data, with_dx ? a->dx.data : NULL,
-                   with_dprobs ? (const float *)a->dprobs_p.data : NULL,
-                   with_dprobs ? (float *)a->dprobs.data : NULL};
+    perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = a->dxp.dtype,
+                   .dst_dt = with_dx ? a->dx.dtype : a->dxp.dtype, .src = a->dxp.data,
+                   .dst = with_dx ? a->dx.data : NULL,
+                   .vsrc = with_dprobs ? (const float *)a->dprobs_p.data : NULL,
+                   .vdst = with_dprobs ? (float *)a->dprobs.data : NULL};
     moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
     return MOEX_OK;
 }
@@ -169,24 +174,37 @@ moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_unpermute_a
     moex_status st = check_row_map(ctx, "moex_unpermute_forward", &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;
-    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, d->dt, d->dt, 0, a->yp.data, a->y.data,
-                   NULL, NULL};
+    perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = d->dt,
+                   .dst_dt = d->dt, .src = a->yp.data, .dst = a->y.data};
     moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
     return MOEX_OK;
 }
 
 size_t moex_cpu_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
                                       const moex_perm_dims *d) {
-    return 0;
+    return (size_t)(d->T * d->k);   /* one flag per row */
 }
 
 moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,
                                         const moex_perm_dims *d, void *ws, size_t ws_bytes, moex_stream stream) {
-    moex_status st = check_row_map(ctx, "moex_unpermute_backward", &a->row_map, d->T, d->k);
+    static const char op[] = "moex_unpermute_backward";
+    moex_status st = check_row_map(ctx, op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;
-    perm_job jb = {d->H, d->k, (const int32_t *)a->row_map.data, d->dt, d->dt,
-                   (size_t)d->H * moex_dtype_size(d->dt), a->dy.data, a->dyp.data, NULL, NULL};
+    /* The scatter writes each row once only if row_map is a permutation (as permute makes
+     * it): threads then never write the same row, and every row of dyp is written. */
+    const int32_t *rm = (const int32_t *)a->row_map.data;
+    unsigned char *seen = (unsigned char *)ws;
+    memset(seen, 0, (size_t)(d->T * d->k));
+    for (int64_t i = 0; i < d->T * d->k; i++) {
+        if (seen[rm[i]])
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: row_map is not a permutation: row %d appears twice",
+                             op, (int)rm[i]);
+        seen[rm[i]] = 1;
+    }
+    perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = d->dt,
+                   .dst_dt = d->dt, .row_bytes = (size_t)d->H * moex_dtype_size(d->dt), .src = a->dy.data,
+                   .dst = a->dyp.data};
     moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), scatter_tokens, &jb);
     return MOEX_OK;
 }

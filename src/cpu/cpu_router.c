@@ -118,7 +118,7 @@ size_t moex_cpu_router_forward_ws(moex_context *ctx, const moex_router_args *a, 
 moex_status moex_cpu_router_forward(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d,
                                     void *ws, size_t ws_bytes, moex_stream stream) {
     if (d->T == 0) return MOEX_OK;
-    router_job jb = {a, NULL, d, num_chunks(d->T), (float *)ws};
+    router_job jb = {.fa = a, .d = d, .n = num_chunks(d->T), .scratch = (float *)ws};
     moex_cpu_parallel_for(ctx, jb.n, chunk_grain(d->T, d->E, jb.n), router_forward_chunks, &jb);
     return MOEX_OK;
 }
@@ -175,7 +175,7 @@ moex_status moex_cpu_router_backward(moex_context *ctx, const moex_router_grad_a
                              "moex_router_backward: ids[%lld, %lld] = %d is outside [0, E = %lld)",
                              (long long)(i / d->k), (long long)(i % d->k), (int)ids[i], (long long)d->E);
     if (d->T == 0) return MOEX_OK;
-    router_job jb = {NULL, a, d, num_chunks(d->T), (float *)ws};
+    router_job jb = {.ba = a, .d = d, .n = num_chunks(d->T), .scratch = (float *)ws};
     moex_cpu_parallel_for(ctx, jb.n, chunk_grain(d->T, d->E, jb.n), router_backward_chunks, &jb);
     return MOEX_OK;
 }

@@ -117,7 +117,7 @@ extern "C" moex_status moex_cuda_backend_init(moex_context *ctx) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);
     if (err != cudaSuccess || count == 0)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "moex_context_create: no CUDA device (%s)",
+        return moex_fail(ctx, MOEX_ERR_CUDA, "moex_context_create: no CUDA device (%s)",
                          err != cudaSuccess ? cudaGetErrorString(err) : "none found");
     if (ctx->device >= count)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "moex_context_create: device %d, but only %d CUDA device(s)",

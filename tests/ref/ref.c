@@ -295,6 +295,12 @@ void ref_grouped_mlp_backward(const ref_mlp *p, const double *dy, ref_mlp_grads 
     if (!h || !hb || !z || !zb || !y || !dz || !dzb || !dh || !dhb || !dpg || !dpgb) abort();
 
     ref_grouped_mlp_forward(p, h, hb, z, zb, y, NULL);
+    if (p->h_saved) { /* the saved h (and z) replace the exact ones; the bounds stay */
+        for (int64_t i = 0; i < rows * 2 * F; i++) h[i] = p->h_saved[i];
+        ref_scaled_glu_forward(&p->glu, rows, F, h, hb, p->probs, z, zb);
+    }
+    if (p->z_saved)
+        for (int64_t i = 0; i < rows * F; i++) z[i] = p->z_saved[i];
 
     /* dz = dy W2_g */
     for (int64_t g = 0; g < G; g++) {

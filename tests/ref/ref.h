@@ -156,13 +156,19 @@ void ref_scaled_glu_backward(const moex_glu_params *glu, int64_t rows, int64_t F
 /* ---- grouped MLP ------------------------------------------------------------------- */
 
 /* Problem description shared by forward and backward. x [T,H], w1 [G,2F,H], b1 [G,2F] or
- * NULL, w2 [G,H,F], b2 [G,H] (ADD/SCALED), probs [T] or NULL (p = 1; needed for SCALED). */
+ * NULL, w2 [G,H,F], b2 [G,H] (ADD/SCALED), probs [T] or NULL (p = 1; needed for SCALED).
+ * h_saved [T,2F] and z_saved [T,F] (backward only, each may be NULL) are the tensors the
+ * forward saved, as the library's backward gets them: when given, the backward uses
+ * h_saved for the GLU (and to recompute z when z_saved is NULL) and z_saved for dW2,
+ * instead of its own exact h and z, so that a saved h that rounded across a clamp kink
+ * gives the same branch as the library's. */
 typedef struct ref_mlp {
     int64_t G, T, H, F;
     const int64_t *splits;
     const double *x, *w1, *b1, *w2, *b2, *probs;
     moex_bias_mode b2_mode;
     moex_glu_params glu;
+    const double *h_saved, *z_saved;
 } ref_mlp;
 
 /* h [T,2F], z [T,F], y [T,H] with bounds hb, zb, yb (bounds may be NULL). */

@@ -208,28 +208,36 @@ void ref_moe_layer_forward(const ref_moe *p, double *y, double *yb, double *logi
     double *yp = (double *)zalloc((size_t)(rows * H), sizeof(double));
     double *ypb = (double *)zalloc((size_t)(rows * H), sizeof(double));
     ref_grouped_mlp_forward(&f.mlp, h, NULL, z, NULL, yp, ypb);
-    double *ybv = (double *)zalloc((size_t)(T * H), sizeof(double));
-    ref_unpermute_forward(T, H, k, f.row_map, yp, ypb, y, ybv);
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t c = 0; c < H && yb; c++) yb[t * H + c] = ybv[t * H + c] * (2 + 4 * f.L[t]);
+    ref_unpermute_forward(T, H, k, f.row_map, yp, ypb, y, yb);
     for (int64_t i = 0; i < T * E && logits; i++) logits[i] = f.logits[i];
     for (int64_t i = 0; i < rows && probs; i++) probs[i] = f.probs[i];
     for (int64_t i = 0; i < rows && ids; i++) ids[i] = f.ids[i];
-    free(h); free(z); free(yp); free(ypb); free(ybv);
+    free(h); free(z); free(yp); free(ypb);
     moe_fwd_free(&f);
 }
 
-/* b[i] *= s for i < n (b may be NULL). */
-static void scale(double *b, int64_t n, double s) {
-    for (int64_t i = 0; i < n && b; i++) b[i] *= s;
+void ref_moe_logit_bounds(const ref_moe *p, double *L) {
+    for (int64_t t = 0; t < p->T; t++) {
+        L[t] = 0;
+        for (int64_t e = 0; e < p->E; e++) {
+            double m = 0;
+            for (int64_t h = 0; h < p->H; h++) m += fabs(p->x[t * p->H + h] * p->router_w[e * p->H + h]);
+            L[t] = fmax(L[t], m);
+        }
+    }
+}
+
+double ref_moe_bound(const ref_tol_model *m, double M, double L) {
+    const double acc = m->k * m->u_acc;
+    return M * (1 + (1 + 4 * L) * acc / (m->u_mid + acc));
 }
 
 void ref_moe_layer_backward(const ref_moe *p, const double *dy, ref_moe_grads *o) {
-    const int64_t T = p->T, H = p->H, E = p->E, F = p->F, k = p->k, rows = T * k;
+    const int64_t T = p->T, H = p->H, E = p->E, k = p->k, rows = T * k;
     moe_fwd f;
     moe_fwd_run(p, &f);
-    double lambda = 2;
-    for (int64_t t = 0; t < T; t++) lambda = fmax(lambda, 2 + 4 * f.L[t]);
+    o->L_max = 0;
+    for (int64_t t = 0; t < T; t++) o->L_max = fmax(o->L_max, f.L[t]);
 
     /* unpermute, then the grouped MLP with dprobs_p */
     double *dyp = (double *)zalloc((size_t)(rows * H), sizeof(double));
@@ -274,12 +282,6 @@ void ref_moe_layer_backward(const ref_moe *p, const double *dy, ref_moe_grads *o
             if (o->drouter_wb) o->drouter_wb[e * H + c] = b;
         }
     }
-    scale(o->dxb, T * H, lambda);
-    scale(o->drouter_wb, E * H, lambda);
-    scale(o->dw1b, E * 2 * F * H, lambda);
-    scale(o->dw2b, E * H * F, lambda);
-    scale(o->db1b, E * 2 * F, lambda);
-    scale(with_b2 ? o->db2b : NULL, E * H, lambda);
     free(dyp); free(dxp); free(dxpb); free(dpp); free(dppb);
     free(dx); free(dxb); free(dpr); free(dprb); free(dl); free(dlb);
     moe_fwd_free(&f);

@@ -68,21 +68,29 @@ typedef struct ref_moe {
     moex_glu_params glu;
 } ref_moe;
 
-/* y [T,H] with bound yb, and the routing (logits [T,E], probs and ids [T,k]); every
- * output but y may be NULL.
- * Bound: the grouped MLP's bound of each expert row, summed over the token's k rows,
- * times lambda_t = 2 + 4 L_t, where L_t = max_e sum_h |x_th Wr_eh| bounds the token's
- * logits. An f32 logit is off by at most (k u_acc) L_t; softmax or sigmoid (and the
- * renormalisation) turn that into a relative error of at most 4 (k u_acc) L_t in each
- * prob, and y is linear in each prob; the extra 1 covers the router's own f32 rounding. */
+/* y [T,H] with bound yb, and the routing (logits [T,E], probs and ids [T,k]); every output
+ * but y may be NULL.
+ * yb is the grouped MLP's bound of each expert row, summed over the token's k rows. It
+ * covers the MLP's own roundings; the routing adds one more error: an f32 logit is off by
+ * at most (k u_acc) L_t with L_t = max_e sum_h |x_th Wr_eh| (ref_moe_logit_bounds), which
+ * softmax or sigmoid (and the renormalisation) turn into a relative error of at most
+ * 4 (k u_acc) L_t in each prob, plus the router's own f32 rounding (k u_acc); y is linear
+ * in each prob. Compare with ref_moe_bound(m, yb, L_t), which adds that term. */
 void ref_moe_layer_forward(const ref_moe *p, double *y, double *yb, double *logits, double *probs,
                            int32_t *ids);
 
+/* L [T]: L_t = max_e sum_h |x_th Wr_eh|, the magnitude bound of token t's logits. */
+void ref_moe_logit_bounds(const ref_moe *p, double *L);
+
+/* The bound M' to give ref_tol(m, ref, M') for an MoE-layer output with MLP-model bound M
+ * and logit bound L: (u_mid + k u_acc) M' = (u_mid + k u_acc) M + k u_acc (1 + 4 L) M. */
+double ref_moe_bound(const ref_tol_model *m, double M, double L);
+
 /* Gradients of sum(dy * y) (each output and bound may be NULL): dx [T,H],
  * drouter_w [E,H], dw1 [E,2F,H], dw2 [E,H,F], db1 [E,2F], db2 [E,H] (ADD/SCALED).
- * Experts that receive no row get 0. Bounds: those of the composed references, times
- * lambda = 2 + 4 max_t L_t (see ref_moe_layer_forward: the probs' relative error scales
- * every term of the backward, which is linear in each prob or in the scores). */
+ * Experts that receive no row get 0. The bounds are those of the composed references;
+ * L_max = max_t L_t: compare with ref_moe_bound(m, bound, L_max) (the backward is linear
+ * in each prob and in the scores, so the routing's relative error scales every term). */
 typedef struct ref_moe_grads {
     double *dx, *dxb;
     double *drouter_w, *drouter_wb;
@@ -90,6 +98,7 @@ typedef struct ref_moe_grads {
     double *dw2, *dw2b;
     double *db1, *db1b;
     double *db2, *db2b;
+    double L_max;               /* out */
 } ref_moe_grads;
 void ref_moe_layer_backward(const ref_moe *p, const double *dy, ref_moe_grads *out);
 

@@ -1,0 +1,315 @@
+/*
+ * cuda_mirror.h - GPU test helper: runs a moex operation on the CUDA backend for argument
+ * structs that hold HOST buffers (as built by tests/util), so that the GPU tests reuse the
+ * host-side harness and the fp64 reference unchanged.
+ *
+ * A mirror copies every tensor of the struct (and each matrix of a discrete weight, with a
+ * device array of device pointers) to fresh device memory, runs the op with a workspace
+ * poisoned with 0xFF bytes (so reading scratch nothing wrote shows up as NaN/garbage),
+ * synchronises, checks moex_context_check_splits, and copies the output tensors back over
+ * the host buffers (whole tensors, so poisoned tail rows must come back still poisoned).
+ * Header-only (static functions): each tests/cuda/test_*.c is its own program.
+ */
+#ifndef MOEX_CUDA_MIRROR_H
+#define MOEX_CUDA_MIRROR_H
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test_util.h"
+
+#define CM_MAX 128
+
+typedef struct cm_buf {
+    void *host, *dev;
+    size_t bytes;
+    int out;
+} cm_buf;
+
+typedef struct cm_mirror {
+    cm_buf b[CM_MAX];
+    int n;
+    void *extra[CM_MAX];    /* device pointer arrays, workspace */
+    int nextra;
+} cm_mirror;
+
+static void cm_die(cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "test: %s failed: %s\n", what, cudaGetErrorString(e));
+    exit(1);
+}
+
+/* A CUDA context on device 0, or exit 77 (skipped) when there is no usable GPU. */
+static moex_context *cm_context(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("no CUDA device: skipped\n");
+        exit(77);
+    }
+    moex_context *ctx = NULL;
+    moex_status st = moex_context_create(&ctx, MOEX_BACKEND_CUDA, 0);
+    if (st != MOEX_OK) {
+        printf("moex_context_create(CUDA) failed: %s: %s: skipped\n", moex_status_string(st), moex_last_error(NULL));
+        exit(77);
+    }
+    return ctx;
+}
+
+static void *cm_malloc(size_t bytes) {
+    void *p = NULL;
+    cm_die(cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc");
+    return p;
+}
+
+static void *cm_to_dev(const void *host, size_t bytes) {
+    void *d = cm_malloc(bytes);
+    if (bytes) cm_die(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
+    return d;
+}
+
+static void cm_to_host(void *host, const void *dev, size_t bytes) {
+    if (bytes) cm_die(cudaMemcpy(host, dev, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
+}
+
+static size_t cm_bytes(const moex_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return (size_t)n * moex_dtype_size(t->dtype);
+}
+
+static void *cm_add(cm_mirror *m, void *host, size_t bytes, int out) {
+    if (m->n == CM_MAX) {
+        fprintf(stderr, "test: cuda_mirror: too many buffers\n");
+        exit(1);
+    }
+    cm_buf *b = &m->b[m->n++];
+    b->host = host;
+    b->bytes = bytes;
+    b->out = out;
+    b->dev = cm_to_dev(host, bytes);
+    return b->dev;
+}
+
+/* Replaces t->data by a device copy (absent or empty tensors are left alone). */
+static void cm_tensor(cm_mirror *m, moex_tensor *t, int out) {
+    if (t->ndim == 0 || !t->data) return;
+    t->data = cm_add(m, t->data, cm_bytes(t), out);
+}
+
+static void cm_weight(cm_mirror *m, moex_weight *w, int out) {
+    if (!w->ptrs) {
+        cm_tensor(m, &w->t, out);
+        return;
+    }
+    int64_t G = w->t.shape[0];
+    size_t mb = (size_t)(w->t.shape[1] * w->t.shape[2]) * moex_dtype_size(w->t.dtype);
+    void **dptrs = (void **)tu_alloc((size_t)G * sizeof(void *));
+    for (int64_t g = 0; g < G; g++) dptrs[g] = cm_add(m, w->ptrs[g], mb, out);
+    void *darr = cm_to_dev(dptrs, (size_t)G * sizeof(void *));
+    free(dptrs);
+    m->extra[m->nextra++] = darr;
+    w->ptrs = (void *const *)darr;
+}
+
+/* A device workspace of `bytes`, every byte 0xFF. */
+static void *cm_workspace(cm_mirror *m, size_t bytes) {
+    if (!bytes) return NULL;
+    void *p = cm_malloc(bytes);
+    cm_die(cudaMemset(p, 0xFF, bytes), "cudaMemset");
+    m->extra[m->nextra++] = p;
+    return p;
+}
+
+/* Synchronises, copies outputs back, frees everything. Returns `st`, or the status of
+ * moex_context_check_splits when the op itself succeeded and the flag was set. */
+static moex_status cm_finish(cm_mirror *m, moex_context *ctx, moex_status st) {
+    cm_die(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the op");
+    if (st == MOEX_OK) st = moex_context_check_splits(ctx, NULL);
+    for (int i = 0; i < m->n; i++) {
+        if (m->b[i].out) cm_to_host(m->b[i].host, m->b[i].dev, m->b[i].bytes);
+        cudaFree(m->b[i].dev);
+    }
+    for (int i = 0; i < m->nextra; i++) cudaFree(m->extra[i]);
+    m->n = m->nextra = 0;
+    return st;
+}
+
+/* ---- one runner per operation: host args in, host outputs updated ----------------------- */
+
+#define CM_RUN(ctx, m, fn, a)                                                          \
+    do {                                                                               \
+        size_t bytes_ = 0;                                                             \
+        moex_status st_ = fn##_workspace_size((ctx), (a), &bytes_);                    \
+        if (st_ == MOEX_OK) st_ = fn((ctx), (a), cm_workspace((m), bytes_), bytes_, NULL); \
+        return cm_finish((m), (ctx), st_);                                             \
+    } while (0)
+
+static moex_status gpu_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *h) {
+    cm_mirror m = {0};
+    moex_splits_to_offsets_args a = *h;
+    cm_tensor(&m, &a.splits, 0);
+    for (int i = 0; i < a.num_outputs && i < MOEX_MAX_OFFSETS; i++) cm_tensor(&m, &a.outputs[i].out, 1);
+    CM_RUN(ctx, &m, moex_splits_to_offsets, &a);
+}
+
+static moex_status gpu_gl_forward(moex_context *ctx, const moex_grouped_linear_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_linear_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w, 0), cm_tensor(&m, &a.bias, 0), cm_tensor(&m, &a.probs, 0);
+    cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.y, 1);
+    CM_RUN(ctx, &m, moex_grouped_linear_forward, &a);
+}
+
+static moex_status gpu_gl_dgrad(moex_context *ctx, const moex_grouped_linear_dgrad_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_linear_dgrad_args a = *h;
+    cm_tensor(&m, &a.dy, 0), cm_weight(&m, &a.w, 0), cm_tensor(&m, &a.bias, 0), cm_tensor(&m, &a.probs, 0);
+    cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.dx, 1), cm_tensor(&m, &a.dbias, 1), cm_tensor(&m, &a.dprobs, 1);
+    CM_RUN(ctx, &m, moex_grouped_linear_backward_data, &a);
+}
+
+static moex_status gpu_gl_wgrad(moex_context *ctx, const moex_grouped_linear_wgrad_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_linear_wgrad_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.splits, 0), cm_weight(&m, &a.dw, 1);
+    CM_RUN(ctx, &m, moex_grouped_linear_backward_weight, &a);
+}
+
+static moex_status gpu_glu_forward(moex_context *ctx, const moex_scaled_glu_args *h) {
+    cm_mirror m = {0};
+    moex_scaled_glu_args a = *h;
+    cm_tensor(&m, &a.h, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.z, 1);
+    CM_RUN(ctx, &m, moex_scaled_glu_forward, &a);
+}
+
+static moex_status gpu_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *h) {
+    cm_mirror m = {0};
+    moex_scaled_glu_grad_args a = *h;
+    cm_tensor(&m, &a.h, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.dz, 0);
+    cm_tensor(&m, &a.dh, 1), cm_tensor(&m, &a.dprobs, 1);
+    CM_RUN(ctx, &m, moex_scaled_glu_backward, &a);
+}
+
+static moex_status gpu_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_mlp_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w1, 0), cm_tensor(&m, &a.b1, 0), cm_weight(&m, &a.w2, 0);
+    cm_tensor(&m, &a.b2, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0);
+    cm_tensor(&m, &a.h, 1), cm_tensor(&m, &a.z, 1), cm_tensor(&m, &a.y, 1);
+    CM_RUN(ctx, &m, moex_grouped_mlp_forward, &a);
+}
+
+static moex_status gpu_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_mlp_grad_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w1, 0), cm_weight(&m, &a.w2, 0), cm_tensor(&m, &a.b2, 0);
+    cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.h, 0), cm_tensor(&m, &a.z, 0);
+    cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.dx, 1), cm_weight(&m, &a.dw1, 1), cm_weight(&m, &a.dw2, 1);
+    cm_tensor(&m, &a.db1, 1), cm_tensor(&m, &a.db2, 1), cm_tensor(&m, &a.dprobs, 1);
+    CM_RUN(ctx, &m, moex_grouped_mlp_backward, &a);
+}
+
+static moex_status gpu_router_forward(moex_context *ctx, const moex_router_args *h) {
+    cm_mirror m = {0};
+    moex_router_args a = *h;
+    cm_tensor(&m, &a.logits, 0), cm_tensor(&m, &a.probs, 1), cm_tensor(&m, &a.ids, 1);
+    CM_RUN(ctx, &m, moex_router_forward, &a);
+}
+
+static moex_status gpu_router_backward(moex_context *ctx, const moex_router_grad_args *h) {
+    cm_mirror m = {0};
+    moex_router_grad_args a = *h;
+    cm_tensor(&m, &a.logits, 0), cm_tensor(&m, &a.ids, 0), cm_tensor(&m, &a.dprobs, 0), cm_tensor(&m, &a.dlogits, 1);
+    CM_RUN(ctx, &m, moex_router_backward, &a);
+}
+
+static moex_status gpu_permute_forward(moex_context *ctx, const moex_permute_args *h) {
+    cm_mirror m = {0};
+    moex_permute_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_tensor(&m, &a.ids, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.xp, 1);
+    cm_tensor(&m, &a.probs_p, 1), cm_tensor(&m, &a.splits, 1), cm_tensor(&m, &a.row_map, 1);
+    CM_RUN(ctx, &m, moex_permute_forward, &a);
+}
+
+static moex_status gpu_permute_backward(moex_context *ctx, const moex_permute_grad_args *h) {
+    cm_mirror m = {0};
+    moex_permute_grad_args a = *h;
+    cm_tensor(&m, &a.row_map, 0), cm_tensor(&m, &a.dxp, 0), cm_tensor(&m, &a.dprobs_p, 0), cm_tensor(&m, &a.dx, 1);
+    cm_tensor(&m, &a.dprobs, 1);
+    CM_RUN(ctx, &m, moex_permute_backward, &a);
+}
+
+static moex_status gpu_unpermute_forward(moex_context *ctx, const moex_unpermute_args *h) {
+    cm_mirror m = {0};
+    moex_unpermute_args a = *h;
+    cm_tensor(&m, &a.row_map, 0), cm_tensor(&m, &a.yp, 0), cm_tensor(&m, &a.y, 1);
+    CM_RUN(ctx, &m, moex_unpermute_forward, &a);
+}
+
+static moex_status gpu_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *h) {
+    cm_mirror m = {0};
+    moex_unpermute_grad_args a = *h;
+    cm_tensor(&m, &a.row_map, 0), cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.dyp, 1);
+    CM_RUN(ctx, &m, moex_unpermute_backward, &a);
+}
+
+/* The MoE layer's `saved` must outlive one call: each host `saved` pointer gets one device
+ * buffer, kept for the life of the test (the forward also copies it back to the host). */
+typedef struct cm_saved {
+    const void *host;
+    void *dev;
+    size_t bytes;
+} cm_saved;
+static cm_saved cm_saved_tab[64];
+static int cm_nsaved;
+
+static void *cm_saved_dev(const void *host, size_t bytes, int upload) {
+    for (int i = 0; i < cm_nsaved; i++)
+        if (cm_saved_tab[i].host == host && cm_saved_tab[i].bytes >= bytes) {
+            if (upload) cm_die(cudaMemcpy(cm_saved_tab[i].dev, host, bytes, cudaMemcpyHostToDevice), "saved H2D");
+            return cm_saved_tab[i].dev;
+        }
+    if (cm_nsaved == 64) {
+        fprintf(stderr, "test: cuda_mirror: too many saved buffers\n");
+        exit(1);
+    }
+    cm_saved *s = &cm_saved_tab[cm_nsaved++];
+    s->host = host;
+    s->bytes = bytes;
+    s->dev = cm_to_dev(host, bytes);
+    return s->dev;
+}
+
+static void cm_moe_args(cm_mirror *m, moex_moe_layer_args *a, int fwd) {
+    cm_tensor(m, &a->x, 0), cm_tensor(m, &a->router_w, 0), cm_weight(m, &a->w1, 0), cm_tensor(m, &a->b1, 0);
+    cm_weight(m, &a->w2, 0), cm_tensor(m, &a->b2, 0);
+    if (fwd) cm_tensor(m, &a->y, 1);
+    if (a->saved) a->saved = cm_saved_dev(a->saved, a->saved_bytes, !fwd);
+}
+
+static moex_status gpu_moe_forward(moex_context *ctx, const moex_moe_layer_args *h) {
+    if (!h || !h->saved) return moex_moe_layer_forward(ctx, h, NULL, 0, NULL);
+    cm_mirror m = {0};
+    moex_moe_layer_args a = *h;
+    cm_moe_args(&m, &a, 1);
+    size_t bytes = 0;
+    moex_status st = moex_moe_layer_forward_workspace_size(ctx, &a, &bytes);
+    if (st == MOEX_OK) st = moex_moe_layer_forward(ctx, &a, cm_workspace(&m, bytes), bytes, NULL);
+    st = cm_finish(&m, ctx, st);
+    cm_to_host(h->saved, a.saved, h->saved_bytes);
+    return st;
+}
+
+static moex_status gpu_moe_backward(moex_context *ctx, const moex_moe_layer_grad_args *h) {
+    if (!h || !h->fwd.saved) return moex_moe_layer_backward(ctx, h, NULL, 0, NULL);
+    cm_mirror m = {0};
+    moex_moe_layer_grad_args a = *h;
+    cm_moe_args(&m, &a.fwd, 0);
+    cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.dx, 1), cm_tensor(&m, &a.drouter_w, 1), cm_weight(&m, &a.dw1, 1);
+    cm_weight(&m, &a.dw2, 1), cm_tensor(&m, &a.db1, 1), cm_tensor(&m, &a.db2, 1);
+    CM_RUN(ctx, &m, moex_moe_layer_backward, &a);
+}
+
+#endif /* MOEX_CUDA_MIRROR_H */

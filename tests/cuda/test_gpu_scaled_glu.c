@@ -1,0 +1,11 @@
+/*
+ * test_gpu_scaled_glu.c - the CUDA scaled GLU (forward, backward) against the fp64
+ * reference: the CPU test tests/test_scaled_glu.c run unchanged on the GPU through
+ * cuda_mirror.h. Exits 77 (skipped) without a GPU.
+ */
+#include "cuda_mirror.h"
+
+#define tu_cpu_context() cm_context()
+#define moex_scaled_glu_forward(c, a, w, b, s) gpu_glu_forward((c), (a))
+#define moex_scaled_glu_backward(c, a, w, b, s) gpu_glu_backward((c), (a))
+#include "../test_scaled_glu.c"
