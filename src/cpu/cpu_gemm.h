@@ -29,7 +29,7 @@
  *     OpenBLAS, contend for its threads);
  *   - `scratch` holds at least moex_cpu_gemm_scratch_bytes(M', N', K', ...) bytes for
  *     some M' >= M, N' >= N, K' >= K (so a buffer sized for the largest group serves
- *     every group), aligned to 64 bytes; it may be NULL when that size is 0. Its size
+ *     every group), aligned for float (64 bytes is best); it may be NULL when that size is 0. Its size
  *     depends on sizes and dtypes only. It must not overlap A, B or C;
  *   - C must not overlap A or B;
  *   - M, N or K may be 0: with K == 0, WRITE sets C to zeros and ACCUMULATE leaves C as

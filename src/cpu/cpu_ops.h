@@ -43,7 +43,8 @@ moex_status moex_cpu_read_offsets(moex_context *ctx, const char *op, const moex_
 
 /* Runs fn(arg, begin, end) over [0, n) split into contiguous chunks on up to
  * ctx->num_threads threads (the caller's thread included); returns when all are done.
- * `grain` is the smallest chunk worth a thread. */
+ * `grain` is the smallest chunk worth a thread. Chunks run in any order on any thread, so
+ * fn must not depend on which thread runs it; a call made from inside fn runs inline. */
 typedef void (*moex_cpu_range_fn)(void *arg, int64_t begin, int64_t end);
 void moex_cpu_parallel_for(moex_context *ctx, int64_t n, int64_t grain, moex_cpu_range_fn fn, void *arg);
 

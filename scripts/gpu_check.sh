@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# gpu_check.sh - everything the GPU machine checks, in one call:
+#   build (cmake -G Ninja, CMAKE_CUDA_ARCHITECTURES=90a), ctest (all tests, CPU and `cuda`),
+#   compute-sanitizer memcheck and racecheck over the CUDA tests, `moex check`, a short
+#   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits)
+#   and the PyTorch baseline (bench/torch_baseline.py) on the same shapes, then a summary.
+# Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize check bench (default all)
+# Logs go to $OUT (the device tool's output folder) or ./gpu_out: build.log ctest.log
+# sanitize.log check.log bench.log torch.log summary.txt. Env: BUILD (build dir, default
+# build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all).
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+BUILD=${BUILD:-build-gpu}
+SAN_TIMEOUT=${SAN_TIMEOUT:-300}
+BENCH_CONFIGS=${BENCH_CONFIGS:-dsv3-fc1,dsv3-fc2,qwen3-30b-fc1,qwen3-30b-fc2,mixtral-fc1,gptoss-fc1}
+mkdir -p "$OUT"
+STAGES=${*:-build test sanitize check bench}
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+
+note "gpu_check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none) stages: $STAGES"
+note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
+
+if has build; then
+    t0=$SECONDS
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+      ninja -C "$BUILD" -j "$(nproc)"; } > "$OUT/build.log" 2>&1
+    rc=$?
+    note "build: rc=$rc in $((SECONDS - t0)) s ($(grep -c 'warning' "$OUT/build.log") warning lines)"
+    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+    t0=$SECONDS
+    (cd "$BUILD" && ctest --output-on-failure -j 6 --timeout 900) > "$OUT/ctest.log" 2>&1
+    note "ctest: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
+    grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/ctest.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -hE '^[0-9]+ passed, [0-9]+ failed' "$OUT/ctest.log" | awk '{p+=$1; f+=$3} END {print "  checks: " p " passed, " f " failed"}' | tee -a "$SUMMARY"
+fi
+
+if has sanitize; then
+    t0=$SECONDS
+    : > "$OUT/sanitize.log"
+    san_one() {   # tool test -> one block of log, one summary line
+        local tool=$1 t=$2 log
+        log=$(mktemp)
+        timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" > "$log" 2>&1
+        local rc=$?
+        local res=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
+        [ $rc -eq 124 ] && res="TIMEOUT after ${SAN_TIMEOUT}s (${res:-no summary})"
+        { echo "=== $tool $(basename "$t") rc=$rc"; tail -60 "$log"; } > "$log.block"
+        echo "$tool $(basename "$t") rc=$rc $res" > "$log.line"
+        echo "$log"
+    }
+    export -f san_one
+    export SAN_TIMEOUT
+    logs=$(for t in "$BUILD"/tests/cuda_test_*; do for tool in memcheck racecheck; do echo "$tool $t"; done; done |
+           xargs -P 8 -L 1 bash -c 'san_one "$0" "$1"')
+    for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
+    note "sanitize: $((SECONDS - t0)) s"
+fi
+
+if has check; then
+    t0=$SECONDS
+    { "$BUILD"/moex check --backend all; echo "rc=$?";
+      "$BUILD"/moex train --backend cuda --steps 300 --out "$(mktemp -d)"; echo "train rc=$?"; } > "$OUT/check.log" 2>&1
+    note "moex check + train: $((SECONDS - t0)) s: $(grep -E '^rc=' "$OUT/check.log") $(grep -ciE 'FAIL' "$OUT/check.log") FAIL lines, $(grep -E '^train rc=' "$OUT/check.log")"
+    grep -iE 'fail|final|loss' "$OUT/check.log" | tail -6 | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+fi
+
+if has bench; then
+    t0=$SECONDS
+    : > "$OUT/bench.log"
+    for cfg in ${BENCH_CONFIGS//,/ }; do
+        for sp in balanced skewed; do
+            echo "=== moex bench $cfg $sp" >> "$OUT/bench.log"
+            "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 10 >> "$OUT/bench.log" 2>&1
+        done
+    done
+    PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --configs "$BENCH_CONFIGS" --iters 10 > "$OUT/torch.log" 2>&1
+    note "bench: $((SECONDS - t0)) s"
+    note "moex bench --backend cuda (bf16):"
+    grep -vE '^===|^$' "$OUT/bench.log" | grep -E 'GFLOP|config|fwd|forward|dgrad|wgrad|mlp|dsv3|qwen|mixtral|gptoss' | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "torch baseline:"
+    sed -n '/^torch._grouped_mm/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+fi
+
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
