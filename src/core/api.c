@@ -36,24 +36,7 @@ static moex_status validate_splits_to_offsets(moex_context *ctx, const char *op,
     return MOEX_OK;
 }
 
-moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_splits_to_offsets_args *args,
-                                                  size_t *bytes) {
-    static const char op[] = "moex_splits_to_offsets_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_splits_dims d;
-    MOEX_TRY(validate_splits_to_offsets(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, splits_to_offsets, args, d, bytes);
-}
-
-moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_splits_to_offsets";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_splits_dims d;
-    MOEX_TRY(validate_splits_to_offsets(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, splits_to_offsets, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims, validate_splits_to_offsets)
 
 /* ---- grouped linear ------------------------------------------------------------------ */
 
@@ -108,24 +91,7 @@ static moex_status validate_gl_forward(moex_context *ctx, const char *op, const 
     return check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true);
 }
 
-moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,
-                                                       size_t *bytes) {
-    static const char op[] = "moex_grouped_linear_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, grouped_linear_forward, args, d, bytes);
-}
-
-moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args, void *workspace,
-                                        size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_grouped_linear_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, grouped_linear_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims, validate_gl_forward)
 
 static moex_status validate_gl_dgrad(moex_context *ctx, const char *op, const moex_grouped_linear_dgrad_args *a,
                                      moex_gl_dims *d) {
@@ -155,25 +121,7 @@ static moex_status validate_gl_dgrad(moex_context *ctx, const char *op, const mo
     return check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, bias_needed);
 }
 
-moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx,
-                                                             const moex_grouped_linear_dgrad_args *args,
-                                                             size_t *bytes) {
-    static const char op[] = "moex_grouped_linear_backward_data_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_dgrad(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, grouped_linear_backward_data, args, d, bytes);
-}
-
-moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
-                                              void *workspace, size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_grouped_linear_backward_data";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_dgrad(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, grouped_linear_backward_data, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims, validate_gl_dgrad)
 
 /* dW: WRITE into f32 or the activation dtype, ACCUMULATE into f32 only. */
 static moex_status check_dw(moex_context *ctx, const char *op, const char *name, moex_grad_mode mode,
@@ -202,25 +150,7 @@ static moex_status validate_gl_wgrad(moex_context *ctx, const char *op, const mo
     return check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt);
 }
 
-moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx,
-                                                               const moex_grouped_linear_wgrad_args *args,
-                                                               size_t *bytes) {
-    static const char op[] = "moex_grouped_linear_backward_weight_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_wgrad(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, grouped_linear_backward_weight, args, d, bytes);
-}
-
-moex_status moex_grouped_linear_backward_weight(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
-                                                void *workspace, size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_grouped_linear_backward_weight";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_gl_dims d;
-    MOEX_TRY(validate_gl_wgrad(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, grouped_linear_backward_weight, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims, validate_gl_wgrad)
 
 /* ---- scaled GLU ---------------------------------------------------------------------- */
 
@@ -251,24 +181,7 @@ static moex_status validate_glu_forward(moex_context *ctx, const char *op, const
     return moex_check_tensor(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt));
 }
 
-moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx, const moex_scaled_glu_args *args,
-                                                   size_t *bytes) {
-    static const char op[] = "moex_scaled_glu_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_glu_dims d;
-    MOEX_TRY(validate_glu_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, scaled_glu_forward, args, d, bytes);
-}
-
-moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args, void *workspace,
-                                    size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_scaled_glu_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_glu_dims d;
-    MOEX_TRY(validate_glu_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, scaled_glu_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims, validate_glu_forward)
 
 static moex_status validate_glu_backward(moex_context *ctx, const char *op, const moex_scaled_glu_grad_args *a,
                                          moex_glu_dims *d) {
@@ -282,24 +195,7 @@ static moex_status validate_glu_backward(moex_context *ctx, const char *op, cons
     return MOEX_OK;
 }
 
-moex_status moex_scaled_glu_backward_workspace_size(moex_context *ctx, const moex_scaled_glu_grad_args *args,
-                                                    size_t *bytes) {
-    static const char op[] = "moex_scaled_glu_backward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_glu_dims d;
-    MOEX_TRY(validate_glu_backward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, scaled_glu_backward, args, d, bytes);
-}
-
-moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *args, void *workspace,
-                                     size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_scaled_glu_backward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_glu_dims d;
-    MOEX_TRY(validate_glu_backward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, scaled_glu_backward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims, validate_glu_backward)
 
 /* ---- grouped MLP --------------------------------------------------------------------- */
 
@@ -339,24 +235,7 @@ static moex_status validate_mlp_forward(moex_context *ctx, const char *op, const
     return moex_check_tensor(ctx, op, "y", &a->y, 2, yshape, DT_ACT(d->dt));
 }
 
-moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx, const moex_grouped_mlp_args *args,
-                                                    size_t *bytes) {
-    static const char op[] = "moex_grouped_mlp_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_mlp_dims d;
-    MOEX_TRY(validate_mlp_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, grouped_mlp_forward, args, d, bytes);
-}
-
-moex_status moex_grouped_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *args, void *workspace,
-                                     size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_grouped_mlp_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_mlp_dims d;
-    MOEX_TRY(validate_mlp_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, grouped_mlp_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims, validate_mlp_forward)
 
 static moex_status validate_mlp_backward(moex_context *ctx, const char *op, const moex_grouped_mlp_grad_args *a,
                                          moex_mlp_dims *d) {
@@ -382,21 +261,4 @@ static moex_status validate_mlp_backward(moex_context *ctx, const char *op, cons
     return check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, b2_needed);
 }
 
-moex_status moex_grouped_mlp_backward_workspace_size(moex_context *ctx, const moex_grouped_mlp_grad_args *args,
-                                                     size_t *bytes) {
-    static const char op[] = "moex_grouped_mlp_backward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_mlp_dims d;
-    MOEX_TRY(validate_mlp_backward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, grouped_mlp_backward, args, d, bytes);
-}
-
-moex_status moex_grouped_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *args, void *workspace,
-                                      size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_grouped_mlp_backward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_mlp_dims d;
-    MOEX_TRY(validate_mlp_backward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, grouped_mlp_backward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims, validate_mlp_backward)

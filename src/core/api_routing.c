@@ -43,23 +43,7 @@ static moex_status validate_router_forward(moex_context *ctx, const char *op, co
     return moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, DT_I32);
 }
 
-moex_status moex_router_forward_workspace_size(moex_context *ctx, const moex_router_args *args, size_t *bytes) {
-    static const char op[] = "moex_router_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_router_dims d;
-    MOEX_TRY(validate_router_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, router_forward, args, d, bytes);
-}
-
-moex_status moex_router_forward(moex_context *ctx, const moex_router_args *args, void *workspace,
-                                size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_router_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_router_dims d;
-    MOEX_TRY(validate_router_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, router_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(router_forward, moex_router_args, moex_router_dims, validate_router_forward)
 
 static moex_status validate_router_backward(moex_context *ctx, const char *op, const moex_router_grad_args *a,
                                             moex_router_dims *d) {
@@ -70,24 +54,7 @@ static moex_status validate_router_backward(moex_context *ctx, const char *op, c
     return moex_check_tensor(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
 }
 
-moex_status moex_router_backward_workspace_size(moex_context *ctx, const moex_router_grad_args *args,
-                                                size_t *bytes) {
-    static const char op[] = "moex_router_backward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_router_dims d;
-    MOEX_TRY(validate_router_backward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, router_backward, args, d, bytes);
-}
-
-moex_status moex_router_backward(moex_context *ctx, const moex_router_grad_args *args, void *workspace,
-                                 size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_router_backward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_router_dims d;
-    MOEX_TRY(validate_router_backward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, router_backward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(router_backward, moex_router_grad_args, moex_router_dims, validate_router_backward)
 
 /* ---- permute and unpermute ----------------------------------------------------------- */
 
@@ -153,23 +120,7 @@ static moex_status validate_permute_forward(moex_context *ctx, const char *op, c
     return moex_check_tensor(ctx, op, "row_map", &a->row_map, 1, rows, DT_I32);
 }
 
-moex_status moex_permute_forward_workspace_size(moex_context *ctx, const moex_permute_args *args, size_t *bytes) {
-    static const char op[] = "moex_permute_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_perm_dims d;
-    MOEX_TRY(validate_permute_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, permute_forward, args, d, bytes);
-}
-
-moex_status moex_permute_forward(moex_context *ctx, const moex_permute_args *args, void *workspace,
-                                 size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_permute_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_perm_dims d;
-    MOEX_TRY(validate_permute_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, permute_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(permute_forward, moex_permute_args, moex_perm_dims, validate_permute_forward)
 
 static moex_status validate_permute_backward(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                              moex_perm_dims *d) {
@@ -193,24 +144,7 @@ static moex_status validate_permute_backward(moex_context *ctx, const char *op, 
     return MOEX_OK;
 }
 
-moex_status moex_permute_backward_workspace_size(moex_context *ctx, const moex_permute_grad_args *args,
-                                                 size_t *bytes) {
-    static const char op[] = "moex_permute_backward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_perm_dims d;
-    MOEX_TRY(validate_permute_backward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, permute_backward, args, d, bytes);
-}
-
-moex_status moex_permute_backward(moex_context *ctx, const moex_permute_grad_args *args, void *workspace,
-                                  size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_permute_backward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_perm_dims d;
-    MOEX_TRY(validate_permute_backward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, permute_backward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(permute_backward, moex_permute_grad_args, moex_perm_dims, validate_permute_backward)
 
 /* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward or backward. */
 static moex_status validate_unpermute_common(moex_context *ctx, const char *op, const moex_tensor *row_map,
@@ -233,48 +167,14 @@ static moex_status validate_unpermute_forward(moex_context *ctx, const char *op,
     return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, d);
 }
 
-moex_status moex_unpermute_forward_workspace_size(moex_context *ctx, const moex_unpermute_args *args,
-                                                  size_t *bytes) {
-    static const char op[] = "moex_unpermute_forward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_perm_dims d;
-    MOEX_TRY(validate_unpermute_forward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, unpermute_forward, args, d, bytes);
-}
-
-moex_status moex_unpermute_forward(moex_context *ctx, const moex_unpermute_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_unpermute_forward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_perm_dims d;
-    MOEX_TRY(validate_unpermute_forward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, unpermute_forward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims, validate_unpermute_forward)
 
 static moex_status validate_unpermute_backward(moex_context *ctx, const char *op,
                                                const moex_unpermute_grad_args *a, moex_perm_dims *d) {
     return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, d);
 }
 
-moex_status moex_unpermute_backward_workspace_size(moex_context *ctx, const moex_unpermute_grad_args *args,
-                                                   size_t *bytes) {
-    static const char op[] = "moex_unpermute_backward_workspace_size";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
-    moex_perm_dims d;
-    MOEX_TRY(validate_unpermute_backward(ctx, op, args, &d));
-    MOEX_WORKSPACE_SIZE(ctx, op, unpermute_backward, args, d, bytes);
-}
-
-moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *args, void *workspace,
-                                    size_t workspace_bytes, moex_stream stream) {
-    static const char op[] = "moex_unpermute_backward";
-    MOEX_TRY(moex_enter(ctx, op, args));
-    moex_perm_dims d;
-    MOEX_TRY(validate_unpermute_backward(ctx, op, args, &d));
-    MOEX_DISPATCH(ctx, op, unpermute_backward, args, d, workspace, workspace_bytes, stream);
-}
+MOEX_DEFINE_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims, validate_unpermute_backward)
 
 /* ---- MoE layer ----------------------------------------------------------------------- */
 

@@ -83,4 +83,25 @@ moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
         return (ctx)->ops->field((ctx), (a), &(d), aligned_, need_, (stream));                \
     } while (0)
 
+/* Defines the public pair moex_<name>_workspace_size and moex_<name> of an operation whose
+ * validate function, `static moex_status validate(ctx, op, const args_t *, dims_t *)`,
+ * checks the arguments and fills the dims; `name` is also its field in moex_backend_ops. */
+#define MOEX_DEFINE_OP(name, args_t, dims_t, validate)                                        \
+    moex_status moex_##name##_workspace_size(moex_context *ctx, const args_t *args, size_t *bytes) { \
+        static const char op[] = "moex_" #name "_workspace_size";                              \
+        MOEX_TRY(moex_enter(ctx, op, args));                                                  \
+        if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);     \
+        dims_t d;                                                                             \
+        MOEX_TRY(validate(ctx, op, args, &d));                                                \
+        MOEX_WORKSPACE_SIZE(ctx, op, name, args, d, bytes);                                   \
+    }                                                                                         \
+    moex_status moex_##name(moex_context *ctx, const args_t *args, void *workspace,           \
+                            size_t workspace_bytes, moex_stream stream) {                     \
+        static const char op[] = "moex_" #name;                                               \
+        MOEX_TRY(moex_enter(ctx, op, args));                                                  \
+        dims_t d;                                                                             \
+        MOEX_TRY(validate(ctx, op, args, &d));                                                \
+        MOEX_DISPATCH(ctx, op, name, args, d, workspace, workspace_bytes, stream);            \
+    }
+
 #endif /* MOEX_VALIDATE_H */
