@@ -3,7 +3,7 @@
 shapes and splits in the same run: torch._grouped_mm (bf16) for the grouped linear forward,
 backward-data and backward-weight, and an eager grouped MLP forward+backward (two
 _grouped_mm, SwiGLU times probs in f32). Median of CUDA-event timings after warm-up, random
-data. Prints one JSON object per line, then a table. Usage: python3 bench/torch_baseline.py
+data. Prints one JSON object per line (rates in TFLOP/s), then a table. Usage: python3 bench/torch_baseline.py
 [--configs a,b,...] [--iters N]
 """
 import argparse
@@ -100,7 +100,7 @@ def main():
             r = {k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}
             print(json.dumps(r), flush=True)
             rows.append(r)
-    print("\ntorch._grouped_mm bf16, GFLOP/s (median)")
+    print("\ntorch._grouped_mm bf16, TFLOP/s (median)")
     print(f"{'config':<16}{'splits':<10}{'fwd':>10}{'dgrad':>10}{'wgrad':>10}{'mlp f+b':>10}")
     for r in rows:
         print(f"{r['config']:<16}{r['splits']:<10}{r.get('fwd', 0):>10.0f}{r.get('dgrad', 0):>10.0f}"

@@ -5,13 +5,15 @@
 #   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits)
 #   and the PyTorch baseline (bench/torch_baseline.py) on the same shapes, then a summary.
 # Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize check bench (default all)
-# Logs go to $OUT (the device tool's output folder) or ./gpu_out: build.log ctest.log
+# Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
 # sanitize.log check.log bench.log torch.log summary.txt. Env: BUILD (build dir, default
-# build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all).
+# build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all),
+# COMMIT (recorded in the summary; default `git rev-parse --short HEAD`).
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
 BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-$PWD/$BUILD/gpu_out}
+COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 SAN_TIMEOUT=${SAN_TIMEOUT:-300}
 BENCH_CONFIGS=${BENCH_CONFIGS:-dsv3-fc1,dsv3-fc2,qwen3-30b-fc1,qwen3-30b-fc2,mixtral-fc1,gptoss-fc1}
 mkdir -p "$OUT"
@@ -21,7 +23,7 @@ SUMMARY="$OUT/summary.txt"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 
-note "gpu_check $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo none) stages: $STAGES"
+note "gpu_check $(date -u +%FT%TZ) commit $COMMIT stages: $STAGES"
 note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
 
 if has build; then
@@ -38,7 +40,6 @@ if has test; then
     (cd "$BUILD" && ctest --output-on-failure -j 6 --timeout 900) > "$OUT/ctest.log" 2>&1
     note "ctest: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
     grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/ctest.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
-    grep -hE '^[0-9]+ passed, [0-9]+ failed' "$OUT/ctest.log" | awk '{p+=$1; f+=$3} END {print "  checks: " p " passed, " f " failed"}' | tee -a "$SUMMARY"
 fi
 
 if has sanitize; then
@@ -58,7 +59,7 @@ if has sanitize; then
     export -f san_one
     export SAN_TIMEOUT
     logs=$(for t in "$BUILD"/tests/cuda_test_*; do for tool in memcheck racecheck; do echo "$tool $t"; done; done |
-           xargs -P 8 -L 1 bash -c 'san_one "$0" "$1"')
+           xargs -P 16 -L 1 bash -c 'san_one "$0" "$1"')
     for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
     note "sanitize: $((SECONDS - t0)) s"
 fi
@@ -67,8 +68,8 @@ if has check; then
     t0=$SECONDS
     { "$BUILD"/moex check --backend all; echo "rc=$?";
       "$BUILD"/moex train --backend cuda --steps 300 --out "$(mktemp -d)"; echo "train rc=$?"; } > "$OUT/check.log" 2>&1
-    note "moex check + train: $((SECONDS - t0)) s: $(grep -E '^rc=' "$OUT/check.log") $(grep -ciE 'FAIL' "$OUT/check.log") FAIL lines, $(grep -E '^train rc=' "$OUT/check.log")"
-    grep -iE 'fail|final|loss' "$OUT/check.log" | tail -6 | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "moex check + train: $((SECONDS - t0)) s: check $(grep -E '^rc=' "$OUT/check.log"), $(grep -E '^train rc=' "$OUT/check.log")"
+    grep -E 'checks,|final loss' "$OUT/check.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
 if has bench; then
@@ -83,7 +84,8 @@ if has bench; then
     PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --configs "$BENCH_CONFIGS" --iters 10 > "$OUT/torch.log" 2>&1
     note "bench: $((SECONDS - t0)) s"
     note "moex bench --backend cuda (bf16):"
-    grep -vE '^===|^$' "$OUT/bench.log" | grep -E 'GFLOP|config|fwd|forward|dgrad|wgrad|mlp|dsv3|qwen|mixtral|gptoss' | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -m1 '^config' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "torch baseline:"
     sed -n '/^torch._grouped_mm/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi

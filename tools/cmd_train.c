@@ -567,7 +567,8 @@ int cli_cmd_train(int argc, char **argv) {
     } else {
         printf("initial loss %.4e  final loss %.4e  (%.1fx lower, evaluation set of %d x %lld tokens)\n",
                initial, final, ratio, EVAL_BATCHES, (long long)t.T);
-        printf("time %.2f s  %.0f tokens/s  (%lld steps x %lld tokens, teacher and evaluation included)\n",
+        printf("time %.2f s  %.0f tokens/s  (%lld steps x %lld tokens; each step: teacher forward, student\n"
+               "forward and backward, Adam)\n",
                seconds, tokens_per_s, (long long)t.o.steps, (long long)t.T);
         printf("loss curve: %s, %s\n", csv_path, svg_path);
     }

@@ -109,6 +109,7 @@ static moex_status init_run(moex_context *ctx) {
         return moex_fail(ctx, err == cudaErrorMemoryAllocation ? MOEX_ERR_OUT_OF_MEMORY : MOEX_ERR_CUDA,
                          "%s: cudaMalloc of the bad-splits flag failed: %s", op, cudaGetErrorString(err));
     CUDA_TRY(ctx, op, cudaMemset(st->flag, 0, sizeof(int)));
+    MOEX_TRY(moex_cuda_gemm_prepare(ctx));
     CUDA_TRY(ctx, op, cudaDeviceSynchronize());
     return MOEX_OK;
 }

@@ -5,14 +5,18 @@
  *   ROWS:  grid (N tiles, row tiles); a CTA finds its group by a binary search of its row
  *          tile in the device schedule (tiles[]), so the host never sees a split value.
  *   WGRAD: grid (N tiles, M tiles, G); a CTA reduces over its group's rows.
- * Tiles are 128 x 128 x 32 with 256 threads. Operands are staged global -> registers ->
- * shared memory (one buffer, the next tile's loads in flight during the math), converted
- * to the compute type on the way. bf16/f16 use mma.sync m16n8k16 with f32 accumulators
- * (8 warps, 2 x 4, each 64 x 32); f32 uses plain FFMA (8 x 8 outputs per thread), never
- * TF32. Every output element is owned by exactly one thread and summed in a fixed order,
+ * Tiles are 128 x 128 x 32 with 256 threads. bf16/f16 operands (of the compute type) go
+ * global -> shared memory by cp.async in a 4-stage ring, kept in their global layout
+ * (reduction- or output-contiguous) and read with ldmatrix (.trans for the latter);
+ * mma.sync m16n8k16 with f32 accumulators, 8 warps (2 x 4) of 64 x 32. Other operands
+ * (f32, or f32 converted to 16 bits for the router GEMMs) are staged through registers
+ * into one or two shared buffers; f32 computes with plain FFMA (8 x 8 outputs per thread),
+ * never TF32. Every output element is owned by exactly one thread and summed in a fixed order,
  * so results are deterministic. Loads outside the valid rows/columns read zeros, stores are
  * guarded, so odd sizes and clamped bad splits never touch memory outside the tensors.
  */
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -46,9 +50,18 @@ typedef struct gemm_params {
     int64_t ldr;
 } gemm_params;
 
-/* Shared-memory row stride (elements): conflict-free fragment reads. */
-template <typename TC> struct smem_stride { static constexpr int v = GBK + 8; };
-template <> struct smem_stride<float> { static constexpr int v = GBK + 1; };
+/* Shared memory of one operand tile (128 output rows x 32 reduction steps), per stage:
+ *   [row][k] with row stride SK (f32: 33, conflict-free SIMT reads; 16-bit: 40 = 80 bytes,
+ *            16-byte aligned rows, conflict-free ldmatrix), or
+ *   [k][row] with row stride SR = 136 (16-bit operands whose global layout has the output
+ *            dimension contiguous: copied as 16-byte vectors, read with ldmatrix.trans).  */
+template <typename TC> struct smem_cfg {
+    static constexpr int SK = GBK + 8, SR = GBM + 8, STAGES = 2;
+    static constexpr int ELEMS = GBM * SK > GBK * SR ? GBM * SK : GBK * SR;
+};
+template <> struct smem_cfg<float> {
+    static constexpr int SK = GBK + 1, SR = 0, STAGES = 1, ELEMS = GBM * (GBK + 1);
+};
 
 /* Element e of a 16-byte vector holding TS values, as f32. */
 template <typename TS> __device__ __forceinline__ float vec_elem(const uint4 &r, int e);
@@ -69,15 +82,20 @@ template <> __device__ __forceinline__ float vec_elem<f16>(const uint4 &r, int e
 
 /* One operand tile: 128 rows (an output dimension) x 32 reduction steps, element (row, k)
  * at base[row * ld + k] when kc (reduction contiguous) else base[k * ld + row]; rows >=
- * `rows` or k >= `kvalid` read as zero. Staged in f32 registers, stored as TC. */
+ * `rows` or k >= `kvalid` read as zero. The next tile is staged in registers while the
+ * current one is multiplied. RAW (16-bit operand of the compute type): 16-byte vectors
+ * copied unchanged, into [row][k] (kc) or [k][row] (trans); otherwise values converted
+ * through f32 into [row][k]. */
 template <typename TS, typename TC> struct tile_loader {
     static constexpr int VEC = 16 / sizeof(TS);
     static constexpr int NV = GBM * GBK / VEC / GTHREADS;
-    static constexpr int S = smem_stride<TC>::v;
-    float v[NV][VEC];
+    static constexpr bool RAW = sizeof(TC) == 2 && std::is_same<TS, TC>::value;
+    static constexpr int SK = smem_cfg<TC>::SK, SR = smem_cfg<TC>::SR;
+    uint4 raw[RAW ? NV : 1];
+    float v[RAW ? 1 : NV][VEC];
     const TS *base;
     int64_t ld, rows;
-    int kc, vec_ok;
+    int kc, vec_ok, trans;
 
     __device__ void init(const TS *b, int64_t ld_, int64_t rows_, int kc_) {
         base = b;
@@ -85,27 +103,50 @@ template <typename TS, typename TC> struct tile_loader {
         rows = rows_;
         kc = kc_;
         vec_ok = ((uintptr_t)b % 16 == 0) && (ld_ % VEC == 0);
+        trans = RAW && !kc_;
+    }
+
+    __device__ __forceinline__ void coords(int i, int &row, int &kk) const {
+        int idx = threadIdx.x + i * GTHREADS;
+        if (kc) {
+            row = idx / (GBK / VEC);
+            kk = (idx % (GBK / VEC)) * VEC;
+        } else {
+            kk = idx / (GBM / VEC);
+            row = (idx % (GBM / VEC)) * VEC;
+        }
     }
 
     __device__ void load(int64_t k0, int64_t kvalid) {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
-            int idx = threadIdx.x + i * GTHREADS;
             int row, kk;
-            if (kc) {
-                row = idx / (GBK / VEC);
-                kk = (idx % (GBK / VEC)) * VEC;
-            } else {
-                kk = idx / (GBM / VEC);
-                row = (idx % (GBM / VEC)) * VEC;
-            }
+            coords(i, row, kk);
             int64_t k = k0 + kk;
             bool full = kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
             if (full && vec_ok) {
-                const TS *src = kc ? base + row * ld + k : base + k * ld + row;
-                uint4 r = __ldg((const uint4 *)src);
+                uint4 r = __ldg((const uint4 *)(kc ? base + row * ld + k : base + k * ld + row));
+                if constexpr (RAW) {
+                    raw[i] = r;
+                } else {
 #pragma unroll
-                for (int e = 0; e < VEC; e++) v[i][e] = vec_elem<TS>(r, e);
+                    for (int e = 0; e < VEC; e++) v[i][e] = vec_elem<TS>(r, e);
+                }
+            } else if constexpr (RAW) {
+                uint32_t w[4];
+#pragma unroll
+                for (int e = 0; e < VEC; e += 2) {
+                    uint32_t h[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        int64_t rr = kc ? row : row + e + u, ke = kc ? k + e + u : k;
+                        h[u] = (rr < rows && ke < kvalid)
+                                   ? (uint32_t)((const unsigned short *)base)[kc ? rr * ld + ke : ke * ld + rr]
+                                   : 0u;
+                    }
+                    w[e / 2] = h[0] | (h[1] << 16);
+                }
+                raw[i] = make_uint4(w[0], w[1], w[2], w[3]);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
@@ -116,21 +157,53 @@ template <typename TS, typename TC> struct tile_loader {
         }
     }
 
+    /* RAW only: copies the tile at k0 straight into shared memory `sm`: cp.async for
+     * whole aligned vectors (completed by cp.async.wait_group), plain stores for the rest. */
+    __device__ void issue(TC *sm, int64_t k0, int64_t kvalid) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            int row, kk;
+            coords(i, row, kk);
+            int64_t k = k0 + kk;
+            bool full = kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
+            TC *dst = kc ? &sm[row * SK + kk] : &sm[kk * SR + row];
+            if (full && vec_ok) {
+                const TS *src = kc ? base + row * ld + k : base + k * ld + row;
+                uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+            } else {
+                uint32_t w[4];
+#pragma unroll
+                for (int e = 0; e < VEC; e += 2) {
+                    uint32_t h[2];
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        int64_t rr = kc ? row : row + e + u, ke = kc ? k + e + u : k;
+                        h[u] = (rr < rows && ke < kvalid)
+                                   ? (uint32_t)((const unsigned short *)base)[kc ? rr * ld + ke : ke * ld + rr]
+                                   : 0u;
+                    }
+                    w[e / 2] = h[0] | (h[1] << 16);
+                }
+                *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+            }
+        }
+    }
+
     __device__ void store(TC *sm) const {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
-            int idx = threadIdx.x + i * GTHREADS;
             int row, kk;
-            if (kc) {
-                row = idx / (GBK / VEC);
-                kk = (idx % (GBK / VEC)) * VEC;
+            coords(i, row, kk);
+            if constexpr (RAW) {
+                if (kc) *(uint4 *)&sm[row * SK + kk] = raw[i];
+                else *(uint4 *)&sm[kk * SR + row] = raw[i];
+            } else if (kc) {
 #pragma unroll
-                for (int e = 0; e < VEC; e++) sm[row * S + kk + e] = from_f32<TC>(v[i][e]);
+                for (int e = 0; e < VEC; e++) sm[row * SK + kk + e] = from_f32<TC>(v[i][e]);
             } else {
-                kk = idx / (GBM / VEC);
-                row = (idx % (GBM / VEC)) * VEC;
 #pragma unroll
-                for (int e = 0; e < VEC; e++) sm[(row + e) * S + kk] = from_f32<TC>(v[i][e]);
+                for (int e = 0; e < VEC; e++) sm[(row + e) * SK + kk] = from_f32<TC>(v[i][e]);
             }
         }
     }
@@ -148,6 +221,64 @@ template <> __device__ __forceinline__ void mma16816<f16>(float *d, const uint32
                  "{%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Four 8x8 16-bit matrices from shared memory; lane l gives the row address of matrix l/8. */
+static __device__ __forceinline__ void ldsm_x4(uint32_t *r, const void *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+static __device__ __forceinline__ void ldsm_x4_trans(uint32_t *r, const void *p) {
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+}
+
+/* The cp.async pipeline of 16-bit operands of the compute type: ASYNC_STAGES tiles in
+ * flight, each stage A then B, ASYNC_STAGE_ELEMS elements of each (dynamic shared memory,
+ * 80 KB: two CTAs fit on an SM). */
+#define ASYNC_STAGES 4
+#define ASYNC_STAGE_ELEMS (2 * smem_cfg<bf16>::ELEMS)
+#define ASYNC_SMEM_BYTES (ASYNC_STAGES * ASYNC_STAGE_ELEMS * 2)
+
+template <int N> static __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+/* acc += the 128 x 128 x 32 product of one stage: A and B tiles in [row][k] (stride SK) or,
+ * when a_trans / b_trans, [k][row] (stride SR); warp (wm, wn) owns a 64 x 32 block. */
+template <typename TC>
+static __device__ __forceinline__ void mma_stage(const TC *as, const TC *bs, int a_trans, int b_trans, int wm,
+                                                 int wn, float *acc) {
+    constexpr int SK = smem_cfg<TC>::SK, SR = smem_cfg<TC>::SR;
+    const int lane = threadIdx.x & 31, l8 = lane & 7, q1 = (lane >> 3) & 1, q2 = lane >> 4;
+#pragma unroll
+    for (int ks = 0; ks < GBK; ks += 16) {
+        uint32_t af[4][4], bfr[4][2];
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++) {
+            int m0 = wm + mt * 16;
+            if (!a_trans) ldsm_x4(af[mt], &as[(m0 + l8 + q1 * 8) * SK + ks + q2 * 8]);
+            else ldsm_x4_trans(af[mt], &as[(ks + l8 + q2 * 8) * SR + m0 + q1 * 8]);
+        }
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+            int n0 = wn + np * 16;
+            uint32_t r[4];
+            if (!b_trans) ldsm_x4(r, &bs[(n0 + l8 + q2 * 8) * SK + ks + q1 * 8]);
+            else ldsm_x4_trans(r, &bs[(ks + l8 + q1 * 8) * SR + n0 + q2 * 8]);
+            bfr[2 * np][0] = r[0];
+            bfr[2 * np][1] = r[1];
+            bfr[2 * np + 1][0] = r[2];
+            bfr[2 * np + 1][1] = r[3];
+        }
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) mma16816<TC>(&acc[(mt * 4 + nt) * 4], af[mt], bfr[nt]);
+    }
 }
 
 /* Where a CTA's outputs go. */
@@ -182,9 +313,10 @@ __device__ __forceinline__ void store_out(const gemm_params &p, const tile_out &
 
 template <typename TC, typename TA, typename TB, typename TO>
 __global__ void __launch_bounds__(GTHREADS) grouped_gemm_kernel(gemm_params p) {
-    constexpr int S = smem_stride<TC>::v;
-    __shared__ __align__(16) TC As[GBM * S];
-    __shared__ __align__(16) TC Bs[GBN * S];
+    constexpr int SK = smem_cfg<TC>::SK, ST = smem_cfg<TC>::STAGES;
+    constexpr int EL = smem_cfg<TC>::ELEMS;
+    /* 16-bit operands of the compute type take the cp.async pipeline */
+    constexpr bool ASYNC = tile_loader<TA, TC>::RAW && tile_loader<TB, TC>::RAW;
 
     tile_loader<TA, TC> la;
     tile_loader<TB, TC> lb;
@@ -214,66 +346,81 @@ __global__ void __launch_bounds__(GTHREADS) grouped_gemm_kernel(gemm_params p) {
         lb.init((const TB *)p.b + r0 * p.ldb + t.n0, p.ldb, p.n_dim - t.n0, 0);
     }
 
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int gq = lane >> 2, tq = lane & 3;            /* mma fragment coordinates  */
-    int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
-    int tx = threadIdx.x & 15, ty = threadIdx.x >> 4; /* SIMT coordinates */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = lane >> 2, tq = lane & 3;            /* mma fragment coordinates  */
+    const int wm = (warp >> 2) * 64, wn = (warp & 3) * 32;
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4; /* SIMT coordinates */
     constexpr bool simt = sizeof(TC) == 4;
     float acc[64];
 #pragma unroll
     for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+    const int64_t nk = (kvalid + GBK - 1) / GBK;
 
-    int64_t nk = (kvalid + GBK - 1) / GBK;
-    if (nk > 0) {
-        la.load(0, kvalid);
-        lb.load(0, kvalid);
-    }
-    for (int64_t kt = 0; kt < nk; kt++) {
-        __syncthreads();
-        la.store(As);
-        lb.store(Bs);
-        __syncthreads();
-        if (kt + 1 < nk) {
-            la.load((kt + 1) * GBK, kvalid);
-            lb.load((kt + 1) * GBK, kvalid);
+    if constexpr (ASYNC) {
+        /* stage s holds A at sm + s * ASYNC_STAGE_ELEMS and B EL elements further */
+        extern __shared__ uint4 dyn_smem[];
+        TC *sm = (TC *)dyn_smem;
+#pragma unroll
+        for (int st = 0; st < ASYNC_STAGES - 1; st++) {
+            if (st < nk) {
+                la.issue(sm + st * ASYNC_STAGE_ELEMS, st * GBK, kvalid);
+                lb.issue(sm + st * ASYNC_STAGE_ELEMS + EL, st * GBK, kvalid);
+            }
+            cp_async_commit();
         }
-        if constexpr (simt) {
+        for (int64_t kt = 0; kt < nk; kt++) {
+            cp_async_wait<ASYNC_STAGES - 2>();   /* tile kt has landed (this thread's part) */
+            __syncthreads();                      /* ... everyone's; tile kt-1 is consumed  */
+            int64_t nt = kt + ASYNC_STAGES - 1;
+            if (nt < nk) {
+                TC *dst = sm + (nt % ASYNC_STAGES) * ASYNC_STAGE_ELEMS;
+                la.issue(dst, nt * GBK, kvalid);
+                lb.issue(dst + EL, nt * GBK, kvalid);
+            }
+            cp_async_commit();
+            const TC *src = sm + (kt % ASYNC_STAGES) * ASYNC_STAGE_ELEMS;
+            mma_stage<TC>(src, src + EL, la.trans, lb.trans, wm, wn, acc);
+        }
+        cp_async_wait<0>();
+    } else {
+        __shared__ __align__(16) TC As[ST][EL];
+        __shared__ __align__(16) TC Bs[ST][EL];
+        if (nk > 0) {
+            la.load(0, kvalid);
+            lb.load(0, kvalid);
+            la.store(As[0]);
+            lb.store(Bs[0]);
+        }
+        __syncthreads();
+        for (int64_t kt = 0; kt < nk; kt++) {
+            const bool more = kt + 1 < nk;
+            if (more) {
+                la.load((kt + 1) * GBK, kvalid);
+                lb.load((kt + 1) * GBK, kvalid);
+            }
+            const TC *as = As[kt % ST], *bs = Bs[kt % ST];
+            if constexpr (simt) {
 #pragma unroll 4
-            for (int k = 0; k < GBK; k++) {
-                float av[8], bv[8];
+                for (int k = 0; k < GBK; k++) {
+                    float av[8], bv[8];
 #pragma unroll
-                for (int i = 0; i < 8; i++) av[i] = to_f32(As[(ty + 16 * i) * S + k]);
+                    for (int i = 0; i < 8; i++) av[i] = to_f32(as[(ty + 16 * i) * SK + k]);
 #pragma unroll
-                for (int j = 0; j < 8; j++) bv[j] = to_f32(Bs[(tx + 16 * j) * S + k]);
+                    for (int j = 0; j < 8; j++) bv[j] = to_f32(bs[(tx + 16 * j) * SK + k]);
 #pragma unroll
-                for (int i = 0; i < 8; i++)
+                    for (int i = 0; i < 8; i++)
 #pragma unroll
-                    for (int j = 0; j < 8; j++) acc[i * 8 + j] = fmaf(av[i], bv[j], acc[i * 8 + j]);
-            }
-        } else {
-#pragma unroll
-            for (int ks = 0; ks < GBK; ks += 16) {
-                uint32_t af[4][4], bfr[4][2];
-                int c = ks + 2 * tq;
-#pragma unroll
-                for (int mt = 0; mt < 4; mt++) {
-                    int r = wm + mt * 16 + gq;
-                    af[mt][0] = *(const uint32_t *)&As[r * S + c];
-                    af[mt][1] = *(const uint32_t *)&As[(r + 8) * S + c];
-                    af[mt][2] = *(const uint32_t *)&As[r * S + c + 8];
-                    af[mt][3] = *(const uint32_t *)&As[(r + 8) * S + c + 8];
+                        for (int j = 0; j < 8; j++) acc[i * 8 + j] = fmaf(av[i], bv[j], acc[i * 8 + j]);
                 }
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    int n = wn + nt * 8 + gq;
-                    bfr[nt][0] = *(const uint32_t *)&Bs[n * S + c];
-                    bfr[nt][1] = *(const uint32_t *)&Bs[n * S + c + 8];
-                }
-#pragma unroll
-                for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++) mma16816<TC>(&acc[(mt * 4 + nt) * 4], af[mt], bfr[nt]);
+            } else {
+                mma_stage<TC>(as, bs, la.trans, lb.trans, wm, wn, acc);
             }
+            if (more) {
+                if (ST == 1) __syncthreads();   /* one buffer: everyone is done reading it */
+                la.store(As[(kt + 1) % ST]);
+                lb.store(Bs[(kt + 1) % ST]);
+            }
+            __syncthreads();
         }
     }
 
@@ -299,7 +446,23 @@ __global__ void __launch_bounds__(GTHREADS) grouped_gemm_kernel(gemm_params p) {
 
 template <typename TC, typename TA, typename TB, typename TO>
 static void launch(const gemm_params &p, dim3 grid, cudaStream_t stream) {
-    grouped_gemm_kernel<TC, TA, TB, TO><<<grid, GTHREADS, 0, stream>>>(p);
+    constexpr bool async = tile_loader<TA, TC>::RAW && tile_loader<TB, TC>::RAW;
+    grouped_gemm_kernel<TC, TA, TB, TO><<<grid, GTHREADS, async ? ASYNC_SMEM_BYTES : 0, stream>>>(p);
+}
+
+/* Raises the dynamic shared-memory limit of the cp.async instantiations (once per device,
+ * from context creation, so that no operation calls it). */
+moex_status moex_cuda_gemm_prepare(moex_context *ctx) {
+    const char *op = "moex_context_create";
+    CUDA_TRY(ctx, op, cudaFuncSetAttribute(grouped_gemm_kernel<bf16, bf16, bf16, bf16>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, ASYNC_SMEM_BYTES));
+    CUDA_TRY(ctx, op, cudaFuncSetAttribute(grouped_gemm_kernel<bf16, bf16, bf16, float>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, ASYNC_SMEM_BYTES));
+    CUDA_TRY(ctx, op, cudaFuncSetAttribute(grouped_gemm_kernel<f16, f16, f16, f16>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, ASYNC_SMEM_BYTES));
+    CUDA_TRY(ctx, op, cudaFuncSetAttribute(grouped_gemm_kernel<f16, f16, f16, float>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, ASYNC_SMEM_BYTES));
+    return MOEX_OK;
 }
 
 template <typename TC, typename TA>

@@ -163,6 +163,8 @@ typedef struct moex_cuda_gemm {
 
 moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *p,
                                cudaStream_t stream);
+/* Once per context (device): kernel attributes the GEMM launches rely on. */
+moex_status moex_cuda_gemm_prepare(moex_context *ctx);
 
 /* ---- grouped linear building blocks (cuda_grouped_linear.cu), on a built schedule ---- */
 

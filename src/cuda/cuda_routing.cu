@@ -154,8 +154,10 @@ static __global__ void router_bwd_kernel(const T *logits, int64_t T_rows, int64_
         float ds = 0.0f;
         for (int64_t j = 0; j < k; j++)
             if (id[j] == e) ds += norm == MOEX_ROUTER_RENORM ? (dqt[j] - dq_q) / ssum : dqt[j];
-        float s = score_of(to_f32(l[e]), score, m, sum);
-        float dl = score == MOEX_ROUTER_SIGMOID ? ds * s * (1.0f - s) : s * (ds - dp_p);
+        float le = to_f32(l[e]);
+        float s = score_of(le, score, m, sum);
+        /* sigmoid: s (1 - s) as sigmoid(l) sigmoid(-l), which does not cancel when s -> 1 */
+        float dl = score == MOEX_ROUTER_SIGMOID ? ds * s * (1.0f / (1.0f + expf(le))) : s * (ds - dp_p);
         dlogits[t * E + e] = from_f32<T>(dl);
     }
 }

@@ -20,7 +20,7 @@
 
 #include "test_util.h"
 
-#define CM_MAX 128
+#define CM_MAX 1024
 
 typedef struct cm_buf {
     void *host, *dev;

@@ -1,0 +1,185 @@
+"""torch_grouped_mm.py - torch._grouped_mm and the sm90 grouped GEMMs (forward and dgrad) on the same shapes,
+the same split values and the same input tensors, timed in one process (DESIGN.md section 6
+configs, bf16): every launch timed by its own CUDA events, the functions launched back to back
+in rotating order (so clock and power drift hit both sides alike), medians reported.
+
+  python3 torch_grouped_mm.py compare LIBSM90 OUT_DIR [CFG...]
+      LIBSM90: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad}_tuned (scripts/sm90_dev.sh
+      builds it from src/cuda/sm90_grouped_gemm.cu). Writes OUT_DIR/compare.jsonl, the splits
+      for bench/sm90_gemm_bench.cu in OUT_DIR/splits.txt, and prints
+      one table: per config, op, splits kind and sm90 variant, TFLOP/s of both sides, their
+      ratio, and the relative error of the sm90 output against torch's (forward: x W_g^T;
+      dgrad: dy W_g, torch._grouped_mm(dy, w)).
+
+Skewed splits are Dirichlet(0.5) with one empty group, as in shared/reference/torch_baseline.py.
+"""
+import ctypes
+import json
+import sys
+
+CONFIGS = [
+    ("dsv3-fc1", 8, 32768, 7168, 4096), ("dsv3-fc2", 8, 32768, 2048, 7168),
+    ("qwen3-30b-fc1", 128, 32768, 2048, 1536), ("qwen3-30b-fc2", 128, 32768, 768, 2048),
+    ("mixtral-fc1", 8, 16384, 4096, 28672), ("gptoss-fc1", 32, 16384, 2880, 5760),
+]
+
+# op -> [(name, (grid, band, epilogue_tma, cluster))]; 0 = the library default
+VARIANTS = {
+    "fwd": [("default", (0, 0, 1, 0)), ("band4", (0, 4, 1, 0)), ("g128", (128, 0, 1, 0)), ("clu2", (0, 0, 1, 2))],
+    "dgrad": [("default", (0, 0, 1, 0)), ("band4", (0, 4, 1, 0))],
+}
+
+MOEX_DTYPE_BF16 = 1
+
+
+class Args(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("N", ctypes.c_int64), ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
+                ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int)]
+
+
+class Tune(ctypes.Structure):
+    _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
+                ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int)]
+
+
+def make_splits(G, T, kind):
+    if kind == "balanced":
+        s = [T // G] * G
+        s[-1] += T - sum(s)
+        return s
+    import numpy as np
+    p = np.random.default_rng(1000 + G).dirichlet([0.5] * G)
+    s = [int(v) for v in np.floor(p * T)]
+    s[0] += T - sum(s)
+    if G > 2:
+        s[1] += s[2]
+        s[2] = 0
+    return s
+
+
+def bench(torch, fn, iters, warm=5):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def bench_interleaved(torch, fns, iters, warm=3):
+    """Median ms of each of fns (name -> callable), launched back to back in rotating order so
+    that every function sees the same clocks and temperature; each launch timed by its own events."""
+    names = list(fns)
+    for n in names:
+        for _ in range(warm):
+            fns[n]()
+    torch.cuda.synchronize()
+    ev = {n: [] for n in names}
+    for i in range(iters):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            fns[n]()
+            b.record()
+            ev[n].append((a, b))
+    torch.cuda.synchronize()
+    out = {}
+    for n in names:
+        ts = sorted(a.elapsed_time(b) for a, b in ev[n])
+        out[n] = ts[len(ts) // 2]
+    return out
+
+
+def compare(lib_path, out_dir, only):
+    import torch
+    lib = ctypes.CDLL(lib_path)
+    entry = {"fwd": lib.moex_sm90_grouped_gemm_fwd_tuned, "dgrad": lib.moex_sm90_grouped_gemm_dgrad_tuned}
+    for f in entry.values():
+        f.restype = ctypes.c_int
+        f.argtypes = [ctypes.POINTER(Args), ctypes.POINTER(Tune), ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
+    torch.manual_seed(0)
+    dev = "cuda"
+    print("torch", torch.__version__, torch.cuda.get_device_name(), "cuda", torch.version.cuda, flush=True)
+    a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    t = bench(torch, lambda: a @ b, 20)
+    print(f"ceiling dense bf16 8192^3: {2 * 8192 ** 3 / t / 1e9:.0f} TFLOP/s", flush=True)
+    del a, b
+    rows = []
+    hdr = (f"{'config':<14} {'op':<5} {'splits':<8} {'variant':<8} {'grid':>4} {'torch TF':>9} {'sm90 TF':>9} "
+           f"{'ratio':>6} {'relerr':>8}")
+    with open(f"{out_dir}/compare.jsonl", "w") as fj, open(f"{out_dir}/splits.txt", "w") as fs:
+        for name, G, T, K, N in CONFIGS:
+            if only and name not in only:
+                continue
+            w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) * 0.02
+            iters = 30 if K * N >= 2 ** 24 else 60
+            for op in ("fwd", "dgrad"):
+                iw, ow = (K, N) if op == "fwd" else (N, K)
+                x = torch.randn(T, iw, device=dev, dtype=torch.bfloat16)
+                y = torch.empty(T, ow, device=dev, dtype=torch.bfloat16)
+                wb = w.transpose(-2, -1) if op == "fwd" else w
+                for kind in ("balanced", "skewed"):
+                    s = make_splits(G, T, kind)
+                    if op == "fwd":   # the input of bench/sm90_gemm_bench.cu
+                        fs.write(f"{name} {kind} {G} {T} {K} {N} " + " ".join(str(v) for v in s) + "\n")
+                    sd = torch.tensor(s, device=dev, dtype=torch.int64)
+                    offs = sd.cumsum(0).to(torch.int32)
+                    flops = 2 * T * K * N
+                    ref = torch._grouped_mm(x, wb, offs=offs)
+                    args = Args(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                sd.data_ptr(), None, 0)
+                    why = ctypes.c_char_p()
+                    variants = VARIANTS[op]
+                    tunes = {v: Tune(*p, 0) for v, p in variants}
+
+                    def run_sm90(v):
+                        st = entry[op](ctypes.byref(args), ctypes.byref(tunes[v]),
+                                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(why))
+                        if st != 0:
+                            raise RuntimeError(f"sm90 status {st}: {why.value}")
+
+                    fns = {"torch": lambda: torch._grouped_mm(x, wb, offs=offs)}
+                    for v, _ in variants:
+                        fns[v] = lambda v=v: run_sm90(v)
+                    ms = bench_interleaved(torch, fns, iters)
+                    tt = {n: flops / m / 1e9 for n, m in ms.items()}
+                    for v, _ in variants:
+                        y.fill_(float("nan"))
+                        run_sm90(v)
+                        torch.cuda.synchronize()
+                        relerr = float((y.float() - ref.float()).norm() / ref.float().norm())
+                        r = {"cfg": name, "op": op, "kind": kind, "variant": v, "grid": tunes[v].grid_used,
+                             "torch_tflops": tt["torch"], "sm90_tflops": tt[v],
+                             "ratio": tt[v] / tt["torch"], "relerr_vs_torch": relerr}
+                        fj.write(json.dumps(r) + "\n")
+                        rows.append(f"{name:<14} {op:<5} {kind:<8} {v:<8} {tunes[v].grid_used:>4} "
+                                    f"{tt['torch']:>9.0f} {tt[v]:>9.0f} {r['ratio']:>6.3f} {relerr:>8.1e}")
+                        print(rows[-1], flush=True)
+                del x, y
+            del w
+            torch.cuda.empty_cache()
+    print("\nTF = TFLOP/s from the median of interleaved launches; ratio = sm90 / torch; "
+          "relerr: sm90 output vs torch output")
+    print(hdr)
+    for r in rows:
+        print(r)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 4 and sys.argv[1] == "compare":
+        compare(sys.argv[2], sys.argv[3], sys.argv[4:])
+    else:
+        print(__doc__)
+        sys.exit(2)

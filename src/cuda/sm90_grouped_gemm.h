@@ -1,0 +1,81 @@
+/*
+ * sm90_grouped_gemm.h - private: the Hopper (sm_90a) grouped GEMMs of the CUDA backend.
+ *
+ * M-grouped products, rows ordered by group: group g owns rows [off[g], off[g+1]) with
+ * off = [0, s0, s0+s1, ...] clamped to T, and for every row r of group g
+ *   forward: y[r, :] = x[r, :] W_g^T    x [T, K], W [G, N, K], y [T, N]
+ *   dgrad:   y[r, :] = x[r, :] W_g      x = dy [T, N], W [G, N, K], y = dx [T, K]
+ * ("=", f32 accumulate), all dense row-major, bf16 or f16 (one dtype for all). Rows of y at
+ * or past off[G] are never written. Split values are read on the device only (graph-safe: a
+ * captured launch replays correctly after the split values change).
+ *
+ * The kernel is persistent (one CTA per SM), warp-specialised (one TMA producer warpgroup,
+ * two wgmma consumer warpgroups), with 128x256x64 tiles in a 4-stage mbarrier ring; full
+ * 64x256 output blocks leave through shared memory and TMA stores, blocks that reach past
+ * the group's end (or past the output width) through masked stores, so tail tiles never
+ * write past their group.
+ */
+#ifndef MOEX_SM90_GROUPED_GEMM_H
+#define MOEX_SM90_GROUPED_GEMM_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "moex.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct moex_sm90_gemm_args {
+    moex_dtype dtype;           /* MOEX_DTYPE_BF16 or MOEX_DTYPE_F16: x, w and y        */
+    int64_t G, T, K, N;         /* G >= 1; K, N multiples of 8; T < 2^31 - 128           */
+    const void *x;              /* [T, K] (dgrad: dy [T, N]) device, 16-byte aligned     */
+    const void *w;              /* [G, N, K] device, 16-byte aligned                     */
+    void *y;                    /* [T, N] (dgrad: dx [T, K]) device, 16-byte aligned;
+                                   rows < off[G] written                                 */
+    const int64_t *splits;      /* [G] device; negative values count as 0, the running
+                                   sum is clamped to T                                   */
+    int *bad_flag;              /* optional device int: set to bad_value (only if it is
+                                   0) when a split is negative or the sum exceeds T      */
+    int bad_value;
+} moex_sm90_gemm_args;
+
+/* Whether the forward and the dgrad can run these args on `device`: compute capability
+ * exactly 9.0 with the sm_90a kernel in the binary, dtype bf16/f16, the shape limits above,
+ * and aligned pointers. Reads no device memory and never fails loudly. */
+bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a);
+
+/* Launches the forward on `stream` (the current device must be the data's device).
+ * No allocation, no synchronisation, no workspace. On failure returns a status and, when
+ * `why` is not NULL, sets *why to a static message (MOEX_ERR_UNSUPPORTED: the args fail
+ * moex_sm90_supported; MOEX_ERR_CUDA: a CUDA call failed). T == 0 launches nothing. */
+moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream stream, const char **why);
+
+/* Knobs for benchmarks and tests: grid size in CTAs (0: as many as can be resident), column
+ * tiles per band of the tile order (0: 8), the epilogue (1: TMA stores for full blocks, as
+ * with tune == NULL; 0: masked register stores everywhere), and CTAs per cluster (0 or 1: no
+ * cluster, as with NULL; 2: weight tiles shared through TMA multicast, slower so far). Same
+ * contract otherwise; grid_used is set to the number of CTAs launched (0 when nothing was
+ * launched). tune may be NULL (the defaults, as the untuned calls use). */
+typedef struct moex_sm90_tuning {
+    int grid;
+    int band;
+    int epilogue_tma;
+    int cluster;
+    int grid_used;              /* out */
+} moex_sm90_tuning;
+moex_status moex_sm90_grouped_gemm_fwd_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
+                                             moex_stream stream, const char **why);
+
+/* The data gradient dx = dy W_g (see the top of this file): a->x is dy [T, N], a->y is dx
+ * [T, K], a->w is W [G, N, K]; K, N, splits, flag and the limits as for the forward. */
+moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_gemm_args *a, moex_stream stream, const char **why);
+moex_status moex_sm90_grouped_gemm_dgrad_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
+                                               moex_stream stream, const char **why);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEX_SM90_GROUPED_GEMM_H */

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# test_cli.sh - end-to-end test of the `moex` command-line tool: --version and --help of
+# every subcommand, bad command lines (exit status 2, a message on stderr, nothing on
+# stdout), `moex check` on the CPU (exit 0, every row PASS), a short `moex train --json`
+# whose loss falls at least 5x (JSON parsed, CSV and SVG checked), plain progress lines
+# when stdout is not a terminal, and a tiny `moex bench --json`.
+#
+# usage: bash tests/test_cli.sh /path/to/moex
+set -u
+
+MOEX=${1:?usage: test_cli.sh /path/to/moex}
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+export MOEX_NUM_THREADS=${MOEX_NUM_THREADS:-2}
+
+passed=0
+failed=0
+pass() { passed=$((passed + 1)); }
+fail() {
+    failed=$((failed + 1))
+    echo "FAIL: $*"
+    for f in "$TMP/out" "$TMP/err"; do
+        [ -s "$f" ] && { echo "--- ${f##*/}:"; head -c 3000 "$f"; echo; }
+    done
+}
+
+# run WANT_STATUS cmd...: runs cmd with stdout/stderr in $TMP/out, $TMP/err; checks the status.
+run() {
+    local want=$1
+    shift
+    "$@" >"$TMP/out" 2>"$TMP/err"
+    local rc=$?
+    if [ "$rc" -eq "$want" ]; then pass; else fail "'$*' exited $rc, want $want"; fi
+    return 0
+}
+
+# grep_out FILE PATTERN WHAT: the file matches the extended regex.
+grep_in() {
+    if grep -Eq -- "$2" "$1"; then pass; else fail "$3: no match for '$2'"; fi
+}
+
+# ---- version and help ------------------------------------------------------------------
+run 0 "$MOEX" --version
+grep_in "$TMP/out" '^moex [0-9]+\.[0-9]+\.[0-9]+' "--version"
+
+run 0 "$MOEX" --help
+for cmd in check bench train; do grep_in "$TMP/out" "^  $cmd " "--help lists $cmd"; done
+
+for cmd in check bench train; do
+    run 0 "$MOEX" "$cmd" --help
+    grep_in "$TMP/out" "^usage: moex $cmd" "$cmd --help"
+    grep_in "$TMP/out" "--help" "$cmd --help lists its options"
+    run 0 "$MOEX" help "$cmd"
+    grep_in "$TMP/out" "^usage: moex $cmd" "help $cmd"
+done
+
+# ---- bad command lines: status 2, a message on stderr, nothing on stdout ----------------
+bad() {
+    run 2 "$MOEX" "$@"
+    if [ -s "$TMP/err" ]; then pass; else fail "'moex $*': no message on stderr"; fi
+    if [ ! -s "$TMP/out" ]; then pass; else fail "'moex $*': wrote to stdout"; fi
+}
+bad
+bad nosuchcommand
+bad --nosuchoption
+bad check --nosuch
+bad check --backend tpu
+bad check extra-argument
+bad bench
+bad bench --backend cpu --config nosuchconfig
+bad bench --backend cpu --iters 0
+bad bench --backend cpu --dtype f64
+bad train --nosuch
+bad train --steps
+bad train --steps abc
+bad train --steps 10x
+bad train --lr -1
+bad train --dtype f64
+bad train --backend tpu
+bad train --experts 4 --topk 5
+bad train --json=yes
+run 2 "$MOEX" train --bogus-flag
+grep_in "$TMP/err" "bogus-flag" "the message names the bad option"
+
+# ---- check ------------------------------------------------------------------------------
+run 0 "$MOEX" check --backend cpu
+grep_in "$TMP/out" "PASS" "check prints PASS rows"
+if grep -q "FAIL" "$TMP/out"; then fail "check printed a FAIL row"; else pass; fi
+for op in splits_to_offsets grouped_linear_fwd grouped_linear_dgrad grouped_linear_wgrad scaled_glu_fwd \
+          scaled_glu_bwd grouped_mlp_fwd grouped_mlp_bwd router_fwd router_bwd permute_fwd permute_bwd \
+          unpermute_fwd unpermute_bwd moe_layer_fwd moe_layer_bwd; do
+    grep_in "$TMP/out" "^$op +cpu +(f32|bf16|i64) .*PASS$" "check covers $op"
+done
+grep_in "$TMP/out" "^[0-9]+ checks, [0-9]+ passed, 0 failed" "check summary"
+
+# ---- train --------------------------------------------------------------------------------
+STEPS=1500
+OUT="$TMP/train out"   # a space in the path: it must survive into the JSON
+run 0 "$MOEX" train --backend cpu --steps $STEPS --seed 3 --json --out "$OUT"
+if python3 - "$TMP/out" "$STEPS" "$OUT" <<'EOF'
+import json, os, sys
+path, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+text = open(path).read()
+d = json.loads(text)                      # the whole of stdout is one JSON object
+for key in ("initial_loss", "final_loss", "steps", "tokens_per_s", "backend", "dtype"):
+    assert key in d, "missing key " + key
+assert d["steps"] == steps, d["steps"]
+assert d["backend"] == "cpu" and d["dtype"] == "f32", (d["backend"], d["dtype"])
+assert d["tokens_per_s"] > 0
+assert 0 < d["final_loss"] <= d["initial_loss"] / 5, "loss fell only %.2fx" % (d["initial_loss"] / d["final_loss"])
+csv = open(os.path.join(out, "train_loss.csv")).read().splitlines()
+assert csv[0] == "step,loss", csv[0]
+assert len(csv) == steps + 1, len(csv)
+losses = [float(line.split(",")[1]) for line in csv[1:]]
+assert [int(line.split(",")[0]) for line in csv[1:]] == list(range(steps))
+assert all(v > 0 for v in losses)
+assert sum(losses[-50:]) < sum(losses[:50]) / 5, "the training curve does not fall"
+svg = open(os.path.join(out, "train_loss.svg")).read()
+assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
+assert "<polyline" in svg and svg.count("<text") >= 5
+print("train: loss %.4g -> %.4g (%.1fx) in %d steps, %.0f tokens/s"
+      % (d["initial_loss"], d["final_loss"], d["initial_loss"] / d["final_loss"], steps, d["tokens_per_s"]))
+EOF
+then pass; else fail "train --json: result or files wrong"; fi
+
+# not a terminal: plain progress lines (no carriage returns), then the summary
+run 0 "$MOEX" train --backend cpu --steps 40 --out "$TMP/plain"
+if grep -q $'\r' "$TMP/out"; then fail "train wrote a carriage return to a pipe"; else pass; fi
+grep_in "$TMP/out" "^step 40/40 " "train progress lines"
+grep_in "$TMP/out" "^initial loss .* final loss " "train summary"
+[ -s "$TMP/plain/train_loss.csv" ] && [ -s "$TMP/plain/train_loss.svg" ] && pass || fail "train files"
+
+# ---- bench -------------------------------------------------------------------------------
+run 0 "$MOEX" bench --backend cpu --config tiny --iters 1 --json
+if python3 - "$TMP/out" <<'EOF'
+import json, sys
+d = json.loads(open(sys.argv[1]).read())
+ops = {r["op"]: r for r in d["results"]}
+for op in ("forward", "backward_data", "backward_weight", "mlp_fwd_bwd"):
+    assert ops[op]["gflops"] > 0, op
+EOF
+then pass; else fail "bench --json"; fi
+
+echo "test_cli: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
