@@ -75,10 +75,14 @@ fi
 if has bench; then
     t0=$SECONDS
     : > "$OUT/bench.log"
+    : > "$OUT/bench_portable.log"
     for cfg in ${BENCH_CONFIGS//,/ }; do
         for sp in balanced skewed; do
             echo "=== moex bench $cfg $sp" >> "$OUT/bench.log"
             "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 10 >> "$OUT/bench.log" 2>&1
+            echo "=== moex bench $cfg $sp (MOEX_CUDA_GEMM=portable)" >> "$OUT/bench_portable.log"
+            MOEX_CUDA_GEMM=portable "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 10 \
+                >> "$OUT/bench_portable.log" 2>&1
         done
     done
     PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --configs "$BENCH_CONFIGS" --iters 10 > "$OUT/torch.log" 2>&1
@@ -86,6 +90,8 @@ if has bench; then
     note "moex bench --backend cuda (bf16):"
     grep -m1 '^config' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "moex bench --backend cuda, portable GEMM only (MOEX_CUDA_GEMM=portable):"
+    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench_portable.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "torch baseline:"
     sed -n '/^torch._grouped_mm/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi

@@ -485,7 +485,11 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
              cb_out(c, &bh, dt, T * 2 * F, NULL) == 0 && cb_out(c, &bz, dt, T * F, NULL) == 0 &&
              cb_out(c, &by, dt, T * H, NULL) == 0;
 
-    ref_mlp p = {G, T, H, F, splits, x, w1, mc->b1 ? b1 : NULL, w2, b2, mc->probs ? probs : NULL, mc->b2_mode, glu};
+    ref_mlp p = {G, T, H, F, splits, x, w1, mc->b1 ? b1 : NULL, w2, b2, mc->probs ? probs : NULL, mc->b2_mode, glu,
+                 NULL, NULL};
+    /* the h and z the library's forward saved: the reference backward uses them as the
+     * library's backward does (a bf16 h rounded across the clamp takes the same branch) */
+    double *h_lib = c_doubles(T * 2 * F), *z_lib = c_doubles(T * F);
 
     moex_grouped_mlp_args a;
     memset(&a, 0, sizeof a);
@@ -524,6 +528,10 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
             if (mc->save_z) c_compare(c, &r, "z", &bz, z, zb, S * F, &mz);
             c_compare(c, &r, "y", &by, y, yb, S * H, &my);
             fwd_ok = r.bad == 0;
+            ref_read(dt, bh.host, h_lib, S * 2 * F);   /* c_compare left the host copies current */
+            if (mc->save_z) ref_read(dt, bz.host, z_lib, S * F);
+            p.h_saved = h_lib;
+            p.z_saved = mc->save_z ? z_lib : NULL;
             free(h); free(hb); free(z); free(zb); free(y); free(yb);
         }
         c_row(c, "grouped_mlp_fwd", dt, shape, &r);
@@ -624,7 +632,7 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
     }
     cb_free(c, &bx); cb_free(c, &bw1); cb_free(c, &bb1); cb_free(c, &bw2); cb_free(c, &bb2); cb_free(c, &bp);
     cb_free(c, &bs); cb_free(c, &bdy); cb_free(c, &bh); cb_free(c, &bz); cb_free(c, &by);
-    free(x); free(w1); free(b1); free(w2); free(b2); free(probs); free(dy);
+    free(x); free(w1); free(b1); free(w2); free(b2); free(probs); free(dy); free(h_lib); free(z_lib);
 }
 
 void check_grouped_mlp(checker *c) {

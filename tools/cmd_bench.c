@@ -241,8 +241,10 @@ typedef struct bench_row {
 
 #define MAX_ROWS 5
 
-static void grow(size_t *ws, moex_status st, size_t bytes) {
-    if (st == MOEX_OK && bytes > *ws) *ws = bytes;
+/* *ws = max(*ws, *bytes) after a successful query. `bytes` is read here, after the query
+ * (an argument of this call) has written it. */
+static void grow(size_t *ws, moex_status st, const size_t *bytes) {
+    if (st == MOEX_OK && *bytes > *ws) *ws = *bytes;
 }
 
 /* Runs every op of config c; fills rows (returns their count) or returns -1. */
@@ -339,11 +341,11 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     mlp.bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[DW2], dt, G, H, F));
 
     size_t b = 0;
-    grow(&ws.bytes, moex_grouped_linear_forward_workspace_size(ctx, &gl.fwd, &b), b);
-    grow(&ws.bytes, moex_grouped_linear_backward_data_workspace_size(ctx, &gl.dgrad, &b), b);
-    grow(&ws.bytes, moex_grouped_linear_backward_weight_workspace_size(ctx, &gl.wgrad, &b), b);
-    grow(&ws.bytes, moex_grouped_mlp_forward_workspace_size(ctx, &mlp.fwd, &b), b);
-    grow(&ws.bytes, moex_grouped_mlp_backward_workspace_size(ctx, &mlp.bwd, &b), b);
+    grow(&ws.bytes, moex_grouped_linear_forward_workspace_size(ctx, &gl.fwd, &b), &b);
+    grow(&ws.bytes, moex_grouped_linear_backward_data_workspace_size(ctx, &gl.dgrad, &b), &b);
+    grow(&ws.bytes, moex_grouped_linear_backward_weight_workspace_size(ctx, &gl.wgrad, &b), &b);
+    grow(&ws.bytes, moex_grouped_mlp_forward_workspace_size(ctx, &mlp.fwd, &b), &b);
+    grow(&ws.bytes, moex_grouped_mlp_backward_workspace_size(ctx, &mlp.bwd, &b), &b);
     if (ws.bytes) {
         ws.ptr = cli_mem_alloc(be, ws.bytes);
         if (!ws.ptr) {

@@ -3,6 +3,7 @@
  * the bad-input flag (allocated once here) and moex_context_check_splits.
  */
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_ops.h"
 
@@ -104,6 +105,8 @@ static moex_status init_run(moex_context *ctx) {
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
                          "%s: device %d has compute capability %d.x; the CUDA backend needs sm_80 or newer",
                          op, ctx->device, major);
+    const char *gemm = getenv("MOEX_CUDA_GEMM");
+    st->sm90 = major == 9 && !(gemm && strcmp(gemm, "portable") == 0);
     cudaError_t err = cudaMalloc((void **)&st->flag, sizeof(int));
     if (err != cudaSuccess)
         return moex_fail(ctx, err == cudaErrorMemoryAllocation ? MOEX_ERR_OUT_OF_MEMORY : MOEX_ERR_CUDA,

@@ -7,14 +7,41 @@
  *                    dprobs_i += dy_i . b_g (scaled bias only)
  *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
  * The moex_cuda_linear_* building blocks take an already built schedule, so the grouped
- * MLP and the MoE layer build it once per call.
+ * MLP and the MoE layer build it once per call. On Hopper the products without a bias
+ * epilogue (forward y = x W^T, backward-data dx = dy W) run on the sm_90a kernel
+ * (sm90_grouped_gemm.h) when it supports the shapes; everything else runs on the
+ * portable kernel (cuda_grouped_gemm_sm80.cu).
  */
 #include "cuda_ops.h"
+#include "sm90_grouped_gemm.h"
+
+/* Runs y = x W_g^T (dgrad: dx = dy W_g) on the Hopper kernel when the context allows it
+ * and the kernel supports the arguments; *ran says whether it did. */
+static moex_status try_sm90(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y, bool dgrad,
+                            cudaStream_t stream, bool *ran) {
+    *ran = false;
+    if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
+    /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
+    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0};
+    if (!moex_sm90_supported(ctx->device, &a)) return MOEX_OK;
+    const char *why = "";
+    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
+                           : moex_sm90_grouped_gemm_fwd(&a, (moex_stream)stream, &why);
+    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
+    *ran = true;
+    return MOEX_OK;
+}
 
 moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream) {
+    if (bias_mode == MOEX_BIAS_NONE) {
+        bool ran;
+        MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, x, w, y, false, stream, &ran));
+        if (ran) return MOEX_OK;
+    }
     moex_cuda_gemm g = {};
     g.kind = MOEX_CUDA_GEMM_ROWS;
     g.sched = s;
@@ -44,7 +71,9 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex
                                    int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
                                    const float *dbias_probs, float *dbias, float *partial,
                                    const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
-    if (dx) {
+    bool ran = false;
+    if (dx) MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, dy, w, dx, true, stream, &ran));
+    if (dx && !ran) {
         moex_cuda_gemm g = {};
         g.kind = MOEX_CUDA_GEMM_ROWS;
         g.sched = s;

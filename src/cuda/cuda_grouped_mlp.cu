@@ -115,8 +115,9 @@ static moex_status bwd_run(moex_context *ctx, const moex_grouped_mlp_grad_args *
     bwd_plan p = plan_of(a);
     bwd_bufs b;
     bwd_layout(a, d, &p, (char *)ws, &b);
+    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_MLP_BACKWARD, &b.s, (const int64_t *)a->splits.data,
+                                   stream));
     const moex_cuda_sched *s = &b.s;
-    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_MLP_BACKWARD, s, (const int64_t *)a->splits.data, stream));
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
     float *dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
     const int64_t *total = s->off + d->G;

@@ -54,6 +54,8 @@ enum moex_cuda_flag_kind {
 typedef struct moex_cuda_state {
     int *flag;                  /* device int, zero when clean; allocated once  */
     int num_sms;
+    int sm90;                   /* 1: the Hopper GEMMs (sm90_grouped_gemm.h) may run: a
+                                   cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
 } moex_cuda_state;
 
 static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
@@ -105,6 +107,7 @@ typedef struct moex_cuda_sched {
     int64_t *off;
     int32_t *tiles;
     int64_t G, T;
+    const int64_t *splits;      /* the device splits it was built from (NULL: one group) */
 } moex_cuda_sched;
 
 static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
@@ -114,10 +117,10 @@ static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
 /* Takes the schedule's arrays from the workspace. */
 void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
 
-/* Fills s from device splits [G] (NULL: one group of all T rows); bad values set the
- * context flag with op_id. One small launch. */
+/* Fills s from device splits [G] (NULL: one group of all T rows) and records them in
+ * s->splits; bad values set the context flag with op_id. One small launch. */
 moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
-                                  const moex_cuda_sched *s, const int64_t *splits,
+                                  moex_cuda_sched *s, const int64_t *splits,
                                   cudaStream_t stream);
 
 /* ---- the grouped GEMM (cuda_grouped_gemm_sm80.cu) ----------------------------------- */

@@ -81,8 +81,9 @@ void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, in
 }
 
 moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
-                                  const moex_cuda_sched *s, const int64_t *splits,
+                                  moex_cuda_sched *s, const int64_t *splits,
                                   cudaStream_t stream) {
+    s->splits = splits;
     sched_kernel<<<1, SCAN_THREADS, 0, stream>>>(splits, s->G, s->T, s->off, s->tiles,
                                                  moex_cuda_st(ctx)->flag, op_id);
     CUDA_TRY_LAUNCH(ctx, op);
