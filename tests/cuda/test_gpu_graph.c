@@ -277,6 +277,9 @@ static void upload(layers *L, const scen *s) {
                     &L->mdb1, &L->mdb2, &L->oy, &L->odx, &L->odrw, &L->odw1, &L->odw2, &L->odb1, &L->odb2,
                     &L->osaved};
     for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) dpoison(outs[i]);
+    /* The copies and memsets above run on the legacy stream, which the test's non-blocking
+     * stream does not wait for: finish them before the next launch. */
+    cm_die(cudaDeviceSynchronize(), "upload sync");
 }
 
 #define NOUT 21

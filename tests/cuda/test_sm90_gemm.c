@@ -221,6 +221,9 @@ static void run_case(tcase *c, int64_t *graph_splits) {
             CK(cudaMemcpy(d.x, hx, xe * 2, cudaMemcpyHostToDevice));
             CK(cudaMemcpy(d.splits, c->splits, (size_t)c->G * 8, cudaMemcpyHostToDevice));
             poison_y(c, &d);
+            /* The memset and copies above run on the legacy stream, which a non-blocking
+             * stream does not wait for: finish them before the replay. */
+            CK(cudaDeviceSynchronize());
             CK(cudaGraphLaunch(exec, s));
             CK(cudaStreamSynchronize(s));
             CK(cudaMemcpy(hy, d.y, ye * 2, cudaMemcpyDeviceToHost));
