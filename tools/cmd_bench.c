@@ -153,29 +153,55 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median seconds of `iters` runs after one warm-up; -1 when a call fails (message printed). */
-static double time_median(moex_context *ctx, moex_backend backend, int64_t iters, bench_fn fn, void *arg,
-                          const char *what) {
+typedef struct bench_op {
+    const char *what;
+    bench_fn fn;
+    void *arg;
+} bench_op;
+
+/* Times each of ops[0..n) `iters` times after one warm-up each, interleaved (op 0, op 1,
+ * ..., then again), so that a change in the load of a shared machine hits all of them
+ * alike and their ratios stay fair. med[i] = the median seconds of op i, or -1 when a call
+ * of it failed (message printed; the op is skipped from then on). */
+static void time_ops(moex_context *ctx, moex_backend backend, int64_t iters, const bench_op *ops, int n,
+                     double *med) {
     cli_timer tm;
-    if (cli_timer_init(&tm, backend) != 0) return -1.0;
-    double *t = malloc((size_t)iters * sizeof(double));
-    double med = -1.0;
-    moex_status st = fn(ctx, arg);
-    if (st == MOEX_OK && cli_mem_sync(backend) == 0 && t) {
-        for (int64_t i = 0; i < iters && st == MOEX_OK; i++) {
+    double *t = malloc((size_t)(n * iters) * sizeof(double));
+    int timer_ok = cli_timer_init(&tm, backend) == 0;
+    for (int i = 0; i < n; i++) med[i] = -1.0;
+    if (!t || !timer_ok) {
+        cli_error(CMD, "cannot set up the timing");
+        free(t);
+        if (timer_ok) cli_timer_destroy(&tm);
+        return;
+    }
+    int ok[16];
+    for (int i = 0; i < n; i++) {
+        moex_status st = ops[i].fn(ctx, ops[i].arg);
+        ok[i] = st == MOEX_OK && cli_mem_sync(backend) == 0;
+        if (st != MOEX_OK)
+            cli_error(CMD, "%s failed: %s (%s)", ops[i].what, moex_last_error(ctx), moex_status_string(st));
+    }
+    for (int64_t it = 0; it < iters; it++) {
+        for (int i = 0; i < n; i++) {
+            if (!ok[i]) continue;
             cli_timer_start(&tm);
-            st = fn(ctx, arg);
-            t[i] = cli_timer_stop(&tm);
-        }
-        if (st == MOEX_OK) {
-            qsort(t, (size_t)iters, sizeof(double), cmp_double);
-            med = iters % 2 ? t[iters / 2] : 0.5 * (t[iters / 2 - 1] + t[iters / 2]);
+            moex_status st = ops[i].fn(ctx, ops[i].arg);
+            t[i * iters + it] = cli_timer_stop(&tm);
+            if (st != MOEX_OK) {
+                ok[i] = 0;
+                cli_error(CMD, "%s failed: %s (%s)", ops[i].what, moex_last_error(ctx), moex_status_string(st));
+            }
         }
     }
-    if (st != MOEX_OK) cli_error(CMD, "%s failed: %s (%s)", what, moex_last_error(ctx), moex_status_string(st));
+    for (int i = 0; i < n; i++) {
+        if (!ok[i]) continue;
+        double *ti = t + i * iters;
+        qsort(ti, (size_t)iters, sizeof(double), cmp_double);
+        med[i] = iters % 2 ? ti[iters / 2] : 0.5 * (ti[iters / 2 - 1] + ti[iters / 2]);
+    }
     free(t);
     cli_timer_destroy(&tm);
-    return med;
 }
 
 /* The workspace (shared by all ops of a config) and the argument structs. */
@@ -355,28 +381,43 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     }
 
     const double lin = 2.0 * (double)S * (double)K * (double)N;
-    rows[n++] = (bench_row){"forward", lin, time_median(ctx, be, o->iters, run_fwd, &gl, "forward")};
-    rows[n++] = (bench_row){"backward_data", lin, time_median(ctx, be, o->iters, run_dgrad, &gl, "backward_data")};
-    rows[n++] = (bench_row){"backward_weight", lin, time_median(ctx, be, o->iters, run_wgrad, &gl, "backward_weight")};
-    rows[n++] = (bench_row){"mlp_fwd_bwd", 18.0 * (double)S * (double)H * (double)F,
-                            time_median(ctx, be, o->iters, run_mlp, &mlp, "grouped MLP forward+backward")};
-    rows[n] = (bench_row){"sgemm", 2.0 * (double)T * (double)K * (double)N, -1.0};
+    bench_op ops[MAX_ROWS] = {
+        {"forward", run_fwd, &gl},
+        {"backward_data", run_dgrad, &gl},
+        {"backward_weight", run_wgrad, &gl},
+        {"grouped MLP forward+backward", run_mlp, &mlp},
+    };
+    rows[0] = (bench_row){"forward", lin, -1.0};
+    rows[1] = (bench_row){"backward_data", lin, -1.0};
+    rows[2] = (bench_row){"backward_weight", lin, -1.0};
+    rows[3] = (bench_row){"mlp_fwd_bwd", 18.0 * (double)S * (double)H * (double)F, -1.0};
+    rows[4] = (bench_row){"sgemm", 2.0 * (double)T * (double)K * (double)N, -1.0};
+    int nops = 4;
+    double med[MAX_ROWS];
 #ifdef MOEX_HAVE_OPENBLAS
+    /* the dense baseline: one cblas_sgemm of M = T rows, timed between the grouped ops */
+    float *sa = NULL, *sw = NULL, *sc = NULL;
+    sgemm_bench sb;
     if (be == MOEX_BACKEND_CPU) {
-        float *a = malloc((size_t)(T * K) * sizeof(float)), *wb = malloc((size_t)(N * K) * sizeof(float));
-        float *cc = malloc((size_t)(T * N) * sizeof(float));
-        if (a && wb && cc) {
-            for (int64_t i = 0; i < T * K; i++) a[i] = (float)(2.0 * cli_rng_uniform(&r) - 1.0);
-            for (int64_t i = 0; i < N * K; i++) wb[i] = (float)((2.0 * cli_rng_uniform(&r) - 1.0) / sqrt((double)K));
-            sgemm_bench sb = {T, N, K, a, wb, cc};
-            rows[n].seconds = time_median(ctx, be, o->iters, run_sgemm, &sb, "cblas_sgemm");
+        sa = malloc((size_t)(T * K) * sizeof(float));
+        sw = malloc((size_t)(N * K) * sizeof(float));
+        sc = malloc((size_t)(T * N) * sizeof(float));
+        if (sa && sw && sc) {
+            for (int64_t i = 0; i < T * K; i++) sa[i] = (float)(2.0 * cli_rng_uniform(&r) - 1.0);
+            for (int64_t i = 0; i < N * K; i++) sw[i] = (float)((2.0 * cli_rng_uniform(&r) - 1.0) / sqrt((double)K));
+            sb = (sgemm_bench){T, N, K, sa, sw, sc};
+            ops[nops++] = (bench_op){"cblas_sgemm", run_sgemm, &sb};
         }
-        free(a);
-        free(wb);
-        free(cc);
     }
 #endif
-    n++;
+    time_ops(ctx, be, o->iters, ops, nops, med);
+    for (int i = 0; i < nops; i++) rows[i].seconds = med[i];
+#ifdef MOEX_HAVE_OPENBLAS
+    free(sa);
+    free(sw);
+    free(sc);
+#endif
+    n = MAX_ROWS;
     rc = n;
 done:
     cli_mem_free(be, ws.ptr);

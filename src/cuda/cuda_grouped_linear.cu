@@ -8,9 +8,9 @@
  *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
  * The moex_cuda_linear_* building blocks take an already built schedule, so the grouped
  * MLP and the MoE layer build it once per call. On Hopper the products without a bias
- * epilogue (forward y = x W^T, backward-data dx = dy W) run on the sm_90a kernel
- * (sm90_grouped_gemm.h) when it supports the shapes; everything else runs on the
- * portable kernel (cuda_grouped_gemm_sm80.cu).
+ * epilogue (forward y = x W^T, backward-data dx = dy W) and the weight gradient run on the
+ * sm_90a kernels (sm90_grouped_gemm.h) when they support the shapes; everything else runs
+ * on the portable kernel (cuda_grouped_gemm_sm80.cu).
  */
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"
@@ -97,9 +97,29 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex
     return MOEX_OK;
 }
 
+/* Runs dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions as
+ * try_sm90 (packed dW, device splits, supported args); *ran says whether it did. */
+static moex_status try_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                  moex_grad_mode mode, cudaStream_t stream, bool *ran) {
+    *ran = false;
+    if (!moex_cuda_st(ctx)->sm90 || !s->splits || dw->ptrs) return MOEX_OK;
+    const moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
+                                    mode == MOEX_GRAD_ACCUMULATE, s->splits};
+    if (!moex_sm90_wgrad_supported(ctx->device, &a)) return MOEX_OK;
+    const char *why = "";
+    moex_status st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)stream, &why);
+    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
+    *ran = true;
+    return MOEX_OK;
+}
+
 moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                    moex_grad_mode mode, cudaStream_t stream) {
+    bool ran;
+    MOEX_TRY(try_sm90_wgrad(ctx, op, s, dt, K, N, x, dy, dw, mode, stream, &ran));
+    if (ran) return MOEX_OK;
     moex_cuda_gemm g = {};
     g.kind = MOEX_CUDA_GEMM_WGRAD;
     g.sched = s;

@@ -14,6 +14,14 @@
  * 64x256 output blocks leave through shared memory and TMA stores, blocks that reach past
  * the group's end (or past the output width) through masked stores, so tail tiles never
  * write past their group.
+ *
+ * K-grouped weight gradient (same kernel family, its own kernel): for every group g
+ *   wgrad:   dW_g = dy_g^T x_g      dy [T, N], x [T, K], dW [G, N, K]
+ * where the sum runs over the group's rows [off[g], off[g+1]); written ("=", an empty group
+ * gives zeros) in f32 or the input dtype, or accumulated ("+=", an empty group leaves dW_g
+ * unchanged) into f32. Rows at or past off[G] never contribute (their values may be
+ * anything, NaN included). Output tiles [128 rows of N, 256 columns of K] of every group,
+ * each computed by one CTA in a fixed order (deterministic, no atomics).
  */
 #ifndef MOEX_SM90_GROUPED_GEMM_H
 #define MOEX_SM90_GROUPED_GEMM_H
@@ -73,6 +81,30 @@ moex_status moex_sm90_grouped_gemm_fwd_tuned(const moex_sm90_gemm_args *a, moex_
 moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_gemm_args *a, moex_stream stream, const char **why);
 moex_status moex_sm90_grouped_gemm_dgrad_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
                                                moex_stream stream, const char **why);
+
+/* The weight gradient dW_g = dy_g^T x_g (see the top of this file). */
+typedef struct moex_sm90_wgrad_args {
+    moex_dtype dtype;           /* MOEX_DTYPE_BF16 or MOEX_DTYPE_F16: dy and x           */
+    int64_t G, T, K, N;         /* G >= 1; K, N multiples of 8; T < 2^31 - 128           */
+    const void *dy;             /* [T, N] device, 16-byte aligned                        */
+    const void *x;              /* [T, K] device, 16-byte aligned                        */
+    void *dw;                   /* [G, N, K] device, 16-byte aligned, dtype dw_dtype     */
+    moex_dtype dw_dtype;        /* MOEX_DTYPE_F32, or `dtype` when not accumulating      */
+    int accumulate;             /* 0: dW = (empty group: 0); 1: dW += (f32 only; empty
+                                   group: unchanged)                                     */
+    const int64_t *splits;      /* [G] device; negative values count as 0, the running
+                                   sum is clamped to T                                   */
+} moex_sm90_wgrad_args;
+
+/* Whether the weight gradient can run these args on `device` (as moex_sm90_supported:
+ * compute capability 9.0 with the sm_90a kernel in the binary, the dtypes and limits above,
+ * aligned pointers). Reads no device memory and never fails loudly. */
+bool moex_sm90_wgrad_supported(int device, const moex_sm90_wgrad_args *a);
+
+/* Launches the weight gradient on `stream` (the current device must be the data's device).
+ * No allocation, no synchronisation, no workspace; T == 0 writes zeros (=) or nothing (+=).
+ * Errors as for moex_sm90_grouped_gemm_fwd. */
+moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_wgrad_args *a, moex_stream stream, const char **why);
 
 #ifdef __cplusplus
 }

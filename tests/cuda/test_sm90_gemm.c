@@ -7,7 +7,9 @@
  * the last group, checks every written element against the reference with a tolerance
  * from the dtype and K, checks that every row past the groups' end is untouched bitwise,
  * and runs twice for bitwise determinism. One case captures the launch in a CUDA graph and
- * replays it after the split values changed. Exits 77 (skipped) where the sm90 kernel
+ * replays it after the split values changed. The weight gradient dW_g = dy_g^T x_g has its
+ * own section (run_wgrad_cases: f32 =, input-dtype =, f32 +=; NaN rows past the groups in
+ * dy and x; graph replay; determinism). Exits 77 (skipped) where the sm90 kernel
  * cannot run (no GPU, not compute capability 9.0).
  *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)]   (moex_sm90_tuning; cluster 0 = default)
  */
@@ -262,6 +264,266 @@ static void run(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K
     free(gs);
 }
 
+/* ---- the weight gradient dW_g = dy_g^T x_g ---------------------------------------------
+ * Output modes: f32 "=", input-dtype "=" (both poisoned with NaN bytes first, so every
+ * element must be written; empty groups must come out exactly 0) and f32 "+=" into a random
+ * main grad (empty groups must stay bitwise unchanged). dy and x rows past the groups' end
+ * are NaN: a row that leaked into any sum would make it NaN. A guard past dW must stay
+ * untouched. Tolerance: the output rounding (2^-24 f32, 2^-8 bf16, 2^-10 f16) times |ref|
+ * (plus 2^-24 for f16 subnormals), plus (1e-5 + rows_g 2^-23) times sum |products| (f32
+ * sums of rows_g exact products), plus 2^-24 |main grad| for "+=". */
+
+#define WGUARD_BYTES 4096
+
+enum { WMODE_F32 = 0, WMODE_HALF = 1, WMODE_F32_ACC = 2 };
+static const char *wmode_name[3] = {"f32=", "half=", "f32+="};
+
+typedef struct wbufs {
+    void *dy, *x, *dw;
+    int64_t *splits;
+} wbufs;
+
+static void w_offsets(int64_t G, int64_t T, const int64_t *splits, int64_t *off) {
+    off[0] = 0;
+    for (int64_t g = 0; g < G; g++) {
+        int64_t s = splits[g] < 0 ? 0 : splits[g];
+        off[g + 1] = s > T - off[g] ? T : off[g] + s;
+    }
+}
+
+/* Random rows below off[G], NaN rows from there to T (dy [T, N] and x [T, K]). */
+static void w_fill(moex_dtype dt, int64_t T, int64_t K, int64_t N, int64_t end, uint16_t *hdy, uint16_t *hx) {
+    const uint16_t nan = dt == MOEX_DTYPE_BF16 ? 0x7FC0u : 0x7E00u;
+    for (int64_t r = 0; r < T; r++) {
+        for (int64_t n = 0; n < N; n++) hdy[r * N + n] = r < end ? to_half(dt, rng_uniform()) : nan;
+        for (int64_t k = 0; k < K; k++) hx[r * K + k] = r < end ? to_half(dt, rng_uniform()) : nan;
+    }
+}
+
+/* fp64 reference sums ref[g][n][k] and sum of |products| mag[g][n][k]. */
+static void w_reference(moex_dtype dt, int64_t G, int64_t K, int64_t N, const int64_t *off, const uint16_t *hdy,
+                        const uint16_t *hx, double *ref, double *mag) {
+    memset(ref, 0, (size_t)(G * N * K) * sizeof(double));
+    memset(mag, 0, (size_t)(G * N * K) * sizeof(double));
+    double *xr = malloc((size_t)(K > 0 ? K : 1) * sizeof(double));
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t r = off[g]; r < off[g + 1]; r++) {
+            for (int64_t k = 0; k < K; k++) xr[k] = from_half(dt, hx[r * K + k]);
+            for (int64_t n = 0; n < N; n++) {
+                const double d = from_half(dt, hdy[r * N + n]);
+                double *rg = ref + (g * N + n) * K, *mg = mag + (g * N + n) * K;
+                for (int64_t k = 0; k < K; k++) {
+                    rg[k] += d * xr[k];
+                    mg[k] += fabs(d * xr[k]);
+                }
+            }
+        }
+    free(xr);
+}
+
+static double w_out(moex_dtype dt, int mode, const void *h, int64_t i) {
+    return mode == WMODE_HALF ? from_half(dt, ((const uint16_t *)h)[i]) : (double)((const float *)h)[i];
+}
+
+/* Checks a host copy of dW (plus guard) against init (+= mode) and the reference. */
+static void w_check(const char *name, const char *what, moex_dtype dt, int mode, int64_t G, int64_t T, int64_t K,
+                    int64_t N, const int64_t *off, const void *hinit, const void *hout, const double *ref,
+                    const double *mag) {
+    const size_t es = mode == WMODE_HALF ? 2 : 4, we = (size_t)(G * N * K);
+    const double out_rel = mode == WMODE_HALF ? (dt == MOEX_DTYPE_BF16 ? 1.0 / 256.0 : 1.0 / 1024.0) : 0x1p-24;
+    const double out_abs = mode == WMODE_HALF && dt == MOEX_DTYPE_F16 ? 0x1p-24 : 0.0;   /* f16 subnormals */
+    double err2 = 0, ref2 = 0, worst = 0;
+    int64_t bad = 0, empty_changed = 0, guard_touched = 0;
+    for (int64_t g = 0; g < G; g++) {
+        const int64_t rows = off[g + 1] - off[g];
+        for (int64_t e = g * N * K; e < (g + 1) * N * K; e++) {
+            if (mode == WMODE_F32_ACC && rows == 0) {
+                empty_changed += memcmp((const char *)hout + e * 4, (const char *)hinit + e * 4, 4) != 0;
+                continue;
+            }
+            const double init = mode == WMODE_F32_ACC ? (double)((const float *)hinit)[e] : 0.0;
+            const double want = init + ref[e];
+            const double tol = out_rel * fabs(want) + out_abs + (1e-5 + (double)rows * 0x1p-23) * mag[e] +
+                               0x1p-24 * fabs(init) + 1e-30;
+            const double got = w_out(dt, mode, hout, e), err = fabs(got - want);
+            if (!(err <= tol)) bad++;   /* NaN (poison or a leaked row) fails too */
+            if (err != err || err / tol > worst) worst = err != err ? INFINITY : err / tol;
+            err2 += err == err ? err * err : 0;
+            ref2 += want * want;
+        }
+    }
+    for (size_t i = we * es; i < we * es + WGUARD_BYTES; i++) guard_touched += ((const uint8_t *)hout)[i] != 0xFFu;
+    const double relerr = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
+    const int ok = bad == 0 && empty_changed == 0 && guard_touched == 0;
+    if (!ok) g_failures++;
+    printf("%-4s wgrad %-5s %-5s %-26s %-4s G=%-4lld T=%-5lld K=%-5lld N=%-5lld rows=%-5lld relerr=%.2e "
+           "worst/tol=%.3f bad=%lld empty_changed=%lld guard_touched=%lld\n",
+           ok ? "ok" : "FAIL", dt == MOEX_DTYPE_BF16 ? "bf16" : "f16", wmode_name[mode], name, what, (long long)G,
+           (long long)T, (long long)K, (long long)N, (long long)off[G], relerr, worst, (long long)bad,
+           (long long)empty_changed, (long long)guard_touched);
+}
+
+static moex_sm90_wgrad_args w_args(moex_dtype dt, int mode, int64_t G, int64_t T, int64_t K, int64_t N,
+                                   const wbufs *d) {
+    moex_sm90_wgrad_args a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dt;
+    a.G = G;
+    a.T = T;
+    a.K = K;
+    a.N = N;
+    a.dy = d->dy;
+    a.x = d->x;
+    a.dw = d->dw;
+    a.dw_dtype = mode == WMODE_HALF ? dt : MOEX_DTYPE_F32;
+    a.accumulate = mode == WMODE_F32_ACC;
+    a.splits = d->splits;
+    return a;
+}
+
+/* One shape in every output mode: eager twice (bitwise determinism), then, when graph_splits
+ * is given, a graph captured with `splits` and replayed with graph_splits (new dy, x). */
+static void run_wcase(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K, int64_t N,
+                      const int64_t *splits, const int64_t *graph_splits) {
+    const size_t we = (size_t)(G * N * K), ob = we * 4 + WGUARD_BYTES;
+    uint16_t *hdy = malloc((size_t)(T * N) * 2 + 16), *hx = malloc((size_t)(T * K) * 2 + 16);
+    uint8_t *hinit = malloc(ob), *hout = malloc(ob), *hout2 = malloc(ob);
+    double *ref = malloc(we * sizeof(double) + 8), *mag = malloc(we * sizeof(double) + 8);
+    double *gref = malloc(we * sizeof(double) + 8), *gmag = malloc(we * sizeof(double) + 8);
+    int64_t *off = malloc((size_t)(G + 1) * 8), *goff = malloc((size_t)(G + 1) * 8);
+    uint16_t *gdy = malloc((size_t)(T * N) * 2 + 16), *gx = malloc((size_t)(T * K) * 2 + 16);
+
+    w_offsets(G, T, splits, off);
+    w_fill(dt, T, K, N, off[G], hdy, hx);
+    w_reference(dt, G, K, N, off, hdy, hx, ref, mag);
+    if (graph_splits != NULL) {
+        w_offsets(G, T, graph_splits, goff);
+        w_fill(dt, T, K, N, goff[G], gdy, gx);
+        w_reference(dt, G, K, N, goff, gdy, gx, gref, gmag);
+    }
+
+    wbufs d;
+    CK(cudaMalloc(&d.dy, (size_t)(T * N) * 2 + 16));
+    CK(cudaMalloc(&d.x, (size_t)(T * K) * 2 + 16));
+    CK(cudaMalloc(&d.dw, ob));
+    CK(cudaMalloc((void **)&d.splits, (size_t)G * 8));
+
+    for (int mode = 0; mode < 3; mode++) {
+        const size_t es = mode == WMODE_HALF ? 2 : 4, bytes = we * es + WGUARD_BYTES;
+        memset(hinit, 0xFF, bytes);
+        if (mode == WMODE_F32_ACC)
+            for (size_t i = 0; i < we; i++) ((float *)hinit)[i] = rng_uniform();
+        CK(cudaMemcpy(d.dy, hdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d.x, hx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(d.splits, splits, (size_t)G * 8, cudaMemcpyHostToDevice));
+
+        const moex_sm90_wgrad_args a = w_args(dt, mode, G, T, K, N, &d);
+        const char *why = NULL;
+        moex_status st = MOEX_OK;
+        for (int run = 0; run < 2 && st == MOEX_OK; run++) {
+            CK(cudaMemcpy(d.dw, hinit, bytes, cudaMemcpyHostToDevice));
+            st = moex_sm90_grouped_gemm_wgrad(&a, NULL, &why);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(run == 0 ? hout : hout2, d.dw, bytes, cudaMemcpyDeviceToHost));
+        }
+        if (st != MOEX_OK) {
+            printf("FAIL wgrad %s %s: status %d (%s)\n", name, wmode_name[mode], (int)st, why ? why : "");
+            g_failures++;
+            continue;
+        }
+        w_check(name, "run1", dt, mode, G, T, K, N, off, hinit, hout, ref, mag);
+        if (memcmp(hout, hout2, bytes) != 0) {
+            printf("FAIL wgrad %s %s: second run differs bitwise\n", name, wmode_name[mode]);
+            g_failures++;
+        }
+
+        if (graph_splits != NULL) {
+            cudaStream_t s;
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+            st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)s, &why);
+            CK(cudaStreamEndCapture(s, &graph));
+            CK(cudaGraphInstantiate(&exec, graph, 0));
+            if (st != MOEX_OK) {
+                printf("FAIL wgrad %s %s: capture status %d (%s)\n", name, wmode_name[mode], (int)st,
+                       why ? why : "");
+                g_failures++;
+            } else {
+                /* new split values and rows after the capture; the copies run on the legacy
+                 * stream, which the non-blocking stream does not wait for: finish them first */
+                CK(cudaMemcpy(d.dy, gdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(d.x, gx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(d.splits, graph_splits, (size_t)G * 8, cudaMemcpyHostToDevice));
+                CK(cudaMemcpy(d.dw, hinit, bytes, cudaMemcpyHostToDevice));
+                CK(cudaDeviceSynchronize());
+                CK(cudaGraphLaunch(exec, s));
+                CK(cudaStreamSynchronize(s));
+                CK(cudaMemcpy(hout, d.dw, bytes, cudaMemcpyDeviceToHost));
+                w_check(name, "grph", dt, mode, G, T, K, N, goff, hinit, hout, gref, gmag);
+            }
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(graph));
+            CK(cudaStreamDestroy(s));
+        }
+    }
+    CK(cudaFree(d.dy));
+    CK(cudaFree(d.x));
+    CK(cudaFree(d.dw));
+    CK(cudaFree(d.splits));
+    free(hdy);
+    free(hx);
+    free(hinit);
+    free(hout);
+    free(hout2);
+    free(ref);
+    free(mag);
+    free(gref);
+    free(gmag);
+    free(off);
+    free(goff);
+    free(gdy);
+    free(gx);
+}
+
+static void run_wgrad_cases(void) {
+    const int64_t awk[6] = {0, 1, 63, 64, 65, 129};
+    const int64_t awk_graph[6] = {129, 0, 0, 200, 1, 63};
+    run_wcase("awkward groups", MOEX_DTYPE_BF16, 6, 400, 136, 264, awk, awk_graph);
+    run_wcase("awkward groups", MOEX_DTYPE_F16, 6, 400, 136, 264, awk, NULL);
+
+    const int64_t one[1] = {300};
+    run_wcase("G=1 tail at T", MOEX_DTYPE_BF16, 1, 300, 64, 256, one, NULL);
+    const int64_t short1[1] = {40};
+    run_wcase("G=1 under one k-step", MOEX_DTYPE_BF16, 1, 100, 200, 136, short1, NULL);
+
+    int64_t many[256], many_graph[256], total = 0;
+    for (int g = 0; g < 256; g++) {
+        many[g] = (g % 7 == 3) ? 0 : (int64_t)(rng_next() % 21);
+        many_graph[g] = (g % 5 == 1) ? 0 : (int64_t)(rng_next() % 9);
+        total += many[g];
+    }
+    run_wcase("G=256 small groups", MOEX_DTYPE_BF16, 256, total + 50, 72, 24, many, many_graph);
+    run_wcase("G=256 small groups", MOEX_DTYPE_F16, 256, total + 50, 72, 24, many, NULL);
+
+    const int64_t lump[8] = {0, 0, 0, 0, 0, 777, 0, 0};
+    run_wcase("all rows in one group", MOEX_DTYPE_BF16, 8, 800, 200, 392, lump, NULL);
+
+    const int64_t deep[3] = {1000, 0, 517};
+    run_wcase("many row stages", MOEX_DTYPE_BF16, 3, 1600, 520, 264, deep, NULL);
+    run_wcase("many row stages", MOEX_DTYPE_F16, 3, 1600, 520, 264, deep, NULL);
+
+    const int64_t tiny[2] = {5, 3};
+    run_wcase("K=N=8", MOEX_DTYPE_BF16, 2, 8, 8, 8, tiny, NULL);
+
+    const int64_t neg[3] = {100, -5, 300};
+    run_wcase("bad splits (neg, sum>T)", MOEX_DTYPE_BF16, 3, 350, 96, 136, neg, NULL);
+
+    const int64_t none[3] = {0, 0, 0};
+    run_wcase("no rows (T=0)", MOEX_DTYPE_BF16, 3, 0, 16, 24, none, NULL);
+}
+
 int main(int argc, char **argv) {
     int dev = 0, n = 0;
     g_tune.epilogue_tma = argc > 1 ? atoi(argv[1]) : 1;
@@ -286,6 +548,20 @@ int main(int argc, char **argv) {
         p.x = p.w = p.y = ds;
         p.splits = ds;
         int ok = moex_sm90_supported(dev, &p);
+        moex_sm90_wgrad_args wp;
+        memset(&wp, 0, sizeof wp);
+        wp.dtype = MOEX_DTYPE_BF16;
+        wp.G = 1;
+        wp.T = 8;
+        wp.K = 8;
+        wp.N = 8;
+        wp.dy = wp.x = wp.dw = ds;
+        wp.dw_dtype = MOEX_DTYPE_F32;
+        wp.splits = ds;
+        if (ok && !moex_sm90_wgrad_supported(dev, &wp)) {
+            printf("FAIL: the forward is supported but the wgrad is not\n");
+            g_failures++;
+        }
         CK(cudaFree(ds));
         if (!ok) {
             printf("device is not sm_90 or the sm_90a kernel is not in this build: skipped\n");
@@ -328,6 +604,8 @@ int main(int argc, char **argv) {
         const int64_t neg[3] = {100, -5, 300};
         run("bad splits (neg, sum>T)", MOEX_DTYPE_BF16, 3, 350, 96, 136, neg, NULL);
     }
+
+    run_wgrad_cases();
 
     printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
     return g_failures ? 1 : 0;
