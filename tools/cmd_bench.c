@@ -478,7 +478,7 @@ int cli_cmd_bench(int argc, char **argv) {
         }
     }
 
-    int failed = 0;
+    int failed = 0, emitted = 0;   /* emitted: JSON rows printed so far */
     if (o.json)
         printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"iters\": %lld, \"results\": [", cli_backend_name(be),
                cli_dtype_name(dt), (long long)o.iters);
@@ -487,6 +487,8 @@ int cli_cmd_bench(int argc, char **argv) {
                cli_dtype_name(dt), (long long)o.iters);
 #ifndef MOEX_HAVE_OPENBLAS
         if (!cuda) printf("(baseline unavailable: this moex was built without OpenBLAS, no cblas_sgemm to compare)\n");
+#else
+        if (!cuda && dt != MOEX_DTYPE_F32) printf("(the cblas_sgemm baseline is f32)\n");
 #endif
         printf("%-14s %4s %6s %6s %6s %-8s  %-16s %10s %10s %9s\n", "config", "G", "T", "K", "N", "splits", "op",
                "ms", "GFLOP/s", "vs sgemm");
@@ -512,7 +514,7 @@ int cli_cmd_bench(int argc, char **argv) {
             if (o.json) {
                 printf("%s\n  {\"config\": \"%s\", \"G\": %lld, \"T\": %lld, \"K\": %lld, \"N\": %lld, \"H\": %lld, "
                        "\"F\": %lld, \"splits\": \"%s\", \"op\": \"%s\", ",
-                       (p == 0 && i == 0) ? "" : ",", c->name, (long long)c->G, (long long)c->T, (long long)c->K,
+                       emitted++ ? "," : "", c->name, (long long)c->G, (long long)c->T, (long long)c->K,
                        (long long)c->N, (long long)c->H, (long long)c->F, splits_words[sk], r->op);
                 if (r->seconds > 0)
                     printf("\"ms\": %.4f, \"gflops\": %.2f", r->seconds * 1e3, gflops(r));

@@ -71,6 +71,11 @@ int cli_cmd_check(int argc, char **argv) {
     if (pr != CLI_PARSE_OK) return CLI_EXIT_USAGE;
 
     int run_cpu = backend != 2, run_cuda = backend == 2;
+    if (backend == 2) {   /* asked for by name: say why not before printing anything else */
+        moex_context *probe = cli_context(CMD, MOEX_BACKEND_CUDA);
+        if (!probe) return CLI_EXIT_FAIL;
+        moex_context_destroy(probe);
+    }
     if (backend == 0) {
         run_cuda = cli_cuda_available();
         if (!run_cuda) printf("moex check: no CUDA context can be created; checking the CPU backend only\n");

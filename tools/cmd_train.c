@@ -583,7 +583,7 @@ int cli_cmd_train(int argc, char **argv) {
 
     if (t.o.json) {
         printf("{\"initial_loss\": %.9g, \"final_loss\": %.9g, \"loss_ratio\": %.6g, \"steps\": %lld, "
-               "\"tokens\": %lld, \"time_s\": %.4f, \"tokens_per_s\": %.1f, \"backend\": \"%s\", "
+               "\"tokens_per_step\": %lld, \"time_s\": %.4f, \"tokens_per_s\": %.1f, \"backend\": \"%s\", "
                "\"dtype\": \"%s\", \"experts\": %lld, \"topk\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
                "\"lr\": %g, \"seed\": %lld, \"csv\": ",
                initial, final, ratio, (long long)t.o.steps, (long long)t.T, seconds, tokens_per_s,

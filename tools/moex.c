@@ -44,7 +44,7 @@ static void print_version(void) {
 #endif
     );
 #ifdef MOEX_HAVE_OPENBLAS
-    printf("; cli baseline: OpenBLAS");
+    printf("; bench baseline: OpenBLAS cblas_sgemm");
 #endif
     printf(")\n");
 }
