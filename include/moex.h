@@ -480,11 +480,12 @@ moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad
 
 /* ---- MoE layer ----------------------------------------------------------------------- *
  * y = unpermute(grouped_mlp(permute(x, router(x Wr^T)))), with the router's probs applied
- * in the scaled GLU (and to b2 when b2_mode is SCALED). The router's logits, dlogits and
- * its GEMMs are f32 whatever the activation dtype. The forward writes everything the
- * backward needs into `saved`, a caller-owned buffer of moex_moe_layer_saved_size bytes
- * (backend memory, no alignment requirement) that must be kept, at the same address,
- * until the backward.                                                                     */
+ * in the scaled GLU (and to b2 when b2_mode is SCALED). The router's logits and dlogits
+ * are f32 whatever the activation dtype (the CUDA backend rounds dlogits to the
+ * activation dtype on its way into the tensor-core GEMMs of the backward). The forward
+ * writes everything the backward needs into `saved`, a caller-owned buffer of
+ * moex_moe_layer_saved_size bytes (backend memory, no alignment requirement) that must be
+ * kept, at the same address, until the backward.                                          */
 
 typedef struct moex_moe_layer_args {
     moex_tensor x;              /* [T, H]                                   in            */

@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source scripts/setup.sh >&2
-exec "${MOEX_BUILD_DIR:-build}/moex" train "$@"
+# The loss curve (CSV, SVG) goes to build/train unless an --out given here says otherwise.
+exec "${MOEX_BUILD_DIR:-build}/moex" train --out "${MOEX_BUILD_DIR:-build}/train" "$@"
