@@ -2,12 +2,14 @@
 # gpu_check.sh - everything the GPU machine checks, in one call:
 #   build (cmake -G Ninja, CMAKE_CUDA_ARCHITECTURES=90a), ctest (all tests, CPU and `cuda`),
 #   compute-sanitizer memcheck and racecheck over the CUDA tests, `moex check`, a short
-#   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits)
-#   and the PyTorch baseline (bench/torch_baseline.py) on the same shapes, then a summary.
+#   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits;
+#   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
+#   PyTorch baseline (bench/torch_baseline.py, both modes) on the same shapes, then a summary.
 # Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize check bench (default all)
 # Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
 # sanitize.log check.log bench.log torch.log summary.txt. Env: BUILD (build dir, default
 # build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all),
+# OTHER_CONFIGS (default dsv3-fc1,qwen3-30b-fc1),
 # COMMIT (recorded in the summary; default `git rev-parse --short HEAD`).
 set -u
 cd "$(dirname "$0")/.."
@@ -16,6 +18,8 @@ OUT=${OUT:-$PWD/$BUILD/gpu_out}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 SAN_TIMEOUT=${SAN_TIMEOUT:-300}
 BENCH_CONFIGS=${BENCH_CONFIGS:-dsv3-fc1,dsv3-fc2,qwen3-30b-fc1,qwen3-30b-fc2,mixtral-fc1,gptoss-fc1}
+OTHER_CONFIGS=${OTHER_CONFIGS:-dsv3-fc1,qwen3-30b-fc1}   # configs of `moex bench --ops other` and its torch baseline
+OTHER_OPS=' (glu|router|permute|unpermute|moe)_(fwd|bwd) '
 mkdir -p "$OUT"
 STAGES=${*:-build test sanitize check bench}
 SUMMARY="$OUT/summary.txt"
@@ -85,15 +89,28 @@ if has bench; then
                 >> "$OUT/bench_portable.log" 2>&1
         done
     done
+    for cfg in ${OTHER_CONFIGS//,/ }; do   # GLU, router, permute, unpermute, MoE layer
+        echo "=== moex bench $cfg --ops other" >> "$OUT/bench.log"
+        "$BUILD"/moex bench --backend cuda --ops other --config "$cfg" --iters 10 >> "$OUT/bench.log" 2>&1
+    done
     PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --configs "$BENCH_CONFIGS" --iters 10 > "$OUT/torch.log" 2>&1
+    echo "=== torch_baseline --ops other" >> "$OUT/torch.log"
+    PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --ops other --configs "$OTHER_CONFIGS" --iters 10 \
+        >> "$OUT/torch.log" 2>&1
     note "bench: $((SECONDS - t0)) s"
     note "moex bench --backend cuda (bf16):"
     grep -m1 '^config' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
-    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench.log" | grep -vE "$OTHER_OPS" |
+        sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "moex bench --backend cuda --ops other (bf16; GB/s: bytes read and written once, see moex bench --help):"
+    grep -m1 -E '^config +E ' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -E "$OTHER_OPS" "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "moex bench --backend cuda, portable GEMM only (MOEX_CUDA_GEMM=portable):"
     grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench_portable.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "torch baseline:"
-    sed -n '/^torch._grouped_mm/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    sed -n '/^torch._grouped_mm/,/^=== /{/^=== /!p}' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "torch baseline, other ops:"
+    sed -n '/^torch other ops/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
 echo

@@ -9,6 +9,11 @@
  * FLOP counts (S = sum(splits) rows): linear forward, backward data and backward weight
  * 2 S K N each; grouped MLP forward 6 S H F (FC1 2F x H, FC2 H x F), backward twice that,
  * forward+backward 18 S H F.
+ *
+ * --ops other times the remaining operations (scaled GLU, router, permute, unpermute, the
+ * MoE layer; forward and backward each) on the config's T, H, F with E = G and k = 2 or 8,
+ * and reports effective GB/s: the bytes an op must read and write at least once (--help
+ * gives the formulas) over its time.
  */
 #include "cli_util.h"
 
@@ -51,8 +56,11 @@ static const bench_config configs[] = {
 static const char *const backend_words[] = {"cpu", "cuda", NULL};
 static const char *const dtype_words[] = {"default", "f32", "bf16", NULL};
 
+static const char *const ops_words[] = {"gemm", "other", "all", NULL};
+enum { OPS_GEMM = 0, OPS_OTHER = 1, OPS_ALL = 2 };
+
 typedef struct bench_opts {
-    int backend, dtype, splits, json;
+    int backend, dtype, splits, json, ops;
     int64_t iters, threads, seed;
     const char *config;
 } bench_opts;
@@ -76,8 +84,26 @@ static void usage(FILE *out) {
             "                   CPU, 20 on cuda)\n"
             "  --threads N      CPU threads of the library (default: MOEX_NUM_THREADS or all)\n"
             "  --seed S         seed of the data and the skewed splits (default 1)\n"
+            "  --ops O          gemm | other | all (default gemm): 'other' times, instead of the\n"
+            "                   GEMMs, the scaled GLU (SwiGLU x probs, contiguous, T rows), the router\n"
+            "                   (softmax, top-k, renormalised; f32 logits [T,E]), permute and unpermute\n"
+            "                   (T tokens, T*k rows) and the whole MoE layer, each forward and backward,\n"
+            "                   with E = G experts and k = 2 (G <= 8) or 8, in ms and effective GB/s\n"
             "  --json           print one JSON object instead of the table\n"
             "  -h, --help       this help\n"
+            "\n"
+            "Effective GB/s of --ops other = bytes each op must read and write at least once / time,\n"
+            "with S = sum(splits), e = bytes per activation element, f32 probs and i32 ids/row maps:\n"
+            "  glu_fwd       S (3F e + 4)         h, probs in; z out\n"
+            "  glu_bwd       S (5F e + 12)        h, dz, probs in; dh out; dprobs read and written\n"
+            "  router_fwd    T (4E + 8k)          logits in; probs, ids out\n"
+            "  router_bwd    T (8E + 8k)          logits, ids, dprobs in; dlogits out\n"
+            "  permute_fwd   T H e (1+k) + 16Tk + 8E   x, ids, probs in; xp, probs_p, row_map, splits out\n"
+            "  permute_bwd   T H e (1+k) + 12Tk   row_map, dxp, dprobs_p in; dx, dprobs out\n"
+            "  unpermute_*   T H e (1+k) + 4Tk    row_map and the T*k rows in, the T rows out (or back)\n"
+            "  moe_fwd       e (2TH + EH + 3EFH)  x, router_w, w1, w2 in; y out\n"
+            "  moe_bwd       e (3TH + 2EH + 6EFH) x, dy and the weights in; dx and the weight grads out\n"
+            "and GFLOP/s of the MoE layer: forward 2TEH + 6TkHF, backward twice that.\n"
             "\n"
             "configurations (G groups, T rows, K in, N out; MLP: H hidden, F ffn):\n");
     for (int i = 0; i < NUM_CONFIGS; i++) {
@@ -425,13 +451,347 @@ done:
     return rc;
 }
 
+/* ---- the other operations (--ops other) ----------------------------------------------- */
+
+/* The GLU, the routing ops and the whole MoE layer of config c: E = G experts, T tokens,
+ * k = 2 experts per token when G <= 8, else 8. Permute and unpermute move T*k rows. */
+typedef struct other_bench {
+    moex_scaled_glu_args glu;
+    moex_scaled_glu_grad_args glu_bwd;
+    moex_router_args router;
+    moex_router_grad_args router_bwd;
+    moex_permute_args perm;
+    moex_permute_grad_args perm_bwd;
+    moex_unpermute_args unperm;
+    moex_unpermute_grad_args unperm_bwd;
+    moex_moe_layer_args moe;
+    moex_moe_layer_grad_args moe_bwd;
+    bench_ws *ws;
+} other_bench;
+
+static moex_status run_glu_fwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_scaled_glu_forward(ctx, &b->glu, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_glu_bwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_scaled_glu_backward(ctx, &b->glu_bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_router_fwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_router_forward(ctx, &b->router, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_router_bwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_router_backward(ctx, &b->router_bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_perm_fwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_permute_forward(ctx, &b->perm, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_perm_bwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_permute_backward(ctx, &b->perm_bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_unperm_fwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_unpermute_forward(ctx, &b->unperm, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_unperm_bwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_unpermute_backward(ctx, &b->unperm_bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_moe_fwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_moe_layer_forward(ctx, &b->moe, b->ws->ptr, b->ws->bytes, NULL);
+}
+static moex_status run_moe_bwd(moex_context *ctx, void *a) {
+    other_bench *b = a;
+    return moex_moe_layer_backward(ctx, &b->moe_bwd, b->ws->ptr, b->ws->bytes, NULL);
+}
+
+typedef struct other_row {
+    const char *op;
+    double bytes, flops, seconds;   /* flops 0: not a GEMM op; seconds < 0: failed */
+} other_row;
+
+#define OTHER_ROWS 10
+
+static int64_t other_topk(const bench_config *c) { return c->G <= 8 ? 2 : 8; }
+
+/* Runs the other ops of config c; fills rows (returns OTHER_ROWS) or returns -1. The
+ * dependent ops (permute after router, unpermute after permute, backward after forward)
+ * read what the previous op wrote; each op is run once in that order before the timing,
+ * and every rerun writes the same values, so their inputs stay valid while timed. */
+static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_config *c,
+                       splits_kind sk, const bench_opts *o, other_row *rows, int64_t *splits_out) {
+    const int64_t E = c->G, T = c->T, H = c->H, F = c->F, k = other_topk(c), Tk = T * k;
+    const size_t es = moex_dtype_size(dt);
+    cli_rng r = cli_rng_make((uint64_t)o->seed);
+    make_splits(sk, E, T, &r, splits_out);
+    int64_t S = 0;
+    for (int64_t g = 0; g < E; g++) S += splits_out[g];
+
+    /* GLU: h [T,2F], probs [T], z [T,F], dz [T,F], dh [T,2F], dprobs [T], splits [E].
+     * router: logits [T,E] f32, probs [T,k], ids [T,k], dprobs [T,k], dlogits [T,E].
+     * permute: x [T,H] -> xp [Tk,H], probs_p [Tk], splits [E], row_map [Tk];
+     *          dxp [Tk,H], dprobs_p [Tk] -> dx [T,H], dprobs [T,k].
+     * unpermute: yp = dxp (random) -> y [T,H]; dy [T,H] -> dyp [Tk,H].
+     * MoE layer: x, router_w [E,H], w1 [E,2F,H], w2 [E,H,F] -> y [T,H] (saved: sized by the
+     *            library); dy -> dx [T,H], drouter_w [E,H], dw1, dw2. */
+    enum { GH, GP, GZ, GDZ, GDH, GDP, SPL, RL, RP, RI, RDP, RDL, PX, PXP, PPP, PSPL, PRM, PDXP, PDPP, PDX,
+           PDP, UY, UDY, UDYP, MRW, MW1, MW2, MY, MDX, MDRW, MDW1, MDW2, MSAVED, NBUF };
+    size_t bytes[NBUF] = {
+        [GH] = (size_t)(T * 2 * F) * es, [GP] = (size_t)T * 4, [GZ] = (size_t)(T * F) * es,
+        [GDZ] = (size_t)(T * F) * es, [GDH] = (size_t)(T * 2 * F) * es, [GDP] = (size_t)T * 4,
+        [SPL] = (size_t)E * 8, [RL] = (size_t)(T * E) * 4, [RP] = (size_t)Tk * 4, [RI] = (size_t)Tk * 4,
+        [RDP] = (size_t)Tk * 4, [RDL] = (size_t)(T * E) * 4, [PX] = (size_t)(T * H) * es,
+        [PXP] = (size_t)(Tk * H) * es, [PPP] = (size_t)Tk * 4, [PSPL] = (size_t)E * 8, [PRM] = (size_t)Tk * 4,
+        [PDXP] = (size_t)(Tk * H) * es, [PDPP] = (size_t)Tk * 4, [PDX] = (size_t)(T * H) * es,
+        [PDP] = (size_t)Tk * 4, [UY] = (size_t)(T * H) * es, [UDY] = (size_t)(T * H) * es,
+        [UDYP] = (size_t)(Tk * H) * es, [MRW] = (size_t)(E * H) * es, [MW1] = (size_t)(E * 2 * F * H) * es,
+        [MW2] = (size_t)(E * H * F) * es, [MY] = (size_t)(T * H) * es, [MDX] = (size_t)(T * H) * es,
+        [MDRW] = (size_t)(E * H) * es, [MDW1] = (size_t)(E * 2 * F * H) * es,
+        [MDW2] = (size_t)(E * H * F) * es, [MSAVED] = 0,   /* MSAVED: after the size query */
+    };
+    void *buf[NBUF] = {0};
+    int rc = -1;
+    bench_ws ws = {NULL, 0};
+    other_bench ob;
+    memset(&ob, 0, sizeof ob);
+    ob.ws = &ws;
+
+    /* the argument structs first: the saved size query needs the MoE layer's */
+    moex_glu_params swiglu = moex_glu_params_default(MOEX_GLU_SWIGLU);
+    ob.glu.glu = swiglu;
+    ob.glu_bwd.glu = swiglu;
+    ob.router.topk = (int32_t)k;
+    ob.router.score = MOEX_ROUTER_SOFTMAX;
+    ob.router.norm = MOEX_ROUTER_RENORM;
+    ob.router_bwd.topk = (int32_t)k;
+    ob.router_bwd.score = MOEX_ROUTER_SOFTMAX;
+    ob.router_bwd.norm = MOEX_ROUTER_RENORM;
+    ob.perm.num_experts = (int32_t)E;
+    ob.moe.topk = (int32_t)k;
+    ob.moe.score = MOEX_ROUTER_SOFTMAX;
+    ob.moe.norm = MOEX_ROUTER_RENORM;
+    ob.moe.b2_mode = MOEX_BIAS_NONE;
+    ob.moe.glu = swiglu;
+
+    for (int i = 0; i < NBUF; i++) {
+        if (i == MSAVED) continue;
+        buf[i] = cli_mem_alloc(be, bytes[i]);
+        if (!buf[i]) {
+            cli_error(CMD, "%s: cannot allocate %zu bytes of %s memory", c->name, bytes[i], cli_backend_name(be));
+            goto done;
+        }
+    }
+    ob.glu.h = moex_tensor_2d(buf[GH], dt, T, 2 * F);
+    ob.glu.probs = moex_tensor_1d(buf[GP], MOEX_DTYPE_F32, T);
+    ob.glu.splits = moex_tensor_1d(buf[SPL], MOEX_DTYPE_I64, E);
+    ob.glu.z = moex_tensor_2d(buf[GZ], dt, T, F);
+    ob.glu_bwd.h = ob.glu.h;
+    ob.glu_bwd.probs = ob.glu.probs;
+    ob.glu_bwd.splits = ob.glu.splits;
+    ob.glu_bwd.dz = moex_tensor_2d(buf[GDZ], dt, T, F);
+    ob.glu_bwd.dh = moex_tensor_2d(buf[GDH], dt, T, 2 * F);
+    ob.glu_bwd.dprobs = moex_tensor_1d(buf[GDP], MOEX_DTYPE_F32, T);
+
+    ob.router.logits = moex_tensor_2d(buf[RL], MOEX_DTYPE_F32, T, E);
+    ob.router.probs = moex_tensor_2d(buf[RP], MOEX_DTYPE_F32, T, k);
+    ob.router.ids = moex_tensor_2d(buf[RI], MOEX_DTYPE_I32, T, k);
+    ob.router_bwd.logits = ob.router.logits;
+    ob.router_bwd.ids = ob.router.ids;
+    ob.router_bwd.dprobs = moex_tensor_2d(buf[RDP], MOEX_DTYPE_F32, T, k);
+    ob.router_bwd.dlogits = moex_tensor_2d(buf[RDL], MOEX_DTYPE_F32, T, E);
+
+    ob.perm.x = moex_tensor_2d(buf[PX], dt, T, H);
+    ob.perm.ids = ob.router.ids;
+    ob.perm.probs = ob.router.probs;
+    ob.perm.xp = moex_tensor_2d(buf[PXP], dt, Tk, H);
+    ob.perm.probs_p = moex_tensor_1d(buf[PPP], MOEX_DTYPE_F32, Tk);
+    ob.perm.splits = moex_tensor_1d(buf[PSPL], MOEX_DTYPE_I64, E);
+    ob.perm.row_map = moex_tensor_1d(buf[PRM], MOEX_DTYPE_I32, Tk);
+    ob.perm_bwd.row_map = ob.perm.row_map;
+    ob.perm_bwd.dxp = moex_tensor_2d(buf[PDXP], dt, Tk, H);
+    ob.perm_bwd.dprobs_p = moex_tensor_1d(buf[PDPP], MOEX_DTYPE_F32, Tk);
+    ob.perm_bwd.dx = moex_tensor_2d(buf[PDX], dt, T, H);
+    ob.perm_bwd.dprobs = moex_tensor_2d(buf[PDP], MOEX_DTYPE_F32, T, k);
+
+    ob.unperm.row_map = ob.perm.row_map;
+    ob.unperm.yp = ob.perm_bwd.dxp;
+    ob.unperm.y = moex_tensor_2d(buf[UY], dt, T, H);
+    ob.unperm_bwd.row_map = ob.perm.row_map;
+    ob.unperm_bwd.dy = moex_tensor_2d(buf[UDY], dt, T, H);
+    ob.unperm_bwd.dyp = moex_tensor_2d(buf[UDYP], dt, Tk, H);
+
+    ob.moe.x = ob.perm.x;
+    ob.moe.router_w = moex_tensor_2d(buf[MRW], dt, E, H);
+    ob.moe.w1 = moex_weight_packed(moex_tensor_3d(buf[MW1], dt, E, 2 * F, H));
+    ob.moe.w2 = moex_weight_packed(moex_tensor_3d(buf[MW2], dt, E, H, F));
+    ob.moe.y = moex_tensor_2d(buf[MY], dt, T, H);
+    moex_status st = moex_moe_layer_saved_size(ctx, &ob.moe, &bytes[MSAVED]);
+    if (st != MOEX_OK) {
+        cli_error(CMD, "%s: moe_layer_saved_size failed: %s", c->name, moex_last_error(ctx));
+        goto done;
+    }
+    buf[MSAVED] = cli_mem_alloc(be, bytes[MSAVED]);
+    if (bytes[MSAVED] && !buf[MSAVED]) {
+        cli_error(CMD, "%s: cannot allocate %zu saved bytes", c->name, bytes[MSAVED]);
+        goto done;
+    }
+    ob.moe.saved = buf[MSAVED];
+    ob.moe.saved_bytes = bytes[MSAVED];
+    ob.moe_bwd.fwd = ob.moe;
+    ob.moe_bwd.dy = ob.unperm_bwd.dy;
+    ob.moe_bwd.dx = moex_tensor_2d(buf[MDX], dt, T, H);
+    ob.moe_bwd.dw_mode = MOEX_GRAD_WRITE;
+    ob.moe_bwd.drouter_w = moex_tensor_2d(buf[MDRW], dt, E, H);
+    ob.moe_bwd.dw1 = moex_weight_packed(moex_tensor_3d(buf[MDW1], dt, E, 2 * F, H));
+    ob.moe_bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[MDW2], dt, E, H, F));
+
+    /* random inputs; the ids, probs and row maps come from the router and permute runs */
+    if (fill_random(be, buf[GH], dt, (size_t)(T * 2 * F), 2.0, &r) ||
+        fill_random(be, buf[GP], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
+        fill_random(be, buf[GDZ], dt, (size_t)(T * F), 1.0, &r) ||
+        fill_random(be, buf[GDP], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
+        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]) ||
+        fill_random(be, buf[RL], MOEX_DTYPE_F32, (size_t)(T * E), 3.0, &r) ||
+        fill_random(be, buf[RDP], MOEX_DTYPE_F32, (size_t)Tk, 1.0, &r) ||
+        fill_random(be, buf[PX], dt, (size_t)(T * H), 1.0, &r) ||
+        fill_random(be, buf[PDXP], dt, (size_t)(Tk * H), 1.0, &r) ||
+        fill_random(be, buf[PDPP], MOEX_DTYPE_F32, (size_t)Tk, 1.0, &r) ||
+        fill_random(be, buf[UDY], dt, (size_t)(T * H), 1.0, &r) ||
+        fill_random(be, buf[MRW], dt, (size_t)(E * H), 1.0 / sqrt((double)H), &r) ||
+        fill_random(be, buf[MW1], dt, (size_t)(E * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
+        fill_random(be, buf[MW2], dt, (size_t)(E * H * F), 1.0 / sqrt((double)F), &r))
+        goto done;
+
+    size_t b = 0;
+    grow(&ws.bytes, moex_scaled_glu_forward_workspace_size(ctx, &ob.glu, &b), &b);
+    grow(&ws.bytes, moex_scaled_glu_backward_workspace_size(ctx, &ob.glu_bwd, &b), &b);
+    grow(&ws.bytes, moex_router_forward_workspace_size(ctx, &ob.router, &b), &b);
+    grow(&ws.bytes, moex_router_backward_workspace_size(ctx, &ob.router_bwd, &b), &b);
+    grow(&ws.bytes, moex_permute_forward_workspace_size(ctx, &ob.perm, &b), &b);
+    grow(&ws.bytes, moex_permute_backward_workspace_size(ctx, &ob.perm_bwd, &b), &b);
+    grow(&ws.bytes, moex_unpermute_forward_workspace_size(ctx, &ob.unperm, &b), &b);
+    grow(&ws.bytes, moex_unpermute_backward_workspace_size(ctx, &ob.unperm_bwd, &b), &b);
+    grow(&ws.bytes, moex_moe_layer_forward_workspace_size(ctx, &ob.moe, &b), &b);
+    grow(&ws.bytes, moex_moe_layer_backward_workspace_size(ctx, &ob.moe_bwd, &b), &b);
+    if (ws.bytes) {
+        ws.ptr = cli_mem_alloc(be, ws.bytes);
+        if (!ws.ptr) {
+            cli_error(CMD, "%s: cannot allocate a workspace of %zu bytes", c->name, ws.bytes);
+            goto done;
+        }
+    }
+
+    /* Effective bytes: what each op must read and write at least once (see --help). */
+    const double t = (double)T, tk = (double)Tk, e = (double)E, h = (double)H, f = (double)F, s = (double)S,
+                 w = (double)es, th = t * h * w;
+    const double moe_flops = 2.0 * t * e * h + 6.0 * tk * h * f;
+    const other_row spec[OTHER_ROWS] = {
+        {"glu_fwd", s * (3.0 * f * w + 4.0), 0.0, -1.0},
+        {"glu_bwd", s * (5.0 * f * w + 12.0), 0.0, -1.0},
+        {"router_fwd", t * (4.0 * e + 8.0 * (double)k), 0.0, -1.0},
+        {"router_bwd", t * (8.0 * e + 8.0 * (double)k), 0.0, -1.0},
+        {"permute_fwd", th * (1.0 + (double)k) + 16.0 * tk + 8.0 * e, 0.0, -1.0},
+        {"permute_bwd", th * (1.0 + (double)k) + 12.0 * tk, 0.0, -1.0},
+        {"unpermute_fwd", th * (1.0 + (double)k) + 4.0 * tk, 0.0, -1.0},
+        {"unpermute_bwd", th * (1.0 + (double)k) + 4.0 * tk, 0.0, -1.0},
+        {"moe_fwd", w * (2.0 * t * h + e * h + 3.0 * e * f * h), moe_flops, -1.0},
+        {"moe_bwd", w * (3.0 * t * h + 2.0 * e * h + 6.0 * e * f * h), 2.0 * moe_flops, -1.0},
+    };
+    bench_op ops[OTHER_ROWS] = {
+        {"glu_fwd", run_glu_fwd, &ob},       {"glu_bwd", run_glu_bwd, &ob},
+        {"router_fwd", run_router_fwd, &ob}, {"router_bwd", run_router_bwd, &ob},
+        {"permute_fwd", run_perm_fwd, &ob},  {"permute_bwd", run_perm_bwd, &ob},
+        {"unpermute_fwd", run_unperm_fwd, &ob}, {"unpermute_bwd", run_unperm_bwd, &ob},
+        {"moe_fwd", run_moe_fwd, &ob},       {"moe_bwd", run_moe_bwd, &ob},
+    };
+    /* the producers once, in order, so every consumer's first (warm-up) run reads real data */
+    const int producers[] = {2, 4, 8};
+    for (int i = 0; i < 3; i++) {
+        const bench_op *p = &ops[producers[i]];
+        st = p->fn(ctx, p->arg);
+        if (st != MOEX_OK || cli_mem_sync(be) != 0) {
+            cli_error(CMD, "%s: %s failed: %s (%s)", c->name, p->what, moex_last_error(ctx), moex_status_string(st));
+            goto done;
+        }
+    }
+    double med[OTHER_ROWS];
+    time_ops(ctx, be, o->iters, ops, OTHER_ROWS, med);
+    for (int i = 0; i < OTHER_ROWS; i++) {
+        rows[i] = spec[i];
+        rows[i].seconds = med[i];
+    }
+    rc = OTHER_ROWS;
+done:
+    cli_mem_free(be, ws.ptr);
+    for (int i = 0; i < NBUF; i++) cli_mem_free(be, buf[i]);
+    return rc;
+}
+
 /* ---- the command -------------------------------------------------------------------- */
+
+/* --ops other: runs bench_other on each picked config and prints its rows (a table, or
+ * JSON objects continuing the results array, *emitted counting them). Returns 1 when a
+ * config or an op failed. */
+static int print_other(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_opts *o, const int *pick,
+                       int npick, int *emitted) {
+    int failed = 0;
+    if (!o->json)
+        printf("%s%-14s %4s %6s %6s %6s %3s %-8s  %-16s %10s %10s %10s\n", o->ops == OPS_ALL ? "\n" : "", "config",
+               "E", "T", "H", "F", "k", "splits", "op", "ms", "GB/s", "GFLOP/s");
+    for (int p = 0; p < npick; p++) {
+        const bench_config *c = &configs[pick[p]];
+        splits_kind sk = o->splits >= 0 ? (splits_kind)o->splits : c->splits;
+        other_row rows[OTHER_ROWS];
+        const int64_t k = other_topk(c);
+        int64_t *splits = malloc((size_t)c->G * sizeof(int64_t));
+        int n = splits ? bench_other(ctx, be, dt, c, sk, o, rows, splits) : -1;
+        free(splits);
+        if (n < 0) {
+            failed = 1;
+            continue;
+        }
+        for (int i = 0; i < n; i++) {
+            const other_row *r = &rows[i];
+            double gbs = r->seconds > 0 ? r->bytes / r->seconds * 1e-9 : 0.0;
+            double gfs = r->seconds > 0 && r->flops > 0 ? r->flops / r->seconds * 1e-9 : 0.0;
+            if (r->seconds < 0) failed = 1;
+            if (o->json) {
+                printf("%s\n  {\"config\": \"%s\", \"E\": %lld, \"T\": %lld, \"H\": %lld, \"F\": %lld, \"k\": %lld, "
+                       "\"splits\": \"%s\", \"op\": \"%s\", ",
+                       (*emitted)++ ? "," : "", c->name, (long long)c->G, (long long)c->T, (long long)c->H,
+                       (long long)c->F, (long long)k, splits_words[sk], r->op);
+                if (r->seconds > 0)
+                    printf("\"ms\": %.4f, \"gbps\": %.2f", r->seconds * 1e3, gbs);
+                else
+                    printf("\"ms\": null, \"gbps\": null");
+                if (gfs > 0) printf(", \"gflops\": %.2f", gfs);
+                printf("}");
+            } else {
+                printf("%-14s %4lld %6lld %6lld %6lld %3lld %-8s  %-16s ", i == 0 ? c->name : "", (long long)c->G,
+                       (long long)c->T, (long long)c->H, (long long)c->F, (long long)k, splits_words[sk], r->op);
+                if (r->seconds > 0)
+                    printf("%10.3f %10.2f", r->seconds * 1e3, gbs);
+                else
+                    printf("%10s %10s", "FAILED", "");
+                if (gfs > 0) printf(" %10.2f", gfs);
+                printf("\n");
+            }
+        }
+    }
+    return failed;
+}
+
 
 static double gflops(const bench_row *r) { return r->seconds > 0 ? r->flops / r->seconds * 1e-9 : 0.0; }
 
 int cli_cmd_bench(int argc, char **argv) {
     bench_opts o = {.backend = -1, .dtype = 0, .splits = -1, .json = 0, .iters = 0, .threads = 0, .seed = 1,
-                    .config = NULL};
+                    .config = NULL, .ops = OPS_GEMM};
     const cli_option opts[] = {
         {"backend", CLI_OPT_CHOICE, &o.backend, backend_words, 0, 0},
         {"config", CLI_OPT_STRING, &o.config, NULL, 0, 0},
@@ -441,6 +801,7 @@ int cli_cmd_bench(int argc, char **argv) {
         {"threads", CLI_OPT_INT, &o.threads, NULL, 1, 1024},
         {"seed", CLI_OPT_INT, &o.seed, NULL, 0, 9.007199254740992e15},
         {"json", CLI_OPT_FLAG, &o.json, NULL, 0, 0},
+        {"ops", CLI_OPT_CHOICE, &o.ops, ops_words, 0, 0},
     };
     int pr = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage);
     if (pr == CLI_PARSE_HELP) return CLI_EXIT_OK;
@@ -486,14 +847,15 @@ int cli_cmd_bench(int argc, char **argv) {
         printf("moex bench: backend %s, dtype %s, median of %lld runs after a warm-up\n", cli_backend_name(be),
                cli_dtype_name(dt), (long long)o.iters);
 #ifndef MOEX_HAVE_OPENBLAS
-        if (!cuda) printf("(baseline unavailable: this moex was built without OpenBLAS, no cblas_sgemm to compare)\n");
+        if (!cuda && o.ops != OPS_OTHER) printf("(baseline unavailable: this moex was built without OpenBLAS, no cblas_sgemm to compare)\n");
 #else
-        if (!cuda && dt != MOEX_DTYPE_F32) printf("(the cblas_sgemm baseline is f32)\n");
+        if (!cuda && dt != MOEX_DTYPE_F32 && o.ops != OPS_OTHER) printf("(the cblas_sgemm baseline is f32)\n");
 #endif
-        printf("%-14s %4s %6s %6s %6s %-8s  %-16s %10s %10s %9s\n", "config", "G", "T", "K", "N", "splits", "op",
-               "ms", "GFLOP/s", "vs sgemm");
+        if (o.ops != OPS_OTHER)
+            printf("%-14s %4s %6s %6s %6s %-8s  %-16s %10s %10s %9s\n", "config", "G", "T", "K", "N", "splits",
+                   "op", "ms", "GFLOP/s", "vs sgemm");
     }
-    for (int p = 0; p < npick; p++) {
+    for (int p = 0; p < npick && o.ops != OPS_OTHER; p++) {
         const bench_config *c = &configs[pick[p]];
         splits_kind sk = o.splits >= 0 ? (splits_kind)o.splits : c->splits;
         bench_row rows[MAX_ROWS];
@@ -543,6 +905,7 @@ int cli_cmd_bench(int argc, char **argv) {
         }
         free(splits);
     }
+    if (o.ops != OPS_GEMM) failed |= print_other(ctx, be, dt, &o, pick, npick, &emitted);
     if (o.json) printf("\n], \"baseline\": \"%s\"}\n",
 #ifdef MOEX_HAVE_OPENBLAS
                        cuda ? "none" : "openblas cblas_sgemm"
