@@ -548,6 +548,25 @@ static PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
 
 static bool sm90_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
+/* Whether `device` is a compute capability 9.0 GPU, `kernel` has its sm_90a image in this
+ * binary (a JIT of the sm_80 PTX would compile the guarded PTX out), and the driver gives
+ * the tensor-map encoder. Reads no device memory; clears any error it provoked. */
+static bool sm90_device_ok(int device, const void *kernel) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (major != 9 || minor != 0) return false;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.binaryVersion == 90 && sm90_encode_fn() != NULL;
+}
+
 extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (a == NULL) return false;
     if (a->dtype != MOEX_DTYPE_BF16 && a->dtype != MOEX_DTYPE_F16) return false;
@@ -556,21 +575,7 @@ extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (a->K > INT32_MAX / 2 || a->N > INT32_MAX / 2) return false;
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
     if (a->splits == NULL || ((uintptr_t)a->splits & 7u) != 0) return false;
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (major != 9 || minor != 0) return false;
-    /* the sm_90a image must be in the binary (a JIT of the sm_80 PTX would do nothing) */
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, sm90_grouped_kernel<0, 1, 1, 0>) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (fa.binaryVersion != 90) return false;
-    return sm90_encode_fn() != NULL;
+    return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0>);
 }
 
 /* A 2-D or 3-D row-major bf16/f16 tensor map: dims innermost first, box as given, 128-byte
@@ -715,20 +720,7 @@ extern "C" bool moex_sm90_wgrad_supported(int device, const moex_sm90_wgrad_args
     if (a->K > INT32_MAX / 2 || a->N > INT32_MAX / 2) return false;
     if (!sm90_aligned16(a->dy) || !sm90_aligned16(a->x) || !sm90_aligned16(a->dw)) return false;
     if (a->splits == NULL || ((uintptr_t)a->splits & 7u) != 0) return false;
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (major != 9 || minor != 0) return false;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, sm90_wgrad_kernel<0>) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (fa.binaryVersion != 90) return false;
-    return sm90_encode_fn() != NULL;
+    return sm90_device_ok(device, (const void *)sm90_wgrad_kernel<0>);
 }
 
 extern "C" moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_wgrad_args *a, moex_stream stream,
