@@ -100,12 +100,19 @@ typedef struct offsets_outs {
     int n;
 } offsets_outs;
 
-static __device__ void put_offset(const offsets_outs &o, int i, int64_t at, int64_t v) {
-    if (o.is_i64[i]) ((int64_t *)o.out[i])[at] = v;
-    else ((int32_t *)o.out[i])[at] = (int32_t)v;
+/* Stores v (>= 0); returns 1 when an I32 output cannot hold it (it then keeps a truncated
+ * value, and the caller flags the splits). */
+static __device__ int put_offset(const offsets_outs &o, int i, int64_t at, int64_t v) {
+    if (o.is_i64[i]) {
+        ((int64_t *)o.out[i])[at] = v;
+        return 0;
+    }
+    ((int32_t *)o.out[i])[at] = (int32_t)v;
+    return v > INT32_MAX;
 }
 
-/* out_i[g (+1)] = stride_i * (s_0 + ... + s_g), negative splits counted as 0 and flagged. */
+/* out_i[g (+1)] = stride_i * (s_0 + ... + s_g), negative splits counted as 0; negative
+ * splits and values too large for an I32 output are flagged. */
 static __global__ void __launch_bounds__(SCAN_THREADS)
 offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
     __shared__ int64_t sh[32];
@@ -124,7 +131,7 @@ offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
         int64_t total;
         int64_t incl = block_scan_i64(s, sh, &total) + carry;
         if (g < G)
-            for (int i = 0; i < o.n; i++) put_offset(o, i, g + o.leading_zero[i], incl * o.stride[i]);
+            for (int i = 0; i < o.n; i++) bad |= put_offset(o, i, g + o.leading_zero[i], incl * o.stride[i]);
         carry += total;
         __syncthreads();
     }

@@ -8,6 +8,7 @@
  *     reference run on the clamped splits), and moex_context_check_splits then reports
  *     MOEX_ERR_BAD_SPLITS naming the operation, once (the record is cleared);
  *   - routing ids outside [0, E) in permute: skipped, reported as MOEX_ERR_INVALID_ARG;
+ *   - splits_to_offsets into an I32 output that overflows: flagged, MOEX_ERR_BAD_SPLITS;
  *   - determinism: the grouped linear backward (dbias, dprobs) and the grouped MLP backward
  *     run twice on the same inputs give bitwise equal outputs.
  * Exits 77 (skipped) without a GPU.
@@ -179,6 +180,23 @@ static void test_bad_ids(moex_context *ctx) {
               "bad ids: valid entries keep the (expert, token) order");
 }
 
+/* An offset past INT32_MAX in an I32 output: stored truncated, flagged, and reported by
+ * moex_context_check_splits (the CPU backend refuses the call instead). */
+static void test_offsets_overflow(moex_context *ctx) {
+    int64_t splits[2] = {(int64_t)1 << 30, (int64_t)1 << 30};
+    int32_t out[3] = {-7, -7, -7};
+    moex_splits_to_offsets_args a = {0};
+    a.splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, 2);
+    a.num_outputs = 1;
+    a.outputs[0].out = moex_tensor_1d(out, MOEX_DTYPE_I32, 3);
+    a.outputs[0].stride = 1;
+    a.outputs[0].start = MOEX_OFFSETS_LEADING_ZERO;
+    CHECK_STATUS(ctx, gpu_splits_to_offsets(ctx, &a), MOEX_ERR_BAD_SPLITS);
+    CHECK_MSG_HAS(ctx, "I32");
+    CHECK_MSG(out[0] == 0 && out[1] == (int32_t)1 << 30, "I32 overflow: the offsets that fit are stored");
+    CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);   /* cleared */
+}
+
 /* Two runs of the same backward give the same bits. */
 static void test_determinism(moex_context *ctx, tu_rng *r) {
     const moex_dtype dt = MOEX_DTYPE_BF16;
@@ -242,6 +260,7 @@ int main(void) {
     }
     test_bad_splits_mlp(ctx, &r);
     test_bad_ids(ctx);
+    test_offsets_overflow(ctx);
     test_determinism(ctx, &r);
     moex_context_destroy(ctx);
     return tu_finish();
