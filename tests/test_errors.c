@@ -326,6 +326,8 @@ static void grouped_linear_cases(moex_context *ctx) {
     a = base_fw, a.x.ndim = 0;                         FW("x");
     a = base_fw, a.x.dtype = MOEX_DTYPE_I32;           FW("x");
     a = base_fw, a.x.shape[0] = -1;                    FW("x");
+    /* a shape whose element count overflows: refused before any pointer is used */
+    a = base_fw, a.x.shape[0] = a.x.shape[1] = (int64_t)1 << 32; FW("too many elements");
     a = base_fw, a.w.t.shape[2] = K + 1;               FW("w");
     a = base_fw, a.w.t.shape[0] = G + 1;               FW("w");
     a = base_fw, a.w.t.dtype = MOEX_DTYPE_F16;         FW("w");

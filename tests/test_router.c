@@ -194,6 +194,19 @@ static void test_ties(void) {
     }
 }
 
+/* A NaN logit ranks below every number (as on the GPU), wherever it stands in the row. */
+static void test_nan(void) {
+    const float l[2 * 3] = {NAN, 1, 2, 1, NAN, 2};
+    router_case c = {2, 3, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_NO_RENORM, MOEX_DTYPE_F32, 1};
+    float probs[4];
+    int32_t ids[4];
+    CHECK_STATUS(ctx, lib_forward(&c, (void *)l, probs, ids), MOEX_OK);
+    CHECK_MSG(ids[0] == 2 && ids[1] == 1 && ids[2] == 2 && ids[3] == 0, "NaN logits: ids %d %d / %d %d", ids[0],
+              ids[1], ids[2], ids[3]);
+    CHECK_MSG(!isnan(probs[0]) && !isnan(probs[1]) && !isnan(probs[2]) && !isnan(probs[3]),
+              "NaN logits: the chosen probs are the finite ones");
+}
+
 /* k = 1 with renormalisation: probs are 1 and the gradient to the logits is exactly 0. */
 static void test_k1_renorm_zero_grad(tu_rng *r) {
     router_case c = {9, 5, 1, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
@@ -350,6 +363,7 @@ int main(void) {
             }
         }
     test_ties();
+    test_nan();
     test_k1_renorm_zero_grad(&r);
     test_errors();
     test_empty();

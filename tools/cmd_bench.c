@@ -118,12 +118,16 @@ static void usage(FILE *out) {
 
 /* splits[G] summing to T. Skewed: Dirichlet(0.5) shares (a Gamma(0.5) draw is N(0,1)^2 / 2)
  * with one random group forced empty, rounded by cumulative sums so the total is exact. */
-static void make_splits(splits_kind kind, int64_t G, int64_t T, cli_rng *r, int64_t *splits) {
+static int make_splits(splits_kind kind, int64_t G, int64_t T, cli_rng *r, int64_t *splits) {
     if (kind == SPLITS_BALANCED) {
         for (int64_t g = 0; g < G; g++) splits[g] = T / G + (g < T % G ? 1 : 0);
-        return;
+        return 0;
     }
     double *share = malloc((size_t)G * sizeof(double)), total = 0.0;
+    if (!share) {
+        fprintf(stderr, "moex bench: out of host memory\n");
+        return -1;
+    }
     int64_t empty = G > 1 ? cli_rng_below(r, G) : -1;
     for (int64_t g = 0; g < G; g++) {
         double n = cli_rng_normal(r);
@@ -145,6 +149,7 @@ static void make_splits(splits_kind kind, int64_t G, int64_t T, cli_rng *r, int6
         splits[empty] = 0;
     }
     free(share);
+    return 0;
 }
 
 /* n elements of dtype dt in backend memory, uniform in [-scale, scale). A random block of
@@ -305,7 +310,7 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     const int64_t G = c->G, T = c->T, K = c->K, N = c->N, H = c->H, F = c->F;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    make_splits(sk, G, T, &r, splits_out);
+    if (make_splits(sk, G, T, &r, splits_out) != 0) return -1;
     int64_t S = 0;
     for (int64_t g = 0; g < G; g++) S += splits_out[g];
 
@@ -528,7 +533,7 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     const int64_t E = c->G, T = c->T, H = c->H, F = c->F, k = other_topk(c), Tk = T * k;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    make_splits(sk, E, T, &r, splits_out);
+    if (make_splits(sk, E, T, &r, splits_out) != 0) return -1;
     int64_t S = 0;
     for (int64_t g = 0; g < E; g++) S += splits_out[g];
 

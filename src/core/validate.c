@@ -50,11 +50,17 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
     if (t->ndim != ndim)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %d-D %s, got %d-D %s", op, name, ndim,
                          want, (int)t->ndim, got);
+    /* The element count, kept small enough that every byte offset fits an int64. */
+    const int64_t max_elems = INT64_MAX / 8;
+    int64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
         if (t->shape[i] < 0)
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s has a negative dimension: %s", op, name, got);
         if (shape[i] >= 0 && t->shape[i] != shape[i])
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, want, got);
+        if (t->shape[i] > 0 && numel > max_elems / t->shape[i])
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements", op, name, got);
+        numel *= t->shape[i];
     }
     if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_I64 || !(dtypes & MOEX_DT(t->dtype))) {
         char dts[64];
@@ -62,7 +68,7 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, dts,
                          moex_dtype_name(t->dtype));
     }
-    if (!t->data && moex_numel(t) > 0)
+    if (!t->data && numel > 0)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.data is NULL", op, name);
     return MOEX_OK;
 }

@@ -96,9 +96,9 @@ static void router_forward_chunks(void *arg, int64_t cbegin, int64_t cend) {
             float sum = 0.0f;
             for (int64_t j = 0; j < k; j++) {
                 int64_t best = -1;
-                for (int64_t e = 0; e < E; e++) {   /* strict > keeps the lower index on ties */
-                    if (s[e] == TAKEN) continue;
-                    if (best < 0 || s[e] > s[best]) best = e;
+                for (int64_t e = 0; e < E; e++) {   /* strict > keeps the lower index on ties; */
+                    if (s[e] == TAKEN) continue;         /* a NaN score ranks below every number */
+                    if (best < 0 || s[e] > s[best] || (isnan(s[best]) && !isnan(s[e]))) best = e;
                 }
                 probs[t * k + j] = s[best];
                 ids[t * k + j] = (int32_t)best;

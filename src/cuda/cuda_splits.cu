@@ -100,9 +100,16 @@ typedef struct offsets_outs {
     int n;
 } offsets_outs;
 
-/* Stores v (>= 0); returns 1 when an I32 output cannot hold it (it then keeps a truncated
- * value, and the caller flags the splits). */
-static __device__ int put_offset(const offsets_outs &o, int i, int64_t at, int64_t v) {
+/* Stores stride_i * incl (incl >= 0 unless the prefix sum wrapped); returns 1 when the
+ * value does not fit the output, which then keeps a saturated or truncated value (the
+ * caller flags the splits). */
+static __device__ int put_offset(const offsets_outs &o, int i, int64_t at, int64_t incl) {
+    if (incl < 0 || incl > INT64_MAX / o.stride[i]) {
+        if (o.is_i64[i]) ((int64_t *)o.out[i])[at] = INT64_MAX;
+        else ((int32_t *)o.out[i])[at] = INT32_MAX;
+        return 1;
+    }
+    const int64_t v = incl * o.stride[i];
     if (o.is_i64[i]) {
         ((int64_t *)o.out[i])[at] = v;
         return 0;
@@ -112,7 +119,7 @@ static __device__ int put_offset(const offsets_outs &o, int i, int64_t at, int64
 }
 
 /* out_i[g (+1)] = stride_i * (s_0 + ... + s_g), negative splits counted as 0; negative
- * splits and values too large for an I32 output are flagged. */
+ * splits and values that do not fit their output are flagged. */
 static __global__ void __launch_bounds__(SCAN_THREADS)
 offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
     __shared__ int64_t sh[32];
@@ -131,7 +138,7 @@ offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
         int64_t total;
         int64_t incl = block_scan_i64(s, sh, &total) + carry;
         if (g < G)
-            for (int i = 0; i < o.n; i++) bad |= put_offset(o, i, g + o.leading_zero[i], incl * o.stride[i]);
+            for (int i = 0; i < o.n; i++) bad |= put_offset(o, i, g + o.leading_zero[i], incl);
         carry += total;
         __syncthreads();
     }
