@@ -446,7 +446,8 @@ typedef struct moex_unpermute_args {
 } moex_unpermute_args;
 
 typedef struct moex_unpermute_grad_args {
-    moex_tensor row_map;        /* [T*k] I32                                in            */
+    moex_tensor row_map;        /* [T*k] I32, a permutation as permute wrote it (the CPU
+                                   refuses repeated rows; CUDA does not check)   in       */
     moex_tensor dy;             /* [T, H]                                   in            */
     moex_tensor dyp;            /* [T*k, H], dtype of dy                    =             */
 } moex_unpermute_grad_args;

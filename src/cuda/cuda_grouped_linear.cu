@@ -156,6 +156,7 @@ extern "C" size_t moex_cuda_grouped_linear_forward_ws(moex_context *ctx, const m
 static moex_status fwd_run(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d,
                            void *ws, cudaStream_t stream) {
     const char *op = "moex_grouped_linear_forward";
+    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     sched_layout(d, (char *)ws, &s);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_FORWARD, &s, (const int64_t *)a->splits.data, stream));
@@ -192,6 +193,7 @@ extern "C" size_t moex_cuda_grouped_linear_backward_data_ws(moex_context *ctx,
 static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                              void *ws, cudaStream_t stream) {
     const char *op = "moex_grouped_linear_backward_data";
+    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     float *partial;
     dgrad_layout(a, d, (char *)ws, &s, &partial);
@@ -224,6 +226,7 @@ extern "C" size_t moex_cuda_grouped_linear_backward_weight_ws(moex_context *ctx,
 static moex_status wgrad_run(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
                              void *ws, cudaStream_t stream) {
     const char *op = "moex_grouped_linear_backward_weight";
+    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     sched_layout(d, (char *)ws, &s);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_WGRAD, &s, (const int64_t *)a->splits.data, stream));

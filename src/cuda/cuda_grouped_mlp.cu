@@ -38,6 +38,7 @@ extern "C" size_t moex_cuda_grouped_mlp_forward_ws(moex_context *ctx, const moex
 static moex_status fwd_run(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d, void *ws,
                            cudaStream_t stream) {
     const char *op = "moex_grouped_mlp_forward";
+    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     void *z;
     fwd_layout(a, d, (char *)ws, &s, &z);
@@ -112,6 +113,7 @@ extern "C" size_t moex_cuda_grouped_mlp_backward_ws(moex_context *ctx, const moe
 static moex_status bwd_run(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
                            void *ws, cudaStream_t stream) {
     const char *op = "moex_grouped_mlp_backward";
+    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     bwd_plan p = plan_of(a);
     bwd_bufs b;
     bwd_layout(a, d, &p, (char *)ws, &b);

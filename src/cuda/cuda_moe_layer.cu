@@ -122,6 +122,7 @@ extern "C" size_t moex_cuda_moe_layer_forward_ws(moex_context *ctx, const moex_m
 static moex_status fwd_run(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d, void *ws,
                            cudaStream_t stream) {
     const char *op = "moex_moe_layer_forward";
+    MOEX_TRY(moex_cuda_check_moe(ctx, op, d->T, d->k, d->E));
     fwd_bufs b;
     fwd_layout(ctx, a, d, (char *)ws, &b);
     saved_views v;
@@ -226,6 +227,7 @@ extern "C" size_t moex_cuda_moe_layer_backward_ws(moex_context *ctx, const moex_
 static moex_status bwd_run(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d, void *ws,
                            cudaStream_t stream) {
     const char *op = "moex_moe_layer_backward";
+    MOEX_TRY(moex_cuda_check_moe(ctx, op, d->T, d->k, d->E));
     const moex_moe_layer_args *f = &a->fwd;
     const bool dx = moex_present(&a->dx), router = dx || moex_present(&a->drouter_w);
     const int64_t rows = d->T * d->k;

@@ -114,6 +114,29 @@ static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
     return (T + MOEX_CUDA_BM - 1) / MOEX_CUDA_BM + G;
 }
 
+/* The grid limits of the grouped kernels: ceil(T / MOEX_CUDA_BM) + G row tiles and G groups,
+ * each at most 65535. Operations check them before their first launch, so that a refused
+ * call has written nothing. */
+static inline moex_status moex_cuda_check_grid(moex_context *ctx, const char *op, int64_t T, int64_t G) {
+    if (moex_cuda_max_tiles(T, G) > 65535 || G > 65535)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: %lld rows in %lld groups exceed the CUDA grid limits (ceil(T/%d) + G <= 65535)",
+                         op, (long long)T, (long long)G, MOEX_CUDA_BM);
+    return MOEX_OK;
+}
+
+/* The most experts the permute kernel counts in shared memory (48 KiB of int32). */
+#define MOEX_CUDA_MAX_EXPERTS 12288
+
+/* The MoE layer's limits, checked before its first launch: the permute kernel's expert
+ * count, and the grid limits for its T*k expert rows in E groups. */
+static inline moex_status moex_cuda_check_moe(moex_context *ctx, const char *op, int64_t T, int64_t k, int64_t E) {
+    if (E > MOEX_CUDA_MAX_EXPERTS)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the CUDA permute limit (%d)", op,
+                         (long long)E, MOEX_CUDA_MAX_EXPERTS);
+    return moex_cuda_check_grid(ctx, op, T * k, E);
+}
+
 /* Takes the schedule's arrays from the workspace. */
 void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
 

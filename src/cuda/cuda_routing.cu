@@ -301,9 +301,9 @@ moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, 
                                   void *ws, cudaStream_t stream) {
     int64_t n = T * k, nc = perm_chunks(n);
     size_t smem = (size_t)E * sizeof(int32_t);
-    if (smem > 48 * 1024)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the permute kernel's limit (12288)",
-                         op, (long long)E);
+    if (E > MOEX_CUDA_MAX_EXPERTS)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the permute kernel's limit (%d)",
+                         op, (long long)E, MOEX_CUDA_MAX_EXPERTS);
     int32_t *counts = (int32_t *)ws;
     if (nc > 0) {
         perm_count_kernel<<<(unsigned)nc, 32, smem, stream>>>(ids, n, E, counts, moex_cuda_st(ctx)->flag, op_id);
