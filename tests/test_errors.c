@@ -361,6 +361,12 @@ static void grouped_linear_cases(moex_context *ctx) {
     /* discrete weights work (valid) */
     a = base_fw, a.w.t.data = NULL, a.w.ptrs = fx.wptr;
     OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
+    {   /* ... but not with a NULL matrix pointer */
+        void *saved_ptr = fx.wptr[1];
+        fx.wptr[1] = NULL;
+        BAD(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL), "w.ptrs[1]");
+        fx.wptr[1] = saved_ptr;
+    }
 
     moex_grouped_linear_dgrad_args d = base_dg;
     OK(ctx, moex_grouped_linear_backward_data(ctx, &d, fx.ws, WS_BYTES, NULL));

@@ -89,7 +89,13 @@ moex_status moex_check_weight(moex_context *ctx, const char *op, const char *nam
     /* Discrete: t describes dtype and shape only; check it as if it had data. */
     moex_tensor desc = w->t;
     desc.data = (void *)w->ptrs;
-    return moex_check_tensor(ctx, op, name, &desc, 3, shape, dtypes);
+    MOEX_TRY(moex_check_tensor(ctx, op, name, &desc, 3, shape, dtypes));
+    /* The pointer array is host memory only on the CPU backend. */
+    if (ctx->backend == MOEX_BACKEND_CPU && desc.shape[1] * desc.shape[2] > 0)
+        for (int64_t g = 0; g < desc.shape[0]; g++)
+            if (!w->ptrs[g])
+                return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.ptrs[%lld] is NULL", op, name, (long long)g);
+    return MOEX_OK;
 }
 
 moex_status moex_check_splits_arg(moex_context *ctx, const char *op, const moex_tensor *splits, int64_t *G) {
