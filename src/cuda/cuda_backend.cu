@@ -76,7 +76,7 @@ static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
     if ((flag >> 4) == MOEX_CUDA_OP_SPLITS_TO_OFFSETS)
         return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                          "%s: moex_splits_to_offsets saw a negative split, or an offset too large for "
-                         "an I32 output; its outputs are not meaningful", op);
+                         "its output dtype (I32 or I64); its outputs are not meaningful", op);
     return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                      "%s: %s saw bad split values (a negative split, or a sum past T); its kernels "
                      "clamped them to the T rows, so its outputs are not meaningful",
