@@ -117,6 +117,25 @@ template <typename TS, typename TC> struct tile_loader {
         }
     }
 
+    /* RAW only: the VEC 16-bit elements of one vector at (row, k) gathered one by one,
+     * zero where they fall past `rows` or `kvalid` (a tile edge, or an unaligned source). */
+    __device__ __forceinline__ uint4 gather16(int row, int64_t k, int64_t kvalid) const {
+        uint32_t w[4];
+#pragma unroll
+        for (int e = 0; e < VEC; e += 2) {
+            uint32_t h[2];
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                int64_t rr = kc ? row : row + e + u, ke = kc ? k + e + u : k;
+                h[u] = (rr < rows && ke < kvalid)
+                           ? (uint32_t)((const unsigned short *)base)[kc ? rr * ld + ke : ke * ld + rr]
+                           : 0u;
+            }
+            w[e / 2] = h[0] | (h[1] << 16);
+        }
+        return make_uint4(w[0], w[1], w[2], w[3]);
+    }
+
     __device__ void load(int64_t k0, int64_t kvalid) {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
@@ -133,20 +152,7 @@ template <typename TS, typename TC> struct tile_loader {
                     for (int e = 0; e < VEC; e++) v[i][e] = vec_elem<TS>(r, e);
                 }
             } else if constexpr (RAW) {
-                uint32_t w[4];
-#pragma unroll
-                for (int e = 0; e < VEC; e += 2) {
-                    uint32_t h[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        int64_t rr = kc ? row : row + e + u, ke = kc ? k + e + u : k;
-                        h[u] = (rr < rows && ke < kvalid)
-                                   ? (uint32_t)((const unsigned short *)base)[kc ? rr * ld + ke : ke * ld + rr]
-                                   : 0u;
-                    }
-                    w[e / 2] = h[0] | (h[1] << 16);
-                }
-                raw[i] = make_uint4(w[0], w[1], w[2], w[3]);
+                raw[i] = gather16(row, k, kvalid);
             } else {
 #pragma unroll
                 for (int e = 0; e < VEC; e++) {
@@ -172,20 +178,7 @@ template <typename TS, typename TC> struct tile_loader {
                 uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
             } else {
-                uint32_t w[4];
-#pragma unroll
-                for (int e = 0; e < VEC; e += 2) {
-                    uint32_t h[2];
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        int64_t rr = kc ? row : row + e + u, ke = kc ? k + e + u : k;
-                        h[u] = (rr < rows && ke < kvalid)
-                                   ? (uint32_t)((const unsigned short *)base)[kc ? rr * ld + ke : ke * ld + rr]
-                                   : 0u;
-                    }
-                    w[e / 2] = h[0] | (h[1] << 16);
-                }
-                *(uint4 *)dst = make_uint4(w[0], w[1], w[2], w[3]);
+                *(uint4 *)dst = gather16(row, k, kvalid);
             }
         }
     }
