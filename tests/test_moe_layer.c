@@ -642,9 +642,9 @@ static void test_empty_and_partial(tu_rng *r) {
     free_data(&v);
 }
 
-int main(void) {
-    ctx = tu_cpu_context();
-    tu_rng r = tu_rng_seed(4242);
+/* The cases every backend runs (tests/cuda/test_gpu_moe_layer.c runs them on the GPU):
+ * the layer against the reference, and the library backward against finite differences. */
+static void run_backend_cases(tu_rng *r) {
     const moex_router_score SM = MOEX_ROUTER_SOFTMAX, SG = MOEX_ROUTER_SIGMOID;
     const moex_router_norm RN = MOEX_ROUTER_RENORM, RAW = MOEX_ROUTER_NO_RENORM;
     const moex_glu_kind SW = MOEX_GLU_SWIGLU, CL = MOEX_GLU_CLAMPED_SWIGLU;
@@ -663,8 +663,28 @@ int main(void) {
         {1, 3, 2, 1, 2, SG, RN, MOEX_BIAS_ADD, 1, SW, CT, F32, 0, AC, F32, 0},          /* one token, k = E */
         {64, 20, 12, 10, 3, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, BF, 5, AC, F32, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(&r, &cases[i]);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(r, &cases[i]);
 
+    const moe_case lib_fd_cases[] = {
+        {17, 10, 4, 6, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 1, WR, F32, 0},
+        {12, 8, 5, 4, 2, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
+        {9, 6, 3, 4, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
+    };
+    for (size_t i = 0; i < sizeof lib_fd_cases / sizeof lib_fd_cases[0]; i++) test_library_fd(r, &lib_fd_cases[i]);
+}
+
+int main(void) {
+    ctx = tu_cpu_context();
+    tu_rng r = tu_rng_seed(4242);
+    run_backend_cases(&r);
+
+    /* the reference backward against finite differences (CPU only: it tests the reference) */
+    const moex_router_score SM = MOEX_ROUTER_SOFTMAX, SG = MOEX_ROUTER_SIGMOID;
+    const moex_router_norm RN = MOEX_ROUTER_RENORM, RAW = MOEX_ROUTER_NO_RENORM;
+    const moex_glu_kind SW = MOEX_GLU_SWIGLU, CL = MOEX_GLU_CLAMPED_SWIGLU;
+    const moex_glu_layout CT = MOEX_GLU_CONTIGUOUS;
+    const moex_dtype F32 = MOEX_DTYPE_F32;
+    const moex_grad_mode WR = MOEX_GRAD_WRITE;
     const moe_case fd_cases[] = {
         {5, 4, 3, 2, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
         {4, 3, 4, 3, 1, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
@@ -673,13 +693,6 @@ int main(void) {
         {5, 3, 4, 2, 3, SG, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
     };
     for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) test_reference_fd(&r, &fd_cases[i]);
-
-    const moe_case lib_fd_cases[] = {
-        {17, 10, 4, 6, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 1, WR, F32, 0},
-        {12, 8, 5, 4, 2, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
-        {9, 6, 3, 4, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
-    };
-    for (size_t i = 0; i < sizeof lib_fd_cases / sizeof lib_fd_cases[0]; i++) test_library_fd(&r, &lib_fd_cases[i]);
 
     test_errors(&r);
     test_empty_and_partial(&r);
