@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# profile_sm90.sh - Nsight Compute profiles of the Hopper grouped GEMM kernels, one launch
+# each, taken from `moex bench --backend cuda` (which runs forward, dgrad, wgrad in that
+# order): tensor-pipe utilisation, memory throughput and the warp stall reasons, so that a
+# kernel change is aimed at what actually stalls.
+# Usage: scripts/profile_sm90.sh [SPEC ...]   SPEC = config:splits:kernel-regex
+# Env: BUILD (default build-gpu, already built), OUT (logs; default $BUILD/prof_out).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-gpu}
+OUT=${OUT:-$PWD/$BUILD/prof_out}
+mkdir -p "$OUT"
+SPECS=${*:-"qwen3-30b-fc2:balanced:sm90_grouped_kernel<0, 1, 1, 0> dsv3-fc1:balanced:sm90_grouped_kernel<0, 1, 1, 0> qwen3-30b-fc1:balanced:sm90_wgrad_kernel"}
+METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
+lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct,\
+smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_long_scoreboard
+IFS=$'\n'
+for spec in $(echo "$SPECS" | sed 's/ \([a-z0-9-]*:\)/\n\1/g'); do
+    cfg=${spec%%:*}; rest=${spec#*:}; sp=${rest%%:*}; kre=${rest#*:}
+    log="$OUT/prof_${cfg}_${sp}_$(echo "$kre" | tr -cd 'a-z0-9_').log"
+    timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count 1 \
+        --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
+        --metrics "$METRICS" \
+        "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 1 > "$log" 2>&1
+    echo "=== $cfg $sp $kre rc=$?"
+    grep -E "Duration|gmma_cycles_active|lts__t_bytes|dram__bytes|hit_rate|Compute \(SM\) Throughput|Memory Throughput|stalled_barrier|stalled_long|Registers Per|Stall|cycles being stalled" "$log" | head -24
+done
