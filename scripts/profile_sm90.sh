@@ -10,18 +10,21 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-$PWD/$BUILD/prof_out}
 mkdir -p "$OUT"
-SPECS=${*:-"qwen3-30b-fc2:balanced:sm90_grouped_kernel<0, 1, 1, 0> dsv3-fc1:balanced:sm90_grouped_kernel<0, 1, 1, 0> qwen3-30b-fc1:balanced:sm90_wgrad_kernel"}
+SPECS=${*:-"qwen3-30b-fc2:balanced:FWD dsv3-fc1:balanced:FWD qwen3-30b-fc1:balanced:sm90_wgrad_kernel dsv3-fc1:balanced:sm90_wgrad_kernel"}
+# FWD and DGRAD stand for the regexes of the two instances of sm90_grouped_kernel
+FWD="sm90_grouped_kernel<.int.0, .int.1, .int.1, .int.0>"
+DGRAD="sm90_grouped_kernel<.int.0, .int.1, .int.1, .int.1>"
 METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
-lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct,\
-smsp__average_warp_latency_issue_stalled_barrier,smsp__average_warp_latency_issue_stalled_long_scoreboard
+lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct
 IFS=$'\n'
 for spec in $(echo "$SPECS" | sed 's/ \([a-z0-9-]*:\)/\n\1/g'); do
     cfg=${spec%%:*}; rest=${spec#*:}; sp=${rest%%:*}; kre=${rest#*:}
+    case $kre in FWD) kre=$FWD ;; DGRAD) kre=$DGRAD ;; esac
     log="$OUT/prof_${cfg}_${sp}_$(echo "$kre" | tr -cd 'a-z0-9_').log"
     timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count 1 \
         --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section Occupancy \
         --metrics "$METRICS" \
         "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 1 > "$log" 2>&1
     echo "=== $cfg $sp $kre rc=$?"
-    grep -E "Duration|gmma_cycles_active|lts__t_bytes|dram__bytes|hit_rate|Compute \(SM\) Throughput|Memory Throughput|stalled_barrier|stalled_long|Registers Per|Stall|cycles being stalled" "$log" | head -24
+    grep -E "^ +(Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|Warp Cycles Per Issued)|lts__t_bytes|dram__bytes.sum|hit_rate|gmma|This stall type" "$log" | head -16
 done
