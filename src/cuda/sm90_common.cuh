@@ -1,0 +1,103 @@
+/*
+ * sm90_common.cuh - private: what the Hopper (sm_90a) grouped GEMM kernels share: the CTA
+ * shape (one TMA producer warpgroup and two wgmma consumer warpgroups, 128x256x64 tiles,
+ * a 4-stage ring), packing of f32 pairs into bf16/f16, and the host helpers (tensor-map
+ * encoding, the device check). Used by sm90_grouped_gemm.cu and sm90_grouped_wgrad.cu.
+ */
+#ifndef MOEX_SM90_COMMON_CUH
+#define MOEX_SM90_COMMON_CUH
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "sm90_grouped_gemm.h"
+#include "sm90_ptx.cuh"
+
+#define SM90_BM 128                 /* output rows per tile (2 consumers x 64)        */
+#define SM90_BN 256                 /* output columns per tile                        */
+#define SM90_BK 64                  /* k per stage: one 128-byte swizzle row of bf16   */
+#define SM90_STAGES 4
+#define SM90_BAND 8                 /* column tiles per band of the tile order         */
+#define SM90_THREADS 384
+
+#if MOEX_SM90_DEVICE
+/* f32 pair -> two packed 16-bit values of the input dtype (round to nearest even) */
+template <int IS_F16> struct sm90_io;
+template <> struct sm90_io<0> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        return *(uint32_t *)&v;
+    }
+};
+template <> struct sm90_io<1> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 v = __floats2half2_rn(a, b);
+        return *(uint32_t *)&v;
+    }
+};
+#endif /* MOEX_SM90_DEVICE */
+
+/* ---- host helpers ------------------------------------------------------------------- */
+
+static inline PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
+    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
+    if (fn == NULL) {
+        void *p = NULL;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }
+    return fn;
+}
+
+static inline bool sm90_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Whether `device` is a compute capability 9.0 GPU, `kernel` has its sm_90a image in this
+ * binary (a JIT of the sm_80 PTX would compile the guarded PTX out), and the driver gives
+ * the tensor-map encoder. Reads no device memory; clears any error it provoked. */
+static inline bool sm90_device_ok(int device, const void *kernel) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    if (major != 9 || minor != 0) return false;
+    cudaFuncAttributes fa;
+    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return fa.binaryVersion == 90 && sm90_encode_fn() != NULL;
+}
+/* A 2-D or 3-D row-major bf16/f16 tensor map: dims innermost first, box as given, 128-byte
+ * swizzle, zero fill outside the tensor. */
+static inline bool sm90_make_map(CUtensorMap *m, moex_dtype dt, const void *base, int rank, const cuuint64_t *dims,
+                          const cuuint32_t *box) {
+    if (!sm90_aligned16(base)) return false;
+    cuuint64_t strides[2];
+    strides[0] = dims[0] * 2;
+    if (rank == 3) strides[1] = dims[0] * dims[1] * 2;
+    const cuuint32_t estr[3] = {1, 1, 1};
+    CUresult r = sm90_encode_fn()(m, dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                  (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
+                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS;
+}
+
+#define SM90_FAIL(st, msg)               \
+    do {                                 \
+        if (why != NULL) *why = (msg);   \
+        return (st);                     \
+    } while (0)
+
+#endif /* MOEX_SM90_COMMON_CUH */
