@@ -23,10 +23,10 @@ CONFIGS = [
     ("mixtral-fc1", 8, 16384, 4096, 28672), ("gptoss-fc1", 32, 16384, 2880, 5760),
 ]
 
-# op -> [(name, (grid, band, epilogue_tma, cluster))]; 0 = the library default
+# op -> [(name, (grid, band, epilogue_tma, cluster, grid_used, tile_rows))]; 0 = the library default
 VARIANTS = {
-    "fwd": [("default", (0, 0, 1, 0)), ("band4", (0, 4, 1, 0)), ("g128", (128, 0, 1, 0)), ("clu2", (0, 0, 1, 2))],
-    "dgrad": [("default", (0, 0, 1, 0)), ("band4", (0, 4, 1, 0))],
+    "fwd": [("default", (0, 0, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)), ("clu2", (0, 0, 1, 2, 0, 0))],
+    "dgrad": [("default", (0, 0, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64))],
 }
 
 MOEX_DTYPE_BF16 = 1
@@ -40,7 +40,7 @@ class Args(ctypes.Structure):
 
 class Tune(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
-                ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int)]
+                ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int)]
 
 
 def make_splits(G, T, kind):
@@ -142,7 +142,7 @@ def compare(lib_path, out_dir, only):
                                 sd.data_ptr(), None, 0)
                     why = ctypes.c_char_p()
                     variants = VARIANTS[op]
-                    tunes = {v: Tune(*p, 0) for v, p in variants}
+                    tunes = {v: Tune(*p) for v, p in variants}
 
                     def run_sm90(v):
                         st = entry[op](ctypes.byref(args), ctypes.byref(tunes[v]),

@@ -9,7 +9,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUT=${OUT:-$PWD/sm90_out}
 B=${B:-/tmp/sm90_build}
 mkdir -p "$OUT" "$B"
-NV="nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc/core"
+NV="nvcc -O3 -std=c++17 -lineinfo -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc/core -Isrc/cpu"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv,noheader
 set -e
 $NV -Xcompiler -fPIC -Xptxas -v -c src/cuda/sm90_grouped_gemm.cu -o $B/sm90.o 2>&1 | grep -E "registers|spill|error|warning" | sort | uniq -c || true

@@ -7,27 +7,29 @@
  *                    dprobs_i += dy_i . b_g (scaled bias only)
  *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
  * The moex_cuda_linear_* building blocks take an already built schedule, so the grouped
- * MLP and the MoE layer build it once per call. On Hopper the products without a bias
- * epilogue (forward y = x W^T, backward-data dx = dy W) and the weight gradient run on the
- * sm_90a kernels (sm90_grouped_gemm.h) when they support the shapes; everything else runs
- * on the portable kernel (cuda_grouped_gemm_sm80.cu).
+ * MLP and the MoE layer build it once per call. On Hopper the forward (with its bias, and
+ * for the MLP's FC1 with the scaled GLU fused), the backward-data product dx = dy W and the
+ * weight gradient run on the sm_90a kernels (sm90_grouped_gemm.h) when they support the
+ * shapes and packed weights; everything else runs on the portable kernel
+ * (cuda_grouped_gemm_sm80.cu).
  */
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"
 
-/* Runs y = x W_g^T (dgrad: dx = dy W_g) on the Hopper kernel when the context allows it
- * and the kernel supports the arguments; *ran says whether it did. */
+/* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
+ * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
+ * whether it did. */
 static moex_status try_sm90(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y, bool dgrad,
-                            cudaStream_t stream, bool *ran) {
+                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                            const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
     *ran = false;
     if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
     /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
     const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0};
-    if (!moex_sm90_supported(ctx->device, &a)) return MOEX_OK;
+    if (!moex_sm90_epilogue_supported(ctx->device, &a, e)) return MOEX_OK;
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
-                           : moex_sm90_grouped_gemm_fwd(&a, (moex_stream)stream, &why);
+                           : moex_sm90_grouped_gemm_fwd_epi(&a, e, NULL, (moex_stream)stream, &why);
     if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
     *ran = true;
     return MOEX_OK;
@@ -37,11 +39,16 @@ moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_c
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream) {
-    if (bias_mode == MOEX_BIAS_NONE) {
-        bool ran;
-        MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, x, w, y, false, stream, &ran));
-        if (ran) return MOEX_OK;
+    moex_sm90_epilogue e = {};
+    e.bias_mode = bias_mode;
+    if (bias_mode != MOEX_BIAS_NONE) {
+        e.bias = bias->data;
+        e.bias_dtype = bias->dtype;
+        e.probs = bias_mode == MOEX_BIAS_SCALED ? probs : NULL;
     }
+    bool ran;
+    MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, x, w, y, &e, false, stream, &ran));
+    if (ran) return MOEX_OK;
     moex_cuda_gemm g = {};
     g.kind = MOEX_CUDA_GEMM_ROWS;
     g.sched = s;
@@ -67,12 +74,28 @@ moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_c
     return moex_cuda_gemm_run(ctx, op, &g, stream);
 }
 
+moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                     int64_t K, int64_t F, const void *x, const moex_weight *w, const moex_tensor *bias,
+                                     const moex_glu_params *glu, const float *probs, void *h, void *z,
+                                     cudaStream_t stream, bool *ran) {
+    moex_sm90_epilogue e = {};
+    if (moex_present(bias)) {
+        e.bias_mode = MOEX_BIAS_ADD;
+        e.bias = bias->data;
+        e.bias_dtype = bias->dtype;
+    }
+    e.probs = probs;
+    e.glu = glu;
+    e.z = z;
+    return try_sm90(ctx, op, s, dt, K, 2 * F, x, w, h, &e, false, stream, ran);
+}
+
 moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
                                    const float *dbias_probs, float *dbias, float *partial,
                                    const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
     bool ran = false;
-    if (dx) MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, dy, w, dx, true, stream, &ran));
+    if (dx) MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
     if (dx && !ran) {
         moex_cuda_gemm g = {};
         g.kind = MOEX_CUDA_GEMM_ROWS;

@@ -4,6 +4,7 @@
  *
  * forward:   h = x W1_g^T (+ b1_g)                  h [T, 2F]  =
  *            z = p * glu(h)                         z [T, F]   = (args->z or workspace)
+ *            (on Hopper both in one launch: the GLU fused into FC1's epilogue)
  *            y = z W2_g^T (+ b2_g | + p b2_g)       y [T, H]   =
  * backward:  dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += dy . b2_g (SCALED)
  *            dW2 = dy^T z          (z recomputed into the workspace when not saved)
@@ -44,10 +45,15 @@ static moex_status fwd_run(moex_context *ctx, const moex_grouped_mlp_args *a, co
     fwd_layout(a, d, (char *)ws, &s, &z);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_MLP_FORWARD, &s, (const int64_t *)a->splits.data, stream));
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
-    MOEX_TRY(moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->H, 2 * d->F, a->x.data, &a->w1,
-                                  moex_present(&a->b1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE, &a->b1, NULL, a->h.data,
-                                  stream));
-    MOEX_TRY(moex_cuda_glu_fwd(ctx, op, &a->glu, s.off + d->G, d->T, d->F, d->dt, a->h.data, probs, z, stream));
+    bool fused;
+    MOEX_TRY(moex_cuda_linear_fwd_glu(ctx, op, &s, d->dt, d->H, d->F, a->x.data, &a->w1, &a->b1, &a->glu, probs,
+                                      a->h.data, z, stream, &fused));
+    if (!fused) {
+        MOEX_TRY(moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->H, 2 * d->F, a->x.data, &a->w1,
+                                      moex_present(&a->b1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE, &a->b1, NULL,
+                                      a->h.data, stream));
+        MOEX_TRY(moex_cuda_glu_fwd(ctx, op, &a->glu, s.off + d->G, d->T, d->F, d->dt, a->h.data, probs, z, stream));
+    }
     return moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->F, d->H, z, &a->w2, a->b2_mode, &a->b2,
                                 a->b2_mode == MOEX_BIAS_SCALED ? probs : NULL, a->y.data, stream);
 }

@@ -199,6 +199,14 @@ moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_c
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream);
+/* The FC1 of the grouped MLP with the scaled GLU fused into one Hopper launch: h = x W_g^T
+ * (+ b_g) [T, 2F] and z = p glu(h) [T, F] (p = probs, or 1 when NULL). *ran = false (and
+ * nothing launched) when the Hopper kernel cannot run it: the caller then runs the product
+ * and the GLU separately. */
+moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                     int64_t K, int64_t F, const void *x, const moex_weight *w, const moex_tensor *bias,
+                                     const moex_glu_params *glu, const float *probs, void *h, void *z,
+                                     cudaStream_t stream, bool *ran);
 /* dx = dy W_g (dx != NULL); dbias = sum (p) dy (dbias != NULL, p = dbias_probs or 1, partial
  * from moex_cuda_colsum_partial_bytes); dprobs += dy . bias_g (dprobs != NULL). */
 moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,

@@ -77,17 +77,19 @@ static inline bool sm90_device_ok(int device, const void *kernel) {
     }
     return fa.binaryVersion == 90 && sm90_encode_fn() != NULL;
 }
-/* A 2-D or 3-D row-major bf16/f16 tensor map: dims innermost first, box as given, 128-byte
- * swizzle, zero fill outside the tensor. */
+/* A 2-D or 3-D row-major bf16/f16/f32 tensor map: dims innermost first, box as given (its
+ * inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the tensor. */
 static inline bool sm90_make_map(CUtensorMap *m, moex_dtype dt, const void *base, int rank, const cuuint64_t *dims,
                           const cuuint32_t *box) {
     if (!sm90_aligned16(base)) return false;
+    const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : 2;
     cuuint64_t strides[2];
-    strides[0] = dims[0] * 2;
-    if (rank == 3) strides[1] = dims[0] * dims[1] * 2;
+    strides[0] = dims[0] * es;
+    if (rank == 3) strides[1] = dims[0] * dims[1] * es;
     const cuuint32_t estr[3] = {1, 1, 1};
-    CUresult r = sm90_encode_fn()(m, dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                          : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    CUresult r = sm90_encode_fn()(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                     : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                   (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -27,17 +27,17 @@
  * Tensor maps depend on pointers and shapes only, so a launch captured in a CUDA graph stays
  * correct when the split values change.
  */
+#include "cpu_glu_math.h"
 #include "sm90_common.cuh"
 
 #define SM90_DEFAULT_CLUSTER 1      /* CTAs per cluster unless tuned otherwise */
 
-#define SM90_A_ELEMS (SM90_BM * SM90_BK)
-#define SM90_B_ELEMS (SM90_BN * SM90_BK)
-static const uint32_t SM90_STAGE_BYTES = (uint32_t)(SM90_BM + SM90_BN) * SM90_BK * 2u;
 #define SM90_C_ELEMS (64 * 128)       /* a consumer's output staging: 64 rows x 128 columns */
-/* stages + output staging (2 consumers) + barriers + slack to align to 1024 bytes */
-static const size_t SM90_SMEM_BYTES =
-    (size_t)SM90_STAGES * SM90_STAGE_BYTES + 2 * SM90_C_ELEMS * 2 + 2 * SM90_STAGES * 8 + 1024;
+/* stages of BM input rows and 256 weight rows by 64 k + output staging (2 consumers) +
+ * barriers + slack to align to 1024 bytes */
+static size_t sm90_smem_bytes(int bm) {
+    return (size_t)SM90_STAGES * (bm + SM90_BN) * SM90_BK * 2 + 2 * SM90_C_ELEMS * 2 + 2 * SM90_STAGES * 8 + 1024;
+}
 
 /* ---- the device-side group schedule ------------------------------------------------- */
 
@@ -62,7 +62,7 @@ static __device__ __forceinline__ void sm90_cursor_start(sm90_cursor *c) {
 /* Moves the cursor forward to the group that owns tile t (t never decreases between calls).
  * Returns 0 when t is past the last tile. */
 static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t, const int64_t *splits, int G,
-                                                       int64_t T, int64_t nt, int cm) {
+                                                       int64_t T, int64_t nt, int bm, int cm) {
     while (t >= c->tile0 + c->mt * nt) {
         c->tile0 += c->mt * nt;
         c->g++;
@@ -71,24 +71,22 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
         s = s < 0 ? 0 : s;
         c->row0 = c->row1;
         c->row1 = c->row0 + s < T ? c->row0 + s : T;
-        c->mt = (c->row1 - c->row0 + SM90_BM * cm - 1) / (SM90_BM * cm);
+        c->mt = (c->row1 - c->row0 + bm * cm - 1) / (bm * cm);
     }
     return 1;
 }
 
 /* Row and column of the first element of the row tile `rank` of unit t in the cursor's group
  * (the row may be past the group's end when the group has fewer row tiles than the unit). */
-static __device__ __forceinline__ void sm90_tile_coords(const sm90_cursor *c, int64_t t, int band_w, int cm, int rank,
-                                                        int64_t *m0, int *n0) {
+static __device__ __forceinline__ void sm90_tile_coords(const sm90_cursor *c, int64_t t, int band_w, int bm, int cm,
+                                                        int rank, int64_t *m0, int *n0) {
     int64_t l = t - c->tile0;
     int64_t band_tiles = c->mt * band_w;
     int64_t band = l / band_tiles;
     int64_t r = l - band * band_tiles;
-    *m0 = c->row0 + ((r % c->mt) * cm + rank) * SM90_BM;
+    *m0 = c->row0 + ((r % c->mt) * cm + rank) * bm;
     *n0 = (int)((band * band_w + r / c->mt) * SM90_BN);
 }
-
-/* ---- the kernel ------------------------------------------------------------------------ */
 
 /* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
  * empty barrier of that stage (the peer's producer multicasts into this CTA too). */
@@ -101,29 +99,150 @@ template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint
 
 #endif /* MOEX_SM90_DEVICE */
 
-/* EPI_TMA: full 64x256 output blocks of a consumer go registers -> swizzled shared memory ->
- * TMA store (two 128-column passes), so the consumer moves on while the copy engine writes;
- * blocks that reach past the group's end or past N use masked stores from registers.
- * CM: CTAs per cluster (1 or 2). With 2, the CTAs of a cluster take the two row tiles of one
- * work unit (same group, same column tile) and each loads half of the weight tile with TMA
- * multicast into both; a stage is refilled only when the consumers of both CTAs released it
- * (each consumer arrives on the empty barrier of both CTAs). tm_wh is the half-tile map.
- * TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out = columns]):
- * four TMA boxes [64 reduction rows][64 output columns], wgmma with B transposed. CM must be 1.
+/* ---- the epilogue ------------------------------------------------------------------------
+ * A consumer warpgroup owns a block of 64 rows by NC columns of the CTA tile: with BM = 128
+ * rows [64 c, 64 c + 64) and all NC = 256 columns, with BM = 64 all rows and the NC = 128
+ * columns [128 c, 128 c + 128). Thread (warp, lane) holds block rows rl = 16 warp + lane / 4
+ * and rl + 8, and for every j < NC / 8 the block columns lc = 8 j + 2 (lane % 4) + {0, 1}:
+ * acc[4 j + {0, 1}] (row rl) and acc[4 j + {2, 3}] (row rl + 8).
+ *
+ * EPI: 0 y = acc; 1 y = acc + b_g or acc + p_r b_g (bias [G, N], f32 or the input dtype);
+ * 2 and 3: FC1 of the grouped MLP with the scaled GLU fused: h = acc (+ b_g) rounded to the
+ * input dtype is stored, then z = p_r glu(h) [T, F], GLU halves CONTIGUOUS (2) or
+ * INTERLEAVED_32 (3). A GLU output element needs its two halves in one thread, so the
+ * column tiles are "virtual": column tile t yields the z columns [128 t, 128 t + 128), and a
+ * consumer block yields NC / 2 of them, starting at z column zb. INTERLEAVED_32 needs nothing
+ * more (a block of h columns [2 zb, 2 zb + NC) holds whole 64-column segments); for
+ * CONTIGUOUS the producer loads the weight tile as four 64-row boxes so that each block is
+ * [NC / 2 rows of the first half (rows zb ...)][NC / 2 rows of the second half (F + zb ...)],
+ * one segment of length L = NC / 2.
+ * Full blocks (all rows inside the group, all columns inside the output) leave through the
+ * swizzled staging buffer and TMA stores, 128 columns per pass; other blocks through
+ * masked stores from registers. Rows past the group's end are never written. */
+
+enum { SM90_EPI_PLAIN = 0, SM90_EPI_BIAS = 1, SM90_EPI_GLU_CONTIG = 2, SM90_EPI_GLU_INTERLEAVED = 3 };
+
+/* What the epilogue reads besides the accumulators (kernel parameter, by value). */
+typedef struct sm90_epi {
+    const void *bias;           /* [G, N] (GLU: N = 2F); NULL: no bias                       */
+    const float *probs;         /* [T]: the scaled bias's and the GLU's p (NULL: p = 1)      */
+    uint16_t *z;                /* GLU: [T, F]                                               */
+    int bias_f32, bias_scaled;  /* bias dtype f32 (else the input dtype); y += p_r b_g       */
+    int F;                      /* GLU: half width                                           */
+    moex_glu_consts glu;
+} sm90_epi;
+
+#if MOEX_SM90_DEVICE
+/* Block column lc -> output column (y, or h for the GLU) and whether it is inside the output. */
+template <int EPI, int NC> struct sm90_cols {
+    int ob;    /* EPI 0/1: the block's first y column; GLU: zb, its first z column */
+    int lim;   /* EPI 0/1: N; GLU: F */
+    __device__ __forceinline__ int zcol(int lc) const {
+        return EPI == SM90_EPI_GLU_CONTIG ? ob + lc % (NC / 2) : ob + (lc / 64) * 32 + lc % 32;
+    }
+    __device__ __forceinline__ int col(int lc) const {
+        if (EPI == SM90_EPI_GLU_CONTIG) return zcol(lc) + (lc >= NC / 2 ? lim : 0);
+        if (EPI == SM90_EPI_GLU_INTERLEAVED) return 2 * ob + lc;
+        return ob + lc;
+    }
+    __device__ __forceinline__ bool ok(int lc) const { return EPI >= SM90_EPI_GLU_CONTIG ? zcol(lc) < lim : ob + lc < lim; }
+};
+
+/* The j of the i-th GLU output pair: its first half at j, its second at j + SM90_GLU_STEP. */
+template <int EPI, int NC> static __device__ __forceinline__ constexpr int sm90_glu_j(int i) {
+    return EPI == SM90_EPI_GLU_CONTIG ? i : 8 * (i / 4) + i % 4;
+}
+template <int EPI, int NC> static __device__ __forceinline__ constexpr int sm90_glu_step(void) {
+    return EPI == SM90_EPI_GLU_CONTIG ? NC / 16 : 4;
+}
+
+template <int IS_F16> static __device__ __forceinline__ float sm90_round(float v) {
+    if (IS_F16) return __half2float(__float2half_rn(v));
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* Writes NJ fragment columns (j = JSEL(jj), jj < NJ; 8 columns each) of the block's two rows
+ * into `stage`: [NJ / 8 boxes][64 rows][64 columns], 128-byte rows, 16-byte chunk ch ^ (row % 8). */
+template <int IS_F16, int NJ, int NA, class JSEL>
+static __device__ __forceinline__ void sm90_stage_write(uint8_t *stage, const float (&acc)[NA], JSEL jsel, int rl,
+                                                        int lane) {
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) {
+        const int j = jsel(jj), q = jj / 8, ch = jj % 8;
+        uint8_t *base = stage + q * 8192 + (lane % 4) * 4;
+        *(uint32_t *)(base + rl * 128 + ((ch ^ (rl & 7)) << 4)) = sm90_io<IS_F16>::pack(acc[j * 4 + 0], acc[j * 4 + 1]);
+        *(uint32_t *)(base + (rl + 8) * 128 + ((ch ^ ((rl + 8) & 7)) << 4)) =
+            sm90_io<IS_F16>::pack(acc[j * 4 + 2], acc[j * 4 + 3]);
+    }
+}
+
+/* One pass of the TMA epilogue: waits until the previous stores have read the staging buffer,
+ * writes NJ fragment columns, then one thread stores box q at (col(q), row). */
+template <int IS_F16, int NJ, int NA, class JSEL, class COL>
+static __device__ __forceinline__ void sm90_stage_pass(uint8_t *stage, const float (&acc)[NA], JSEL jsel, COL col,
+                                                       const CUtensorMap *map, int32_t row, int c, int tid, int rl,
+                                                       int lane) {
+    if (tid == 0) sm90_bulk_wait_read<0>();
+    sm90_named_barrier(1 + c, 128);
+    sm90_stage_write<IS_F16, NJ>(stage, acc, jsel, rl, lane);
+    sm90_fence_proxy_async_smem();
+    sm90_named_barrier(1 + c, 128);
+    if (tid == 0) {
+#pragma unroll
+        for (int q = 0; q < NJ / 8; q++) sm90_tma_store_2d(map, stage + q * 8192, col(q), row);
+        sm90_bulk_commit();
+    }
+}
+
+/* One m64nNCk16 wgmma step (NC = 256: 128 accumulators, NC = 128: 64). */
+template <int IS_F16, int TB>
+static __device__ __forceinline__ void sm90_mma(float (&d)[128], uint64_t da, uint64_t db, uint32_t keep) {
+    if (TB) {
+        if (IS_F16) wgmma_m64n256k16_f16_tb(d, da, db, keep); else wgmma_m64n256k16_bf16_tb(d, da, db, keep);
+    } else {
+        if (IS_F16) wgmma_m64n256k16_f16(d, da, db, keep); else wgmma_m64n256k16_bf16(d, da, db, keep);
+    }
+}
+template <int IS_F16, int TB>
+static __device__ __forceinline__ void sm90_mma(float (&d)[64], uint64_t da, uint64_t db, uint32_t keep) {
+    if (TB) {
+        if (IS_F16) wgmma_m64n128k16_f16_tb(d, da, db, keep); else wgmma_m64n128k16_bf16_tb(d, da, db, keep);
+    } else {
+        if (IS_F16) wgmma_m64n128k16_f16(d, da, db, keep); else wgmma_m64n128k16_bf16(d, da, db, keep);
+    }
+}
+#endif /* MOEX_SM90_DEVICE */
+
+/* ---- the kernel ----------------------------------------------------------------------------
+ * EPI_TMA: full blocks leave through the TMA epilogue (else everything through masked
+ * register stores; a tuning knob). CM: CTAs per cluster (1 or 2). With 2, the CTAs of a
+ * cluster take the two row tiles of one work unit (same group, same column tile) and each
+ * loads half of the weight tile with TMA multicast into both; a stage is refilled only when
+ * the consumers of both CTAs released it (each consumer arrives on the empty barrier of both
+ * CTAs). TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out =
+ * columns]): four TMA boxes [64 reduction rows][64 output columns], wgmma with B transposed.
+ * BM: rows per tile, 128 or 64 (small groups). EPI: the epilogue above. tm_wb is the second
+ * weight map: the half-tile box for CM = 2, the 64-row box for the CONTIGUOUS GLU.
  * In the kernel, N is the output width and K the reduction length. */
-template <int IS_F16, int EPI_TMA, int CM, int TB>
+template <int IS_F16, int EPI_TMA, int CM, int TB, int BM, int EPI>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_grouped_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
-                        const __grid_constant__ CUtensorMap tm_wh, const __grid_constant__ CUtensorMap tm_y,
-                        uint16_t *__restrict__ y,
-                            const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
-                            int *bad_flag, int bad_value) {
+                        const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
+                        const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
+                        const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
+                        int *bad_flag, int bad_value) {
 #if MOEX_SM90_DEVICE
+    constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
+    constexpr int NA = NC / 2;                             /* its accumulators per thread   */
+    constexpr int A_ELEMS = BM * SM90_BK, B_ELEMS = SM90_BN * SM90_BK;
+    constexpr uint32_t STAGE_BYTES = (uint32_t)(BM + SM90_BN) * SM90_BK * 2u;
     extern __shared__ uint8_t smem_raw[];
-    uint8_t *smem = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    /* aligned to 1024 bytes by an offset (a cast through an integer would lose the shared
+     * address space and turn every staging store into a generic one) */
+    uint8_t *smem = smem_raw + ((1024u - (sm90_smem_addr(smem_raw) & 1023u)) & 1023u);
     uint16_t *sa = (uint16_t *)smem;                                /* [STAGES][BM][BK] */
-    uint16_t *sb = sa + SM90_STAGES * SM90_A_ELEMS;                 /* [STAGES][BN][BK] */
-    uint16_t *sc = sb + SM90_STAGES * SM90_B_ELEMS;                 /* [2][64][128]     */
+    uint16_t *sb = sa + SM90_STAGES * A_ELEMS;                      /* [STAGES][BN][BK] */
+    uint16_t *sc = sb + SM90_STAGES * B_ELEMS;                      /* [2][64][128]     */
     uint64_t *full = (uint64_t *)(sc + 2 * SM90_C_ELEMS);           /* TMA landed       */
     uint64_t *empty = full + SM90_STAGES;                           /* consumers done   */
 
@@ -140,7 +259,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     else
         __syncthreads();
 
-    const int64_t nt = (N + SM90_BN - 1) / SM90_BN;
+    /* GLU: N = 2F columns of h in column tiles of 128 z columns */
+    const int64_t nt = EPI >= SM90_EPI_GLU_CONTIG ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;
     const int nk = (K + SM90_BK - 1) / SM90_BK;
     const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
     const int64_t unit0 = blockIdx.x / CM, units_step = gridDim.x / CM;
@@ -150,30 +270,38 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_setmaxnreg_dec<40>();
         if (tid == 0) {
             sm90_tma_prefetch_map(&tm_x);
-            sm90_tma_prefetch_map(CM > 1 ? &tm_wh : &tm_w);
+            sm90_tma_prefetch_map(CM > 1 || EPI == SM90_EPI_GLU_CONTIG ? &tm_wb : &tm_w);
             sm90_cursor cur;
             sm90_cursor_start(&cur);
             uint32_t it = 0;
-            for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, CM); t += units_step) {
+            for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
                 int64_t m0;
                 int n0;
-                sm90_tile_coords(&cur, t, band_w, CM, rank, &m0, &n0);
+                sm90_tile_coords(&cur, t, band_w, BM, CM, rank, &m0, &n0);
                 for (int kb = 0; kb < nk; kb++, it++) {
                     const int s = it % SM90_STAGES;
+                    uint16_t *b = sb + s * B_ELEMS;
                     sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
-                    sm90_mbar_arrive_expect_tx(&full[s], SM90_STAGE_BYTES);
-                    sm90_tma_load_2d(sa + s * SM90_A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
+                    sm90_mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                    sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
                     if (TB) {
 #pragma unroll
                         for (int j = 0; j < SM90_BN / 64; j++)
-                            sm90_tma_load_3d(sb + s * SM90_B_ELEMS + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64,
-                                             kb * SM90_BK, cur.g);
-                    } else if (CM > 1)
-                        sm90_tma_load_3d_multicast(sb + s * SM90_B_ELEMS + rank * (SM90_BN / 2) * SM90_BK, &tm_wh,
-                                                   &full[s], kb * SM90_BK, n0 + rank * (SM90_BN / 2), cur.g,
-                                                   (uint16_t)((1u << CM) - 1u));
-                    else
-                        sm90_tma_load_3d(sb + s * SM90_B_ELEMS, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
+                            sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK, cur.g);
+                    } else if (EPI == SM90_EPI_GLU_CONTIG) {
+                        /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
+#pragma unroll
+                        for (int i = 0; i < 4; i++) {
+                            const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
+                            sm90_tma_load_3d(b + i * 64 * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
+                                             h * epi.F + n0 / 2 + q * 64, cur.g);
+                        }
+                    } else if (CM > 1) {
+                        sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
+                                                   n0 + rank * (SM90_BN / 2), cur.g, (uint16_t)((1u << CM) - 1u));
+                    } else {
+                        sm90_tma_load_3d(b, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
+                    }
                 }
             }
         } else if (tid == 32 && blockIdx.x == 0 && bad_flag != NULL) {
@@ -188,44 +316,36 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             if (bad || sum > T) atomicCAS(bad_flag, 0, bad_value);
         }
     } else {
-        /* ---- consumers: warpgroup c computes rows [64 c, 64 c + 64) of each tile ---- */
+        /* ---- consumers: warpgroup c computes its block of each tile (see the epilogue) ---- */
         sm90_setmaxnreg_inc<232>();
         const int c = wg - 1;
-        float acc[128];
+        const int a_row = BM == 128 ? 64 * c : 0, b_col = BM == 128 ? 0 : 128 * c;
+        float acc[NA];
 #pragma unroll
-        for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+        for (int i = 0; i < NA; i++) acc[i] = 0.0f;
         sm90_cursor cur;
         sm90_cursor_start(&cur);
         uint32_t it = 0;
         const int warp = tid / 32, lane = tid % 32;
-        for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, CM); t += units_step) {
+        const int rl = warp * 16 + lane / 4;   /* block row of acc[4 j + {0, 1}]; + 8 for {2, 3} */
+        for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;
             int n0;
-            sm90_tile_coords(&cur, t, band_w, CM, rank, &m0, &n0);
+            sm90_tile_coords(&cur, t, band_w, BM, CM, rank, &m0, &n0);
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % SM90_STAGES;
                 sm90_mbar_wait(&full[s], (it / SM90_STAGES) & 1u);
-                const uint16_t *a = sa + s * SM90_A_ELEMS + c * 64 * SM90_BK;
-                const uint16_t *b = sb + s * SM90_B_ELEMS;
+                const uint16_t *a = sa + s * A_ELEMS + a_row * SM90_BK;
+                const uint16_t *b = sb + s * B_ELEMS;
                 sm90_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < SM90_BK / 16; kk++) {
                     const uint64_t da = sm90_desc_sw128(a + kk * 16);
-                    const uint32_t keep = (kb | kk) != 0;
-                    if (TB) {
-                        /* 16 reduction rows of 128 bytes per k step; 64-column blocks 8 KB apart */
-                        const uint64_t db = sm90_desc_mn_sw128(b + kk * 16 * 64, 64 * SM90_BK * 2, 1024);
-                        if (IS_F16)
-                            wgmma_m64n256k16_f16_tb(acc, da, db, keep);
-                        else
-                            wgmma_m64n256k16_bf16_tb(acc, da, db, keep);
-                    } else {
-                        const uint64_t db = sm90_desc_sw128(b + kk * 16);
-                        if (IS_F16)
-                            wgmma_m64n256k16_f16(acc, da, db, keep);
-                        else
-                            wgmma_m64n256k16_bf16(acc, da, db, keep);
-                    }
+                    /* TB: 16 reduction rows of 128 bytes per k step, 64-column blocks 8 KB apart */
+                    const uint64_t db = TB ? sm90_desc_mn_sw128(b + (b_col / 64) * 64 * SM90_BK + kk * 16 * 64,
+                                                                64 * SM90_BK * 2, 1024)
+                                           : sm90_desc_sw128(b + b_col * SM90_BK + kk * 16);
+                    sm90_mma<IS_F16, TB>(acc, da, db, (kb | kk) != 0);
                 }
                 sm90_wgmma_commit();
                 if (kb > 0) {
@@ -237,43 +357,95 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             sm90_wgmma_wait<0>();
             if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
 
-            /* epilogue: thread holds rows ra, ra + 8 and column pairs j*8 + 2*(lane%4) */
-            const int64_t ra = m0 + c * 64 + warp * 16 + lane / 4, rb = ra + 8;
-            if (EPI_TMA && m0 + c * 64 + 64 <= cur.row1 && n0 + SM90_BN <= N) {
-                uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
-                const int rl = warp * 16 + lane / 4;   /* local row of ra; rb is rl + 8 */
+            /* ---- epilogue ---- */
+            const int64_t mr = m0 + a_row;             /* the block's first row */
+            const int64_t ra = mr + rl, rb = ra + 8;
+            const bool oka = ra < cur.row1, okb = rb < cur.row1;
+            sm90_cols<EPI, NC> cols;
+            cols.ob = EPI >= SM90_EPI_GLU_CONTIG ? (n0 + b_col) / 2 : n0 + b_col;
+            cols.lim = EPI >= SM90_EPI_GLU_CONTIG ? epi.F : N;
+            const int lc0 = 2 * (lane % 4);
+            float pa = 1.0f, pb = 1.0f;   /* p of rows ra, rb (rows outside the group: unused) */
+            if (epi.probs != NULL && (EPI >= SM90_EPI_GLU_CONTIG || epi.bias_scaled)) {
+                pa = oka ? __ldg(epi.probs + ra) : 0.0f;
+                pb = okb ? __ldg(epi.probs + rb) : 0.0f;
+            }
+            if (EPI != SM90_EPI_PLAIN && epi.bias != NULL) {
+                const float sa_ = epi.bias_scaled ? pa : 1.0f, sb_ = epi.bias_scaled ? pb : 1.0f;
+                const int64_t boff = (int64_t)cur.g * N;
 #pragma unroll
-                for (int p = 0; p < 2; p++) {
-                    if (tid == 0) sm90_bulk_wait_read<0>();   /* the last store has read `stage` */
-                    sm90_named_barrier(1 + c, 128);
-#pragma unroll
-                    for (int jj = 0; jj < 16; jj++) {
-                        const int j = p * 16 + jj, q = jj / 8, ch = jj % 8;
-                        /* [q][64 rows][64 cols], 128-byte rows, 16-byte chunk ch ^ (row % 8) */
-                        uint8_t *base = stage + q * 8192 + (lane % 4) * 4;
-                        *(uint32_t *)(base + rl * 128 + ((ch ^ (rl & 7)) << 4)) =
-                            sm90_io<IS_F16>::pack(acc[j * 4 + 0], acc[j * 4 + 1]);
-                        *(uint32_t *)(base + (rl + 8) * 128 + ((ch ^ ((rl + 8) & 7)) << 4)) =
-                            sm90_io<IS_F16>::pack(acc[j * 4 + 2], acc[j * 4 + 3]);
-                    }
-                    sm90_fence_proxy_async_smem();
-                    sm90_named_barrier(1 + c, 128);
-                    if (tid == 0) {
-                        const int32_t row = (int32_t)(m0 + c * 64);
-                        sm90_tma_store_2d(&tm_y, stage, n0 + p * 128, row);
-                        sm90_tma_store_2d(&tm_y, stage + 8192, n0 + p * 128 + 64, row);
-                        sm90_bulk_commit();
+                for (int j = 0; j < NA / 4; j++) {
+                    const int lc = 8 * j + lc0;
+                    if (cols.ok(lc)) {
+                        const int64_t bi = boff + cols.col(lc);
+                        float b0, b1;
+                        if (epi.bias_f32) {
+                            const float2 v = __ldg((const float2 *)epi.bias + bi / 2);
+                            b0 = v.x;
+                            b1 = v.y;
+                        } else {
+                            const uint32_t v = __ldg((const uint32_t *)epi.bias + bi / 2);
+                            b0 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v & 0xFFFFu)))
+                                        : __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xFFFFu)));
+                            b1 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v >> 16)))
+                                        : __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16)));
+                        }
+                        acc[4 * j + 0] += sa_ * b0;
+                        acc[4 * j + 1] += sa_ * b1;
+                        acc[4 * j + 2] += sb_ * b0;
+                        acc[4 * j + 3] += sb_ * b1;
                     }
                 }
+            }
+            if (EPI >= SM90_EPI_GLU_CONTIG) {
+#pragma unroll
+                for (int i = 0; i < NA; i++) acc[i] = sm90_round<IS_F16>(acc[i]);   /* h as stored */
+            }
+            const bool full_block = EPI_TMA && mr + 64 <= cur.row1 &&
+                                    (EPI >= SM90_EPI_GLU_CONTIG ? cols.ob + NC / 2 <= epi.F : cols.ob + NC <= N);
+            uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
+            /* y (or h) */
+            if (full_block) {
+#pragma unroll
+                for (int p = 0; p < NC / 128; p++)
+                    sm90_stage_pass<IS_F16, 16>(
+                        stage, acc, [&](int jj) { return 16 * p + jj; },
+                        [&](int q) { return cols.col(128 * p + 64 * q); }, &tm_y, (int32_t)mr, c, tid, rl, lane);
             } else {
-                const bool oka = ra < cur.row1, okb = rb < cur.row1;
                 uint16_t *ya = y + ra * N, *yb = y + rb * N;
 #pragma unroll
-                for (int j = 0; j < 32; j++) {
-                    const int col = n0 + j * 8 + (lane % 4) * 2;
-                    if (col < N) {
-                        if (oka) *(uint32_t *)(ya + col) = sm90_io<IS_F16>::pack(acc[j * 4 + 0], acc[j * 4 + 1]);
-                        if (okb) *(uint32_t *)(yb + col) = sm90_io<IS_F16>::pack(acc[j * 4 + 2], acc[j * 4 + 3]);
+                for (int j = 0; j < NA / 4; j++) {
+                    const int lc = 8 * j + lc0;
+                    if (cols.ok(lc)) {
+                        const int col = cols.col(lc);
+                        if (oka) *(uint32_t *)(ya + col) = sm90_io<IS_F16>::pack(acc[4 * j + 0], acc[4 * j + 1]);
+                        if (okb) *(uint32_t *)(yb + col) = sm90_io<IS_F16>::pack(acc[4 * j + 2], acc[4 * j + 3]);
+                    }
+                }
+            }
+            if (EPI >= SM90_EPI_GLU_CONTIG) {
+                /* z = p glu(h), written over the first half's accumulators */
+                constexpr int STEP = sm90_glu_step<EPI, NC>();
+#pragma unroll
+                for (int i = 0; i < NA / 8; i++) {
+                    const int ja = sm90_glu_j<EPI, NC>(i), jb = ja + STEP;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        acc[4 * ja + e] = moex_glu_forward(epi.glu, acc[4 * ja + e], acc[4 * jb + e], e < 2 ? pa : pb);
+                }
+                auto zsel = [](int jj) { return sm90_glu_j<EPI, NC>(jj); };
+                if (full_block) {
+                    sm90_stage_pass<IS_F16, NA / 8>(stage, acc, zsel, [&](int q) { return cols.ob + 64 * q; }, &tm_z,
+                                                    (int32_t)mr, c, tid, rl, lane);
+                } else {
+                    uint16_t *za = epi.z + ra * epi.F, *zb = epi.z + rb * epi.F;
+#pragma unroll
+                    for (int i = 0; i < NA / 8; i++) {
+                        const int ja = zsel(i), zc = cols.ob + 8 * i + lc0;
+                        if (zc < epi.F) {
+                            if (oka) *(uint32_t *)(za + zc) = sm90_io<IS_F16>::pack(acc[4 * ja + 0], acc[4 * ja + 1]);
+                            if (okb) *(uint32_t *)(zb + zc) = sm90_io<IS_F16>::pack(acc[4 * ja + 2], acc[4 * ja + 3]);
+                        }
                     }
                 }
             }
@@ -287,6 +459,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
 /* ---- host side ---------------------------------------------------------------------------- */
 
+extern "C" int moex_sm90_tile_rows(int64_t T, int64_t G, int64_t N, int64_t K) {
+    (void)N;
+    (void)K;
+    return T < 128 * G ? 64 : 128;
+}
+
 extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (a == NULL) return false;
     if (a->dtype != MOEX_DTYPE_BF16 && a->dtype != MOEX_DTYPE_F16) return false;
@@ -295,64 +473,116 @@ extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (a->K > INT32_MAX / 2 || a->N > INT32_MAX / 2) return false;
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
     if (a->splits == NULL || ((uintptr_t)a->splits & 7u) != 0) return false;
-    return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0>);
+    return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0, 128, 0>);
 }
 
-typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
-                               const int64_t *, int, int64_t, int, int, int, int *, int);
+/* The epilogue kind of e (SM90_EPI_*), or -1 when the kernels cannot run it. */
+static int sm90_epi_kind(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e) {
+    if (e == NULL) return SM90_EPI_PLAIN;
+    const bool bias = e->bias_mode != MOEX_BIAS_NONE;
+    if (bias) {
+        if (e->bias == NULL || !sm90_aligned16(e->bias)) return -1;
+        if (e->bias_dtype != MOEX_DTYPE_F32 && e->bias_dtype != a->dtype) return -1;
+        if (e->bias_mode == MOEX_BIAS_SCALED && e->probs == NULL) return -1;
+    }
+    if (e->glu == NULL) return bias ? SM90_EPI_BIAS : SM90_EPI_PLAIN;
+    const int64_t F = a->N / 2;
+    if (e->bias_mode == MOEX_BIAS_SCALED || e->z == NULL || !sm90_aligned16(e->z) || F % 8 != 0) return -1;
+    if (e->glu->layout == MOEX_GLU_INTERLEAVED_32) return F % 32 == 0 ? SM90_EPI_GLU_INTERLEAVED : -1;
+    return e->glu->layout == MOEX_GLU_CONTIGUOUS ? SM90_EPI_GLU_CONTIG : -1;
+}
 
-static sm90_kernel_fn sm90_pick(bool f16, bool epi_tma, int cm, bool dgrad) {
+extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e) {
+    return moex_sm90_supported(device, a) && sm90_epi_kind(a, e) >= 0;
+}
+
+typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
+                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int *, int);
+
+/* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
+ * heights (TMA epilogue, no cluster), the plain forward also with 2-CTA clusters and with
+ * the register epilogue, and the dgrad (plain only) with both tile heights. */
+template <int F16> static sm90_kernel_fn sm90_pick_t(int epi, int bm, int cm, bool epi_tma, bool dgrad) {
     if (dgrad) {
-        if (f16) return epi_tma ? sm90_grouped_kernel<1, 1, 1, 1> : sm90_grouped_kernel<1, 0, 1, 1>;
-        return epi_tma ? sm90_grouped_kernel<0, 1, 1, 1> : sm90_grouped_kernel<0, 0, 1, 1>;
+        if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 1, 64, 0>;
+        return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 1, 128, 0> : sm90_grouped_kernel<F16, 0, 1, 1, 128, 0>;
     }
-    if (cm > 1) {
-        if (f16) return epi_tma ? sm90_grouped_kernel<1, 1, 2, 0> : sm90_grouped_kernel<1, 0, 2, 0>;
-        return epi_tma ? sm90_grouped_kernel<0, 1, 2, 0> : sm90_grouped_kernel<0, 0, 2, 0>;
+    switch (epi) {
+    case SM90_EPI_BIAS: return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 1> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 1>;
+    case SM90_EPI_GLU_CONTIG:
+        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 2> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 2>;
+    case SM90_EPI_GLU_INTERLEAVED:
+        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 3> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 3>;
+    default: break;
     }
-    if (f16) return epi_tma ? sm90_grouped_kernel<1, 1, 1, 0> : sm90_grouped_kernel<1, 0, 1, 0>;
-    return epi_tma ? sm90_grouped_kernel<0, 1, 1, 0> : sm90_grouped_kernel<0, 0, 1, 0>;
+    if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 0, 64, 0>;
+    if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 0, 128, 0>;
+    return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 0, 128, 0> : sm90_grouped_kernel<F16, 0, 1, 0, 128, 0>;
 }
 
-/* The forward (dgrad = 0: y = x W_g^T) or the data gradient (dgrad = 1: y = x W_g, x [T, N],
- * y [T, K]) as one launch of the kernel above. */
-static moex_status sm90_run(const moex_sm90_gemm_args *a, int dgrad, moex_sm90_tuning *tune, moex_stream stream,
-                            const char **why) {
+/* The forward (dgrad = 0: y = x W_g^T, with the epilogue e) or the data gradient (dgrad = 1:
+ * y = x W_g, x [T, N], y [T, K]) as one launch of the kernel above. */
+static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e, int dgrad,
+                            moex_sm90_tuning *tune, moex_stream stream, const char **why) {
     int device = 0;
     if (tune != NULL) tune->grid_used = 0;
     if (cudaGetDevice(&device) != cudaSuccess) SM90_FAIL(MOEX_ERR_CUDA, "cudaGetDevice failed");
     if (!moex_sm90_supported(device, a))
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 grouped GEMM: unsupported device, dtype, shape or alignment");
+    const int epi = sm90_epi_kind(a, e);
+    if (epi < 0) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 grouped GEMM: unsupported epilogue (bias, probs, GLU or z)");
     if (a->T == 0) return MOEX_OK;
     const bool epi_tma = tune == NULL || tune->epilogue_tma;
     const int band = tune != NULL && tune->band > 0 ? tune->band : SM90_BAND;
-    const int cm = !dgrad && tune != NULL && tune->cluster == 2 ? 2 : SM90_DEFAULT_CLUSTER;
+    const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
+                       ? tune->tile_rows
+                       : moex_sm90_tile_rows(a->T, a->G, a->N, a->K);
+    const int cm = !dgrad && epi == SM90_EPI_PLAIN && bm == 128 && tune != NULL && tune->cluster == 2 ? 2 : 1;
     /* kernel view: out = in [T, red] times B_g (red x out_w) */
     const int64_t red = dgrad ? a->N : a->K, out_w = dgrad ? a->K : a->N;
+    const bool glu = epi >= SM90_EPI_GLU_CONTIG;
 
-    CUtensorMap tm_x, tm_w, tm_wh, tm_y;
+    CUtensorMap tm_x, tm_w, tm_wb, tm_y, tm_z;
     const cuuint64_t xdims[2] = {(cuuint64_t)red, (cuuint64_t)a->T};
-    const cuuint32_t xbox[2] = {SM90_BK, SM90_BM};
+    const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm};
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
-    const cuuint32_t wbox[3] = {SM90_BK, dgrad ? 64u : (cuuint32_t)SM90_BN, 1}, whbox[3] = {SM90_BK, SM90_BN / 2, 1};
+    const cuuint32_t wbox[3] = {SM90_BK, dgrad ? 64u : (cuuint32_t)SM90_BN, 1};
+    const cuuint32_t wbbox[3] = {SM90_BK, cm > 1 ? SM90_BN / 2u : 64u, 1};
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};
+    const cuuint64_t zdims[2] = {(cuuint64_t)(a->N / 2), (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
     if (!sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, xbox) ||
         !sm90_make_map(&tm_w, a->dtype, a->w, 3, wdims, wbox) ||
-        !sm90_make_map(&tm_wh, a->dtype, a->w, 3, wdims, whbox) ||
-        !sm90_make_map(&tm_y, a->dtype, a->y, 2, ydims, ybox))
+        !sm90_make_map(&tm_wb, a->dtype, a->w, 3, wdims, wbbox) ||
+        !sm90_make_map(&tm_y, a->dtype, a->y, 2, ydims, ybox) ||
+        !sm90_make_map(&tm_z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox))
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cuTensorMapEncodeTiled failed");
 
-    const sm90_kernel_fn fn = sm90_pick(a->dtype == MOEX_DTYPE_F16, epi_tma, cm, dgrad != 0);
-    if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)SM90_SMEM_BYTES) !=
-        cudaSuccess)
+    sm90_epi ep;
+    memset(&ep, 0, sizeof ep);
+    if (e != NULL && epi != SM90_EPI_PLAIN) {
+        ep.bias = e->bias_mode != MOEX_BIAS_NONE ? e->bias : NULL;
+        ep.bias_f32 = e->bias_dtype == MOEX_DTYPE_F32;
+        ep.bias_scaled = e->bias_mode == MOEX_BIAS_SCALED;
+        ep.probs = e->probs;
+        if (glu) {
+            ep.z = (uint16_t *)e->z;
+            ep.F = (int)(a->N / 2);
+            ep.glu = moex_glu_consts_of(e->glu);
+        }
+    }
+
+    const sm90_kernel_fn fn = a->dtype == MOEX_DTYPE_F16 ? sm90_pick_t<1>(epi, bm, cm, epi_tma, dgrad != 0)
+                                                         : sm90_pick_t<0>(epi, bm, cm, epi_tma, dgrad != 0);
+    const size_t smem = sm90_smem_bytes(bm);
+    if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaFuncSetAttribute failed");
 
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
     cudaLaunchAttribute attr[1];
     cfg.blockDim = dim3(SM90_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = SM90_SMEM_BYTES;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = (cudaStream_t)stream;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
@@ -371,12 +601,12 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, int dgrad, moex_sm90_t
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaDeviceGetAttribute failed");
     }
     if (tune != NULL && tune->grid > 0 && tune->grid / cm < slots) slots = tune->grid / cm;
-    const int64_t nt = (out_w + SM90_BN - 1) / SM90_BN;
-    const int64_t row_tiles = (a->T + SM90_BM - 1) / SM90_BM;
+    const int64_t nt = glu ? (a->N / 2 + 127) / 128 : (out_w + SM90_BN - 1) / SM90_BN;
+    const int64_t row_tiles = (a->T + bm - 1) / bm;
     const int64_t max_units = ((row_tiles + cm - 1) / cm + a->G) * nt;
     cfg.gridDim = dim3((unsigned)((max_units < slots ? max_units : slots) * cm), 1, 1);
 
-    if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_w, tm_wh, tm_y, (uint16_t *)a->y, a->splits, (int)a->G,
+    if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
                            a->T, (int)out_w, (int)red, band, a->bad_flag, a->bad_value) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
@@ -385,22 +615,27 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, int dgrad, moex_sm90_t
     return MOEX_OK;
 }
 
+extern "C" moex_status moex_sm90_grouped_gemm_fwd_epi(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e,
+                                                      moex_sm90_tuning *tune, moex_stream stream, const char **why) {
+    return sm90_run(a, e, 0, tune, stream, why);
+}
+
 extern "C" moex_status moex_sm90_grouped_gemm_fwd_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
                                                         moex_stream stream, const char **why) {
-    return sm90_run(a, 0, tune, stream, why);
-}
-
-extern "C" moex_status moex_sm90_grouped_gemm_dgrad_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
-                                                          moex_stream stream, const char **why) {
-    return sm90_run(a, 1, tune, stream, why);
-}
-
-extern "C" moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_gemm_args *a, moex_stream stream,
-                                                    const char **why) {
-    return sm90_run(a, 1, NULL, stream, why);
+    return sm90_run(a, NULL, 0, tune, stream, why);
 }
 
 extern "C" moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream stream,
                                                   const char **why) {
-    return moex_sm90_grouped_gemm_fwd_tuned(a, NULL, stream, why);
+    return sm90_run(a, NULL, 0, NULL, stream, why);
+}
+
+extern "C" moex_status moex_sm90_grouped_gemm_dgrad_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
+                                                          moex_stream stream, const char **why) {
+    return sm90_run(a, NULL, 1, tune, stream, why);
+}
+
+extern "C" moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_gemm_args *a, moex_stream stream,
+                                                    const char **why) {
+    return sm90_run(a, NULL, 1, NULL, stream, why);
 }

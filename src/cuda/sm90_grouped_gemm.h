@@ -21,7 +21,8 @@
  * gives zeros) in f32 or the input dtype, or accumulated ("+=", an empty group leaves dW_g
  * unchanged) into f32. Rows at or past off[G] never contribute (their values may be
  * anything, NaN included). Output tiles [128 rows of N, 256 columns of K] of every group,
- * each computed by one CTA in a fixed order (deterministic, no atomics).
+ * each computed by one CTA in a fixed order (deterministic: each element gets one store, or
+ * for "+=" one TMA reduce-add, from one CTA).
  */
 #ifndef MOEX_SM90_GROUPED_GEMM_H
 #define MOEX_SM90_GROUPED_GEMM_H
@@ -62,19 +63,54 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
 
 /* Knobs for benchmarks and tests: grid size in CTAs (0: as many as can be resident), column
  * tiles per band of the tile order (0: 8), the epilogue (1: TMA stores for full blocks, as
- * with tune == NULL; 0: masked register stores everywhere), and CTAs per cluster (0 or 1: no
- * cluster, as with NULL; 2: weight tiles shared through TMA multicast, slower so far). Same
- * contract otherwise; grid_used is set to the number of CTAs launched (0 when nothing was
- * launched). tune may be NULL (the defaults, as the untuned calls use). */
+ * with tune == NULL; 0: masked register stores everywhere, for the plain 128-row kernels
+ * only), CTAs per cluster (0 or 1: no cluster, as with NULL; 2: weight tiles shared through
+ * TMA multicast, plain 128-row forward only) and rows per tile (0: the heuristic of
+ * moex_sm90_tile_rows; 64 or 128). Same contract otherwise; grid_used is set to the number
+ * of CTAs launched (0 when nothing was launched). tune may be NULL (the defaults, as the
+ * untuned calls use). */
 typedef struct moex_sm90_tuning {
     int grid;
     int band;
     int epilogue_tma;
     int cluster;
     int grid_used;              /* out */
+    int tile_rows;
 } moex_sm90_tuning;
+
+/* The rows per tile the kernels use by default: 64 when the groups average under one
+ * 128-row tile (T < 128 G: a 128-row tile would be mostly rows of the next group), else
+ * 128 (more reuse of each loaded weight tile). From the shapes only, never the split values. */
+int moex_sm90_tile_rows(int64_t T, int64_t G, int64_t N, int64_t K);
+
 moex_status moex_sm90_grouped_gemm_fwd_tuned(const moex_sm90_gemm_args *a, moex_sm90_tuning *tune,
                                              moex_stream stream, const char **why);
+
+/* What the forward's epilogue adds (all fields zero / NULL: y = x W_g^T as above).
+ *   bias_mode ADD:    y[r] = x[r] W_g^T + b_g          bias [G, N]
+ *   bias_mode SCALED: y[r] = x[r] W_g^T + p_r b_g      p = probs [T]
+ *   glu != NULL: the FC1 of the grouped MLP, N = 2F: y is h = x W_g^T (+ b_g), rounded to
+ *   the input dtype, and z[r] = p_r glu(h[r]) [T, F] is written too (p = 1 without probs;
+ *   the GLU reads h as stored; its halves laid out as glu->layout says).
+ * bias: f32 or the input dtype, 16-byte aligned; z: the input dtype, 16-byte aligned,
+ * F a multiple of 8 (INTERLEAVED_32: of 32). Rows at or past off[G] of y and z are never
+ * written, and probs past them never read. */
+typedef struct moex_sm90_epilogue {
+    moex_bias_mode bias_mode;
+    const void *bias;
+    moex_dtype bias_dtype;
+    const float *probs;
+    const moex_glu_params *glu;
+    void *z;
+} moex_sm90_epilogue;
+
+/* Whether moex_sm90_grouped_gemm_fwd_epi can run (a, e) on `device` (moex_sm90_supported
+ * and the epilogue's conditions above). */
+bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e);
+
+/* The forward with the epilogue e (NULL: none) and the knobs tune (NULL: defaults). */
+moex_status moex_sm90_grouped_gemm_fwd_epi(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e,
+                                           moex_sm90_tuning *tune, moex_stream stream, const char **why);
 
 /* The data gradient dx = dy W_g (see the top of this file): a->x is dy [T, N], a->y is dx
  * [T, K], a->w is W [G, N, K]; K, N, splits, flag and the limits as for the forward. */
@@ -105,6 +141,14 @@ bool moex_sm90_wgrad_supported(int device, const moex_sm90_wgrad_args *a);
  * No allocation, no synchronisation, no workspace; T == 0 writes zeros (=) or nothing (+=).
  * Errors as for moex_sm90_grouped_gemm_fwd. */
 moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_wgrad_args *a, moex_stream stream, const char **why);
+
+/* The weight gradient with knobs (moex_sm90_tuning): grid (0: one CTA per SM, or per SM pair
+ * with clusters), epilogue_tma (1, as with tune == NULL: output blocks inside [N, K] leave
+ * through shared memory and TMA stores, "+=" through TMA reduce-adds; 0: masked register
+ * stores everywhere), cluster (0 or 1: none; 2: CTA pairs on neighbouring N tiles share the
+ * x tiles through TMA multicast), band is ignored. grid_used as for the forward. */
+moex_status moex_sm90_grouped_gemm_wgrad_tuned(const moex_sm90_wgrad_args *a, moex_sm90_tuning *tune,
+                                               moex_stream stream, const char **why);
 
 #ifdef __cplusplus
 }

@@ -240,6 +240,39 @@ static __device__ __forceinline__ void sm90_fence_regs(float &r) { asm volatile(
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, bf16, 0, 0)
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16, f16, 0, 0)
 
+/* The 64 accumulator registers of an m64n128 wgmma (the 64-row tiles: each consumer
+ * warpgroup computes a 64 x 128 block), and `name(d, desc_a, desc_b, scale_d)` as above:
+ *     d[0..63] = (scale_d ? d : 0) + A(64x16) * B(128x16). */
+#define SM90_ACC64_TEXT \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SM90_ACC64_OPERANDS(d) \
+    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
+    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
+    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
+    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
+    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
+    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define SM90_DEFINE_WGMMA_M64N128K16(name, ab, tA, tB)                                         \
+    static __device__ __forceinline__ void name(float (&d)[64], uint64_t desc_a, uint64_t desc_b, \
+                                                uint32_t scale_d) {                            \
+        asm volatile("{\n.reg .pred p;\n"                                                    \
+                     "setp.ne.b32 p, %66, 0;\n"                                              \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." #ab "." #ab " "           \
+                     "{" SM90_ACC64_TEXT "}, %64, %65, p, 1, 1, " #tA ", " #tB ";\n"         \
+                     "}\n"                                                                   \
+                     : SM90_ACC64_OPERANDS(d)                                                 \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));                               \
+    }
+SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, bf16, 0, 0)
+SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_f16, f16, 0, 0)
+SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_bf16_tb, bf16, 0, 1)
+SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_f16_tb, f16, 0, 1)
+
 /* Shared-memory matrix descriptor for an MN-major B tile with 128-byte swizzle (dgrad: the
  * weight rows are the reduction dimension): TMA boxes of [reduction rows][64 columns], one
  * 128-byte row each. lbo: bytes between 64-column blocks (one box); sbo: bytes between
@@ -261,6 +294,39 @@ SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16_tb, f16, 0, 1)
  * both): the same descriptors as sm90_desc_mn_sw128 for A and B, both transpose bits set. */
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_bf16_tatb, bf16, 1, 1)
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16_tatb, f16, 1, 1)
+
+/* ---- added for the weight gradient (sm90_grouped_wgrad.cu): 3-D TMA stores and
+ * reduce-adds, 2-D multicast loads ------------------------------------------------------ */
+
+/* A 3-D tensor store shared -> global of one box (a bulk group member, as sm90_tma_store_2d). */
+static __device__ __forceinline__ void sm90_tma_store_3d(const void *tmap, const void *src, int32_t c0, int32_t c1,
+                                                         int32_t c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                     (uint64_t)tmap),
+                 "r"(sm90_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
+/* global[box] += shared[box], element by element in the tensor map's type (one add per
+ * element, done near L2: the old values never travel to the SM). A bulk group member. */
+static __device__ __forceinline__ void sm90_tma_reduce_add_3d(const void *tmap, const void *src, int32_t c0,
+                                                              int32_t c1, int32_t c2) {
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::
+                     "l"((uint64_t)tmap),
+                 "r"(sm90_smem_addr(src)), "r"(c0), "r"(c1), "r"(c2)
+                 : "memory");
+}
+
+/* A 2-D tensor load written to the same offset in every CTA of `cta_mask`, completing on the
+ * barrier at the same offset in each of them. */
+static __device__ __forceinline__ void sm90_tma_load_2d_multicast(void *dst, const void *tmap, uint64_t *bar,
+                                                                  int32_t c0, int32_t c1, uint16_t cta_mask) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+        " [%0], [%1, {%4, %5}], [%2], %3;\n" ::"r"(sm90_smem_addr(dst)),
+        "l"((uint64_t)tmap), "r"(sm90_smem_addr(bar)), "h"(cta_mask), "r"(c0), "r"(c1)
+        : "memory");
+}
 
 #endif /* MOEX_SM90_DEVICE */
 

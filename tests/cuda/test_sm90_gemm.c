@@ -11,7 +11,7 @@
  * own section (run_wgrad_cases: f32 =, input-dtype =, f32 +=; NaN rows past the groups in
  * dy and x; graph replay; determinism). Exits 77 (skipped) where the sm90 kernel
  * cannot run (no GPU, not compute capability 9.0).
- *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)]   (moex_sm90_tuning; cluster 0 = default)
+ *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)] [tile_rows (0)]   (moex_sm90_tuning; 0 = default)
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -271,12 +271,48 @@ static void run(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K
  * are NaN: a row that leaked into any sum would make it NaN. A guard past dW must stay
  * untouched. Tolerance: the output rounding (2^-24 f32, 2^-8 bf16, 2^-10 f16) times |ref|
  * (plus 2^-24 for f16 subnormals), plus (1e-5 + rows_g 2^-23) times sum |products| (f32
- * sums of rows_g exact products), plus 2^-24 |main grad| for "+=". */
+ * sums of rows_g exact products), plus 2^-24 |main grad| for "+=".
+ * Every case runs every kernel variant (w_variants: the untuned default, the register
+ * epilogue, the TMA epilogue, 2-CTA clusters, small grids so that each CTA walks many tiles
+ * and reuses its output staging); the variants accumulate in the same order, so their
+ * outputs must also agree bitwise with the first variant's. This section ignores argv. */
 
 #define WGUARD_BYTES 4096
 
 enum { WMODE_F32 = 0, WMODE_HALF = 1, WMODE_F32_ACC = 2 };
 static const char *wmode_name[3] = {"f32=", "half=", "f32+="};
+
+typedef struct wvariant {
+    const char *name;
+    int tuned;                  /* 0: moex_sm90_grouped_gemm_wgrad (the defaults) */
+    moex_sm90_tuning t;
+} wvariant;
+static const wvariant w_variants[] = {
+    {"default", 0, {.grid = 0}},
+    {"regs", 1, {.epilogue_tma = 0, .cluster = 1}},
+    {"tma-grid2", 1, {.grid = 2, .epilogue_tma = 1, .cluster = 1}},
+    {"tma-clu2", 1, {.epilogue_tma = 1, .cluster = 2}},
+    {"tma-clu2-grid4", 1, {.grid = 4, .epilogue_tma = 1, .cluster = 2}},
+    {"regs-clu2-grid2", 1, {.grid = 2, .epilogue_tma = 0, .cluster = 2}},
+};
+#define W_NVARIANTS ((int)(sizeof w_variants / sizeof w_variants[0]))
+
+static int w_checks;            /* checks made (one per case, mode, variant, eager or graph) */
+static int w_nfail;             /* wgrad failures; the first few are repeated at the end */
+static char w_fail_msg[4][240];
+
+static void w_fail(const char *msg) {
+    printf("FAIL wgrad %s\n", msg);
+    if (w_nfail < 4) snprintf(w_fail_msg[w_nfail], sizeof w_fail_msg[0], "%s", msg);
+    w_nfail++;
+    g_failures++;
+}
+#define W_FAIL(...)                                  \
+    do {                                             \
+        char m_[240];                                \
+        snprintf(m_, sizeof m_, __VA_ARGS__);        \
+        w_fail(m_);                                  \
+    } while (0)
 
 typedef struct wbufs {
     void *dy, *x, *dw;
@@ -325,42 +361,50 @@ static double w_out(moex_dtype dt, int mode, const void *h, int64_t i) {
     return mode == WMODE_HALF ? from_half(dt, ((const uint16_t *)h)[i]) : (double)((const float *)h)[i];
 }
 
-/* Checks a host copy of dW (plus guard) against init (+= mode) and the reference. */
-static void w_check(const char *name, const char *what, moex_dtype dt, int mode, int64_t G, int64_t T, int64_t K,
-                    int64_t N, const int64_t *off, const void *hinit, const void *hout, const double *ref,
-                    const double *mag) {
-    const size_t es = mode == WMODE_HALF ? 2 : 4, we = (size_t)(G * N * K);
-    const double out_rel = mode == WMODE_HALF ? (dt == MOEX_DTYPE_BF16 ? 1.0 / 256.0 : 1.0 / 1024.0) : 0x1p-24;
-    const double out_abs = mode == WMODE_HALF && dt == MOEX_DTYPE_F16 ? 0x1p-24 : 0.0;   /* f16 subnormals */
-    double err2 = 0, ref2 = 0, worst = 0;
+/* One case's shape, data and reference. */
+typedef struct wcase {
+    const char *name;
+    moex_dtype dt;
+    int mode;
+    int64_t G, T, K, N;
+    const int64_t *off;         /* [G + 1] */
+    const void *hinit;          /* dW before the call (NaN bytes for "=", a main grad for "+=") */
+    const double *ref, *mag;
+} wcase;
+
+/* Checks a host copy of dW (plus guard) against init (+= mode) and the reference; returns
+ * worst err/tol (INFINITY for NaN), reports a failure naming the variant. */
+static double w_check(const wcase *c, const char *variant, const char *what, const void *hout) {
+    const int64_t G = c->G, N = c->N, K = c->K;
+    const size_t es = c->mode == WMODE_HALF ? 2 : 4, we = (size_t)(G * N * K);
+    const double out_rel = c->mode == WMODE_HALF ? (c->dt == MOEX_DTYPE_BF16 ? 1.0 / 256.0 : 1.0 / 1024.0) : 0x1p-24;
+    const double out_abs = c->mode == WMODE_HALF && c->dt == MOEX_DTYPE_F16 ? 0x1p-24 : 0.0;   /* f16 subnormals */
+    double worst = 0;
     int64_t bad = 0, empty_changed = 0, guard_touched = 0;
     for (int64_t g = 0; g < G; g++) {
-        const int64_t rows = off[g + 1] - off[g];
+        const int64_t rows = c->off[g + 1] - c->off[g];
         for (int64_t e = g * N * K; e < (g + 1) * N * K; e++) {
-            if (mode == WMODE_F32_ACC && rows == 0) {
-                empty_changed += memcmp((const char *)hout + e * 4, (const char *)hinit + e * 4, 4) != 0;
+            if (c->mode == WMODE_F32_ACC && rows == 0) {
+                empty_changed += memcmp((const char *)hout + e * 4, (const char *)c->hinit + e * 4, 4) != 0;
                 continue;
             }
-            const double init = mode == WMODE_F32_ACC ? (double)((const float *)hinit)[e] : 0.0;
-            const double want = init + ref[e];
-            const double tol = out_rel * fabs(want) + out_abs + (1e-5 + (double)rows * 0x1p-23) * mag[e] +
+            const double init = c->mode == WMODE_F32_ACC ? (double)((const float *)c->hinit)[e] : 0.0;
+            const double want = init + c->ref[e];
+            const double tol = out_rel * fabs(want) + out_abs + (1e-5 + (double)rows * 0x1p-23) * c->mag[e] +
                                0x1p-24 * fabs(init) + 1e-30;
-            const double got = w_out(dt, mode, hout, e), err = fabs(got - want);
+            const double got = w_out(c->dt, c->mode, hout, e), err = fabs(got - want);
             if (!(err <= tol)) bad++;   /* NaN (poison or a leaked row) fails too */
             if (err != err || err / tol > worst) worst = err != err ? INFINITY : err / tol;
-            err2 += err == err ? err * err : 0;
-            ref2 += want * want;
         }
     }
     for (size_t i = we * es; i < we * es + WGUARD_BYTES; i++) guard_touched += ((const uint8_t *)hout)[i] != 0xFFu;
-    const double relerr = ref2 > 0 ? sqrt(err2 / ref2) : sqrt(err2);
-    const int ok = bad == 0 && empty_changed == 0 && guard_touched == 0;
-    if (!ok) g_failures++;
-    printf("%-4s wgrad %-5s %-5s %-26s %-4s G=%-4lld T=%-5lld K=%-5lld N=%-5lld rows=%-5lld relerr=%.2e "
-           "worst/tol=%.3f bad=%lld empty_changed=%lld guard_touched=%lld\n",
-           ok ? "ok" : "FAIL", dt == MOEX_DTYPE_BF16 ? "bf16" : "f16", wmode_name[mode], name, what, (long long)G,
-           (long long)T, (long long)K, (long long)N, (long long)off[G], relerr, worst, (long long)bad,
-           (long long)empty_changed, (long long)guard_touched);
+    w_checks++;
+    if (bad != 0 || empty_changed != 0 || guard_touched != 0)
+        W_FAIL("%s %s %s [%s] %s G=%lld K=%lld N=%lld: bad=%lld empty_changed=%lld guard_touched=%lld worst/tol=%.3g",
+               c->dt == MOEX_DTYPE_BF16 ? "bf16" : "f16", wmode_name[c->mode], c->name, variant, what,
+               (long long)G, (long long)K, (long long)N, (long long)bad, (long long)empty_changed,
+               (long long)guard_touched, worst);
+    return worst;
 }
 
 static moex_sm90_wgrad_args w_args(moex_dtype dt, int mode, int64_t G, int64_t T, int64_t K, int64_t N,
@@ -381,13 +425,31 @@ static moex_sm90_wgrad_args w_args(moex_dtype dt, int mode, int64_t G, int64_t T
     return a;
 }
 
-/* One shape in every output mode: eager twice (bitwise determinism), then, when graph_splits
- * is given, a graph captured with `splits` and replayed with graph_splits (new dy, x). */
+/* Launches variant v; for a tuned variant also checks grid_used (0 when T == 0, else at
+ * least one cluster, a whole number of clusters, at most the grid asked for). */
+static moex_status w_call(const wcase *c, const wvariant *v, const moex_sm90_wgrad_args *a, moex_stream s,
+                          const char **why) {
+    if (!v->tuned) return moex_sm90_grouped_gemm_wgrad(a, s, why);
+    moex_sm90_tuning t = v->t;
+    t.grid_used = -1;
+    const moex_status st = moex_sm90_grouped_gemm_wgrad_tuned(a, &t, s, why);
+    const int cm = t.cluster == 2 ? 2 : 1;
+    const int ok = a->T == 0 ? t.grid_used == 0
+                             : t.grid_used >= cm && t.grid_used % cm == 0 && (t.grid <= 0 || t.grid_used <= t.grid);
+    if (st == MOEX_OK && !ok)
+        W_FAIL("%s %s [%s]: grid_used %d (grid %d, cluster %d)", wmode_name[c->mode], c->name, v->name, t.grid_used,
+               t.grid, t.cluster);
+    return st;
+}
+
+/* One shape in every output mode and every variant: eager twice (bitwise determinism), the
+ * same bits as variant 0, then, when graph_splits is given, a graph captured with `splits`
+ * and replayed with graph_splits (new dy, x). One summary line per mode. */
 static void run_wcase(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K, int64_t N,
                       const int64_t *splits, const int64_t *graph_splits) {
     const size_t we = (size_t)(G * N * K), ob = we * 4 + WGUARD_BYTES;
     uint16_t *hdy = malloc((size_t)(T * N) * 2 + 16), *hx = malloc((size_t)(T * K) * 2 + 16);
-    uint8_t *hinit = malloc(ob), *hout = malloc(ob), *hout2 = malloc(ob);
+    uint8_t *hinit = malloc(ob), *hout = malloc(ob), *hout2 = malloc(ob), *hbase = malloc(ob), *gbase = malloc(ob);
     double *ref = malloc(we * sizeof(double) + 8), *mag = malloc(we * sizeof(double) + 8);
     double *gref = malloc(we * sizeof(double) + 8), *gmag = malloc(we * sizeof(double) + 8);
     int64_t *off = malloc((size_t)(G + 1) * 8), *goff = malloc((size_t)(G + 1) * 8);
@@ -413,60 +475,79 @@ static void run_wcase(const char *name, moex_dtype dt, int64_t G, int64_t T, int
         memset(hinit, 0xFF, bytes);
         if (mode == WMODE_F32_ACC)
             for (size_t i = 0; i < we; i++) ((float *)hinit)[i] = rng_uniform();
-        CK(cudaMemcpy(d.dy, hdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d.x, hx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(d.splits, splits, (size_t)G * 8, cudaMemcpyHostToDevice));
-
+        const wcase c = {name, dt, mode, G, T, K, N, off, hinit, ref, mag};
+        const wcase gc = {name, dt, mode, G, T, K, N, goff, hinit, gref, gmag};
         const moex_sm90_wgrad_args a = w_args(dt, mode, G, T, K, N, &d);
-        const char *why = NULL;
-        moex_status st = MOEX_OK;
-        for (int run = 0; run < 2 && st == MOEX_OK; run++) {
-            CK(cudaMemcpy(d.dw, hinit, bytes, cudaMemcpyHostToDevice));
-            st = moex_sm90_grouped_gemm_wgrad(&a, NULL, &why);
-            CK(cudaDeviceSynchronize());
-            CK(cudaMemcpy(run == 0 ? hout : hout2, d.dw, bytes, cudaMemcpyDeviceToHost));
-        }
-        if (st != MOEX_OK) {
-            printf("FAIL wgrad %s %s: status %d (%s)\n", name, wmode_name[mode], (int)st, why ? why : "");
-            g_failures++;
-            continue;
-        }
-        w_check(name, "run1", dt, mode, G, T, K, N, off, hinit, hout, ref, mag);
-        if (memcmp(hout, hout2, bytes) != 0) {
-            printf("FAIL wgrad %s %s: second run differs bitwise\n", name, wmode_name[mode]);
-            g_failures++;
-        }
+        const int fails0 = w_nfail;
+        double worst = 0, gworst = 0;
 
-        if (graph_splits != NULL) {
-            cudaStream_t s;
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-            CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-            st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)s, &why);
-            CK(cudaStreamEndCapture(s, &graph));
-            CK(cudaGraphInstantiate(&exec, graph, 0));
-            if (st != MOEX_OK) {
-                printf("FAIL wgrad %s %s: capture status %d (%s)\n", name, wmode_name[mode], (int)st,
-                       why ? why : "");
-                g_failures++;
-            } else {
-                /* new split values and rows after the capture; the copies run on the legacy
-                 * stream, which the non-blocking stream does not wait for: finish them first */
-                CK(cudaMemcpy(d.dy, gdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(d.x, gx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
-                CK(cudaMemcpy(d.splits, graph_splits, (size_t)G * 8, cudaMemcpyHostToDevice));
+        for (int v = 0; v < W_NVARIANTS; v++) {
+            const wvariant *var = &w_variants[v];
+            CK(cudaMemcpy(d.dy, hdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d.x, hx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(d.splits, splits, (size_t)G * 8, cudaMemcpyHostToDevice));
+            const char *why = NULL;
+            moex_status st = MOEX_OK;
+            for (int run = 0; run < 2 && st == MOEX_OK; run++) {
                 CK(cudaMemcpy(d.dw, hinit, bytes, cudaMemcpyHostToDevice));
+                st = w_call(&c, var, &a, NULL, &why);
                 CK(cudaDeviceSynchronize());
-                CK(cudaGraphLaunch(exec, s));
-                CK(cudaStreamSynchronize(s));
-                CK(cudaMemcpy(hout, d.dw, bytes, cudaMemcpyDeviceToHost));
-                w_check(name, "grph", dt, mode, G, T, K, N, goff, hinit, hout, gref, gmag);
+                CK(cudaMemcpy(run == 0 ? hout : hout2, d.dw, bytes, cudaMemcpyDeviceToHost));
             }
-            CK(cudaGraphExecDestroy(exec));
-            CK(cudaGraphDestroy(graph));
-            CK(cudaStreamDestroy(s));
+            if (st != MOEX_OK) {
+                W_FAIL("%s %s [%s]: status %d (%s)", wmode_name[mode], name, var->name, (int)st, why ? why : "");
+                continue;
+            }
+            const double w = w_check(&c, var->name, "eager", hout);
+            worst = w > worst ? w : worst;
+            if (memcmp(hout, hout2, bytes) != 0)
+                W_FAIL("%s %s [%s]: second run differs bitwise", wmode_name[mode], name, var->name);
+            if (v == 0)
+                memcpy(hbase, hout, bytes);
+            else if (memcmp(hout, hbase, bytes) != 0)
+                W_FAIL("%s %s [%s]: differs bitwise from [%s]", wmode_name[mode], name, var->name, w_variants[0].name);
+
+            if (graph_splits != NULL) {
+                cudaStream_t s;
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+                CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+                st = w_call(&c, var, &a, (moex_stream)s, &why);
+                CK(cudaStreamEndCapture(s, &graph));
+                CK(cudaGraphInstantiate(&exec, graph, 0));
+                if (st != MOEX_OK) {
+                    W_FAIL("%s %s [%s]: capture status %d (%s)", wmode_name[mode], name, var->name, (int)st,
+                           why ? why : "");
+                } else {
+                    /* new split values and rows after the capture; the copies run on the legacy
+                     * stream, which the non-blocking stream does not wait for: finish them first */
+                    CK(cudaMemcpy(d.dy, gdy, (size_t)(T * N) * 2, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(d.x, gx, (size_t)(T * K) * 2, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(d.splits, graph_splits, (size_t)G * 8, cudaMemcpyHostToDevice));
+                    CK(cudaMemcpy(d.dw, hinit, bytes, cudaMemcpyHostToDevice));
+                    CK(cudaDeviceSynchronize());
+                    CK(cudaGraphLaunch(exec, s));
+                    CK(cudaStreamSynchronize(s));
+                    CK(cudaMemcpy(hout, d.dw, bytes, cudaMemcpyDeviceToHost));
+                    const double gw = w_check(&gc, var->name, "graph", hout);
+                    gworst = gw > gworst ? gw : gworst;
+                    if (v == 0)
+                        memcpy(gbase, hout, bytes);
+                    else if (memcmp(hout, gbase, bytes) != 0)
+                        W_FAIL("%s %s [%s]: graph replay differs bitwise from [%s]", wmode_name[mode], name,
+                               var->name, w_variants[0].name);
+                }
+                CK(cudaGraphExecDestroy(exec));
+                CK(cudaGraphDestroy(graph));
+                CK(cudaStreamDestroy(s));
+            }
         }
+        printf("%-4s wgrad %-4s %-5s %-24s G=%-4lld T=%-5lld K=%-5lld N=%-5lld rows=%-5lld %d variants worst/tol=%.3f",
+               w_nfail == fails0 ? "ok" : "FAIL", dt == MOEX_DTYPE_BF16 ? "bf16" : "f16", wmode_name[mode], name,
+               (long long)G, (long long)T, (long long)K, (long long)N, (long long)off[G], W_NVARIANTS, worst);
+        if (graph_splits != NULL) printf(" graph worst/tol=%.3f", gworst);
+        printf("\n");
     }
     CK(cudaFree(d.dy));
     CK(cudaFree(d.x));
@@ -477,6 +558,8 @@ static void run_wcase(const char *name, moex_dtype dt, int64_t G, int64_t T, int
     free(hinit);
     free(hout);
     free(hout2);
+    free(hbase);
+    free(gbase);
     free(ref);
     free(mag);
     free(gref);
@@ -493,6 +576,16 @@ static void run_wgrad_cases(void) {
     run_wcase("awkward groups", MOEX_DTYPE_BF16, 6, 400, 136, 264, awk, awk_graph);
     run_wcase("awkward groups", MOEX_DTYPE_F16, 6, 400, 136, 264, awk, NULL);
 
+    /* N, K multiples of 8 but not of the tile, with several full (TMA) blocks and edges */
+    run_wcase("interior + edge tiles", MOEX_DTYPE_BF16, 6, 400, 520, 392, awk, awk_graph);
+    run_wcase("interior + edge tiles", MOEX_DTYPE_F16, 6, 400, 520, 392, awk, NULL);
+    /* every tile inside [N, K] */
+    const int64_t inner[4] = {130, 0, 64, 1}, inner_graph[4] = {0, 195, 0, 5};
+    run_wcase("all tiles interior", MOEX_DTYPE_BF16, 4, 200, 512, 256, inner, inner_graph);
+    /* N = 320: the last N tile has one full consumer block and one past N; K = 264 */
+    const int64_t mixed[3] = {70, 129, 0};
+    run_wcase("half-inside N tile", MOEX_DTYPE_F16, 3, 230, 264, 320, mixed, NULL);
+
     const int64_t one[1] = {300};
     run_wcase("G=1 tail at T", MOEX_DTYPE_BF16, 1, 300, 64, 256, one, NULL);
     const int64_t short1[1] = {40};
@@ -506,6 +599,9 @@ static void run_wgrad_cases(void) {
     }
     run_wcase("G=256 small groups", MOEX_DTYPE_BF16, 256, total + 50, 72, 24, many, many_graph);
     run_wcase("G=256 small groups", MOEX_DTYPE_F16, 256, total + 50, 72, 24, many, NULL);
+    int64_t total64 = 0;
+    for (int g = 0; g < 64; g++) total64 += many[g];
+    run_wcase("G=64 full tiles", MOEX_DTYPE_BF16, 64, total64 + 50, 256, 128, many, NULL);
 
     const int64_t lump[8] = {0, 0, 0, 0, 0, 777, 0, 0};
     run_wcase("all rows in one group", MOEX_DTYPE_BF16, 8, 800, 200, 392, lump, NULL);
@@ -522,13 +618,17 @@ static void run_wgrad_cases(void) {
 
     const int64_t none[3] = {0, 0, 0};
     run_wcase("no rows (T=0)", MOEX_DTYPE_BF16, 3, 0, 16, 24, none, NULL);
+
+    printf("wgrad: %d checks over %d variants, %d failure(s)\n", w_checks, W_NVARIANTS, w_nfail);
+    for (int i = 0; i < w_nfail && i < 4; i++) printf("  wgrad failure %d: %s\n", i + 1, w_fail_msg[i]);
 }
 
 int main(int argc, char **argv) {
     int dev = 0, n = 0;
     g_tune.epilogue_tma = argc > 1 ? atoi(argv[1]) : 1;
     g_tune.cluster = argc > 2 ? atoi(argv[2]) : 0;
-    printf("variant: epilogue_tma=%d cluster=%d\n", g_tune.epilogue_tma, g_tune.cluster);
+    g_tune.tile_rows = argc > 3 ? atoi(argv[3]) : 0;
+    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d\n", g_tune.epilogue_tma, g_tune.cluster, g_tune.tile_rows);
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
