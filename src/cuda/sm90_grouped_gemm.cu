@@ -176,21 +176,27 @@ static __device__ __forceinline__ void sm90_stage_write(uint8_t *stage, const fl
     }
 }
 
-/* One pass of the TMA epilogue: waits until the previous stores have read the staging buffer,
- * writes NJ fragment columns, then one thread stores box q at (col(q), row). */
+/* One pass of the TMA epilogue: NJ fragment columns (NJ / 8 boxes of 64 columns), box q
+ * through half q % 2 of the staging buffer and its own bulk group, stored at (col(q), row).
+ * Before a half is rewritten, the store that last read it must have finished reading: with
+ * one group per box, that is every group but the newest (wait_read<1>), so the threads
+ * write one half while the copy engine still reads the other. */
 template <int IS_F16, int NJ, int NA, class JSEL, class COL>
 static __device__ __forceinline__ void sm90_stage_pass(uint8_t *stage, const float (&acc)[NA], JSEL jsel, COL col,
                                                        const CUtensorMap *map, int32_t row, int c, int tid, int rl,
                                                        int lane) {
-    if (tid == 0) sm90_bulk_wait_read<0>();
-    sm90_named_barrier(1 + c, 128);
-    sm90_stage_write<IS_F16, NJ>(stage, acc, jsel, rl, lane);
-    sm90_fence_proxy_async_smem();
-    sm90_named_barrier(1 + c, 128);
-    if (tid == 0) {
 #pragma unroll
-        for (int q = 0; q < NJ / 8; q++) sm90_tma_store_2d(map, stage + q * 8192, col(q), row);
-        sm90_bulk_commit();
+    for (int q = 0; q < NJ / 8; q++) {
+        uint8_t *half = stage + (q % 2) * 8192;
+        if (tid == 0) sm90_bulk_wait_read<1>();
+        sm90_named_barrier(1 + c, 128);
+        sm90_stage_write<IS_F16, 8>(half, acc, [&](int jj) { return jsel(8 * q + jj); }, rl, lane);
+        sm90_fence_proxy_async_smem();
+        sm90_named_barrier(1 + c, 128);
+        if (tid == 0) {
+            sm90_tma_store_2d(map, half, col(q), row);
+            sm90_bulk_commit();
+        }
     }
 }
 
@@ -332,6 +338,22 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             int64_t m0;
             int n0;
             sm90_tile_coords(&cur, t, band_w, BM, CM, rank, &m0, &n0);
+            const int64_t mr = m0 + a_row;             /* the block's first row */
+            const int64_t ra = mr + rl, rb = ra + 8;
+            const bool oka = ra < cur.row1, okb = rb < cur.row1;
+            sm90_cols<EPI, NC> cols;
+            cols.ob = EPI >= SM90_EPI_GLU_CONTIG ? (n0 + b_col) / 2 : n0 + b_col;
+            cols.lim = EPI >= SM90_EPI_GLU_CONTIG ? epi.F : N;
+            /* the epilogue's inputs, fetched while the tile is computed: p of rows ra, rb
+             * (registers) and the bias row (cp.async into the staging buffer, block column
+             * pair lc / 2 at 4 or 8 bytes each, after the first k step) */
+            float pa = 1.0f, pb = 1.0f;
+            if (epi.probs != NULL && (EPI >= SM90_EPI_GLU_CONTIG || epi.bias_scaled)) {
+                pa = oka ? __ldg(epi.probs + ra) : 0.0f;
+                pb = okb ? __ldg(epi.probs + rb) : 0.0f;
+            }
+            const bool has_bias = EPI != SM90_EPI_PLAIN && epi.bias != NULL;
+            uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
             for (int kb = 0; kb < nk; kb++, it++) {
                 const int s = it % SM90_STAGES;
                 sm90_mbar_wait(&full[s], (it / SM90_STAGES) & 1u);
@@ -348,6 +370,19 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     sm90_mma<IS_F16, TB>(acc, da, db, (kb | kk) != 0);
                 }
                 sm90_wgmma_commit();
+                if (has_bias && kb == 0) {
+                    if (tid == 0) sm90_bulk_wait_read<0>();   /* the last tile's stores read `stage` */
+                    sm90_named_barrier(1 + c, 128);
+                    const int lc = 2 * tid;
+                    if (lc < NC && cols.ok(lc)) {
+                        const int64_t bi = (int64_t)cur.g * N + cols.col(lc);
+                        if (epi.bias_f32)
+                            sm90_cp_async<8>(stage + 8 * tid, (const float *)epi.bias + bi);
+                        else
+                            sm90_cp_async<4>(stage + 4 * tid, (const uint16_t *)epi.bias + bi);
+                    }
+                    sm90_cp_async_commit();
+                }
                 if (kb > 0) {
                     /* the previous stage's wgmmas are done: hand it back to the producer */
                     sm90_wgmma_wait<1>();
@@ -358,33 +393,22 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
 
             /* ---- epilogue ---- */
-            const int64_t mr = m0 + a_row;             /* the block's first row */
-            const int64_t ra = mr + rl, rb = ra + 8;
-            const bool oka = ra < cur.row1, okb = rb < cur.row1;
-            sm90_cols<EPI, NC> cols;
-            cols.ob = EPI >= SM90_EPI_GLU_CONTIG ? (n0 + b_col) / 2 : n0 + b_col;
-            cols.lim = EPI >= SM90_EPI_GLU_CONTIG ? epi.F : N;
             const int lc0 = 2 * (lane % 4);
-            float pa = 1.0f, pb = 1.0f;   /* p of rows ra, rb (rows outside the group: unused) */
-            if (epi.probs != NULL && (EPI >= SM90_EPI_GLU_CONTIG || epi.bias_scaled)) {
-                pa = oka ? __ldg(epi.probs + ra) : 0.0f;
-                pb = okb ? __ldg(epi.probs + rb) : 0.0f;
-            }
-            if (EPI != SM90_EPI_PLAIN && epi.bias != NULL) {
+            if (has_bias) {
+                sm90_cp_async_wait_all();
+                sm90_named_barrier(1 + c, 128);   /* every thread's part of the bias row landed */
                 const float sa_ = epi.bias_scaled ? pa : 1.0f, sb_ = epi.bias_scaled ? pb : 1.0f;
-                const int64_t boff = (int64_t)cur.g * N;
 #pragma unroll
                 for (int j = 0; j < NA / 4; j++) {
                     const int lc = 8 * j + lc0;
                     if (cols.ok(lc)) {
-                        const int64_t bi = boff + cols.col(lc);
                         float b0, b1;
                         if (epi.bias_f32) {
-                            const float2 v = __ldg((const float2 *)epi.bias + bi / 2);
+                            const float2 v = *(const float2 *)(stage + 4 * lc);
                             b0 = v.x;
                             b1 = v.y;
                         } else {
-                            const uint32_t v = __ldg((const uint32_t *)epi.bias + bi / 2);
+                            const uint32_t v = *(const uint32_t *)(stage + 2 * lc);
                             b0 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v & 0xFFFFu)))
                                         : __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xFFFFu)));
                             b1 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v >> 16)))
@@ -403,7 +427,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
             const bool full_block = EPI_TMA && mr + 64 <= cur.row1 &&
                                     (EPI >= SM90_EPI_GLU_CONTIG ? cols.ob + NC / 2 <= epi.F : cols.ob + NC <= N);
-            uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
             /* y (or h) */
             if (full_block) {
 #pragma unroll
