@@ -3,9 +3,9 @@ the same split values and the same input tensors, timed in one process (DESIGN.m
 configs, bf16): every launch timed by its own CUDA events, the functions launched back to back
 in rotating order (so clock and power drift hit both sides alike), medians reported.
 
-  python3 torch_grouped_mm.py compare LIBSM90 OUT_DIR [CFG...]
-      LIBSM90: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad}_tuned (scripts/sm90_dev.sh
-      builds it from src/cuda/sm90_grouped_gemm.cu). Writes OUT_DIR/compare.jsonl, the splits
+  python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP]]
+      LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned (build-gpu/libmoex.so);
+      OP: fwd, dgrad or wgrad (default all three; wgrad: torch._grouped_mm(dy^T, x) 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl, the splits
       for bench/sm90_gemm_bench.cu in OUT_DIR/splits.txt, and prints
       one table: per config, op, splits kind and sm90 variant, TFLOP/s of both sides, their
       ratio, and the relative error of the sm90 output against torch's (forward: x W_g^T;
@@ -27,7 +27,9 @@ CONFIGS = [
 VARIANTS = {
     "fwd": [("default", (0, 0, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)), ("clu2", (0, 0, 1, 2, 0, 0))],
     "dgrad": [("default", (0, 0, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64))],
+    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0))],
 }
+OPS = [o for o in sys.argv[5:6] if o in VARIANTS] or list(VARIANTS)
 
 MOEX_DTYPE_BF16 = 1
 
@@ -36,6 +38,12 @@ class Args(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
                 ("N", ctypes.c_int64), ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
                 ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int)]
+
+
+class WArgs(ctypes.Structure):
+    _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
+                ("N", ctypes.c_int64), ("dy", ctypes.c_void_p), ("x", ctypes.c_void_p), ("dw", ctypes.c_void_p),
+                ("dw_dtype", ctypes.c_int), ("accumulate", ctypes.c_int), ("splits", ctypes.c_void_p)]
 
 
 class Tune(ctypes.Structure):
@@ -104,10 +112,12 @@ def bench_interleaved(torch, fns, iters, warm=3):
 def compare(lib_path, out_dir, only):
     import torch
     lib = ctypes.CDLL(lib_path)
-    entry = {"fwd": lib.moex_sm90_grouped_gemm_fwd_tuned, "dgrad": lib.moex_sm90_grouped_gemm_dgrad_tuned}
-    for f in entry.values():
+    entry = {"fwd": lib.moex_sm90_grouped_gemm_fwd_tuned, "dgrad": lib.moex_sm90_grouped_gemm_dgrad_tuned,
+             "wgrad": lib.moex_sm90_grouped_gemm_wgrad_tuned}
+    for op, f in entry.items():
         f.restype = ctypes.c_int
-        f.argtypes = [ctypes.POINTER(Args), ctypes.POINTER(Tune), ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
+        f.argtypes = [ctypes.POINTER(WArgs if op == "wgrad" else Args), ctypes.POINTER(Tune), ctypes.c_void_p,
+                      ctypes.POINTER(ctypes.c_char_p)]
     torch.manual_seed(0)
     dev = "cuda"
     print("torch", torch.__version__, torch.cuda.get_device_name(), "cuda", torch.version.cuda, flush=True)
@@ -125,11 +135,14 @@ def compare(lib_path, out_dir, only):
                 continue
             w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) * 0.02
             iters = 30 if K * N >= 2 ** 24 else 60
-            for op in ("fwd", "dgrad"):
+            for op in OPS:
                 iw, ow = (K, N) if op == "fwd" else (N, K)
                 x = torch.randn(T, iw, device=dev, dtype=torch.bfloat16)
                 y = torch.empty(T, ow, device=dev, dtype=torch.bfloat16)
                 wb = w.transpose(-2, -1) if op == "fwd" else w
+                if op == "wgrad":   # x = dy [T, N], xk = x [T, K], y = dW [G, N, K]
+                    xk = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+                    y = torch.empty(G, N, K, device=dev, dtype=torch.bfloat16)
                 for kind in ("balanced", "skewed"):
                     s = make_splits(G, T, kind)
                     if op == "fwd":   # the input of bench/sm90_gemm_bench.cu
@@ -137,9 +150,15 @@ def compare(lib_path, out_dir, only):
                     sd = torch.tensor(s, device=dev, dtype=torch.int64)
                     offs = sd.cumsum(0).to(torch.int32)
                     flops = 2 * T * K * N
-                    ref = torch._grouped_mm(x, wb, offs=offs)
-                    args = Args(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), w.data_ptr(), y.data_ptr(),
-                                sd.data_ptr(), None, 0)
+                    if op == "wgrad":
+                        tfn = lambda: torch._grouped_mm(x.t(), xk, offs=offs)
+                        args = WArgs(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), xk.data_ptr(), y.data_ptr(),
+                                     MOEX_DTYPE_BF16, 0, sd.data_ptr())
+                    else:
+                        tfn = lambda: torch._grouped_mm(x, wb, offs=offs)
+                        args = Args(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), w.data_ptr(), y.data_ptr(),
+                                    sd.data_ptr(), None, 0)
+                    ref = tfn()
                     why = ctypes.c_char_p()
                     variants = VARIANTS[op]
                     tunes = {v: Tune(*p) for v, p in variants}
@@ -150,7 +169,7 @@ def compare(lib_path, out_dir, only):
                         if st != 0:
                             raise RuntimeError(f"sm90 status {st}: {why.value}")
 
-                    fns = {"torch": lambda: torch._grouped_mm(x, wb, offs=offs)}
+                    fns = {"torch": tfn}
                     for v, _ in variants:
                         fns[v] = lambda v=v: run_sm90(v)
                     ms = bench_interleaved(torch, fns, iters)
@@ -179,7 +198,7 @@ def compare(lib_path, out_dir, only):
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "compare":
-        compare(sys.argv[2], sys.argv[3], sys.argv[4:])
+        compare(sys.argv[2], sys.argv[3], sys.argv[4].split(",") if len(sys.argv) > 4 else [])
     else:
         print(__doc__)
         sys.exit(2)

@@ -4,10 +4,12 @@
 #   compute-sanitizer memcheck and racecheck over the CUDA tests, `moex check`, a short
 #   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits;
 #   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
-#   PyTorch baseline (bench/torch_baseline.py, both modes) on the same shapes, then a summary.
+#   PyTorch baselines on the same shapes (bench/torch_baseline.py, both modes, and the grouped
+#   GEMMs of bench/gemm_bench.py), then a summary.
 # Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize check bench (default all)
 # Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
-# sanitize.log check.log bench.log torch.log summary.txt. Env: BUILD (build dir, default
+# sanitize.log check.log bench.log (portable GEMM runs appended) torch.log (torch baselines and
+# bench/gemm_bench.py) gemm_bench.jsonl summary.txt. Env: BUILD (build dir, default
 # build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all),
 # OTHER_CONFIGS (default dsv3-fc1,qwen3-30b-fc1),
 # COMMIT (recorded in the summary; default `git rev-parse --short HEAD`).
@@ -79,14 +81,14 @@ fi
 if has bench; then
     t0=$SECONDS
     : > "$OUT/bench.log"
-    : > "$OUT/bench_portable.log"
+    PORTABLE_LOG=$(mktemp)
     for cfg in ${BENCH_CONFIGS//,/ }; do
         for sp in balanced skewed; do
             echo "=== moex bench $cfg $sp" >> "$OUT/bench.log"
             "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 10 >> "$OUT/bench.log" 2>&1
-            echo "=== moex bench $cfg $sp (MOEX_CUDA_GEMM=portable)" >> "$OUT/bench_portable.log"
+            echo "=== moex bench $cfg $sp (MOEX_CUDA_GEMM=portable)" >> "$PORTABLE_LOG"
             MOEX_CUDA_GEMM=portable "$BUILD"/moex bench --backend cuda --config "$cfg" --splits "$sp" --iters 10 \
-                >> "$OUT/bench_portable.log" 2>&1
+                >> "$PORTABLE_LOG" 2>&1
         done
     done
     for cfg in ${OTHER_CONFIGS//,/ }; do   # GLU, router, permute, unpermute, MoE layer
@@ -97,6 +99,10 @@ if has bench; then
     echo "=== torch_baseline --ops other" >> "$OUT/torch.log"
     PYTHONUNBUFFERED=1 python3 bench/torch_baseline.py --ops other --configs "$OTHER_CONFIGS" --iters 10 \
         >> "$OUT/torch.log" 2>&1
+    # the grouped GEMMs against torch._grouped_mm, the per-expert loop and dense cuBLAS (GPU time)
+    echo "=== gemm_bench" >> "$OUT/torch.log"
+    PYTHONUNBUFFERED=1 python3 bench/gemm_bench.py --lib "$BUILD"/libmoex.so --out "$OUT" \
+        --configs "$BENCH_CONFIGS" >> "$OUT/torch.log" 2>&1
     note "bench: $((SECONDS - t0)) s"
     note "moex bench --backend cuda (bf16):"
     grep -m1 '^config' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
@@ -106,11 +112,15 @@ if has bench; then
     grep -m1 -E '^config +E ' "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     grep -E "$OTHER_OPS" "$OUT/bench.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "moex bench --backend cuda, portable GEMM only (MOEX_CUDA_GEMM=portable):"
-    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$OUT/bench_portable.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -E '^ *[a-z0-9-]* +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ +(balanced|skewed) ' "$PORTABLE_LOG" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    cat "$PORTABLE_LOG" >> "$OUT/bench.log"
+    rm -f "$PORTABLE_LOG"
     note "torch baseline:"
     sed -n '/^torch._grouped_mm/,/^=== /{/^=== /!p}' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "torch baseline, other ops:"
-    sed -n '/^torch other ops/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    sed -n '/^torch other ops/,/^=== gemm_bench/{/^=== gemm_bench/!p}' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    note "bench/gemm_bench.py (moex vs torch._grouped_mm, per-expert loop, dense cuBLAS; GPU time):"
+    sed -n '/^config  *splits  *op/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
 echo

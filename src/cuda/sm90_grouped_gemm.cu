@@ -1,16 +1,18 @@
 /*
- * sm90_grouped_gemm.cu - the Hopper (sm_90a) grouped GEMMs: the M-grouped forward
- * y_g = x_g W_g^T and dgrad dx_g = dy_g W_g, and the K-grouped weight gradient
- * dW_g = dy_g^T x_g (its own kernel, described above it; contract in sm90_grouped_gemm.h).
+ * sm90_grouped_gemm.cu - the Hopper (sm_90a) M-grouped GEMMs: the forward y_g = x_g W_g^T
+ * with its fused epilogues (bias, probs-scaled bias, the grouped MLP's FC1 with the scaled
+ * GLU writing h and z) and the dgrad dx_g = dy_g W_g (contract in sm90_grouped_gemm.h; the
+ * K-grouped weight gradient is sm90_grouped_wgrad.cu; docs/hopper.md tells the story).
  *
  * Design:
  *   - persistent grid, one CTA of 384 threads per SM: warpgroup 0 is the producer (one
- *     thread issues TMA loads), warpgroups 1 and 2 are consumers (each computes 64 rows of
- *     the 128x256 output tile with wgmma m64n256k16, f32 accumulators in registers);
- *   - a ring of 4 shared-memory stages, each an input tile [128 rows, 64 k]
- *     and a weight tile of 256 output columns by 64 k, 128-byte swizzled by TMA; a full and
- *     an empty mbarrier per stage. Forward: the weight tile is K-major (W_g rows); dgrad: it
- *     is MN-major (four boxes of 64 W_g rows by 64 columns) and wgmma reads it transposed;
+ *     thread issues TMA loads), warpgroups 1 and 2 are consumers, f32 accumulators in
+ *     registers. Tiles of 128 rows x 256 columns (each consumer 64 x 256, wgmma m64n256k16)
+ *     or, for small groups, 64 x 256 (each consumer 64 x 128, m64n128k16);
+ *   - a ring of 4 shared-memory stages, each an input tile [BM rows, 64 k] and a weight tile
+ *     of 256 output columns by 64 k, 128-byte swizzled by TMA; a full and an empty mbarrier
+ *     per stage. Forward: the weight tile is K-major (W_g rows); dgrad: it is MN-major (four
+ *     boxes of 64 W_g rows by 64 columns) and wgmma reads it transposed;
  *   - a device-side tile schedule: every thread walks the groups with a cursor (tile
  *     indices of a CTA only grow, so the walk is O(G + tiles) per CTA), reading the split
  *     values from device memory; nothing about the splits is known on the host;
@@ -18,19 +20,20 @@
  *     CTAs running at the same time share weight tiles and input tiles in L2;
  *   - input tiles are loaded from the global row offset of the group, so a tile can
  *     straddle the next group (or the rows past off[G]; TMA zero-fills past T); those rows
- *     are computed but never stored: full 64-row blocks inside the group leave through a
- *     swizzled shared-memory staging buffer and TMA stores, other blocks through masked
- *     stores from registers (rows below the group's end, columns below the output width);
+ *     are computed but never stored: full blocks inside the group leave through a swizzled
+ *     shared-memory staging buffer and TMA stores, other blocks through masked stores from
+ *     registers (rows below the group's end, columns below the output width);
+ *   - the epilogue's inputs (bias row, probs) are fetched while the tile is computed;
  *   - optional (tuning): 2-CTA clusters that share the weight tile through TMA multicast
- *     (correct, but slower than no cluster in our measurements), masked register stores
- *     everywhere instead of the TMA epilogue, the grid size and the band width.
+ *     (about equal on balanced splits, slower on skewed ones, so off by default), masked
+ *     register stores everywhere instead of the TMA epilogue, the grid size, the band width
+ *     and the tile height.
  * Tensor maps depend on pointers and shapes only, so a launch captured in a CUDA graph stays
  * correct when the split values change.
  */
 #include "cpu_glu_math.h"
 #include "sm90_common.cuh"
 
-#define SM90_DEFAULT_CLUSTER 1      /* CTAs per cluster unless tuned otherwise */
 
 #define SM90_C_ELEMS (64 * 128)       /* a consumer's output staging: 64 rows x 128 columns */
 /* stages of BM input rows and 256 weight rows by 64 k + output staging (2 consumers) +

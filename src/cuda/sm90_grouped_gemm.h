@@ -10,10 +10,12 @@
  * captured launch replays correctly after the split values change).
  *
  * The kernel is persistent (one CTA per SM), warp-specialised (one TMA producer warpgroup,
- * two wgmma consumer warpgroups), with 128x256x64 tiles in a 4-stage mbarrier ring; full
- * 64x256 output blocks leave through shared memory and TMA stores, blocks that reach past
- * the group's end (or past the output width) through masked stores, so tail tiles never
- * write past their group.
+ * two wgmma consumer warpgroups), with 128x256x64 (or, for small groups, 64x256x64) tiles
+ * in a 4-stage mbarrier ring; full output blocks leave through shared memory and TMA
+ * stores, blocks that reach past the group's end (or past the output width) through masked
+ * stores, so tail tiles never write past their group. The forward can fuse a bias, a
+ * probs-scaled bias, or the grouped MLP's scaled GLU into its epilogue
+ * (moex_sm90_grouped_gemm_fwd_epi).
  *
  * K-grouped weight gradient (same kernel family, its own kernel): for every group g
  *   wgrad:   dW_g = dy_g^T x_g      dy [T, N], x [T, K], dW [G, N, K]
