@@ -120,7 +120,7 @@ if has bench; then
     note "torch baseline, other ops:"
     sed -n '/^torch other ops/,/^=== gemm_bench/{/^=== gemm_bench/!p}' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
     note "bench/gemm_bench.py (moex vs torch._grouped_mm, per-expert loop, dense cuBLAS; GPU time):"
-    sed -n '/^config  *splits  *op/,$p' "$OUT/torch.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    tac "$OUT/torch.log" | sed -n '1,/^config  *splits  *op/p' | tac | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
 echo
