@@ -14,7 +14,7 @@ echo "build ok"
 build-gpu/tests/cuda_test_sm90_epilogue > "$OUT/epilogue.log" 2>&1
 echo "test_sm90_epilogue rc=$? ok=$(grep -c '^ok' "$OUT/epilogue.log") $(tail -1 "$OUT/epilogue.log")"
 grep -E "FAIL" "$OUT/epilogue.log" | head -12
-for v in "1 0 0" "1 0 64" "1 0 128" "0 0 128" "1 2 0"; do
+for v in "1 0 0" "1 1 0" "1 0 64" "0 0 128"; do
     build-gpu/tests/cuda_test_sm90_gemm $v > "$OUT/sm90_gemm_${v// /_}.log" 2>&1
     echo "test_sm90_gemm $v rc=$? fail=$(grep -c FAIL "$OUT/sm90_gemm_${v// /_}.log")"
     grep FAIL "$OUT/sm90_gemm_${v// /_}.log" | head -4

@@ -24,13 +24,16 @@
  *     shared-memory staging buffer and TMA stores, other blocks through masked stores from
  *     registers (rows below the group's end, columns below the output width);
  *   - the epilogue's inputs (bias row, probs) are fetched while the tile is computed;
- *   - optional (tuning): 2-CTA clusters that share the weight tile through TMA multicast
- *     (about equal on balanced splits, slower on skewed ones, so off by default), masked
- *     register stores everywhere instead of the TMA epilogue, the grid size, the band width
- *     and the tile height.
+ *   - the plain 128-row forward runs in 2-CTA clusters: the two CTAs take two tiles that
+ *     share the weight tile (or, on a group's odd last row tile, the input tile) and load
+ *     half of it each, multicast into both, which halves that operand's L2 traffic;
+ *   - tuning knobs (tests, benchmarks): no cluster, masked register stores everywhere
+ *     instead of the TMA epilogue, the grid size, the band width and the tile height.
  * Tensor maps depend on pointers and shapes only, so a launch captured in a CUDA graph stays
  * correct when the split values change.
  */
+#include <atomic>
+
 #include "cpu_glu_math.h"
 #include "sm90_common.cuh"
 
@@ -46,13 +49,23 @@ static size_t sm90_smem_bytes(int bm) {
 
 #if MOEX_SM90_DEVICE
 
-/* The group that owns the cursor's work units: rows [row0, row1), units [tile0, tile0 + mt * nt).
- * A unit is CM row tiles (one per CTA of a cluster) by one column tile. */
+/* The group that owns the cursor's work units: rows [row0, row1) in mt row tiles, units
+ * [tile0, tile0 + units). With CM = 1 a unit is one tile (units = mt nt). With CM = 2 the two
+ * CTAs of a cluster take two tiles that share an operand, loaded half by each and multicast
+ * into both: a row pair (row tiles 2p and 2p + 1, one column tile: they share the weight
+ * tile) for every whole pair of row tiles, then, for the last row tile of a group with an
+ * odd count, column pairs (that row tile, column tiles 2q and 2q + 1: they share the input
+ * tile), so no CTA computes a tile past its group:
+ * units = (mt / 2) nt + (mt % 2) ceil(nt / 2). */
 typedef struct sm90_cursor {
     int g;
     int64_t mt;
     int64_t row0, row1, tile0;
 } sm90_cursor;
+
+static __device__ __forceinline__ int64_t sm90_units(int64_t mt, int64_t nt, int cm) {
+    return cm == 1 ? mt * nt : (mt / 2) * nt + (mt % 2) * ((nt + 1) / 2);
+}
 
 static __device__ __forceinline__ void sm90_cursor_start(sm90_cursor *c) {
     c->g = -1;
@@ -62,33 +75,43 @@ static __device__ __forceinline__ void sm90_cursor_start(sm90_cursor *c) {
     c->tile0 = 0;
 }
 
-/* Moves the cursor forward to the group that owns tile t (t never decreases between calls).
- * Returns 0 when t is past the last tile. */
+/* Moves the cursor forward to the group that owns unit t (t never decreases between calls).
+ * Returns 0 when t is past the last unit. */
 static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t, const int64_t *splits, int G,
                                                        int64_t T, int64_t nt, int bm, int cm) {
-    while (t >= c->tile0 + c->mt * nt) {
-        c->tile0 += c->mt * nt;
+    while (t >= c->tile0 + sm90_units(c->mt, nt, cm)) {
+        c->tile0 += sm90_units(c->mt, nt, cm);
         c->g++;
         if (c->g >= G) return 0;
         int64_t s = __ldg(splits + c->g);
         s = s < 0 ? 0 : s;
         c->row0 = c->row1;
         c->row1 = c->row0 + s < T ? c->row0 + s : T;
-        c->mt = (c->row1 - c->row0 + bm * cm - 1) / (bm * cm);
+        c->mt = (c->row1 - c->row0 + bm - 1) / bm;
     }
     return 1;
 }
 
-/* Row and column of the first element of the row tile `rank` of unit t in the cursor's group
- * (the row may be past the group's end when the group has fewer row tiles than the unit). */
-static __device__ __forceinline__ void sm90_tile_coords(const sm90_cursor *c, int64_t t, int band_w, int bm, int cm,
-                                                        int rank, int64_t *m0, int *n0) {
+/* Row and column of the first element of this CTA's tile (cluster rank `rank`) of unit t in
+ * the cursor's group. Row units (CM = 1: tiles; CM = 2: row pairs) go in bands of band_w
+ * column tiles, row units fastest. Returns 1 for a column pair (the CTAs share the input
+ * tile; the second column may be past the output width), 0 otherwise. */
+static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int64_t t, int64_t nt, int band_w, int bm,
+                                                       int cm, int rank, int64_t *m0, int *n0) {
     int64_t l = t - c->tile0;
-    int64_t band_tiles = c->mt * band_w;
-    int64_t band = l / band_tiles;
-    int64_t r = l - band * band_tiles;
-    *m0 = c->row0 + ((r % c->mt) * cm + rank) * bm;
-    *n0 = (int)((band * band_w + r / c->mt) * SM90_BN);
+    const int64_t rows = cm == 1 ? c->mt : c->mt / 2;
+    if (l < rows * nt) {
+        const int64_t band_tiles = rows * band_w;
+        const int64_t band = l / band_tiles;
+        const int64_t r = l - band * band_tiles;
+        *m0 = c->row0 + ((r % rows) * cm + rank) * bm;
+        *n0 = (int)((band * band_w + r / rows) * SM90_BN);
+        return 0;
+    }
+    l -= rows * nt;
+    *m0 = c->row0 + (c->mt - 1) * bm;
+    *n0 = (int)((2 * l + rank) * SM90_BN);
+    return 1;
 }
 
 /* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
@@ -225,17 +248,18 @@ static __device__ __forceinline__ void sm90_mma(float (&d)[64], uint64_t da, uin
 /* ---- the kernel ----------------------------------------------------------------------------
  * EPI_TMA: full blocks leave through the TMA epilogue (else everything through masked
  * register stores; a tuning knob). CM: CTAs per cluster (1 or 2). With 2, the CTAs of a
- * cluster take the two row tiles of one work unit (same group, same column tile) and each
- * loads half of the weight tile with TMA multicast into both; a stage is refilled only when
- * the consumers of both CTAs released it (each consumer arrives on the empty barrier of both
- * CTAs). TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out =
+ * cluster take the two tiles of one work unit (a row pair or a column pair, see
+ * sm90_cursor) and each loads half of the shared operand with TMA multicast into both; a
+ * stage is refilled only when the consumers of both CTAs released it (each consumer
+ * arrives on the empty barrier of both CTAs). tm_xh is the half-tile input map. TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out =
  * columns]): four TMA boxes [64 reduction rows][64 output columns], wgmma with B transposed.
  * BM: rows per tile, 128 or 64 (small groups). EPI: the epilogue above. tm_wb is the second
  * weight map: the half-tile box for CM = 2, the 64-row box for the CONTIGUOUS GLU.
  * In the kernel, N is the output width and K the reduction length. */
 template <int IS_F16, int EPI_TMA, int CM, int TB, int BM, int EPI>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
-    sm90_grouped_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_w,
+    sm90_grouped_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_xh,
+                        const __grid_constant__ CUtensorMap tm_w,
                         const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
                         const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
                         const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
@@ -283,16 +307,21 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             sm90_cursor cur;
             sm90_cursor_start(&cur);
             uint32_t it = 0;
+            const uint16_t both = (uint16_t)((1u << CM) - 1u);
             for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
                 int64_t m0;
                 int n0;
-                sm90_tile_coords(&cur, t, band_w, BM, CM, rank, &m0, &n0);
+                const int colpair = sm90_tile_coords(&cur, t, nt, band_w, BM, CM, rank, &m0, &n0);
                 for (int kb = 0; kb < nk; kb++, it++) {
                     const int s = it % SM90_STAGES;
                     uint16_t *b = sb + s * B_ELEMS;
                     sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
                     sm90_mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                    sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
+                    if (CM > 1 && colpair)   /* 64 of the shared input rows each, into both CTAs */
+                        sm90_tma_load_2d_multicast(sa + s * A_ELEMS + rank * 64 * SM90_BK, &tm_xh, &full[s],
+                                                   kb * SM90_BK, (int32_t)(m0 + 64 * rank), both);
+                    else
+                        sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
                     if (TB) {
 #pragma unroll
                         for (int j = 0; j < SM90_BN / 64; j++)
@@ -305,9 +334,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                             sm90_tma_load_3d(b + i * 64 * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
                                              h * epi.F + n0 / 2 + q * 64, cur.g);
                         }
-                    } else if (CM > 1) {
+                    } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
                         sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
-                                                   n0 + rank * (SM90_BN / 2), cur.g, (uint16_t)((1u << CM) - 1u));
+                                                   n0 + rank * (SM90_BN / 2), cur.g, both);
                     } else {
                         sm90_tma_load_3d(b, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
                     }
@@ -340,7 +369,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;
             int n0;
-            sm90_tile_coords(&cur, t, band_w, BM, CM, rank, &m0, &n0);
+            sm90_tile_coords(&cur, t, nt, band_w, BM, CM, rank, &m0, &n0);
             const int64_t mr = m0 + a_row;             /* the block's first row */
             const int64_t ra = mr + rl, rb = ra + 8;
             const bool oka = ra < cur.row1, okb = rb < cur.row1;
@@ -522,12 +551,12 @@ extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_ar
     return moex_sm90_supported(device, a) && sm90_epi_kind(a, e) >= 0;
 }
 
-typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
+typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
                                sm90_epi, const int64_t *, int, int64_t, int, int, int, int *, int);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
- * heights (TMA epilogue, no cluster), the plain forward also with 2-CTA clusters and with
- * the register epilogue, and the dgrad (plain only) with both tile heights. */
+ * heights (TMA epilogue, no cluster), the plain forward also with 2-CTA clusters (its
+ * default at 128 rows) and with the register epilogue, and the dgrad (plain only) with both tile heights. */
 template <int F16> static sm90_kernel_fn sm90_pick_t(int epi, int bm, int cm, bool epi_tma, bool dgrad) {
     if (dgrad) {
         if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 1, 64, 0>;
@@ -563,14 +592,16 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
                        ? tune->tile_rows
                        : moex_sm90_tile_rows(a->T, a->G, a->N, a->K);
-    const int cm = !dgrad && epi == SM90_EPI_PLAIN && bm == 128 && tune != NULL && tune->cluster == 2 ? 2 : 1;
+    /* 2-CTA clusters for the plain 128-row forward with the TMA epilogue, unless tuned off */
+    const bool cluster_ok = !dgrad && epi == SM90_EPI_PLAIN && bm == 128 && epi_tma;
+    const int cm = cluster_ok && (tune == NULL || tune->cluster != 1) ? 2 : 1;
     /* kernel view: out = in [T, red] times B_g (red x out_w) */
     const int64_t red = dgrad ? a->N : a->K, out_w = dgrad ? a->K : a->N;
     const bool glu = epi >= SM90_EPI_GLU_CONTIG;
 
-    CUtensorMap tm_x, tm_w, tm_wb, tm_y, tm_z;
+    CUtensorMap tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z;
     const cuuint64_t xdims[2] = {(cuuint64_t)red, (cuuint64_t)a->T};
-    const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm};
+    const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm}, xhbox[2] = {SM90_BK, 64};
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
     const cuuint32_t wbox[3] = {SM90_BK, dgrad ? 64u : (cuuint32_t)SM90_BN, 1};
     const cuuint32_t wbbox[3] = {SM90_BK, cm > 1 ? SM90_BN / 2u : 64u, 1};
@@ -578,6 +609,7 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const cuuint64_t zdims[2] = {(cuuint64_t)(a->N / 2), (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
     if (!sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, xbox) ||
+        !sm90_make_map(&tm_xh, a->dtype, a->x, 2, xdims, xhbox) ||
         !sm90_make_map(&tm_w, a->dtype, a->w, 3, wdims, wbox) ||
         !sm90_make_map(&tm_wb, a->dtype, a->w, 3, wdims, wbbox) ||
         !sm90_make_map(&tm_y, a->dtype, a->y, 2, ydims, ybox) ||
@@ -620,9 +652,16 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     /* persistent grid: as many CTAs (clusters) as can be resident at once, at most the work */
     int slots = 0;
     if (cm > 1) {
-        cfg.gridDim = dim3(2 * 66, 1, 1);
-        if (cudaOccupancyMaxActiveClusters(&slots, (const void *)fn, &cfg) != cudaSuccess || slots < 1)
-            SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaOccupancyMaxActiveClusters failed");
+        /* clusters that fit at once: asked once per process and kernel (one GPU model) */
+        static std::atomic<int> cluster_slots[2];
+        std::atomic<int> &cached = cluster_slots[a->dtype == MOEX_DTYPE_F16];
+        slots = cached.load(std::memory_order_relaxed);
+        if (slots < 1) {
+            cfg.gridDim = dim3(2 * 66, 1, 1);
+            if (cudaOccupancyMaxActiveClusters(&slots, (const void *)fn, &cfg) != cudaSuccess || slots < 1)
+                SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaOccupancyMaxActiveClusters failed");
+            cached.store(slots, std::memory_order_relaxed);
+        }
     } else if (cudaDeviceGetAttribute(&slots, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaDeviceGetAttribute failed");
     }
@@ -632,7 +671,7 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int64_t max_units = ((row_tiles + cm - 1) / cm + a->G) * nt;
     cfg.gridDim = dim3((unsigned)((max_units < slots ? max_units : slots) * cm), 1, 1);
 
-    if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
+    if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
                            a->T, (int)out_w, (int)red, band, a->bad_flag, a->bad_value) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");

@@ -63,14 +63,17 @@ bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a);
  * moex_sm90_supported; MOEX_ERR_CUDA: a CUDA call failed). T == 0 launches nothing. */
 moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream stream, const char **why);
 
-/* Knobs for benchmarks and tests: grid size in CTAs (0: as many as can be resident), column
- * tiles per band of the tile order (0: 8), the epilogue (1: TMA stores for full blocks, as
- * with tune == NULL; 0: masked register stores everywhere, for the plain 128-row kernels
- * only), CTAs per cluster (0 or 1: no cluster, as with NULL; 2: weight tiles shared through
- * TMA multicast, plain 128-row forward only) and rows per tile (0: the heuristic of
- * moex_sm90_tile_rows; 64 or 128). Same contract otherwise; grid_used is set to the number
- * of CTAs launched (0 when nothing was launched). tune may be NULL (the defaults, as the
- * untuned calls use). */
+/* Knobs for benchmarks and tests (tune may be NULL: the defaults, as the untuned calls use):
+ *   grid          CTAs (0: as many as can be resident);
+ *   band          column tiles per band of the tile order (0: 8);
+ *   epilogue_tma  1 (as with NULL): TMA stores for full blocks; 0: masked register stores
+ *                 everywhere (the plain 128-row kernels without clusters only);
+ *   cluster       0 (as with NULL): 2-CTA clusters sharing an operand through TMA multicast
+ *                 for the plain 128-row forward, none elsewhere; 1: none; 2: clusters
+ *                 wherever the kernel has them (the plain 128-row forward, the wgrad);
+ *   tile_rows     0: the heuristic of moex_sm90_tile_rows; 64 or 128;
+ *   grid_used     out: the CTAs launched (0 when nothing was launched).
+ * Same contract otherwise. */
 typedef struct moex_sm90_tuning {
     int grid;
     int band;
