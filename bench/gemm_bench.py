@@ -23,7 +23,7 @@ keeps the GPU busy for longer than the function's host launch time, so a host-bo
 function (the loop over 128 experts) never leaves the GPU idle inside another function's
 timed window: every column is GPU time. Inputs are random (x, dy ~ randn, w ~ randn*0.02,
 bias ~ randn, probs ~ U[0,1)); skewed splits are Dirichlet(0.5) with one empty group, drawn
-as make_splits in bench/torch_grouped_mm.py (numpy RNG seeded 1000+G). Correctness: relative
+by make_splits below (numpy RNG seeded 1000+G). Correctness: relative
 Frobenius error of moex's output (poisoned with NaN first) against torch's; rows with
 relerr > 2e-2 are marked BAD and make the exit status 1. A moex status != 0 raises with
 moex_last_error.
@@ -291,7 +291,7 @@ def selftest_cpu(lib_path):
 # ---- splits and timing -------------------------------------------------------------------
 
 def make_splits(G, T, kind):
-    """Balanced, or Dirichlet(0.5) with group 2 emptied (as bench/torch_grouped_mm.py)."""
+    """Balanced, or Dirichlet(0.5) (numpy RNG seeded 1000 + G) with group 2 emptied."""
     if kind == "balanced":
         s = [T // G] * G
         s[-1] += T - sum(s)

@@ -11,11 +11,13 @@ in rotating order (so clock and power drift hit both sides alike), medians repor
       ratio, and the relative error of the sm90 output against torch's (forward: x W_g^T;
       dgrad: dy W_g, torch._grouped_mm(dy, w)).
 
-Skewed splits are Dirichlet(0.5) with one empty group, as in shared/reference/torch_baseline.py.
+Skewed splits are Dirichlet(0.5) with one empty group (make_splits of bench/gemm_bench.py).
 """
 import ctypes
 import json
 import sys
+
+from gemm_bench import make_splits   # the same splits as the benchmark of record
 
 CONFIGS = [
     ("dsv3-fc1", 8, 32768, 7168, 4096), ("dsv3-fc2", 8, 32768, 2048, 7168),
@@ -49,21 +51,6 @@ class WArgs(ctypes.Structure):
 class Tune(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
                 ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int)]
-
-
-def make_splits(G, T, kind):
-    if kind == "balanced":
-        s = [T // G] * G
-        s[-1] += T - sum(s)
-        return s
-    import numpy as np
-    p = np.random.default_rng(1000 + G).dirichlet([0.5] * G)
-    s = [int(v) for v in np.floor(p * T)]
-    s[0] += T - sum(s)
-    if G > 2:
-        s[1] += s[2]
-        s[2] = 0
-    return s
 
 
 def bench(torch, fn, iters, warm=5):

@@ -1,7 +1,8 @@
 /*
  * sm90_common.cuh - private: what the Hopper (sm_90a) grouped GEMM kernels share: the CTA
  * shape (one TMA producer warpgroup and two wgmma consumer warpgroups, 128x256x64 tiles,
- * a 4-stage ring), packing of f32 pairs into bf16/f16, and the host helpers (tensor-map
+ * a 4-stage ring) and the setup of its barriers, packing of f32 pairs into bf16/f16, and the
+ * host helpers (tensor-map
  * encoding, the device check). Used by sm90_grouped_gemm.cu and sm90_grouped_wgrad.cu.
  */
 #ifndef MOEX_SM90_COMMON_CUH
@@ -40,6 +41,24 @@ template <> struct sm90_io<1> {
         return *(uint32_t *)&v;
     }
 };
+
+/* Sets up the stage ring's mbarriers (full: the producer's arrival plus the TMA bytes; empty:
+ * one arrival per consumer warpgroup of each of the CM CTAs of the cluster) and waits until
+ * every thread of the CTA, and of the peer CTA with clusters, can use them: the peer's
+ * barriers must exist before anything multicasts into them. */
+template <int CM> static __device__ __forceinline__ void sm90_ring_init(uint64_t *full, uint64_t *empty) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < SM90_STAGES; s++) {
+            sm90_mbar_init(&full[s], 1);
+            sm90_mbar_init(&empty[s], 2 * CM);
+        }
+        sm90_mbar_init_fence();
+    }
+    if (CM > 1)
+        sm90_cluster_sync();
+    else
+        __syncthreads();
+}
 #endif /* MOEX_SM90_DEVICE */
 
 /* ---- host helpers ------------------------------------------------------------------- */

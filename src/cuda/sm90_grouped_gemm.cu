@@ -280,17 +280,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *empty = full + SM90_STAGES;                           /* consumers done   */
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < SM90_STAGES; s++) {
-            sm90_mbar_init(&full[s], 1);
-            sm90_mbar_init(&empty[s], 2 * CM);
-        }
-        sm90_mbar_init_fence();
-    }
-    if (CM > 1)
-        sm90_cluster_sync();   /* the peer's barriers exist before anything multicasts into them */
-    else
-        __syncthreads();
+    sm90_ring_init<CM>(full, empty);
 
     /* GLU: N = 2F columns of h in column tiles of 128 z columns */
     const int64_t nt = EPI >= SM90_EPI_GLU_CONTIG ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;

@@ -162,17 +162,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *empty = full + SM90_STAGES;
 
     const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < SM90_STAGES; s++) {
-            sm90_mbar_init(&full[s], 1);
-            sm90_mbar_init(&empty[s], 2 * CM);
-        }
-        sm90_mbar_init_fence();
-    }
-    if (CM > 1)
-        sm90_cluster_sync();   /* the peer's barriers exist before anything multicasts into them */
-    else
-        __syncthreads();
+    sm90_ring_init<CM>(full, empty);
 
     const int64_t tn = (N + SM90_BM - 1) / SM90_BM, tk = (K + SM90_BN - 1) / SM90_BN;
     const int64_t tnu = (tn + CM - 1) / CM;                 /* units along N: CM tiles each */

@@ -211,62 +211,19 @@ template <int N> static __device__ __forceinline__ void sm90_wgmma_wait(void) {
 /* Keeps the accumulators live in registers across code the compiler cannot see into. */
 static __device__ __forceinline__ void sm90_fence_regs(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 
-/* The 128 f32 accumulator registers of an m64n256 wgmma: their asm text and operands. */
-#define SM90_ACC_TEXT \
-    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-#define SM90_ACC_OPERANDS(d) \
-    "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-    "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
-    "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-    "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), \
-    "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), \
-    "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-    "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-    "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), \
-    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
-    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
-    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
-    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
-    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
-    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
-    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-
-/* Defines `name(d, desc_a, desc_b, scale_d)`: one m64n256k16 wgmma step,
- *     d[0..127] = (scale_d ? d : 0) + A(64x16) * B(256x16)   (f32 accumulate)
- * with A and B in shared memory given by descriptors, `ab` the input type (bf16 or f16),
- * and tA / tB the transpose immediates: 0 for a K-major operand, 1 for an MN-major one. */
-#define SM90_DEFINE_WGMMA_M64N256K16(name, ab, tA, tB)                                          \
-    static __device__ __forceinline__ void name(float (&d)[128], uint64_t desc_a, uint64_t desc_b, \
-                                                uint32_t scale_d) {                             \
-        asm volatile("{\n.reg .pred p;\n"                                                     \
-                     "setp.ne.b32 p, %130, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n256k16.f32." #ab "." #ab " "             \
-                     "{" SM90_ACC_TEXT "}, %128, %129, p, 1, 1, " #tA ", " #tB ";\n"           \
-                     "}\n"                                                                    \
-                     : SM90_ACC_OPERANDS(d)                                                   \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));                               \
-    }
-
-/* Forward (A and B K-major). */
-SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, bf16, 0, 0)
-SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16, f16, 0, 0)
-
-/* The 64 accumulator registers of an m64n128 wgmma (the 64-row tiles: each consumer
- * warpgroup computes a 64 x 128 block), and `name(d, desc_a, desc_b, scale_d)` as above:
- *     d[0..63] = (scale_d ? d : 0) + A(64x16) * B(128x16). */
+/* The f32 accumulator registers of a wgmma, as asm text and operands: an m64n128 step has
+ * 64 per thread (d[0..63], operands %0..%63), an m64n256 step 128 (d[0..127]). */
 #define SM90_ACC64_TEXT \
     "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
     "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
     "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define SM90_ACC_TEXT \
+    SM90_ACC64_TEXT ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
 #define SM90_ACC64_OPERANDS(d) \
     "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
     "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), \
@@ -276,17 +233,43 @@ SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16, f16, 0, 0)
     "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
     "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
     "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define SM90_DEFINE_WGMMA_M64N128K16(name, ab, tA, tB)                                         \
-    static __device__ __forceinline__ void name(float (&d)[64], uint64_t desc_a, uint64_t desc_b, \
-                                                uint32_t scale_d) {                            \
-        asm volatile("{\n.reg .pred p;\n"                                                    \
-                     "setp.ne.b32 p, %66, 0;\n"                                              \
-                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." #ab "." #ab " "           \
-                     "{" SM90_ACC64_TEXT "}, %64, %65, p, 1, 1, " #tA ", " #tB ";\n"         \
-                     "}\n"                                                                   \
-                     : SM90_ACC64_OPERANDS(d)                                                 \
-                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));                               \
+#define SM90_ACC_OPERANDS(d) \
+    SM90_ACC64_OPERANDS(d), \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), \
+    "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), \
+    "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), \
+    "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), \
+    "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), \
+    "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
+    "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+
+/* Defines `name(d, desc_a, desc_b, scale_d)`: one wgmma step of `shape` (m64nNk16),
+ *     d[0..nacc) = (scale_d ? d : 0) + A(64x16) * B(Nx16)   (f32 accumulate)
+ * with A and B in shared memory given by descriptors, `ab` the input type (bf16 or f16),
+ * and tA / tB the transpose immediates: 0 for a K-major operand, 1 for an MN-major one.
+ * desc / scale: the operand numbers of desc_a, desc_b and scale_d after the accumulators. */
+#define SM90_DEFINE_WGMMA(name, shape, nacc, text, operands, desc, scale, ab, tA, tB)                \
+    static __device__ __forceinline__ void name(float (&d)[nacc], uint64_t desc_a, uint64_t desc_b, \
+                                                uint32_t scale_d) {                              \
+        asm volatile("{\n.reg .pred p;\n"                                                      \
+                     "setp.ne.b32 p, " scale ", 0;\n"                                           \
+                     "wgmma.mma_async.sync.aligned." shape ".f32." #ab "." #ab " "              \
+                     "{" text "}, " desc ", p, 1, 1, " #tA ", " #tB ";\n"                       \
+                     "}\n"                                                                     \
+                     : operands(d)                                                             \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                \
     }
+#define SM90_DEFINE_WGMMA_M64N256K16(name, ab, tA, tB) \
+    SM90_DEFINE_WGMMA(name, "m64n256k16", 128, SM90_ACC_TEXT, SM90_ACC_OPERANDS, "%128, %129", "%130", ab, tA, tB)
+#define SM90_DEFINE_WGMMA_M64N128K16(name, ab, tA, tB) \
+    SM90_DEFINE_WGMMA(name, "m64n128k16", 64, SM90_ACC64_TEXT, SM90_ACC64_OPERANDS, "%64, %65", "%66", ab, tA, tB)
+
+/* Forward (A and B K-major). */
+SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_bf16, bf16, 0, 0)
+SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16, f16, 0, 0)
+
+/* The 64-row tiles (each consumer warpgroup computes a 64 x 128 block). */
 SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, bf16, 0, 0)
 SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_f16, f16, 0, 0)
 SM90_DEFINE_WGMMA_M64N128K16(wgmma_m64n128k16_bf16_tb, bf16, 0, 1)
