@@ -2,8 +2,8 @@
  * sm90_common.cuh - private: what the Hopper (sm_90a) grouped GEMM kernels share: the CTA
  * shape (one TMA producer warpgroup and two wgmma consumer warpgroups, 128x256x64 tiles,
  * a 4-stage ring) and the setup of its barriers, packing of f32 pairs into bf16/f16, and the
- * host helpers (tensor-map
- * encoding, the device check). Used by sm90_grouped_gemm.cu and sm90_grouped_wgrad.cu.
+ * host helpers (tensor-map encoding, the device check). Used by sm90_grouped_gemm.cu and
+ * sm90_grouped_wgrad.cu.
  */
 #ifndef MOEX_SM90_COMMON_CUH
 #define MOEX_SM90_COMMON_CUH
