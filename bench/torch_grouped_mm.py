@@ -1,15 +1,15 @@
-"""torch_grouped_mm.py - torch._grouped_mm and the sm90 grouped GEMMs (forward and dgrad) on the same shapes,
-the same split values and the same input tensors, timed in one process (DESIGN.md section 6
-configs, bf16): every launch timed by its own CUDA events, the functions launched back to back
-in rotating order (so clock and power drift hit both sides alike), medians reported.
+"""torch_grouped_mm.py - the sm90 grouped GEMM entry points (forward, dgrad, wgrad) with their
+tuning knobs against torch._grouped_mm on the same shapes, split values and tensors, for
+kernel work (bench/gemm_bench.py is the benchmark of record, through the public API). DESIGN.md
+section 6 configs, bf16; every launch timed by its own CUDA events (host launch time
+included), the functions launched back to back in rotating order, medians reported.
 
   python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP]]
-      LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned (build-gpu/libmoex.so);
-      OP: fwd, dgrad or wgrad (default all three; wgrad: torch._grouped_mm(dy^T, x) 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl, the splits
-      for bench/sm90_gemm_bench.cu in OUT_DIR/splits.txt, and prints
-      one table: per config, op, splits kind and sm90 variant, TFLOP/s of both sides, their
-      ratio, and the relative error of the sm90 output against torch's (forward: x W_g^T;
-      dgrad: dy W_g, torch._grouped_mm(dy, w)).
+      LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned
+      (build-gpu/libmoex.so); OP: fwd, dgrad or wgrad (default all three; wgrad against
+      torch._grouped_mm(dy^T, x), 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl and prints one
+      table: per config, op, splits kind and variant, TFLOP/s of both sides, their ratio, and
+      the relative error of the sm90 output against torch's.
 
 Skewed splits are Dirichlet(0.5) with one empty group (make_splits of bench/gemm_bench.py).
 """
@@ -116,7 +116,7 @@ def compare(lib_path, out_dir, only):
     rows = []
     hdr = (f"{'config':<14} {'op':<5} {'splits':<8} {'variant':<8} {'grid':>4} {'torch TF':>9} {'sm90 TF':>9} "
            f"{'ratio':>6} {'relerr':>8}")
-    with open(f"{out_dir}/compare.jsonl", "w") as fj, open(f"{out_dir}/splits.txt", "w") as fs:
+    with open(f"{out_dir}/compare.jsonl", "w") as fj:
         for name, G, T, K, N in CONFIGS:
             if only and name not in only:
                 continue
@@ -132,8 +132,6 @@ def compare(lib_path, out_dir, only):
                     y = torch.empty(G, N, K, device=dev, dtype=torch.bfloat16)
                 for kind in ("balanced", "skewed"):
                     s = make_splits(G, T, kind)
-                    if op == "fwd":   # the input of bench/sm90_gemm_bench.cu
-                        fs.write(f"{name} {kind} {G} {T} {K} {N} " + " ".join(str(v) for v in s) + "\n")
                     sd = torch.tensor(s, device=dev, dtype=torch.int64)
                     offs = sd.cumsum(0).to(torch.int32)
                     flops = 2 * T * K * N
