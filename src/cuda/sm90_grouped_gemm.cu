@@ -143,7 +143,7 @@ template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint
  * [NC / 2 rows of the first half (rows zb ...)][NC / 2 rows of the second half (F + zb ...)],
  * one segment of length L = NC / 2.
  * Full blocks (all rows inside the group, all columns inside the output) leave through the
- * swizzled staging buffer and TMA stores, 128 columns per pass; other blocks through
+ * swizzled staging buffer and TMA stores, a 64-column box at a time; other blocks through
  * masked stores from registers. Rows past the group's end are never written. */
 
 enum { SM90_EPI_PLAIN = 0, SM90_EPI_BIAS = 1, SM90_EPI_GLU_CONTIG = 2, SM90_EPI_GLU_INTERLEAVED = 3 };
@@ -174,8 +174,8 @@ template <int EPI, int NC> struct sm90_cols {
     __device__ __forceinline__ bool ok(int lc) const { return EPI >= SM90_EPI_GLU_CONTIG ? zcol(lc) < lim : ob + lc < lim; }
 };
 
-/* The j of the i-th GLU output pair: its first half at j, its second at j + SM90_GLU_STEP. */
-template <int EPI, int NC> static __device__ __forceinline__ constexpr int sm90_glu_j(int i) {
+/* The j of the i-th GLU output pair: its first half at j, its second at j + sm90_glu_step. */
+template <int EPI> static __device__ __forceinline__ constexpr int sm90_glu_j(int i) {
     return EPI == SM90_EPI_GLU_CONTIG ? i : 8 * (i / 4) + i % 4;
 }
 template <int EPI, int NC> static __device__ __forceinline__ constexpr int sm90_glu_step(void) {
@@ -473,12 +473,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 constexpr int STEP = sm90_glu_step<EPI, NC>();
 #pragma unroll
                 for (int i = 0; i < NA / 8; i++) {
-                    const int ja = sm90_glu_j<EPI, NC>(i), jb = ja + STEP;
+                    const int ja = sm90_glu_j<EPI>(i), jb = ja + STEP;
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         acc[4 * ja + e] = moex_glu_forward(epi.glu, acc[4 * ja + e], acc[4 * jb + e], e < 2 ? pa : pb);
                 }
-                auto zsel = [](int jj) { return sm90_glu_j<EPI, NC>(jj); };
+                auto zsel = [](int jj) { return sm90_glu_j<EPI>(jj); };
                 if (full_block) {
                     sm90_stage_pass<IS_F16, NA / 8>(stage, acc, zsel, [&](int q) { return cols.ob + 64 * q; }, &tm_z,
                                                     (int32_t)mr, c, tid, rl, lane);
