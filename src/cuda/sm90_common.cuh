@@ -42,6 +42,15 @@ template <> struct sm90_io<1> {
     }
 };
 
+/* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
+ * empty barrier of that stage (the peer's producer multicasts into this CTA too). */
+template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint64_t *bar, int cta) {
+    if (CM > 1)
+        sm90_mbar_arrive_cluster(bar, (uint32_t)cta);
+    else
+        sm90_mbar_arrive(bar);
+}
+
 /* Sets up the stage ring's mbarriers (full: the producer's arrival plus the TMA bytes; empty:
  * one arrival per consumer warpgroup of each of the CM CTAs of the cluster) and waits until
  * every thread of the CTA, and of the peer CTA with clusters, can use them: the peer's

@@ -114,15 +114,6 @@ static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int
     return 1;
 }
 
-/* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
- * empty barrier of that stage (the peer's producer multicasts into this CTA too). */
-template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint64_t *bar, int cta) {
-    if (CM > 1)
-        sm90_mbar_arrive_cluster(bar, (uint32_t)cta);
-    else
-        sm90_mbar_arrive(bar);
-}
-
 #endif /* MOEX_SM90_DEVICE */
 
 /* ---- the epilogue ------------------------------------------------------------------------

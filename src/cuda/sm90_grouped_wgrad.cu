@@ -69,15 +69,6 @@ static __device__ __forceinline__ void sm90w_zero_rows(uint8_t *box, int v, int 
     for (int i = tid; i < n; i += 128) p[i] = make_uint4(0u, 0u, 0u, 0u);
 }
 
-/* A consumer hands a stage back: with clusters, thread `cta` arrives on CTA cta's empty
- * barrier of that stage (the peer's producer multicasts into this CTA too). */
-template <int CM> static __device__ __forceinline__ void sm90w_release(uint64_t *bar, int cta) {
-    if (CM > 1)
-        sm90_mbar_arrive_cluster(bar, (uint32_t)cta);
-    else
-        sm90_mbar_arrive(bar);
-}
-
 /* The staging box `half` (8 KB, [64 rows][128 bytes], 128-byte swizzle) has been written by
  * the 128 threads of a consumer: thread 0 sends it to dW_g[n .. n + 64, k .. k + box) with a
  * TMA store (add: reduce-add). Before the barrier, thread 0 waits until every earlier store
@@ -255,14 +246,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 if (kb > 0) {
                     /* the previous stage's wgmmas are done: hand it back to the producer(s) */
                     sm90_wgmma_wait<1>();
-                    if (tid < CM) sm90w_release<CM>(&empty[(it - 1) % SM90_STAGES], tid);
+                    if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
                 }
             }
             /* unconditional (a no-op without stages): ptxas then sees every path to the
              * epilogue's reads of acc close the wgmma pipeline, and serialises nothing */
             sm90_wgmma_wait<0>();
             if (nks > 0) {
-                if (tid < CM) sm90w_release<CM>(&empty[(it - 1) % SM90_STAGES], tid);
+                if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
             } else if (mode == SM90W_OUT_F32_ACC) {
                 continue;   /* += an empty sum: dW_g unchanged */
             }
