@@ -11,7 +11,8 @@
  * for tile_rows 64 and 128, bf16 and f16, group sizes 0, 1, 63, 64, 65, 129, G = 1 and 256,
  * widths that are multiples of 8 but not of the tiles. Every output is poisoned first
  * (including GUARD rows past T); rows past the groups' end must come back untouched. One
- * GLU launch is captured in a CUDA graph and replayed after the split values changed.
+ * GLU launch is captured in a CUDA graph and replayed after the split values changed, and
+ * epilogues the kernels cannot run are refused (MOEX_ERR_UNSUPPORTED, nothing written).
  * Exits 77 (skipped) where the Hopper kernels cannot run.
  */
 #include <cuda_runtime.h>
@@ -238,6 +239,50 @@ static void graph_case(tu_rng *r, moex_dtype dt) {
     for (size_t i = 0; i < sizeof hbufs / sizeof hbufs[0]; i++) free(hbufs[i]);
 }
 
+/* Epilogues the kernels cannot run are refused with MOEX_ERR_UNSUPPORTED (the dispatcher
+ * then takes the portable path) and nothing is written: a GLU with F not a multiple of 8, an
+ * INTERLEAVED_32 GLU with F not a multiple of 32, a scaled bias without probs, a bias of a
+ * third dtype, a GLU with a scaled bias. */
+static void refusal_cases(void) {
+    const int64_t G = 2, T = 64, K = 64, N = 48, F = N / 2;
+    const int64_t splits[2] = {30, 34};
+    void *dx = dev_poisoned(T, K), *dw = dev_poisoned(G * N, K), *dy = dev_poisoned(T, N), *dz = dev_poisoned(T, F);
+    void *db = dev_poisoned(G, N);
+    float *dp = NULL;
+    CK(cudaMalloc((void **)&dp, (size_t)T * 4));
+    int64_t *ds = dev_copy(splits, sizeof splits);
+    moex_glu_params contig = moex_glu_params_default(MOEX_GLU_SWIGLU), inter = contig;
+    inter.layout = MOEX_GLU_INTERLEAVED_32;
+    struct {
+        const char *what;
+        int64_t n;
+        moex_sm90_epilogue e;
+    } bad[] = {
+        {"GLU with F = 12", 24, {MOEX_BIAS_NONE, NULL, MOEX_DTYPE_BF16, NULL, &contig, dz}},
+        {"INTERLEAVED_32 GLU with F = 24", N, {MOEX_BIAS_NONE, NULL, MOEX_DTYPE_BF16, NULL, &inter, dz}},
+        {"scaled bias without probs", N, {MOEX_BIAS_SCALED, db, MOEX_DTYPE_BF16, NULL, NULL, NULL}},
+        {"f16 bias with bf16 inputs", N, {MOEX_BIAS_ADD, db, MOEX_DTYPE_F16, NULL, NULL, NULL}},
+        {"GLU with a scaled bias", N, {MOEX_BIAS_SCALED, db, MOEX_DTYPE_BF16, dp, &contig, dz}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        moex_sm90_gemm_args a = {MOEX_DTYPE_BF16, G, T, K, bad[i].n, dx, dw, dy, ds, NULL, 0};
+        const char *why = NULL;
+        CHECK_MSG(!moex_sm90_epilogue_supported(0, &a, &bad[i].e), "%s: reported supported", bad[i].what);
+        moex_status st = moex_sm90_grouped_gemm_fwd_epi(&a, &bad[i].e, NULL, NULL, &why);
+        CK(cudaDeviceSynchronize());
+        CHECK_MSG(st == MOEX_ERR_UNSUPPORTED && why != NULL, "%s: status %d, want MOEX_ERR_UNSUPPORTED", bad[i].what,
+                  (int)st);
+        uint16_t *hy = host_of(dy, T * N), *hz = host_of(dz, T * F);
+        check_untouched(bad[i].what, hy, 0, T, N);
+        check_untouched(bad[i].what, hz, 0, T, F);
+        free(hy);
+        free(hz);
+    }
+    printf("refused: %d unsupported epilogues, nothing written\n", (int)(sizeof bad / sizeof bad[0]));
+    void *bufs[] = {dx, dw, dy, dz, db, dp, ds};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
+}
+
 static int hopper_available(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return 0;
@@ -288,5 +333,6 @@ int main(void) {
         }
         graph_case(&r, dt);
     }
+    refusal_cases();
     return tu_finish();
 }
