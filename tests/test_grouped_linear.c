@@ -257,6 +257,16 @@ int main(void) {
                         MOEX_DTYPE_F32, 7, (moex_grad_mode)(k != 1), dt};
             run_case(ctx, &r, &c), n++;
         }
+        /* packed weights, K and N multiples of 8: on Hopper the bias is fused into the sm90
+         * forward (f32 and activation-dtype bias; 128-row tiles, and 64-row ones: T < 128 G) */
+        {
+            gl_cfg c = {dt, 6, 520, 500, 136, 264, TU_SPLITS_SKEWED, 0, 0, MOEX_BIAS_ADD, MOEX_DTYPE_F32, 7,
+                        MOEX_GRAD_WRITE, dt};
+            run_case(ctx, &r, &c), n++;
+            gl_cfg e = {dt, 128, 700, 690, 64, 136, TU_SPLITS_RANDOM, 0, 0, MOEX_BIAS_SCALED, dt, 7,
+                        MOEX_GRAD_ACCUMULATE, MOEX_DTYPE_F32};
+            run_case(ctx, &r, &e), n++;
+        }
     }
     printf("%d cases, worst err/tol %.3g\n", n, worst_seen);
     moex_context_destroy(ctx);

@@ -328,6 +328,13 @@ int main(void) {
         {0, 3, 300, 290, 300, 160, TU_SPLITS_RANDOM, CL, IL, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, AC, 0, 0},
         {0, 128, 300, 290, 40, 36, TU_SPLITS_SKEWED, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, AC, 0, 0},
         {0, 128, 300, 290, 24, 32, TU_SPLITS_RANDOM, SW, IL, 0, 2, MOEX_BIAS_ADD, 0, 0, 0, G_ALL, WR, 1, 1},
+        /* packed weights, H and F multiples of 8: on Hopper FC1 runs with the GLU fused into
+         * its epilogue (b1 in the activation dtype / f32 / absent, probs present / absent,
+         * z saved / recomputed; the last one with 64-row tiles: T < 128 G) */
+        {0, 5, 333, 322, 136, 96, TU_SPLITS_SKEWED, SW, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 0, 0},
+        {0, 3, 200, 190, 64, 64, TU_SPLITS_EMPTY_MIDDLE, CL, IL, 0, 2, MOEX_BIAS_ADD, 1, 1, 0, G_ALL, AC, 0, 0},
+        {0, 4, 160, 150, 72, 40, TU_SPLITS_RANDOM, SW, CO, 0, 0, MOEX_BIAS_NONE, 0, 0, 1, G_ALL, WR, 1, 0},
+        {0, 128, 300, 290, 64, 32, TU_SPLITS_SKEWED, CL, IL, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, AC, 0, 0},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     int n = 0;
