@@ -129,6 +129,18 @@ static moex_status sm90_call(const tcase *c, const moex_sm90_gemm_args *a, moex_
     return c->dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(a, &t, s, why) : moex_sm90_grouped_gemm_fwd_tuned(a, &t, s, why);
 }
 
+/* 256 small groups of 0..20 rows (every 7th empty) and, for a graph replay, other values
+ * (0..8 rows, every 5th empty); returns the sum of the first. */
+static int64_t small_groups(int64_t *many, int64_t *many_graph) {
+    int64_t total = 0;
+    for (int g = 0; g < 256; g++) {
+        many[g] = (g % 7 == 3) ? 0 : (int64_t)(rng_next() % 21);
+        many_graph[g] = (g % 5 == 1) ? 0 : (int64_t)(rng_next() % 9);
+        total += many[g];
+    }
+    return total;
+}
+
 static void poison_y(const tcase *c, dev_bufs *d) {
     CK(cudaMemset(d->y, 0xFF, (size_t)(c->T + GUARD_ROWS) * out_w(c) * 2));
 }
@@ -591,12 +603,8 @@ static void run_wgrad_cases(void) {
     const int64_t short1[1] = {40};
     run_wcase("G=1 under one k-step", MOEX_DTYPE_BF16, 1, 100, 200, 136, short1, NULL);
 
-    int64_t many[256], many_graph[256], total = 0;
-    for (int g = 0; g < 256; g++) {
-        many[g] = (g % 7 == 3) ? 0 : (int64_t)(rng_next() % 21);
-        many_graph[g] = (g % 5 == 1) ? 0 : (int64_t)(rng_next() % 9);
-        total += many[g];
-    }
+    int64_t many[256], many_graph[256];
+    const int64_t total = small_groups(many, many_graph);
     run_wcase("G=256 small groups", MOEX_DTYPE_BF16, 256, total + 50, 72, 24, many, many_graph);
     run_wcase("G=256 small groups", MOEX_DTYPE_F16, 256, total + 50, 72, 24, many, NULL);
     int64_t total64 = 0;
@@ -680,12 +688,8 @@ int main(int argc, char **argv) {
         const int64_t one_exact[1] = {256};
         run("G=1 exact tiles", MOEX_DTYPE_BF16, 1, 256, 128, 512, one_exact, NULL);
 
-        int64_t many[256], many_graph[256], total = 0;
-        for (int g = 0; g < 256; g++) {
-            many[g] = (g % 7 == 3) ? 0 : (int64_t)(rng_next() % 21);
-            many_graph[g] = (g % 5 == 1) ? 0 : (int64_t)(rng_next() % 9);
-            total += many[g];
-        }
+        int64_t many[256], many_graph[256];
+        const int64_t total = small_groups(many, many_graph);
         run("G=256 small groups", MOEX_DTYPE_BF16, 256, total + 50, 72, 24, many, many_graph);
 
         const int64_t lump[8] = {0, 0, 0, 0, 0, 777, 0, 0};
