@@ -1,8 +1,9 @@
 """torch_grouped_mm.py - the sm90 grouped GEMM entry points (forward, dgrad, wgrad) with their
 tuning knobs against torch._grouped_mm on the same shapes, split values and tensors, for
 kernel work (bench/gemm_bench.py is the benchmark of record, through the public API). DESIGN.md
-section 6 configs, bf16; every launch timed by its own CUDA events (host launch time
-included), the functions launched back to back in rotating order, medians reported.
+section 6 configs and two small-group ones, bf16; GPU time as in gemm_bench (the functions
+launched in rotating order, each behind a spin kernel that hides its host time, each timed by
+its own CUDA events), medians reported.
 
   python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP]]
       LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned
@@ -17,19 +18,23 @@ import ctypes
 import json
 import sys
 
-from gemm_bench import make_splits   # the same splits as the benchmark of record
+from gemm_bench import Spinner, bench_interleaved, make_splits   # the same splits and timing as the benchmark of record
 
 CONFIGS = [
     ("dsv3-fc1", 8, 32768, 7168, 4096), ("dsv3-fc2", 8, 32768, 2048, 7168),
     ("qwen3-30b-fc1", 128, 32768, 2048, 1536), ("qwen3-30b-fc2", 128, 32768, 768, 2048),
     ("mixtral-fc1", 8, 16384, 4096, 28672), ("gptoss-fc1", 32, 16384, 2880, 5760),
+    # small groups (not in DESIGN.md; T < 128 G picks 64-row tiles): 64 and 32 rows per group
+    ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
 ]
 
 # op -> [(name, (grid, band, epilogue_tma, cluster, grid_used, tile_rows))]; 0 = the library default
 VARIANTS = {
-    "fwd": [("default", (0, 0, 1, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0))],
-    "dgrad": [("default", (0, 0, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64))],
-    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0))],
+    "fwd": [("default", (0, 0, 1, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)),
+            ("rows128", (0, 0, 1, 0, 0, 128))],
+    "dgrad": [("default", (0, 0, 1, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)),
+              ("rows128", (0, 0, 1, 0, 0, 128))],
+    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0)), ("bandall", (0, 1 << 20, 1, 0, 0, 0))],
 }
 OPS = [o for o in sys.argv[5:6] if o in VARIANTS] or list(VARIANTS)
 
@@ -70,32 +75,6 @@ def bench(torch, fn, iters, warm=5):
     return ts[len(ts) // 2]
 
 
-def bench_interleaved(torch, fns, iters, warm=3):
-    """Median ms of each of fns (name -> callable), launched back to back in rotating order so
-    that every function sees the same clocks and temperature; each launch timed by its own events."""
-    names = list(fns)
-    for n in names:
-        for _ in range(warm):
-            fns[n]()
-    torch.cuda.synchronize()
-    ev = {n: [] for n in names}
-    for i in range(iters):
-        k = i % len(names)
-        for n in names[k:] + names[:k]:
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            fns[n]()
-            b.record()
-            ev[n].append((a, b))
-    torch.cuda.synchronize()
-    out = {}
-    for n in names:
-        ts = sorted(a.elapsed_time(b) for a, b in ev[n])
-        out[n] = ts[len(ts) // 2]
-    return out
-
-
 def compare(lib_path, out_dir, only):
     import torch
     lib = ctypes.CDLL(lib_path)
@@ -107,6 +86,7 @@ def compare(lib_path, out_dir, only):
                       ctypes.POINTER(ctypes.c_char_p)]
     torch.manual_seed(0)
     dev = "cuda"
+    spinner = Spinner(torch)
     print("torch", torch.__version__, torch.cuda.get_device_name(), "cuda", torch.version.cuda, flush=True)
     a = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
@@ -157,7 +137,7 @@ def compare(lib_path, out_dir, only):
                     fns = {"torch": tfn}
                     for v, _ in variants:
                         fns[v] = lambda v=v: run_sm90(v)
-                    ms = bench_interleaved(torch, fns, iters)
+                    ms = bench_interleaved(torch, spinner, fns, iters)
                     tt = {n: flops / m / 1e9 for n, m in ms.items()}
                     for v, _ in variants:
                         y.fill_(float("nan"))

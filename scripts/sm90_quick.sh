@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
 # sm90_quick.sh - the short GPU loop for Hopper kernel work (one device call): build with
 # CMake for sm_90a, the sm90 correctness tests in each kernel variant, the CUDA backend
-# tests, then bench/gemm_bench.py on $CONFIGS / $OPS. Logs to $OUT; a summary last.
+# tests, bench/gemm_bench.py on $CONFIGS / $OPS, then bench/torch_grouped_mm.py compare for
+# each "CFG,CFG:OP" word of $COMPARE. Logs to $LOGS (a tarball of them in $OUT when set);
+# the table rows as
+# they come.
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/build-gpu/quick_out}
+LOGS=${LOGS:-$PWD/build-gpu/quick_out}
 CONFIGS=${CONFIGS:-qwen3-30b-fc1,dsv3-fc2}
 OPS=${OPS:-fwd,fwd_bias,fwd_sbias}
-mkdir -p "$OUT"
+COMPARE=${COMPARE:-}
+mkdir -p "$LOGS"
+pack() { [ -n "${OUT:-}" ] && tar czf "$OUT/quick_logs.tgz" -C "$LOGS" . ; }
+trap pack EXIT TERM
 { cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
-  ninja -C build-gpu; } > "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
+  ninja -C build-gpu; } > "$LOGS/build.log" 2>&1 || { tail -40 "$LOGS/build.log"; exit 1; }
 echo "build ok"
-build-gpu/tests/cuda_test_sm90_epilogue > "$OUT/epilogue.log" 2>&1
-echo "test_sm90_epilogue rc=$? ok=$(grep -c '^ok' "$OUT/epilogue.log") $(tail -1 "$OUT/epilogue.log")"
-grep -E "FAIL" "$OUT/epilogue.log" | head -12
+build-gpu/tests/cuda_test_sm90_epilogue > "$LOGS/epilogue.log" 2>&1
+echo "test_sm90_epilogue rc=$? ok=$(grep -c '^ok' "$LOGS/epilogue.log") $(tail -1 "$LOGS/epilogue.log")"
+grep -E "FAIL" "$LOGS/epilogue.log" | head -12
 for v in "1 0 0" "1 1 0" "1 0 64" "0 0 128"; do
-    build-gpu/tests/cuda_test_sm90_gemm $v > "$OUT/sm90_gemm_${v// /_}.log" 2>&1
-    echo "test_sm90_gemm $v rc=$? fail=$(grep -c FAIL "$OUT/sm90_gemm_${v// /_}.log")"
-    grep FAIL "$OUT/sm90_gemm_${v// /_}.log" | head -4
+    build-gpu/tests/cuda_test_sm90_gemm $v > "$LOGS/sm90_gemm_${v// /_}.log" 2>&1
+    echo "test_sm90_gemm $v rc=$? fail=$(grep -c FAIL "$LOGS/sm90_gemm_${v// /_}.log")"
+    grep FAIL "$LOGS/sm90_gemm_${v// /_}.log" | head -4
 done
 (cd build-gpu && ctest -L cuda -j4 --timeout 300 2>&1 | grep -E "Test +#|tests passed")
-[ -n "$OPS" ] && python3 bench/gemm_bench.py --lib build-gpu/libmoex.so --out "$OUT" --ops "$OPS" --configs "$CONFIGS" \
-    > "$OUT/bench.log" 2>&1; tail -${BENCH_TAIL:-24} "$OUT/bench.log"
+[ -n "$OPS" ] && python3 bench/gemm_bench.py --lib build-gpu/libmoex.so --out "$LOGS" --ops "$OPS" --configs "$CONFIGS" \
+    2>&1 | tee "$LOGS/bench.log" | grep -E "^(dsv3|qwen3|mixtral|gptoss)"
+for c in $COMPARE; do
+    mkdir -p "$LOGS/compare_${c%%:*}_${c##*:}"
+    python3 bench/torch_grouped_mm.py compare build-gpu/libmoex.so "$LOGS/compare_${c%%:*}_${c##*:}" "${c%%:*}" "${c##*:}" \
+        2>&1 | tee "$LOGS/compare_${c%%:*}_${c##*:}/log" | grep -E "^(dsv3|qwen3|mixtral|gptoss|g256)"
+done

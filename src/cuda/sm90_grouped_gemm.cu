@@ -24,9 +24,9 @@
  *     shared-memory staging buffer and TMA stores, other blocks through masked stores from
  *     registers (rows below the group's end, columns below the output width);
  *   - the epilogue's inputs (bias row, probs) are fetched while the tile is computed;
- *   - the plain 128-row forward runs in 2-CTA clusters: the two CTAs take two tiles that
- *     share the weight tile (or, on a group's odd last row tile, the input tile) and load
- *     half of it each, multicast into both, which halves that operand's L2 traffic;
+ *   - the plain 128-row forward and dgrad run in 2-CTA clusters: the two CTAs take two
+ *     tiles that share the weight tile (or, on a group's odd last row tile, the input tile)
+ *     and load half of it each, multicast into both, which halves that operand's L2 traffic;
  *   - tuning knobs (tests, benchmarks): no cluster, masked register stores everywhere
  *     instead of the TMA epilogue, the grid size, the band width and the tile height.
  * Tensor maps depend on pointers and shapes only, so a launch captured in a CUDA graph stays
@@ -242,10 +242,12 @@ static __device__ __forceinline__ void sm90_mma(float (&d)[64], uint64_t da, uin
  * cluster take the two tiles of one work unit (a row pair or a column pair, see
  * sm90_cursor) and each loads half of the shared operand with TMA multicast into both; a
  * stage is refilled only when the consumers of both CTAs released it (each consumer
- * arrives on the empty barrier of both CTAs). tm_xh is the half-tile input map. TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out =
- * columns]): four TMA boxes [64 reduction rows][64 output columns], wgmma with B transposed.
- * BM: rows per tile, 128 or 64 (small groups). EPI: the epilogue above. tm_wb is the second
- * weight map: the half-tile box for CM = 2, the 64-row box for the CONTIGUOUS GLU.
+ * arrives on the empty barrier of both CTAs). tm_xh is the half-tile input map.
+ * TB: the weight tile is MN-major (dgrad: y = x W_g, W_g [K_red = rows, N_out = columns]):
+ * four TMA boxes [64 reduction rows][64 output columns] (with CM = 2, two per CTA), wgmma
+ * with B transposed. BM: rows per tile, 128 or 64 (small groups). EPI: the epilogue above.
+ * tm_wb is the second weight map (not TB): the half-tile box for CM = 2, the 64-row box for
+ * the CONTIGUOUS GLU.
  * In the kernel, N is the output width and K the reduction length. */
 template <int IS_F16, int EPI_TMA, int CM, int TB, int BM, int EPI>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
@@ -284,7 +286,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_setmaxnreg_dec<40>();
         if (tid == 0) {
             sm90_tma_prefetch_map(&tm_x);
-            sm90_tma_prefetch_map(CM > 1 || EPI == SM90_EPI_GLU_CONTIG ? &tm_wb : &tm_w);
+            sm90_tma_prefetch_map(!TB && (CM > 1 || EPI == SM90_EPI_GLU_CONTIG) ? &tm_wb : &tm_w);
             sm90_cursor cur;
             sm90_cursor_start(&cur);
             uint32_t it = 0;
@@ -304,9 +306,17 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     else
                         sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
                     if (TB) {
-#pragma unroll
-                        for (int j = 0; j < SM90_BN / 64; j++)
-                            sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK, cur.g);
+                        /* four boxes of 64 output columns; a row pair loads two each, into both CTAs */
+                        const bool split = CM > 1 && !colpair;
+                        const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
+                        for (int j = j0; j < j1; j++) {
+                            if (split)
+                                sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64,
+                                                           kb * SM90_BK, cur.g, both);
+                            else
+                                sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK,
+                                                 cur.g);
+                        }
                     } else if (EPI == SM90_EPI_GLU_CONTIG) {
                         /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
 #pragma unroll
@@ -536,11 +546,13 @@ typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMa
                                sm90_epi, const int64_t *, int, int64_t, int, int, int, int *, int);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
- * heights (TMA epilogue, no cluster), the plain forward also with 2-CTA clusters (its
- * default at 128 rows) and with the register epilogue, and the dgrad (plain only) with both tile heights. */
+ * heights (TMA epilogue, no cluster); the plain forward and the dgrad (plain only) with both
+ * tile heights, at 128 rows also with 2-CTA clusters (their default) and with the register
+ * epilogue. */
 template <int F16> static sm90_kernel_fn sm90_pick_t(int epi, int bm, int cm, bool epi_tma, bool dgrad) {
     if (dgrad) {
         if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 1, 64, 0>;
+        if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 1, 128, 0>;
         return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 1, 128, 0> : sm90_grouped_kernel<F16, 0, 1, 1, 128, 0>;
     }
     switch (epi) {
@@ -573,8 +585,9 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
                        ? tune->tile_rows
                        : moex_sm90_tile_rows(a->T, a->G, a->N, a->K);
-    /* 2-CTA clusters for the plain 128-row forward with the TMA epilogue, unless tuned off */
-    const bool cluster_ok = !dgrad && epi == SM90_EPI_PLAIN && bm == 128 && epi_tma;
+    /* 2-CTA clusters for the plain 128-row forward and dgrad with the TMA epilogue, unless
+     * tuned off */
+    const bool cluster_ok = epi == SM90_EPI_PLAIN && bm == 128 && epi_tma;
     const int cm = cluster_ok && (tune == NULL || tune->cluster != 1) ? 2 : 1;
     /* kernel view: out = in [T, red] times B_g (red x out_w) */
     const int64_t red = dgrad ? a->N : a->K, out_w = dgrad ? a->K : a->N;
@@ -634,8 +647,8 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     int slots = 0;
     if (cm > 1) {
         /* clusters that fit at once: asked once per process and kernel (one GPU model) */
-        static std::atomic<int> cluster_slots[2];
-        std::atomic<int> &cached = cluster_slots[a->dtype == MOEX_DTYPE_F16];
+        static std::atomic<int> cluster_slots[2][2];
+        std::atomic<int> &cached = cluster_slots[dgrad != 0][a->dtype == MOEX_DTYPE_F16];
         slots = cached.load(std::memory_order_relaxed);
         if (slots < 1) {
             cfg.gridDim = dim3(2 * 66, 1, 1);

@@ -69,8 +69,8 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
  *   epilogue_tma  1 (as with NULL): TMA stores for full blocks; 0: masked register stores
  *                 everywhere (the plain 128-row kernels without clusters only);
  *   cluster       0 (as with NULL): 2-CTA clusters sharing an operand through TMA multicast
- *                 for the plain 128-row forward, none elsewhere; 1: none; 2: clusters
- *                 wherever the kernel has them (the plain 128-row forward, the wgrad);
+ *                 for the plain 128-row forward and dgrad, none elsewhere; 1: none; 2:
+ *                 clusters wherever the kernel has them (those two, the wgrad);
  *   tile_rows     0: the heuristic of moex_sm90_tile_rows; 64 or 128;
  *   grid_used     out: the CTAs launched (0 when nothing was launched).
  * Same contract otherwise. */
@@ -151,7 +151,8 @@ moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_wgrad_args *a, moex_str
  * with clusters), epilogue_tma (1, as with tune == NULL: output blocks inside [N, K] leave
  * through shared memory and TMA stores, "+=" through TMA reduce-adds; 0: masked register
  * stores everywhere), cluster (0 or 1: none; 2: CTA pairs on neighbouring N tiles share the
- * x tiles through TMA multicast), band is ignored. grid_used as for the forward. */
+ * x tiles through TMA multicast), band (N tiles per band of the tile order; 0: 16).
+ * grid_used as for the forward. */
 moex_status moex_sm90_grouped_gemm_wgrad_tuned(const moex_sm90_wgrad_args *a, moex_sm90_tuning *tune,
                                                moex_stream stream, const char **why);
 

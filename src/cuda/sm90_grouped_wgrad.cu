@@ -10,7 +10,8 @@
  * (CM = CTAs per cluster: the CTA of rank r takes N tile CM p + r of unit p); every group has
  * the same ceil(ceil(N/128) / CM) * ceil(K/256) units, so the unit list is known on the host
  * and CTA (cluster) b takes units b, b + grid, ... (the group of a unit only grows, so a
- * cursor over the splits costs O(G) per CTA). A unit reduces over its group's rows in stages
+ * cursor over the splits costs O(G) per CTA); inside a group, units go in bands of N units
+ * (sm90w_tile_coords) so that the CTAs running at once share dy and x columns. A unit reduces over its group's rows in stages
  * of 64 rows: dy box [64 rows][64 N] per consumer (A, MN-major, transposed by wgmma) and four
  * x boxes [64 rows][64 K] (B, MN-major). A stage that reaches past the group's end holds rows
  * of the next group (or past off[G]: anything, NaN included; past T: TMA zero fill); the
@@ -38,6 +39,7 @@
 #define SM90W_A_BOXES (SM90_BM / 64)     /* dy boxes per stage: one per consumer            */
 #define SM90W_B_BOXES (SM90_BN / 64)     /* x boxes per stage                              */
 #define SM90W_HALF_BYTES 8192            /* one output staging box: 64 rows of 128 bytes     */
+#define SM90W_BAND 16                    /* N tiles per band of the tile order              */
 static const uint32_t SM90W_STAGE_BYTES = (uint32_t)(SM90W_A_BOXES + SM90W_B_BOXES) * SM90W_BOX * 2u;
 /* stages + output staging (2 consumers x 2 halves) + barriers + slack to align to 1024 bytes */
 static const size_t SM90W_SMEM_BYTES =
@@ -59,6 +61,18 @@ static __device__ __forceinline__ void sm90w_seek(sm90w_cursor *c, int64_t g, co
         c->row0 = c->row1;
         c->row1 = s > T - c->row0 ? T : c->row0 + s;
     }
+}
+
+/* The first dW row n0 and column k0 of this CTA's tile (cluster rank `rank`) of unit l of a
+ * group (tnu N units of CM tiles, tk K tiles). Units go in bands of band_w N units, N units
+ * fastest, so the CTAs running at the same time cover a block of about band_w N units by
+ * grid / band_w K tiles and share both the dy and the x columns of each stage in L2. */
+static __device__ __forceinline__ void sm90w_tile_coords(int64_t l, int64_t tnu, int64_t tk, int64_t band_w, int cm,
+                                                         int rank, int *n0, int *k0) {
+    const int64_t band = l / (band_w * tk), r = l - band * band_w * tk;
+    const int64_t w = tnu - band * band_w < band_w ? tnu - band * band_w : band_w;   /* the last band: narrower */
+    *n0 = (int)(((band * band_w + r % w) * cm + rank) * SM90_BM);
+    *k0 = (int)(r / w) * SM90_BN;
 }
 
 /* Overwrites rows [v, 64) of one swizzled box [64 rows][128 bytes] with zeros (the 128-byte
@@ -140,7 +154,8 @@ template <int IS_F16, int EPI_TMA, int CM>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_wgrad_kernel(const __grid_constant__ CUtensorMap tm_dy, const __grid_constant__ CUtensorMap tm_x,
                       const __grid_constant__ CUtensorMap tm_dw, void *__restrict__ dw,
-                      const int64_t *__restrict__ splits, int64_t G, int64_t T, int N, int K, int mode) {
+                      const int64_t *__restrict__ splits, int64_t G, int64_t T, int N, int K, int band_w,
+                      int mode) {
 #if MOEX_SM90_DEVICE
     extern __shared__ uint8_t smem_raw[];
     /* aligned up to 1024 bytes by an offset from smem_raw (not through an integer), so the
@@ -172,7 +187,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             for (int64_t u = unit0; u < units; u += units_step) {
                 const int64_t g = u / per_group, l = u - g * per_group;
                 sm90w_seek(&cur, g, splits, T);
-                const int n0 = (int)((l % tnu) * CM + rank) * SM90_BM, k0 = (int)(l / tnu) * SM90_BN;
+                int n0, k0;
+                sm90w_tile_coords(l, tnu, tk, band_w, CM, rank, &n0, &k0);
                 const int ny = n0 < N ? n0 : 0;   /* a cluster's tile past N: any dy, never stored */
                 const int nks = (int)((cur.row1 - cur.row0 + SM90W_BR - 1) / SM90W_BR);
                 for (int kb = 0; kb < nks; kb++, it++) {
@@ -212,7 +228,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         for (int64_t u = unit0; u < units; u += units_step) {
             const int64_t g = u / per_group, l = u - g * per_group;
             sm90w_seek(&cur, g, splits, T);
-            const int n0 = (int)((l % tnu) * CM + rank) * SM90_BM, k0 = (int)(l / tnu) * SM90_BN;
+            int n0, k0;
+            sm90w_tile_coords(l, tnu, tk, band_w, CM, rank, &n0, &k0);
             const int nks = (int)((cur.row1 - cur.row0 + SM90W_BR - 1) / SM90W_BR);
             for (int kb = 0; kb < nks; kb++, it++) {
                 const int s = it % SM90_STAGES;
@@ -329,7 +346,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 /* ---- weight gradient: host side -------------------------------------------------------- */
 
 typedef void (*sm90w_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, void *, const int64_t *, int64_t, int64_t, int,
-                                int, int);
+                                int, int, int);
 
 static sm90w_kernel_fn sm90w_pick(bool f16, bool epi_tma, int cm) {
     if (cm > 1) {
@@ -427,7 +444,11 @@ extern "C" moex_status moex_sm90_grouped_gemm_wgrad_tuned(const moex_sm90_wgrad_
     const int64_t units = a->G * tnu * ((a->K + SM90_BN - 1) / SM90_BN);
     cfg.gridDim = dim3((unsigned)((units < slots ? units : slots) * cm), 1, 1);
 
-    if (cudaLaunchKernelEx(&cfg, fn, tm_dy, tm_x, tm_dw, a->dw, a->splits, a->G, a->T, (int)a->N, (int)a->K, mode) !=
+    /* bands of SM90W_BAND N tiles (or tune->band), in N units */
+    const int band_tiles = tune != NULL && tune->band > 0 ? tune->band : SM90W_BAND;
+    const int band_w = band_tiles / cm > 0 ? band_tiles / cm : 1;
+    if (cudaLaunchKernelEx(&cfg, fn, tm_dy, tm_x, tm_dw, a->dw, a->splits, a->G, a->T, (int)a->N, (int)a->K, band_w,
+                           mode) !=
         cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped wgrad: kernel launch failed");

@@ -286,7 +286,7 @@ static void run(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K
  * sums of rows_g exact products), plus 2^-24 |main grad| for "+=".
  * Every case runs every kernel variant (w_variants: the untuned default, the register
  * epilogue, the TMA epilogue, 2-CTA clusters, small grids so that each CTA walks many tiles
- * and reuses its output staging); the variants accumulate in the same order, so their
+ * and reuses its output staging, narrow bands of the tile order); the variants accumulate in the same order, so their
  * outputs must also agree bitwise with the first variant's. This section ignores argv. */
 
 #define WGUARD_BYTES 4096
@@ -303,6 +303,8 @@ static const wvariant w_variants[] = {
     {"default", 0, {.grid = 0}},
     {"regs", 1, {.epilogue_tma = 0, .cluster = 1}},
     {"tma-grid2", 1, {.grid = 2, .epilogue_tma = 1, .cluster = 1}},
+    {"tma-band3", 1, {.band = 3, .epilogue_tma = 1, .cluster = 1}},
+    {"tma-clu2-band5", 1, {.band = 5, .epilogue_tma = 1, .cluster = 2}},
     {"tma-clu2", 1, {.epilogue_tma = 1, .cluster = 2}},
     {"tma-clu2-grid4", 1, {.grid = 4, .epilogue_tma = 1, .cluster = 2}},
     {"regs-clu2-grid2", 1, {.grid = 2, .epilogue_tma = 0, .cluster = 2}},
@@ -597,6 +599,10 @@ static void run_wgrad_cases(void) {
     /* N = 320: the last N tile has one full consumer block and one past N; K = 264 */
     const int64_t mixed[3] = {70, 129, 0};
     run_wcase("half-inside N tile", MOEX_DTYPE_F16, 3, 230, 264, 320, mixed, NULL);
+
+    /* ten N tiles: bands of 3 N tiles (or 2 pairs) end with a narrower one */
+    const int64_t wide[3] = {100, 0, 170};
+    run_wcase("ten N tiles", MOEX_DTYPE_BF16, 3, 300, 520, 1160, wide, NULL);
 
     const int64_t one[1] = {300};
     run_wcase("G=1 tail at T", MOEX_DTYPE_BF16, 1, 300, 64, 256, one, NULL);
