@@ -3,8 +3,7 @@
 # CMake for sm_90a, the sm90 correctness tests in each kernel variant, the CUDA backend
 # tests, bench/gemm_bench.py on $CONFIGS / $OPS, then bench/torch_grouped_mm.py compare for
 # each "CFG,CFG:OP" word of $COMPARE. Logs to $LOGS (a tarball of them in $OUT when set);
-# the table rows as
-# they come.
+# the table rows as they come.
 set -u
 cd "$(dirname "$0")/.."
 LOGS=${LOGS:-$PWD/build-gpu/quick_out}
