@@ -11,6 +11,9 @@ its own CUDA events), medians reported.
       torch._grouped_mm(dy^T, x), 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl and prints one
       table: per config, op, splits kind and variant, TFLOP/s of both sides, their ratio, and
       the relative error of the sm90 output against torch's.
+  python3 torch_grouped_mm.py pair LIB CFG OP KIND
+      two rounds of one torch launch and one sm90 launch (defaults), the second inside the
+      NVTX range "profile", for a profiler (scripts/profile_pair.sh).
 
 Skewed splits are Dirichlet(0.5) with one empty group (make_splits of bench/gemm_bench.py).
 """
@@ -75,8 +78,8 @@ def bench(torch, fn, iters, warm=5):
     return ts[len(ts) // 2]
 
 
-def compare(lib_path, out_dir, only):
-    import torch
+def load_entries(lib_path):
+    """The three tuned sm90 entry points of the library at lib_path, typed for ctypes."""
     lib = ctypes.CDLL(lib_path)
     entry = {"fwd": lib.moex_sm90_grouped_gemm_fwd_tuned, "dgrad": lib.moex_sm90_grouped_gemm_dgrad_tuned,
              "wgrad": lib.moex_sm90_grouped_gemm_wgrad_tuned}
@@ -84,6 +87,45 @@ def compare(lib_path, out_dir, only):
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.POINTER(WArgs if op == "wgrad" else Args), ctypes.POINTER(Tune), ctypes.c_void_p,
                       ctypes.POINTER(ctypes.c_char_p)]
+    return entry
+
+
+class Problem:
+    """One op of one config: tensors, split values, torch's call (tfn) and the sm90 call (run)
+    writing self.y. x is the op's input ([T, K] forward, dy [T, N] dgrad and wgrad)."""
+
+    def __init__(self, torch, entry, op, G, T, K, N, kind, w):
+        dev = "cuda"
+        self.torch, self.op, self.entry = torch, op, entry[op]
+        iw, ow = (K, N) if op == "fwd" else (N, K)
+        self.x = torch.randn(T, iw, device=dev, dtype=torch.bfloat16)
+        self.y = torch.empty(T, ow, device=dev, dtype=torch.bfloat16)
+        self.sd = torch.tensor(make_splits(G, T, kind), device=dev, dtype=torch.int64)
+        offs = self.sd.cumsum(0).to(torch.int32)
+        self.flops = 2 * T * K * N
+        if op == "wgrad":   # x = dy [T, N], xk = x [T, K], y = dW [G, N, K]
+            self.xk = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+            self.y = torch.empty(G, N, K, device=dev, dtype=torch.bfloat16)
+            self.tfn = lambda: torch._grouped_mm(self.x.t(), self.xk, offs=offs)
+            self.args = WArgs(MOEX_DTYPE_BF16, G, T, K, N, self.x.data_ptr(), self.xk.data_ptr(),
+                              self.y.data_ptr(), MOEX_DTYPE_BF16, 0, self.sd.data_ptr())
+        else:
+            wb = w.transpose(-2, -1) if op == "fwd" else w
+            self.tfn = lambda: torch._grouped_mm(self.x, wb, offs=offs)
+            self.args = Args(MOEX_DTYPE_BF16, G, T, K, N, self.x.data_ptr(), w.data_ptr(), self.y.data_ptr(),
+                             self.sd.data_ptr(), None, 0)
+
+    def run(self, tune):
+        why = ctypes.c_char_p()
+        st = self.entry(ctypes.byref(self.args), ctypes.byref(tune),
+                        ctypes.c_void_p(self.torch.cuda.current_stream().cuda_stream), ctypes.byref(why))
+        if st != 0:
+            raise RuntimeError(f"sm90 status {st}: {why.value}")
+
+
+def compare(lib_path, out_dir, only):
+    import torch
+    entry = load_entries(lib_path)
     torch.manual_seed(0)
     dev = "cuda"
     spinner = Spinner(torch)
@@ -103,47 +145,21 @@ def compare(lib_path, out_dir, only):
             w = torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) * 0.02
             iters = 30 if K * N >= 2 ** 24 else 60
             for op in OPS:
-                iw, ow = (K, N) if op == "fwd" else (N, K)
-                x = torch.randn(T, iw, device=dev, dtype=torch.bfloat16)
-                y = torch.empty(T, ow, device=dev, dtype=torch.bfloat16)
-                wb = w.transpose(-2, -1) if op == "fwd" else w
-                if op == "wgrad":   # x = dy [T, N], xk = x [T, K], y = dW [G, N, K]
-                    xk = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
-                    y = torch.empty(G, N, K, device=dev, dtype=torch.bfloat16)
                 for kind in ("balanced", "skewed"):
-                    s = make_splits(G, T, kind)
-                    sd = torch.tensor(s, device=dev, dtype=torch.int64)
-                    offs = sd.cumsum(0).to(torch.int32)
-                    flops = 2 * T * K * N
-                    if op == "wgrad":
-                        tfn = lambda: torch._grouped_mm(x.t(), xk, offs=offs)
-                        args = WArgs(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), xk.data_ptr(), y.data_ptr(),
-                                     MOEX_DTYPE_BF16, 0, sd.data_ptr())
-                    else:
-                        tfn = lambda: torch._grouped_mm(x, wb, offs=offs)
-                        args = Args(MOEX_DTYPE_BF16, G, T, K, N, x.data_ptr(), w.data_ptr(), y.data_ptr(),
-                                    sd.data_ptr(), None, 0)
-                    ref = tfn()
-                    why = ctypes.c_char_p()
+                    pb = Problem(torch, entry, op, G, T, K, N, kind, w)
+                    ref = pb.tfn()
                     variants = VARIANTS[op]
                     tunes = {v: Tune(*p) for v, p in variants}
-
-                    def run_sm90(v):
-                        st = entry[op](ctypes.byref(args), ctypes.byref(tunes[v]),
-                                       ctypes.c_void_p(torch.cuda.current_stream().cuda_stream), ctypes.byref(why))
-                        if st != 0:
-                            raise RuntimeError(f"sm90 status {st}: {why.value}")
-
-                    fns = {"torch": tfn}
+                    fns = {"torch": pb.tfn}
                     for v, _ in variants:
-                        fns[v] = lambda v=v: run_sm90(v)
+                        fns[v] = lambda v=v: pb.run(tunes[v])
                     ms = bench_interleaved(torch, spinner, fns, iters)
-                    tt = {n: flops / m / 1e9 for n, m in ms.items()}
+                    tt = {n: pb.flops / m / 1e9 for n, m in ms.items()}
                     for v, _ in variants:
-                        y.fill_(float("nan"))
-                        run_sm90(v)
+                        pb.y.fill_(float("nan"))
+                        pb.run(tunes[v])
                         torch.cuda.synchronize()
-                        relerr = float((y.float() - ref.float()).norm() / ref.float().norm())
+                        relerr = float((pb.y.float() - ref.float()).norm() / ref.float().norm())
                         r = {"cfg": name, "op": op, "kind": kind, "variant": v, "grid": tunes[v].grid_used,
                              "torch_tflops": tt["torch"], "sm90_tflops": tt[v],
                              "ratio": tt[v] / tt["torch"], "relerr_vs_torch": relerr}
@@ -151,7 +167,7 @@ def compare(lib_path, out_dir, only):
                         rows.append(f"{name:<14} {op:<5} {kind:<8} {v:<8} {tunes[v].grid_used:>4} "
                                     f"{tt['torch']:>9.0f} {tt[v]:>9.0f} {r['ratio']:>6.3f} {relerr:>8.1e}")
                         print(rows[-1], flush=True)
-                del x, y
+                    del pb, ref
             del w
             torch.cuda.empty_cache()
     print("\nTF = TFLOP/s from the median of interleaved launches; ratio = sm90 / torch; "
@@ -161,9 +177,32 @@ def compare(lib_path, out_dir, only):
         print(r)
 
 
+def pair(lib_path, cfg, op, kind, rounds):
+    """torch's kernel and the sm90 default, one launch each per round, synchronised; the last
+    round inside the NVTX range "profile" (ncu --nvtx --nvtx-include "profile/")."""
+    import torch
+    entry = load_entries(lib_path)
+    torch.manual_seed(0)
+    name, G, T, K, N = next(c for c in CONFIGS if c[0] == cfg)
+    w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) * 0.02
+    pb = Problem(torch, entry, op, G, T, K, N, kind, w)
+    tune = Tune(0, 0, 1, 0, 0, 0)
+    for r in range(rounds):
+        if r == rounds - 1:
+            torch.cuda.nvtx.range_push("profile")
+        pb.tfn()
+        torch.cuda.synchronize()
+        pb.run(tune)
+        torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+    print(f"pair {cfg} {op} {kind}: {rounds} rounds, grid {tune.grid_used}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3], sys.argv[4].split(",") if len(sys.argv) > 4 else [])
+    elif len(sys.argv) == 6 and sys.argv[1] == "pair":
+        pair(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], 2)
     else:
         print(__doc__)
         sys.exit(2)
