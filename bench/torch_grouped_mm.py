@@ -31,13 +31,14 @@ CONFIGS = [
     ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
 ]
 
-# op -> [(name, (grid, band, epilogue_tma, cluster, grid_used, tile_rows))]; 0 = the library default
+# op -> [(name, (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows))]; 0 = the library default
+MN_VARIANTS = [("default", (0, 0, 1, 0, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64, 0)),
+               ("rows128", (0, 0, 1, 0, 0, 128, 0)), ("blkall", (0, 0, 1, 0, 0, 0, 1 << 20)),
+               ("blk1024", (0, 0, 1, 0, 0, 0, 1024))]
 VARIANTS = {
-    "fwd": [("default", (0, 0, 1, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)),
-            ("rows128", (0, 0, 1, 0, 0, 128))],
-    "dgrad": [("default", (0, 0, 1, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64)),
-              ("rows128", (0, 0, 1, 0, 0, 128))],
-    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0)), ("bandall", (0, 1 << 20, 1, 0, 0, 0))],
+    "fwd": MN_VARIANTS,
+    "dgrad": MN_VARIANTS,
+    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0)), ("bandall", (0, 1 << 20, 1, 0, 0, 0, 0))],
 }
 OPS = [o for o in sys.argv[5:6] if o in VARIANTS] or list(VARIANTS)
 
@@ -58,7 +59,8 @@ class WArgs(ctypes.Structure):
 
 class Tune(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
-                ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int)]
+                ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int),
+                ("band_rows", ctypes.c_int)]
 
 
 def bench(torch, fn, iters, warm=5):

@@ -24,6 +24,7 @@
 #define SM90_BK 64                  /* k per stage: one 128-byte swizzle row of bf16   */
 #define SM90_STAGES 4
 #define SM90_BAND 8                 /* column tiles per band of the tile order         */
+#define SM90_BAND_ROWS 2048         /* input rows per block of a band                   */
 #define SM90_THREADS 384
 
 #if MOEX_SM90_DEVICE

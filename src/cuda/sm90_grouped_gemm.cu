@@ -16,8 +16,9 @@
  *   - a device-side tile schedule: every thread walks the groups with a cursor (tile
  *     indices of a CTA only grow, so the walk is O(G + tiles) per CTA), reading the split
  *     values from device memory; nothing about the splits is known on the host;
- *   - tile order inside a group: bands of SM90_BAND column tiles, row tiles fastest, so
- *     CTAs running at the same time share weight tiles and input tiles in L2;
+ *   - tile order inside a group: bands of SM90_BAND column tiles, a band in blocks of
+ *     SM90_BAND_ROWS input rows, row tiles fastest, so CTAs running at the same time share
+ *     weight tiles and input tiles in L2;
  *   - input tiles are loaded from the global row offset of the group, so a tile can
  *     straddle the next group (or the rows past off[G]; TMA zero-fills past T); those rows
  *     are computed but never stored: full blocks inside the group leave through a swizzled
@@ -28,7 +29,7 @@
  *     tiles that share the weight tile (or, on a group's odd last row tile, the input tile)
  *     and load half of it each, multicast into both, which halves that operand's L2 traffic;
  *   - tuning knobs (tests, benchmarks): no cluster, masked register stores everywhere
- *     instead of the TMA epilogue, the grid size, the band width and the tile height.
+ *     instead of the TMA epilogue, the grid size, the band width and height, the tile height.
  * Tensor maps depend on pointers and shapes only, so a launch captured in a CUDA graph stays
  * correct when the split values change.
  */
@@ -94,18 +95,21 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
 
 /* Row and column of the first element of this CTA's tile (cluster rank `rank`) of unit t in
  * the cursor's group. Row units (CM = 1: tiles; CM = 2: row pairs) go in bands of band_w
- * column tiles, row units fastest. Returns 1 for a column pair (the CTAs share the input
- * tile; the second column may be past the output width), 0 otherwise. */
-static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int64_t t, int64_t nt, int band_w, int bm,
-                                                       int cm, int rank, int64_t *m0, int *n0) {
+ * column tiles; a band in blocks of band_r row units; a block row units fastest. So the
+ * units running at the same time cover about band_r row units by band_w column tiles of a
+ * group and share their input and weight tiles in L2. Returns 1 for a column pair (the
+ * CTAs share the input tile; the second column may be past the output width), 0 otherwise. */
+static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int64_t t, int64_t nt, int band_w,
+                                                       int band_r, int bm, int cm, int rank, int64_t *m0, int *n0) {
     int64_t l = t - c->tile0;
     const int64_t rows = cm == 1 ? c->mt : c->mt / 2;
     if (l < rows * nt) {
-        const int64_t band_tiles = rows * band_w;
-        const int64_t band = l / band_tiles;
-        const int64_t r = l - band * band_tiles;
-        *m0 = c->row0 + ((r % rows) * cm + rank) * bm;
-        *n0 = (int)((band * band_w + r / rows) * SM90_BN);
+        const int64_t band = l / (rows * band_w), r = l - band * rows * band_w;
+        const int64_t w = nt - band * band_w < band_w ? nt - band * band_w : band_w;        /* the last band: narrower */
+        const int64_t blk = r / (band_r * w), q = r - blk * band_r * w;
+        const int64_t h = rows - blk * band_r < band_r ? rows - blk * band_r : band_r;    /* the last block: lower */
+        *m0 = c->row0 + ((blk * band_r + q % h) * cm + rank) * bm;
+        *n0 = (int)((band * band_w + q / h) * SM90_BN);
         return 0;
     }
     l -= rows * nt;
@@ -256,7 +260,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                         const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
                         const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
                         const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
-                        int *bad_flag, int bad_value) {
+                        int band_r, int *bad_flag, int bad_value) {
 #if MOEX_SM90_DEVICE
     constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
     constexpr int NA = NC / 2;                             /* its accumulators per thread   */
@@ -294,7 +298,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
                 int64_t m0;
                 int n0;
-                const int colpair = sm90_tile_coords(&cur, t, nt, band_w, BM, CM, rank, &m0, &n0);
+                const int colpair = sm90_tile_coords(&cur, t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
                 for (int kb = 0; kb < nk; kb++, it++) {
                     const int s = it % SM90_STAGES;
                     uint16_t *b = sb + s * B_ELEMS;
@@ -360,7 +364,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;
             int n0;
-            sm90_tile_coords(&cur, t, nt, band_w, BM, CM, rank, &m0, &n0);
+            sm90_tile_coords(&cur, t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
             const int64_t mr = m0 + a_row;             /* the block's first row */
             const int64_t ra = mr + rl, rb = ra + 8;
             const bool oka = ra < cur.row1, okb = rb < cur.row1;
@@ -543,7 +547,7 @@ extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_ar
 }
 
 typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
-                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int *, int);
+                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
  * heights (TMA epilogue, no cluster); the plain forward and the dgrad (plain only) with both
@@ -585,10 +589,12 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
                        ? tune->tile_rows
                        : moex_sm90_tile_rows(a->T, a->G, a->N, a->K);
+    const int band_rows = tune != NULL && tune->band_rows > 0 ? tune->band_rows : SM90_BAND_ROWS;
     /* 2-CTA clusters for the plain 128-row forward and dgrad with the TMA epilogue, unless
      * tuned off */
     const bool cluster_ok = epi == SM90_EPI_PLAIN && bm == 128 && epi_tma;
     const int cm = cluster_ok && (tune == NULL || tune->cluster != 1) ? 2 : 1;
+    const int band_r = band_rows / (bm * cm) > 0 ? band_rows / (bm * cm) : 1;   /* in row units */
     /* kernel view: out = in [T, red] times B_g (red x out_w) */
     const int64_t red = dgrad ? a->N : a->K, out_w = dgrad ? a->K : a->N;
     const bool glu = epi >= SM90_EPI_GLU_CONTIG;
@@ -666,7 +672,7 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     cfg.gridDim = dim3((unsigned)((max_units < slots ? max_units : slots) * cm), 1, 1);
 
     if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
-                           a->T, (int)out_w, (int)red, band, a->bad_flag, a->bad_value) != cudaSuccess) {
+                           a->T, (int)out_w, (int)red, band, band_r, a->bad_flag, a->bad_value) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
     }

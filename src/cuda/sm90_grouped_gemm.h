@@ -72,7 +72,9 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
  *                 for the plain 128-row forward and dgrad, none elsewhere; 1: none; 2:
  *                 clusters wherever the kernel has them (those two, the wgrad);
  *   tile_rows     0: the heuristic of moex_sm90_tile_rows; 64 or 128;
- *   grid_used     out: the CTAs launched (0 when nothing was launched).
+ *   grid_used     out: the CTAs launched (0 when nothing was launched);
+ *   band_rows     input rows per block of a band of the tile order (0: 2048; forward and
+ *                 dgrad).
  * Same contract otherwise. */
 typedef struct moex_sm90_tuning {
     int grid;
@@ -81,6 +83,7 @@ typedef struct moex_sm90_tuning {
     int cluster;
     int grid_used;              /* out */
     int tile_rows;
+    int band_rows;
 } moex_sm90_tuning;
 
 /* The rows per tile the kernels use by default: 64 when the groups average under one

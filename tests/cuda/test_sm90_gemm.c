@@ -11,7 +11,8 @@
  * own section (run_wgrad_cases: f32 =, input-dtype =, f32 +=; NaN rows past the groups in
  * dy and x; graph replay; determinism). Exits 77 (skipped) where the sm90 kernel
  * cannot run (no GPU, not compute capability 9.0).
- *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)] [tile_rows (0)]   (moex_sm90_tuning; 0 = default)
+ *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)] [tile_rows (0)] [band_rows (0)] [band (0)]
+ *   (the forward and dgrad variant: moex_sm90_tuning; 0 = default)
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -27,7 +28,7 @@
 #define POISON_Y 0xFFFFu
 
 static int g_failures;
-static moex_sm90_tuning g_tune;   /* the variant under test: argv[1] epilogue_tma, argv[2] cluster */
+static moex_sm90_tuning g_tune;   /* the forward and dgrad variant under test (argv) */
 
 #define CK(call)                                                                             \
     do {                                                                                     \
@@ -642,7 +643,10 @@ int main(int argc, char **argv) {
     g_tune.epilogue_tma = argc > 1 ? atoi(argv[1]) : 1;
     g_tune.cluster = argc > 2 ? atoi(argv[2]) : 0;
     g_tune.tile_rows = argc > 3 ? atoi(argv[3]) : 0;
-    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d\n", g_tune.epilogue_tma, g_tune.cluster, g_tune.tile_rows);
+    g_tune.band_rows = argc > 4 ? atoi(argv[4]) : 0;
+    g_tune.band = argc > 5 ? atoi(argv[5]) : 0;
+    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d band_rows=%d band=%d\n", g_tune.epilogue_tma,
+           g_tune.cluster, g_tune.tile_rows, g_tune.band_rows, g_tune.band);
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
@@ -707,6 +711,10 @@ int main(int argc, char **argv) {
 
         const int64_t wide[2] = {130, 70};
         run("many column tiles", MOEX_DTYPE_BF16, 2, 200, 64, 2056, wide, NULL);
+        /* 9 row tiles by 6 column tiles: with small bands and blocks (argv), narrower last
+         * bands, lower last blocks and, with clusters, a column pair */
+        const int64_t big[2] = {1100, 300};
+        run("row blocks", MOEX_DTYPE_BF16, 2, 1400, 64, 1288, big, NULL);
 
         const int64_t tiny[2] = {5, 3};
         run("K=N=8", MOEX_DTYPE_BF16, 2, 8, 8, 8, tiny, NULL);
