@@ -21,7 +21,8 @@ order, so clock and temperature drift hit them alike; each launch is timed by it
 events; medians are reported. Before each timed launch a spin kernel (torch.cuda._sleep)
 keeps the GPU busy for longer than the function's host launch time, so a host-bound
 function (the loop over 128 experts) never leaves the GPU idle inside another function's
-timed window: every column is GPU time. Inputs are random (x, dy ~ randn, w ~ randn*0.02,
+timed window: every column is GPU time (the JSON also records each function's host time per
+call, <f>_host_us, measured before the timed launches). Inputs are random (x, dy ~ randn, w ~ randn*0.02,
 bias ~ randn, probs ~ U[0,1)); skewed splits are Dirichlet(0.5) with one empty group, drawn
 by make_splits below (numpy RNG seeded 1000+G). Correctness: relative
 Frobenius error of moex's output (poisoned with NaN first) against torch's; rows with
@@ -339,15 +340,19 @@ def host_us(torch, fn, reps=3):
     return statistics.median(ts)
 
 
-def bench_interleaved(torch, spinner, fns, iters, warm=3):
+def bench_interleaved(torch, spinner, fns, iters, warm=3, host=None):
     """Median ms of each of fns (name -> callable): launched back to back in rotating order,
     each launch timed by its own CUDA events, each preceded by a spin longer than its host
-    launch time so that the GPU never waits for the host inside a timed window."""
+    launch time so that the GPU never waits for the host inside a timed window. The host
+    times (us per call) go into the dict `host` when one is given."""
     names = list(fns)
     for n in names:
         for _ in range(warm):
             fns[n]()
-    spin_us = {n: 1.5 * host_us(torch, fns[n]) + 50.0 for n in names}
+    hus = {n: host_us(torch, fns[n]) for n in names}
+    if host is not None:
+        host.update(hus)
+    spin_us = {n: 1.5 * hus[n] + 50.0 for n in names}
     ev = {n: [] for n in names}
     for i in range(iters):
         k = i % len(names)
@@ -545,13 +550,15 @@ def bench_config(torch, mx, spinner, name, ops, iters_opt, jf, rows):
         sp = Splits(torch, s)
         for op in ops:
             fns = op_fns(torch, mx, op, d, sp)
-            ms = bench_interleaved(torch, spinner, fns, iters)
+            hus = {}
+            ms = bench_interleaved(torch, spinner, fns, iters, host=hus)
             err, err_loop = check_outputs(torch, mx, fns)
             r = {"config": name, "splits": kind, "op": op, "G": G, "T": T, "K": K, "N": N, "iters": iters,
                  "empty_groups": s.count(0), "max_split": max(s), "min_split": min(s)}
             for f in FUNCS:
                 r[f + "_ms"] = ms[f]
                 r[f + "_tflops"] = flops / ms[f] / 1e9
+                r[f + "_host_us"] = hus[f]
             r["moex_over_torch"] = ms["torch"] / ms["moex"]
             r["relerr"], r["relerr_loop_vs_torch"] = err, err_loop
             jf.write(json.dumps(r) + "\n")
