@@ -48,23 +48,18 @@ static __device__ __forceinline__ void sm90_mbar_arrive(uint64_t *bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(sm90_smem_addr(bar)) : "memory");
 }
 
-/* Waits until the phase with the given parity has completed. A fresh barrier counts its
- * phase "parity 1" as completed, so waiting on parity 1 first returns at once. try_wait with
- * a suspend-time hint parks the thread in hardware until the phase completes (or the hint
- * runs out; then it tries again): without the hint each try returns after a short time, and
- * the waiting warps spin, issuing twice the instructions of the whole kernel (ncu, wgrad)
- * and taking issue slots from the consumers. */
-#define SM90_MBAR_SUSPEND_NS 10000000u
+/* Spins until the phase with the given parity has completed. A fresh barrier counts its
+ * phase "parity 1" as completed, so waiting on parity 1 first returns at once. */
 static __device__ __forceinline__ void sm90_mbar_wait(uint64_t *bar, uint32_t parity) {
     uint32_t addr = sm90_smem_addr(bar), done;
     do {
         asm volatile(
             "{\n.reg .pred p;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\n"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
             "selp.u32 %0, 1, 0, p;\n"
             "}\n"
             : "=r"(done)
-            : "r"(addr), "r"(parity), "r"(SM90_MBAR_SUSPEND_NS)
+            : "r"(addr), "r"(parity)
             : "memory");
     } while (!done);
 }
