@@ -104,10 +104,12 @@ static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int
     int64_t l = t - c->tile0;
     const int64_t rows = cm == 1 ? c->mt : c->mt / 2;
     if (l < rows * nt) {
+        /* band (w column tiles: the last band may be narrower), block (h row units: the last
+         * block may be lower), unit q of the block */
         const int64_t band = l / (rows * band_w), r = l - band * rows * band_w;
-        const int64_t w = nt - band * band_w < band_w ? nt - band * band_w : band_w;        /* the last band: narrower */
+        const int64_t w = nt - band * band_w < band_w ? nt - band * band_w : band_w;
         const int64_t blk = r / (band_r * w), q = r - blk * band_r * w;
-        const int64_t h = rows - blk * band_r < band_r ? rows - blk * band_r : band_r;    /* the last block: lower */
+        const int64_t h = rows - blk * band_r < band_r ? rows - blk * band_r : band_r;
         *m0 = c->row0 + ((blk * band_r + q % h) * cm + rank) * bm;
         *n0 = (int)((band * band_w + q / h) * SM90_BN);
         return 0;

@@ -11,15 +11,15 @@
  * the same ceil(ceil(N/128) / CM) * ceil(K/256) units, so the unit list is known on the host
  * and CTA (cluster) b takes units b, b + grid, ... (the group of a unit only grows, so a
  * cursor over the splits costs O(G) per CTA); inside a group, units go in bands of N units
- * (sm90w_tile_coords) so that the CTAs running at once share dy and x columns. A unit reduces over its group's rows in stages
- * of 64 rows: dy box [64 rows][64 N] per consumer (A, MN-major, transposed by wgmma) and four
- * x boxes [64 rows][64 K] (B, MN-major). A stage that reaches past the group's end holds rows
- * of the next group (or past off[G]: anything, NaN included; past T: TMA zero fill); the
- * consumers overwrite those rows with zeros in shared memory before any wgmma reads the
- * stage (each consumer its own dy box and two of the four x boxes, then a proxy fence and a
- * barrier over both consumers). A group with no rows has no stages: its tiles are written as
- * zeros (=) or left alone (+=). Every output tile is computed by one CTA, stages in row
- * order: deterministic.
+ * (sm90w_tile_coords) so that the CTAs running at once share dy and x columns. A unit
+ * reduces over its group's rows in stages of 64 rows: dy box [64 rows][64 N] per consumer
+ * (A, MN-major, transposed by wgmma) and four x boxes [64 rows][64 K] (B, MN-major). A
+ * stage that reaches past the group's end holds rows of the next group (or past off[G]:
+ * anything, NaN included; past T: TMA zero fill); the consumers overwrite those rows with
+ * zeros in shared memory before any wgmma reads the stage (each consumer its own dy box and
+ * two of the four x boxes, then a proxy fence and a barrier over both consumers). A group
+ * with no rows has no stages: its tiles are written as zeros (=) or left alone (+=). Every
+ * output tile is computed by one CTA, stages in row order: deterministic.
  *
  * Output (EPI_TMA): a consumer's 64 x 256 block that lies inside [N, K] goes registers ->
  * 128-byte-swizzled shared staging -> TMA, in boxes of 64 rows by 128 bytes (64 bf16/f16 or
@@ -70,7 +70,7 @@ static __device__ __forceinline__ void sm90w_seek(sm90w_cursor *c, int64_t g, co
 static __device__ __forceinline__ void sm90w_tile_coords(int64_t l, int64_t tnu, int64_t tk, int64_t band_w, int cm,
                                                          int rank, int *n0, int *k0) {
     const int64_t band = l / (band_w * tk), r = l - band * band_w * tk;
-    const int64_t w = tnu - band * band_w < band_w ? tnu - band * band_w : band_w;   /* the last band: narrower */
+    const int64_t w = tnu - band * band_w < band_w ? tnu - band * band_w : band_w;   /* the last: narrower */
     *n0 = (int)(((band * band_w + r % w) * cm + rank) * SM90_BM);
     *k0 = (int)(r / w) * SM90_BN;
 }
@@ -448,8 +448,7 @@ extern "C" moex_status moex_sm90_grouped_gemm_wgrad_tuned(const moex_sm90_wgrad_
     const int band_tiles = tune != NULL && tune->band > 0 ? tune->band : SM90W_BAND;
     const int band_w = band_tiles / cm > 0 ? band_tiles / cm : 1;
     if (cudaLaunchKernelEx(&cfg, fn, tm_dy, tm_x, tm_dw, a->dw, a->splits, a->G, a->T, (int)a->N, (int)a->K, band_w,
-                           mode) !=
-        cudaSuccess) {
+                           mode) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped wgrad: kernel launch failed");
     }

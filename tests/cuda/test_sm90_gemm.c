@@ -287,8 +287,9 @@ static void run(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K
  * sums of rows_g exact products), plus 2^-24 |main grad| for "+=".
  * Every case runs every kernel variant (w_variants: the untuned default, the register
  * epilogue, the TMA epilogue, 2-CTA clusters, small grids so that each CTA walks many tiles
- * and reuses its output staging, narrow bands of the tile order); the variants accumulate in the same order, so their
- * outputs must also agree bitwise with the first variant's. This section ignores argv. */
+ * and reuses its output staging, narrow bands of the tile order); the variants accumulate
+ * in the same order, so their outputs must also agree bitwise with the first variant's.
+ * This section ignores argv. */
 
 #define WGUARD_BYTES 4096
 
