@@ -5,15 +5,16 @@ section 6 configs and two small-group ones, bf16; GPU time as in gemm_bench (the
 launched in rotating order, each behind a spin kernel that hides its host time, each timed by
 its own CUDA events), medians reported.
 
-  python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP]]
+  python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP [VARIANT,VARIANT...]]]
       LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned
       (build-gpu/libmoex.so); OP: fwd, dgrad or wgrad (default all three; wgrad against
       torch._grouped_mm(dy^T, x), 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl and prints one
       table: per config, op, splits kind and variant, TFLOP/s of both sides, their ratio, and
-      the relative error of the sm90 output against torch's.
-  python3 torch_grouped_mm.py pair LIB CFG OP KIND
-      two rounds of one torch launch and one sm90 launch (defaults), the second inside the
-      NVTX range "profile", for a profiler (scripts/profile_pair.sh).
+      the relative error of the sm90 output against torch's. VARIANT: names of TUNES (default:
+      the op's list in VARIANTS).
+  python3 torch_grouped_mm.py pair LIB CFG OP KIND [VARIANT,VARIANT...]
+      two rounds of one torch launch and one sm90 launch per variant (default: "default"),
+      the second inside the NVTX range "profile", for a profiler (scripts/profile_pair.sh).
 
 Skewed splits are Dirichlet(0.5) with one empty group (make_splits of bench/gemm_bench.py).
 """
@@ -31,16 +32,24 @@ CONFIGS = [
     ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
 ]
 
-# op -> [(name, (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows))]; 0 = the library default
-MN_VARIANTS = [("default", (0, 0, 1, 0, 0, 0, 0)), ("nocl", (0, 0, 1, 1, 0, 0, 0)), ("rows64", (0, 0, 1, 0, 0, 64, 0)),
-               ("rows128", (0, 0, 1, 0, 0, 128, 0)), ("blkall", (0, 0, 1, 0, 0, 0, 1 << 20)),
-               ("blk1024", (0, 0, 1, 0, 0, 0, 1024))]
+# name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows); 0 = the library default
+TUNES = {
+    "default": (0, 0, 1, 0, 0, 0, 0), "nocl": (0, 0, 1, 1, 0, 0, 0), "clu2": (0, 0, 1, 2, 0, 0, 0),
+    "rows64": (0, 0, 1, 0, 0, 64, 0), "rows128": (0, 0, 1, 0, 0, 128, 0),
+    "blkall": (0, 0, 1, 0, 0, 0, 1 << 20), "blk1024": (0, 0, 1, 0, 0, 0, 1024), "bandall": (0, 1 << 20, 1, 0, 0, 0, 0),
+    # tile orders: columns fastest over the whole width (CUTLASS "along N"), rows fastest in
+    # one column (along M), and narrower or wider bands
+    "alongn": (0, 1 << 20, 1, 0, 0, 0, 1), "alongm": (0, 1, 1, 0, 0, 0, 1 << 20),
+    "b4all": (0, 4, 1, 0, 0, 0, 1 << 20), "b16r1k": (0, 16, 1, 0, 0, 0, 1024), "b2all": (0, 2, 1, 0, 0, 0, 1 << 20),
+}
+# op -> the variants compare runs by default
 VARIANTS = {
-    "fwd": MN_VARIANTS,
-    "dgrad": MN_VARIANTS,
-    "wgrad": [("default", (0, 0, 1, 0, 0, 0)), ("clu2", (0, 0, 1, 2, 0, 0)), ("bandall", (0, 1 << 20, 1, 0, 0, 0, 0))],
+    "fwd": ["default", "nocl", "rows64", "rows128", "blkall", "blk1024"],
+    "dgrad": ["default", "nocl", "rows64", "rows128", "blkall", "blk1024"],
+    "wgrad": ["default", "clu2", "bandall"],
 }
 OPS = [o for o in sys.argv[5:6] if o in VARIANTS] or list(VARIANTS)
+ONLY_VARIANTS = sys.argv[6].split(",") if len(sys.argv) > 6 else None   # compare ... OP VARIANT,VARIANT
 
 MOEX_DTYPE_BF16 = 1
 
@@ -150,14 +159,14 @@ def compare(lib_path, out_dir, only):
                 for kind in ("balanced", "skewed"):
                     pb = Problem(torch, entry, op, G, T, K, N, kind, w)
                     ref = pb.tfn()
-                    variants = VARIANTS[op]
-                    tunes = {v: Tune(*p) for v, p in variants}
+                    variants = ONLY_VARIANTS or VARIANTS[op]
+                    tunes = {v: Tune(*TUNES[v]) for v in variants}
                     fns = {"torch": pb.tfn}
-                    for v, _ in variants:
+                    for v in variants:
                         fns[v] = lambda v=v: pb.run(tunes[v])
                     ms = bench_interleaved(torch, spinner, fns, iters)
                     tt = {n: pb.flops / m / 1e9 for n, m in ms.items()}
-                    for v, _ in variants:
+                    for v in variants:
                         pb.y.fill_(float("nan"))
                         pb.run(tunes[v])
                         torch.cuda.synchronize()
@@ -179,32 +188,35 @@ def compare(lib_path, out_dir, only):
         print(r)
 
 
-def pair(lib_path, cfg, op, kind, rounds):
-    """torch's kernel and the sm90 default, one launch each per round, synchronised; the last
-    round inside the NVTX range "profile" (ncu --nvtx --nvtx-include "profile/")."""
+def pair(lib_path, cfg, op, kind, variants, rounds=2):
+    """torch's kernel and the sm90 kernel in each variant, one launch each per round,
+    synchronised; the last round inside the NVTX range "profile" (ncu --nvtx --nvtx-include
+    "profile/"), launches in the order torch, variants."""
     import torch
     entry = load_entries(lib_path)
     torch.manual_seed(0)
     name, G, T, K, N = next(c for c in CONFIGS if c[0] == cfg)
     w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16) * 0.02
     pb = Problem(torch, entry, op, G, T, K, N, kind, w)
-    tune = Tune(0, 0, 1, 0, 0, 0)
+    tunes = [Tune(*TUNES[v]) for v in variants]
     for r in range(rounds):
         if r == rounds - 1:
             torch.cuda.nvtx.range_push("profile")
         pb.tfn()
         torch.cuda.synchronize()
-        pb.run(tune)
-        torch.cuda.synchronize()
+        for tune in tunes:
+            pb.run(tune)
+            torch.cuda.synchronize()
     torch.cuda.nvtx.range_pop()
-    print(f"pair {cfg} {op} {kind}: {rounds} rounds, grid {tune.grid_used}")
+    print(f"pair {cfg} {op} {kind}: {rounds} rounds, variants {','.join(variants)}, "
+          f"grids {','.join(str(t.grid_used) for t in tunes)}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "compare":
         compare(sys.argv[2], sys.argv[3], sys.argv[4].split(",") if len(sys.argv) > 4 else [])
-    elif len(sys.argv) == 6 and sys.argv[1] == "pair":
-        pair(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], 2)
+    elif len(sys.argv) in (6, 7) and sys.argv[1] == "pair":
+        pair(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6].split(",") if len(sys.argv) == 7 else ["default"])
     else:
         print(__doc__)
         sys.exit(2)

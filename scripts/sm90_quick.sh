@@ -2,7 +2,7 @@
 # sm90_quick.sh - the short GPU loop for Hopper kernel work (one device call): build with
 # CMake for sm_90a, the sm90 correctness tests in each kernel variant, the CUDA backend
 # tests, bench/gemm_bench.py on $CONFIGS / $OPS, then bench/torch_grouped_mm.py compare for
-# each "CFG,CFG:OP" word of $COMPARE. Logs to $LOGS (a tarball of them in $OUT when set);
+# each "CFG,CFG:OP[:VARIANT,VARIANT]" word of $COMPARE. Logs to $LOGS (a tarball of them in $OUT when set);
 # the table rows as they come.
 set -u
 cd "$(dirname "$0")/.."
@@ -27,8 +27,10 @@ done
 (cd build-gpu && ctest -L cuda -j4 --timeout 300 2>&1 | grep -E "Test +#|tests passed")
 [ -n "$OPS" ] && python3 bench/gemm_bench.py --lib build-gpu/libmoex.so --out "$LOGS" --ops "$OPS" --configs "$CONFIGS" \
     2>&1 | tee "$LOGS/bench.log" | grep -E "^(dsv3|qwen3|mixtral|gptoss)"
-for c in $COMPARE; do
-    mkdir -p "$LOGS/compare_${c%%:*}_${c##*:}"
-    python3 bench/torch_grouped_mm.py compare build-gpu/libmoex.so "$LOGS/compare_${c%%:*}_${c##*:}" "${c%%:*}" "${c##*:}" \
-        2>&1 | tee "$LOGS/compare_${c%%:*}_${c##*:}/log" | grep -E "^(dsv3|qwen3|mixtral|gptoss|g256)"
+for c in $COMPARE; do   # CFG,CFG:OP[:VARIANT,VARIANT]
+    IFS=: read -r cfgs op variants <<< "$c"
+    d="$LOGS/compare_${cfgs}_${op}"
+    mkdir -p "$d"
+    python3 bench/torch_grouped_mm.py compare build-gpu/libmoex.so "$d" "$cfgs" "$op" ${variants:+"$variants"} \
+        2>&1 | tee "$d/log" | grep -E "^(dsv3|qwen3|mixtral|gptoss|g256)"
 done
