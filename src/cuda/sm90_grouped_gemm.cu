@@ -278,7 +278,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *full = (uint64_t *)(sc + 2 * SM90_C_ELEMS);           /* TMA landed       */
     uint64_t *empty = full + SM90_STAGES;                           /* consumers done   */
 
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    /* the warpgroup index through a shuffle: the compiler then knows it is warp-uniform and
+     * keeps the values derived from it (the wgmma descriptors) in uniform registers */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), tid = threadIdx.x % 128;
     sm90_ring_init<CM>(full, empty);
 
     /* GLU: N = 2F columns of h in column tiles of 128 z columns */
@@ -363,6 +365,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         uint32_t it = 0;
         const int warp = tid / 32, lane = tid % 32;
         const int rl = warp * 16 + lane / 4;   /* block row of acc[4 j + {0, 1}]; + 8 for {2, 3} */
+        /* stage 0's descriptors of this consumer's A rows and B columns; a stage and a k step
+         * are adds (K-major: 32 bytes along the row; TB: 16 reduction rows of 128 bytes, the
+         * 64-column blocks 8 KB apart) */
+        const uint64_t da0 = sm90_desc_sw128(sa + a_row * SM90_BK);
+        const uint64_t db0 = TB ? sm90_desc_mn_sw128(sb + (b_col / 64) * 64 * SM90_BK, 64 * SM90_BK * 2, 1024)
+                                : sm90_desc_sw128(sb + b_col * SM90_BK);
+        const uint32_t b_step = TB ? 16 * 64 * 2 : 16 * 2;
         for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;
             int n0;
@@ -384,20 +393,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             const bool has_bias = EPI != SM90_EPI_PLAIN && epi.bias != NULL;
             uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
             for (int kb = 0; kb < nk; kb++, it++) {
-                const int s = it % SM90_STAGES;
+                const uint32_t s = it % SM90_STAGES;
                 sm90_mbar_wait(&full[s], (it / SM90_STAGES) & 1u);
-                const uint16_t *a = sa + s * A_ELEMS + a_row * SM90_BK;
-                const uint16_t *b = sb + s * B_ELEMS;
                 sm90_wgmma_fence();
 #pragma unroll
-                for (int kk = 0; kk < SM90_BK / 16; kk++) {
-                    const uint64_t da = sm90_desc_sw128(a + kk * 16);
-                    /* TB: 16 reduction rows of 128 bytes per k step, 64-column blocks 8 KB apart */
-                    const uint64_t db = TB ? sm90_desc_mn_sw128(b + (b_col / 64) * 64 * SM90_BK + kk * 16 * 64,
-                                                                64 * SM90_BK * 2, 1024)
-                                           : sm90_desc_sw128(b + b_col * SM90_BK + kk * 16);
-                    sm90_mma<IS_F16, TB>(acc, da, db, (kb | kk) != 0);
-                }
+                for (int kk = 0; kk < SM90_BK / 16; kk++)
+                    sm90_mma<IS_F16, TB>(acc, sm90_desc_add(da0, s * A_ELEMS * 2 + kk * 16 * 2),
+                                         sm90_desc_add(db0, s * B_ELEMS * 2 + kk * b_step), (kb | kk) != 0);
                 sm90_wgmma_commit();
                 if (has_bias && kb == 0) {
                     if (tid == 0) sm90_bulk_wait_read<0>();   /* the last tile's stores read `stage` */

@@ -167,7 +167,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *full = (uint64_t *)(sc + 4 * SM90W_HALF_BYTES);
     uint64_t *empty = full + SM90_STAGES;
 
-    const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+    /* the warpgroup index through a shuffle: the compiler then knows it is warp-uniform and
+     * keeps the values derived from it (the wgmma descriptors) in uniform registers */
+    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), tid = threadIdx.x % 128;
     sm90_ring_init<CM>(full, empty);
 
     const int64_t tn = (N + SM90_BM - 1) / SM90_BM, tk = (K + SM90_BN - 1) / SM90_BN;
@@ -223,6 +225,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         float acc[128];
 #pragma unroll
         for (int i = 0; i < 128; i++) acc[i] = 0.0f;
+        /* stage 0's descriptors of this consumer's dy box and of the x boxes (64-column
+         * blocks one box apart); a stage and a k step (16 rows of 128 bytes) are adds */
+        const uint64_t da0 = sm90_desc_mn_sw128(sa + c * SM90W_BOX, SM90W_BOX * 2, 1024);
+        const uint64_t db0 = sm90_desc_mn_sw128(sb, SM90W_BOX * 2, 1024);
         sm90w_cursor cur = {-1, 0, 0};
         uint32_t it = 0;
         for (int64_t u = unit0; u < units; u += units_step) {
@@ -231,28 +237,26 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             int n0, k0;
             sm90w_tile_coords(l, tnu, tk, band_w, CM, rank, &n0, &k0);
             const int nks = (int)((cur.row1 - cur.row0 + SM90W_BR - 1) / SM90W_BR);
+            const int tail = (int)((cur.row1 - cur.row0) % SM90W_BR);   /* rows of a partial last stage */
             for (int kb = 0; kb < nks; kb++, it++) {
-                const int s = it % SM90_STAGES;
+                const uint32_t s = it % SM90_STAGES;
                 sm90_mbar_wait(&full[s], (it / SM90_STAGES) & 1u);
-                uint16_t *a = sa + (s * SM90W_A_BOXES + c) * SM90W_BOX;
-                uint16_t *b = sb + s * SM90W_B_BOXES * SM90W_BOX;
-                const int64_t left = cur.row1 - cur.row0 - (int64_t)kb * SM90W_BR;   /* >= 1 */
-                if (left < SM90W_BR) {
-                    /* rows [left, 64) are not the group's: zero them in this consumer's dy box
+                if (tail != 0 && kb == nks - 1) {
+                    /* rows [tail, 64) are not the group's: zero them in this consumer's dy box
                      * and in x boxes 2c, 2c + 1, then make both consumers' zeros visible to
                      * the tensor cores before either reads the stage */
-                    sm90w_zero_rows((uint8_t *)a, (int)left, tid);
-                    sm90w_zero_rows((uint8_t *)(b + (2 * c) * SM90W_BOX), (int)left, tid);
-                    sm90w_zero_rows((uint8_t *)(b + (2 * c + 1) * SM90W_BOX), (int)left, tid);
+                    uint16_t *b = sb + s * SM90W_B_BOXES * SM90W_BOX;
+                    sm90w_zero_rows((uint8_t *)(sa + (s * SM90W_A_BOXES + c) * SM90W_BOX), tail, tid);
+                    sm90w_zero_rows((uint8_t *)(b + (2 * c) * SM90W_BOX), tail, tid);
+                    sm90w_zero_rows((uint8_t *)(b + (2 * c + 1) * SM90W_BOX), tail, tid);
                     sm90_fence_proxy_async_smem();
                     sm90_named_barrier(1, 256);
                 }
                 sm90_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < SM90W_BR / 16; kk++) {
-                    /* 16 rows of 128 bytes per k step; 64-column blocks one box apart */
-                    const uint64_t da = sm90_desc_mn_sw128(a + kk * 16 * 64, SM90W_BOX * 2, 1024);
-                    const uint64_t db = sm90_desc_mn_sw128(b + kk * 16 * 64, SM90W_BOX * 2, 1024);
+                    const uint64_t da = sm90_desc_add(da0, (s * SM90W_A_BOXES * SM90W_BOX + kk * 16 * 64) * 2);
+                    const uint64_t db = sm90_desc_add(db0, (s * SM90W_B_BOXES * SM90W_BOX + kk * 16 * 64) * 2);
                     const uint32_t keep = (kb | kk) != 0;
                     if (IS_F16)
                         wgmma_m64n256k16_f16_tatb(acc, da, db, keep);

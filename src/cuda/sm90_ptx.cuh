@@ -196,6 +196,14 @@ static __device__ __forceinline__ uint64_t sm90_desc_sw128(const void *smem) {
     return d;
 }
 
+/* Descriptor d moved `bytes` (a multiple of 16) further into shared memory: the consumers
+ * build one descriptor per operand before their loop and reach every stage and k step by
+ * this add. Only the low word changes; the start address stays below 256 KB (the 14-bit
+ * field), so the add never carries into the offsets above it. */
+static __device__ __forceinline__ uint64_t sm90_desc_add(uint64_t d, uint32_t bytes) {
+    return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
+}
+
 /* Orders earlier register writes of the accumulators before the next wgmma reads them. */
 static __device__ __forceinline__ void sm90_wgmma_fence(void) {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
