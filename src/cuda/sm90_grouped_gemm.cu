@@ -368,9 +368,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         /* stage 0's descriptors of this consumer's A rows and B columns; a stage and a k step
          * are adds (K-major: 32 bytes along the row; TB: 16 reduction rows of 128 bytes, the
          * 64-column blocks 8 KB apart) */
-        const uint64_t da0 = sm90_desc_sw128(sa + a_row * SM90_BK);
-        const uint64_t db0 = TB ? sm90_desc_mn_sw128(sb + (b_col / 64) * 64 * SM90_BK, 64 * SM90_BK * 2, 1024)
-                                : sm90_desc_sw128(sb + b_col * SM90_BK);
+        uint64_t da0 = sm90_desc_sw128(sa + a_row * SM90_BK);
+        uint64_t db0 = TB ? sm90_desc_mn_sw128(sb + (b_col / 64) * 64 * SM90_BK, 64 * SM90_BK * 2, 1024)
+                          : sm90_desc_sw128(sb + b_col * SM90_BK);
+        sm90_desc_hold(da0);
+        sm90_desc_hold(db0);
         const uint32_t b_step = TB ? 16 * 64 * 2 : 16 * 2;
         for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;

@@ -227,8 +227,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         for (int i = 0; i < 128; i++) acc[i] = 0.0f;
         /* stage 0's descriptors of this consumer's dy box and of the x boxes (64-column
          * blocks one box apart); a stage and a k step (16 rows of 128 bytes) are adds */
-        const uint64_t da0 = sm90_desc_mn_sw128(sa + c * SM90W_BOX, SM90W_BOX * 2, 1024);
-        const uint64_t db0 = sm90_desc_mn_sw128(sb, SM90W_BOX * 2, 1024);
+        uint64_t da0 = sm90_desc_mn_sw128(sa + c * SM90W_BOX, SM90W_BOX * 2, 1024);
+        uint64_t db0 = sm90_desc_mn_sw128(sb, SM90W_BOX * 2, 1024);
+        sm90_desc_hold(da0);
+        sm90_desc_hold(db0);
         sm90w_cursor cur = {-1, 0, 0};
         uint32_t it = 0;
         for (int64_t u = unit0; u < units; u += units_step) {

@@ -204,6 +204,10 @@ static __device__ __forceinline__ uint64_t sm90_desc_add(uint64_t d, uint32_t by
     return (d & 0xFFFFFFFF00000000ull) | (uint32_t)((uint32_t)d + (bytes >> 4));
 }
 
+/* Hides how d was computed from the compiler's front end, so that it holds d in registers
+ * across the k loop rather than rebuilding it from the shared-memory base every k step. */
+static __device__ __forceinline__ void sm90_desc_hold(uint64_t &d) { asm volatile("" : "+l"(d)); }
+
 /* Orders earlier register writes of the accumulators before the next wgmma reads them. */
 static __device__ __forceinline__ void sm90_wgmma_fence(void) {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
