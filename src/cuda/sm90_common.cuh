@@ -43,6 +43,25 @@ template <> struct sm90_io<1> {
     }
 };
 
+/* Group schedule, by a whole warp (all 32 lanes call it with the same arguments): lane i
+ * reads the split value of group g0 + i, clipped to [0, T] (0 for groups past G), into *s,
+ * and returns the inclusive prefix sum of those values over lanes 0..i (at most 32 T: no
+ * overflow). The consumers seek their next group 32 groups per step this way; one group per
+ * step costs a dependent load each, which is most of the gap between two tiles at G = 128. */
+static __device__ __forceinline__ int64_t sm90_warp_split_scan(const int64_t *splits, int64_t g0, int64_t G, int64_t T,
+                                                               int64_t *s) {
+    const int lane = threadIdx.x % 32;
+    int64_t v = g0 + lane < G ? __ldg(splits + g0 + lane) : 0;
+    v = v < 0 ? 0 : v > T ? T : v;
+    *s = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
 /* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
  * empty barrier of that stage (the peer's producer multicasts into this CTA too). */
 template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint64_t *bar, int cta) {

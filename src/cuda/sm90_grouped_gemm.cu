@@ -85,10 +85,40 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
         c->g++;
         if (c->g >= G) return 0;
         int64_t s = __ldg(splits + c->g);
-        s = s < 0 ? 0 : s;
+        s = s < 0 ? 0 : s > T ? T : s;   /* clipped first: row0 + s cannot overflow */
         c->row0 = c->row1;
         c->row1 = c->row0 + s < T ? c->row0 + s : T;
         c->mt = (c->row1 - c->row0 + bm - 1) / bm;
+    }
+    return 1;
+}
+
+/* The same by the 32 lanes of a warp together (the consumers; see sm90_warp_split_scan):
+ * lane i looks at group g + 1 + i, and the first lane whose units reach past t owns it. */
+static __device__ __forceinline__ int sm90_cursor_seek_warp(sm90_cursor *c, int64_t t, const int64_t *splits, int G,
+                                                            int64_t T, int64_t nt, int bm, int cm) {
+    while (t >= c->tile0 + sm90_units(c->mt, nt, cm)) {
+        if (c->g + 1 >= G) return 0;
+        const int64_t tile_base = c->tile0 + sm90_units(c->mt, nt, cm), row_base = c->row1;
+        int64_t s;
+        const int64_t ps = sm90_warp_split_scan(splits, c->g + 1, G, T, &s);
+        const int64_t row1 = row_base + ps < T ? row_base + ps : T;
+        const int64_t row0 = row_base + ps - s < T ? row_base + ps - s : T;
+        const int64_t mt = (row1 - row0 + bm - 1) / bm;
+        int64_t pu = sm90_units(mt, nt, cm);   /* inclusive prefix of the units over lanes */
+        for (int o = 1; o < 32; o <<= 1) {
+            const int64_t u = __shfl_up_sync(0xffffffffu, pu, o);
+            if ((int)(threadIdx.x % 32) >= o) pu += u;
+        }
+        const int lane = threadIdx.x % 32;
+        const unsigned hit = __ballot_sync(0xffffffffu, c->g + 1 + lane < G && t < tile_base + pu);
+        const int L = hit != 0 ? __ffs((int)hit) - 1 : 31;
+        c->g += 1 + L;
+        c->row0 = __shfl_sync(0xffffffffu, row0, L);
+        c->row1 = __shfl_sync(0xffffffffu, row1, L);
+        c->mt = __shfl_sync(0xffffffffu, mt, L);
+        c->tile0 = tile_base + __shfl_sync(0xffffffffu, pu, L) - sm90_units(c->mt, nt, cm);
+        if (c->g >= G) return 0;   /* past the last group (lanes past G count no units) */
     }
     return 1;
 }
@@ -374,7 +404,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_desc_hold(da0);
         sm90_desc_hold(db0);
         const uint32_t b_step = TB ? 16 * 64 * 2 : 16 * 2;
-        for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
+        for (int64_t t = unit0; sm90_cursor_seek_warp(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
             int64_t m0;
             int n0;
             sm90_tile_coords(&cur, t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);

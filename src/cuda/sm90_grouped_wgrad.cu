@@ -63,6 +63,21 @@ static __device__ __forceinline__ void sm90w_seek(sm90w_cursor *c, int64_t g, co
     }
 }
 
+/* The same by the 32 lanes of a warp together (the consumers; see sm90_warp_split_scan):
+ * up to 32 groups per step. */
+static __device__ __forceinline__ void sm90w_seek_warp(sm90w_cursor *c, int64_t g, const int64_t *splits, int64_t G,
+                                                       int64_t T) {
+    while (c->g < g) {
+        int64_t s;
+        const int64_t ps = sm90_warp_split_scan(splits, c->g + 1, G, T, &s);
+        const int L = g - c->g < 32 ? (int)(g - c->g) - 1 : 31;   /* the lane of group g, or the last */
+        const int64_t end = c->row1 + __shfl_sync(0xffffffffu, ps, L);
+        c->row0 = end - __shfl_sync(0xffffffffu, s, L) < T ? end - __shfl_sync(0xffffffffu, s, L) : T;
+        c->row1 = end < T ? end : T;
+        c->g += L + 1;
+    }
+}
+
 /* The first dW row n0 and column k0 of this CTA's tile (cluster rank `rank`) of unit l of a
  * group (tnu N units of CM tiles, tk K tiles). Units go in bands of band_w N units, N units
  * fastest, so the CTAs running at the same time cover a block of about band_w N units by
@@ -235,7 +250,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         uint32_t it = 0;
         for (int64_t u = unit0; u < units; u += units_step) {
             const int64_t g = u / per_group, l = u - g * per_group;
-            sm90w_seek(&cur, g, splits, T);
+            sm90w_seek_warp(&cur, g, splits, G, T);
             int n0, k0;
             sm90w_tile_coords(l, tnu, tk, band_w, CM, rank, &n0, &k0);
             const int nks = (int)((cur.row1 - cur.row0 + SM90W_BR - 1) / SM90W_BR);
