@@ -47,7 +47,7 @@ template <> struct sm90_io<1> {
  * reads the split value of group g0 + i, clipped to [0, T] (0 for groups past G), into *s,
  * and returns the inclusive prefix sum of those values over lanes 0..i (at most 32 T: no
  * overflow). The consumers seek their next group 32 groups per step this way; one group per
- * step costs a dependent load each, which is most of the gap between two tiles at G = 128. */
+ * step costs a dependent load each (at G = 128 about 9% of the consumers' stall samples). */
 static __device__ __forceinline__ int64_t sm90_warp_split_scan(const int64_t *splits, int64_t g0, int64_t G, int64_t T,
                                                                int64_t *s) {
     const int lane = threadIdx.x % 32;

@@ -97,6 +97,7 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
  * lane i looks at group g + 1 + i, and the first lane whose units reach past t owns it. */
 static __device__ __forceinline__ int sm90_cursor_seek_warp(sm90_cursor *c, int64_t t, const int64_t *splits, int G,
                                                             int64_t T, int64_t nt, int bm, int cm) {
+    const int lane = threadIdx.x % 32;
     while (t >= c->tile0 + sm90_units(c->mt, nt, cm)) {
         if (c->g + 1 >= G) return 0;
         const int64_t tile_base = c->tile0 + sm90_units(c->mt, nt, cm), row_base = c->row1;
@@ -108,9 +109,8 @@ static __device__ __forceinline__ int sm90_cursor_seek_warp(sm90_cursor *c, int6
         int64_t pu = sm90_units(mt, nt, cm);   /* inclusive prefix of the units over lanes */
         for (int o = 1; o < 32; o <<= 1) {
             const int64_t u = __shfl_up_sync(0xffffffffu, pu, o);
-            if ((int)(threadIdx.x % 32) >= o) pu += u;
+            if (lane >= o) pu += u;
         }
-        const int lane = threadIdx.x % 32;
         const unsigned hit = __ballot_sync(0xffffffffu, c->g + 1 + lane < G && t < tile_base + pu);
         const int L = hit != 0 ? __ffs((int)hit) - 1 : 31;
         c->g += 1 + L;
