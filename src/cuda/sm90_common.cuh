@@ -43,6 +43,13 @@ template <> struct sm90_io<1> {
     }
 };
 
+/* This thread's warpgroup (0: producer, 1 and 2: consumers), through a shuffle: the compiler
+ * then knows it is warp-uniform and keeps the values derived from it (the consumers' wgmma
+ * descriptors) in uniform registers. */
+static __device__ __forceinline__ int sm90_warpgroup(void) {
+    return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
+}
+
 /* Group schedule, by a whole warp (all 32 lanes call it with the same arguments): lane i
  * reads the split value of group g0 + i, clipped to [0, T] (0 for groups past G), into *s,
  * and returns the inclusive prefix sum of those values over lanes 0..i (at most 32 T: no

@@ -308,9 +308,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *full = (uint64_t *)(sc + 2 * SM90_C_ELEMS);           /* TMA landed       */
     uint64_t *empty = full + SM90_STAGES;                           /* consumers done   */
 
-    /* the warpgroup index through a shuffle: the compiler then knows it is warp-uniform and
-     * keeps the values derived from it (the wgmma descriptors) in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), tid = threadIdx.x % 128;
+    const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
     sm90_ring_init<CM>(full, empty);
 
     /* GLU: N = 2F columns of h in column tiles of 128 z columns */

@@ -182,9 +182,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *full = (uint64_t *)(sc + 4 * SM90W_HALF_BYTES);
     uint64_t *empty = full + SM90_STAGES;
 
-    /* the warpgroup index through a shuffle: the compiler then knows it is warp-uniform and
-     * keeps the values derived from it (the wgmma descriptors) in uniform registers */
-    const int wg = __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0), tid = threadIdx.x % 128;
+    const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
     sm90_ring_init<CM>(full, empty);
 
     const int64_t tn = (N + SM90_BM - 1) / SM90_BM, tk = (K + SM90_BN - 1) / SM90_BN;
