@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh - everything the GPU machine checks, in one call:
 #   build (cmake -G Ninja, CMAKE_CUDA_ARCHITECTURES=90a), ctest (all tests, CPU and `cuda`),
-#   compute-sanitizer memcheck and racecheck over the CUDA tests, `moex check`, a short
+#   compute-sanitizer memcheck, racecheck and synccheck over the CUDA tests, `moex check`, a short
 #   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits;
 #   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
 #   PyTorch baselines on the same shapes (bench/torch_baseline.py, both modes, and the grouped
@@ -64,7 +64,7 @@ if has sanitize; then
     }
     export -f san_one
     export SAN_TIMEOUT
-    logs=$(for t in "$BUILD"/tests/cuda_test_*; do for tool in memcheck racecheck; do echo "$tool $t"; done; done |
+    logs=$(for t in "$BUILD"/tests/cuda_test_*; do for tool in memcheck racecheck synccheck; do echo "$tool $t"; done; done |
            xargs -P 16 -L 1 bash -c 'san_one "$0" "$1"')
     for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
     note "sanitize: $((SECONDS - t0)) s"
