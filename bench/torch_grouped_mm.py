@@ -32,7 +32,8 @@ CONFIGS = [
     ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
 ]
 
-# name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows); 0 = the library default
+# name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows[, stream_k, l2_promotion]);
+# 0 = the library default
 TUNES = {
     "default": (0, 0, 1, 0, 0, 0, 0), "nocl": (0, 0, 1, 1, 0, 0, 0), "clu2": (0, 0, 1, 2, 0, 0, 0),
     "rows64": (0, 0, 1, 0, 0, 64, 0), "rows128": (0, 0, 1, 0, 0, 128, 0),
@@ -41,6 +42,8 @@ TUNES = {
     # one column (along M), and narrower or wider bands
     "alongn": (0, 1 << 20, 1, 0, 0, 0, 1), "alongm": (0, 1, 1, 0, 0, 0, 1 << 20),
     "b4all": (0, 4, 1, 0, 0, 0, 1 << 20), "b16r1k": (0, 16, 1, 0, 0, 0, 1024), "b2all": (0, 2, 1, 0, 0, 0, 1 << 20),
+    # without stream-K for the last round (forward, dgrad); tensor maps with 128-byte or no L2 promotion
+    "nosk": (0, 0, 1, 0, 0, 0, 0, 1, 0), "l2p128": (0, 0, 1, 0, 0, 0, 0, 0, 128), "l2pnone": (0, 0, 1, 0, 0, 0, 0, 0, 1),
 }
 # op -> the variants compare runs by default
 VARIANTS = {
@@ -57,7 +60,8 @@ MOEX_DTYPE_BF16 = 1
 class Args(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
                 ("N", ctypes.c_int64), ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
-                ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int)]
+                ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int),
+                ("workspace", ctypes.c_void_p)]
 
 
 class WArgs(ctypes.Structure):
@@ -69,7 +73,7 @@ class WArgs(ctypes.Structure):
 class Tune(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
                 ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int),
-                ("band_rows", ctypes.c_int)]
+                ("band_rows", ctypes.c_int), ("stream_k", ctypes.c_int), ("l2_promotion", ctypes.c_int)]
 
 
 def bench(torch, fn, iters, warm=5):
@@ -98,6 +102,11 @@ def load_entries(lib_path):
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.POINTER(WArgs if op == "wgrad" else Args), ctypes.POINTER(Tune), ctypes.c_void_p,
                       ctypes.POINTER(ctypes.c_char_p)]
+    # the forward's and dgrad's workspace (stream-K); libraries before it have none
+    ws = getattr(lib, "moex_sm90_gemm_workspace_bytes", None)
+    if ws is not None:
+        ws.restype, ws.argtypes = ctypes.c_size_t, [ctypes.c_int]
+    entry["ws_bytes"] = (lambda: ws(0)) if ws is not None else (lambda: 0)
     return entry
 
 
@@ -108,6 +117,8 @@ class Problem:
     def __init__(self, torch, entry, op, G, T, K, N, kind, w):
         dev = "cuda"
         self.torch, self.op, self.entry = torch, op, entry[op]
+        nws = entry["ws_bytes"]()
+        self.ws = torch.empty(nws, device=dev, dtype=torch.uint8) if nws else None
         iw, ow = (K, N) if op == "fwd" else (N, K)
         self.x = torch.randn(T, iw, device=dev, dtype=torch.bfloat16)
         self.y = torch.empty(T, ow, device=dev, dtype=torch.bfloat16)
@@ -124,7 +135,7 @@ class Problem:
             wb = w.transpose(-2, -1) if op == "fwd" else w
             self.tfn = lambda: torch._grouped_mm(self.x, wb, offs=offs)
             self.args = Args(MOEX_DTYPE_BF16, G, T, K, N, self.x.data_ptr(), w.data_ptr(), self.y.data_ptr(),
-                             self.sd.data_ptr(), None, 0)
+                             self.sd.data_ptr(), None, 0, self.ws.data_ptr() if self.ws is not None else None)
 
     def run(self, tune):
         why = ctypes.c_char_p()

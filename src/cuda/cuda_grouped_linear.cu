@@ -25,7 +25,7 @@ static moex_status try_sm90(moex_context *ctx, const char *op, const moex_cuda_s
     *ran = false;
     if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
     /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
-    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0};
+    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
     if (!moex_sm90_epilogue_supported(ctx->device, &a, e)) return MOEX_OK;
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
@@ -164,16 +164,24 @@ moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-static size_t sched_layout(const moex_gl_dims *d, char *base, moex_cuda_sched *s) {
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c) {
+    if (!moex_cuda_st(ctx)->sm90) return NULL;
+    const size_t bytes = moex_sm90_gemm_workspace_bytes(ctx->device);
+    return bytes > 0 ? moex_cuda_take(c, bytes) : NULL;
+}
+
+/* The schedule; the forward's also the Hopper GEMM's stream-K workspace (gemm_ws). */
+static size_t sched_layout(moex_context *ctx, const moex_gl_dims *d, char *base, moex_cuda_sched *s, bool gemm_ws) {
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, s, d->G, d->T);
+    if (gemm_ws) s->gemm_ws = moex_cuda_gemm_ws_take(ctx, &c);
     return c.used;
 }
 
 extern "C" size_t moex_cuda_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a,
                                                       const moex_gl_dims *d) {
     moex_cuda_sched s;
-    return sched_layout(d, NULL, &s);
+    return sched_layout(ctx, d, NULL, &s, true);
 }
 
 static moex_status fwd_run(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d,
@@ -181,7 +189,7 @@ static moex_status fwd_run(moex_context *ctx, const moex_grouped_linear_args *a,
     const char *op = "moex_grouped_linear_forward";
     MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
-    sched_layout(d, (char *)ws, &s);
+    sched_layout(ctx, d, (char *)ws, &s, true);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_FORWARD, &s, (const int64_t *)a->splits.data, stream));
     return moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->K, d->N, a->x.data, &a->w, a->bias_mode, &a->bias,
                                 (const float *)a->probs.data, a->y.data, stream);
@@ -195,10 +203,11 @@ extern "C" moex_status moex_cuda_grouped_linear_forward(moex_context *ctx, const
 
 /* ---- backward data ------------------------------------------------------------------ */
 
-static size_t dgrad_layout(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, char *base,
-                           moex_cuda_sched *s, float **partial) {
+static size_t dgrad_layout(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                           char *base, moex_cuda_sched *s, float **partial) {
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, s, d->G, d->T);
+    if (moex_present(&a->dx)) s->gemm_ws = moex_cuda_gemm_ws_take(ctx, &c);
     *partial = NULL;
     if (moex_present(&a->dbias))
         *partial = (float *)moex_cuda_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));
@@ -210,7 +219,7 @@ extern "C" size_t moex_cuda_grouped_linear_backward_data_ws(moex_context *ctx,
                                                             const moex_gl_dims *d) {
     moex_cuda_sched s;
     float *p;
-    return dgrad_layout(a, d, NULL, &s, &p);
+    return dgrad_layout(ctx, a, d, NULL, &s, &p);
 }
 
 static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
@@ -219,7 +228,7 @@ static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_
     MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     float *partial;
-    dgrad_layout(a, d, (char *)ws, &s, &partial);
+    dgrad_layout(ctx, a, d, (char *)ws, &s, &partial);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_DGRAD, &s, (const int64_t *)a->splits.data, stream));
     const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
@@ -243,7 +252,7 @@ extern "C" size_t moex_cuda_grouped_linear_backward_weight_ws(moex_context *ctx,
                                                               const moex_grouped_linear_wgrad_args *a,
                                                               const moex_gl_dims *d) {
     moex_cuda_sched s;
-    return sched_layout(d, NULL, &s);
+    return sched_layout(ctx, d, NULL, &s, false);
 }
 
 static moex_status wgrad_run(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
@@ -251,7 +260,7 @@ static moex_status wgrad_run(moex_context *ctx, const moex_grouped_linear_wgrad_
     const char *op = "moex_grouped_linear_backward_weight";
     MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
-    sched_layout(d, (char *)ws, &s);
+    sched_layout(ctx, d, (char *)ws, &s, false);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_WGRAD, &s, (const int64_t *)a->splits.data, stream));
     return moex_cuda_linear_wgrad(ctx, op, &s, d->dt, d->K, d->N, a->x.data, a->dy.data, &a->dw, a->dw_mode,
                                   stream);

@@ -108,6 +108,8 @@ typedef struct moex_cuda_sched {
     int32_t *tiles;
     int64_t G, T;
     const int64_t *splits;      /* the device splits it was built from (NULL: one group) */
+    void *gemm_ws;              /* the Hopper forward's and dgrad's stream-K workspace
+                                   (moex_cuda_gemm_ws_take; NULL: none)                  */
 } moex_cuda_sched;
 
 static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
@@ -137,8 +139,12 @@ static inline moex_status moex_cuda_check_moe(moex_context *ctx, const char *op,
     return moex_cuda_check_grid(ctx, op, T * k, E);
 }
 
-/* Takes the schedule's arrays from the workspace. */
+/* Takes the schedule's arrays from the workspace (gemm_ws = NULL). */
 void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
+
+/* Takes the Hopper GEMMs' workspace (moex_sm90_gemm_workspace_bytes) when the context runs
+ * them, else nothing (NULL). */
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c);
 
 /* Fills s from device splits [G] (NULL: one group of all T rows) and records them in
  * s->splits; bad values set the context flag with op_id. One small launch. */

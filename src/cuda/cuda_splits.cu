@@ -78,6 +78,7 @@ void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, in
     s->tiles = (int32_t *)moex_cuda_take(c, (size_t)(G + 1) * sizeof(int32_t));
     s->G = G;
     s->T = T;
+    s->gemm_ws = NULL;
 }
 
 moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,

@@ -132,10 +132,22 @@ static inline bool sm90_device_ok(int device, const void *kernel) {
     }
     return fa.binaryVersion == 90 && sm90_encode_fn() != NULL;
 }
+/* The L2 promotion of the tensor maps: tune->l2_promotion (0: 256 bytes; 1: none; 64, 128
+ * or 256 bytes). */
+static inline CUtensorMapL2promotion sm90_l2_promotion(const moex_sm90_tuning *tune) {
+    switch (tune != NULL ? tune->l2_promotion : 0) {
+    case 1: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+    case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
+    case 128: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    default: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+    }
+}
+
 /* A 2-D or 3-D row-major bf16/f16/f32 tensor map: dims innermost first, box as given (its
- * inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the tensor. */
+ * inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the tensor, L2
+ * promotion `promo`. */
 static inline bool sm90_make_map(CUtensorMap *m, moex_dtype dt, const void *base, int rank, const cuuint64_t *dims,
-                          const cuuint32_t *box) {
+                                 const cuuint32_t *box, CUtensorMapL2promotion promo) {
     if (!sm90_aligned16(base)) return false;
     const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : 2;
     cuuint64_t strides[2];
@@ -147,7 +159,7 @@ static inline bool sm90_make_map(CUtensorMap *m, moex_dtype dt, const void *base
                                                             : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                   (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
                                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                                  promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS;
 }
 

@@ -150,6 +150,115 @@ static __device__ __forceinline__ int sm90_tile_coords(const sm90_cursor *c, int
     return 1;
 }
 
+/* The units of the launch (all groups), by a whole warp. */
+static __device__ __forceinline__ int64_t sm90_units_total(const int64_t *splits, int G, int64_t T, int64_t nt, int bm,
+                                                           int cm) {
+    int64_t row_base = 0, units = 0;
+    for (int g0 = 0; g0 < G; g0 += 32) {
+        int64_t s;
+        const int64_t ps = sm90_warp_split_scan(splits, g0, G, T, &s);
+        const int64_t row1 = row_base + ps < T ? row_base + ps : T;
+        const int64_t row0 = row_base + ps - s < T ? row_base + ps - s : T;
+        int64_t u = sm90_units((row1 - row0 + bm - 1) / bm, nt, cm);
+        for (int o = 16; o > 0; o >>= 1) u += __shfl_xor_sync(0xffffffffu, u, o);
+        units += u;
+        const int64_t all = __shfl_sync(0xffffffffu, ps, 31);
+        row_base = row_base + all < T ? row_base + all : T;
+    }
+    /* lane 0's value: the compiler then knows it is warp-uniform, and so is the k range of
+     * every piece of work (the consumers' k loop stays in uniform registers) */
+    return __shfl_sync(0xffffffffu, units, 0);
+}
+
+/* ---- stream-K over the last round ----------------------------------------------------
+ * Worker w (cluster blockIdx.x / CM of P = gridDim.x / CM) takes the units w, w + P, ...
+ * whole. When the U units leave a last round of r = U % P units, P - r workers would idle
+ * while it runs. With a workspace (and at least SM90_SK_MIN idle k steps per worker to win)
+ * the first D = U / P - 1 rounds stay whole and the last P + r units are cut along k into P
+ * consecutive ranges of (P + r) nk / P >= nk k steps, one per worker, in unit order. A unit
+ * is then split between at most two workers: w computes its k steps [0, kb) last in its
+ * range, w + 1 the rest [kb, nk) first in its own. w + 1 writes its f32 partial sums to its
+ * slot of the workspace and raises its flag; w, the unit's owner, waits for the flag, adds
+ * them and runs the epilogue. A CTA writes at most one partial per launch, the owner waits
+ * only on the next worker (no cycle), and the cut depends on the split values through U
+ * only (the same in every run: deterministic). */
+#define SM90_SK_MIN 4
+
+typedef struct sm90_work {
+    int64_t t;      /* unit */
+    int kb0, kb1;   /* its k steps done here: [kb0, kb1) */
+} sm90_work;
+
+typedef struct sm90_sched {
+    int64_t t, step, dp_end;   /* whole units t, t + step, ... below dp_end */
+    int64_t pos, pos_end;      /* this worker's stream-K range, in k steps from unit dp_end */
+    int nk;
+} sm90_sched;
+
+/* U: the units of the launch (sm90_units_total), read only when sk. */
+static __device__ __forceinline__ void sm90_sched_start(sm90_sched *s, bool sk, int64_t U, int nk, int cm) {
+    const int64_t P = gridDim.x / cm, w = blockIdx.x / cm, r = sk ? U % P : 0;
+    s->t = w;
+    s->step = P;
+    s->nk = nk;
+    s->dp_end = INT64_MAX;   /* every unit whole: the walk ends where the cursor does */
+    s->pos = s->pos_end = 0;
+    if (r != 0 && U > P && (P - r) * nk >= SM90_SK_MIN * P) {
+        s->dp_end = (U / P - 1) * P;
+        const int64_t steps = (U - s->dp_end) * nk;
+        s->pos = w * steps / P;
+        s->pos_end = (w + 1) * steps / P;
+    }
+}
+
+/* The next piece of work of this worker; false when there is none. */
+static __device__ __forceinline__ bool sm90_sched_next(sm90_sched *s, sm90_work *wk) {
+    if (s->t < s->dp_end) {
+        wk->t = s->t;
+        wk->kb0 = 0;
+        wk->kb1 = s->nk;
+        s->t += s->step;
+        return true;
+    }
+    if (s->pos >= s->pos_end) return false;
+    wk->t = s->dp_end + s->pos / s->nk;
+    wk->kb0 = (int)(s->pos % s->nk);
+    wk->kb1 = s->pos_end - s->pos < s->nk - wk->kb0 ? wk->kb0 + (int)(s->pos_end - s->pos) : s->nk;
+    s->pos += wk->kb1 - wk->kb0;
+    return true;
+}
+
+/* A stream-K partial of consumer warpgroup c: slot 2 blockIdx.x + c of the workspace holds
+ * [NA / 4][128 threads] float4 (thread tid's accumulators), flag[slot] says it is there. */
+template <int NA>
+static __device__ __forceinline__ void sm90_sk_put(const float (&acc)[NA], float4 *part, int *flag, int slot, int c,
+                                                   int tid) {
+    float4 *p = part + (size_t)slot * (NA / 4) * 128 + tid;
+#pragma unroll
+    for (int v = 0; v < NA / 4; v++)
+        __stcg(p + v * 128, make_float4(acc[4 * v], acc[4 * v + 1], acc[4 * v + 2], acc[4 * v + 3]));
+    sm90_named_barrier(1 + c, 128);   /* every thread's part written */
+    if (tid == 0) sm90_flag_release(flag + slot, 1);
+}
+
+/* acc += the partial in `slot` (written by sm90_sk_put of another CTA), once it is there. */
+template <int NA>
+static __device__ __forceinline__ void sm90_sk_add(float (&acc)[NA], const float4 *part, const int *flag, int slot,
+                                                   int c, int tid) {
+    if (tid == 0)
+        while (sm90_flag_acquire(flag + slot) == 0) __nanosleep(64);
+    sm90_named_barrier(1 + c, 128);
+    const float4 *p = part + (size_t)slot * (NA / 4) * 128 + tid;
+#pragma unroll
+    for (int v = 0; v < NA / 4; v++) {
+        const float4 q = __ldcg(p + v * 128);
+        acc[4 * v] += q.x;
+        acc[4 * v + 1] += q.y;
+        acc[4 * v + 2] += q.z;
+        acc[4 * v + 3] += q.w;
+    }
+}
+
 #endif /* MOEX_SM90_DEVICE */
 
 /* ---- the epilogue ------------------------------------------------------------------------
@@ -292,7 +401,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                         const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
                         const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
                         const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
-                        int band_r, int *bad_flag, int bad_value) {
+                        int band_r, int *bad_flag, int bad_value, float4 *sk_part, int *sk_flag) {
 #if MOEX_SM90_DEVICE
     constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
     constexpr int NA = NC / 2;                             /* its accumulators per thread   */
@@ -315,57 +424,63 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int64_t nt = EPI >= SM90_EPI_GLU_CONTIG ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;
     const int nk = (K + SM90_BK - 1) / SM90_BK;
     const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
-    const int64_t unit0 = blockIdx.x / CM, units_step = gridDim.x / CM;
+    const bool sk = sk_part != NULL;   /* stream-K over the last round (see sm90_sched) */
 
     if (wg == 0) {
         /* ---- producer ---- */
         sm90_setmaxnreg_dec<40>();
-        if (tid == 0) {
-            sm90_tma_prefetch_map(&tm_x);
-            sm90_tma_prefetch_map(!TB && (CM > 1 || EPI == SM90_EPI_GLU_CONTIG) ? &tm_wb : &tm_w);
-            sm90_cursor cur;
-            sm90_cursor_start(&cur);
-            uint32_t it = 0;
-            const uint16_t both = (uint16_t)((1u << CM) - 1u);
-            for (int64_t t = unit0; sm90_cursor_seek(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
-                int64_t m0;
-                int n0;
-                const int colpair = sm90_tile_coords(&cur, t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
-                for (int kb = 0; kb < nk; kb++, it++) {
-                    const int s = it % SM90_STAGES;
-                    uint16_t *b = sb + s * B_ELEMS;
-                    sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
-                    sm90_mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                    if (CM > 1 && colpair)   /* 64 of the shared input rows each, into both CTAs */
-                        sm90_tma_load_2d_multicast(sa + s * A_ELEMS + rank * 64 * SM90_BK, &tm_xh, &full[s],
-                                                   kb * SM90_BK, (int32_t)(m0 + 64 * rank), both);
-                    else
-                        sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
-                    if (TB) {
-                        /* four boxes of 64 output columns; a row pair loads two each, into both CTAs */
-                        const bool split = CM > 1 && !colpair;
-                        const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
-                        for (int j = j0; j < j1; j++) {
-                            if (split)
-                                sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64,
-                                                           kb * SM90_BK, cur.g, both);
-                            else
-                                sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK,
-                                                 cur.g);
-                        }
-                    } else if (EPI == SM90_EPI_GLU_CONTIG) {
-                        /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
+        if (tid < 32) {
+            const int64_t U = sk ? sm90_units_total(splits, G, T, nt, BM, CM) : 0;
+            if (tid == 0) {   /* the walk: one thread issues every load */
+                sm90_tma_prefetch_map(&tm_x);
+                sm90_tma_prefetch_map(!TB && (CM > 1 || EPI == SM90_EPI_GLU_CONTIG) ? &tm_wb : &tm_w);
+                sm90_cursor cur;
+                sm90_cursor_start(&cur);
+                sm90_sched sch;
+                sm90_sched_start(&sch, sk, U, nk, CM);
+                uint32_t it = 0;
+                const uint16_t both = (uint16_t)((1u << CM) - 1u);
+                sm90_work wk;
+                while (sm90_sched_next(&sch, &wk) && sm90_cursor_seek(&cur, wk.t, splits, G, T, nt, BM, CM)) {
+                    int64_t m0;
+                    int n0;
+                    const int colpair = sm90_tile_coords(&cur, wk.t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
+                    for (int kb = wk.kb0; kb < wk.kb1; kb++, it++) {
+                        const int s = it % SM90_STAGES;
+                        uint16_t *b = sb + s * B_ELEMS;
+                        sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
+                        sm90_mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
+                        if (CM > 1 && colpair)   /* 64 of the shared input rows each, into both CTAs */
+                            sm90_tma_load_2d_multicast(sa + s * A_ELEMS + rank * 64 * SM90_BK, &tm_xh, &full[s],
+                                                       kb * SM90_BK, (int32_t)(m0 + 64 * rank), both);
+                        else
+                            sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
+                        if (TB) {
+                            /* four boxes of 64 output columns; a row pair loads two each, into both CTAs */
+                            const bool split = CM > 1 && !colpair;
+                            const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
+                            for (int j = j0; j < j1; j++) {
+                                if (split)
+                                    sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64,
+                                                               kb * SM90_BK, cur.g, both);
+                                else
+                                    sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK,
+                                                     cur.g);
+                            }
+                        } else if (EPI == SM90_EPI_GLU_CONTIG) {
+                            /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
 #pragma unroll
-                        for (int i = 0; i < 4; i++) {
-                            const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
-                            sm90_tma_load_3d(b + i * 64 * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
-                                             h * epi.F + n0 / 2 + q * 64, cur.g);
+                            for (int i = 0; i < 4; i++) {
+                                const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
+                                sm90_tma_load_3d(b + i * 64 * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
+                                                 h * epi.F + n0 / 2 + q * 64, cur.g);
+                            }
+                        } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
+                            sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &tm_wb, &full[s],
+                                                       kb * SM90_BK, n0 + rank * (SM90_BN / 2), cur.g, both);
+                        } else {
+                            sm90_tma_load_3d(b, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
                         }
-                    } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
-                        sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
-                                                   n0 + rank * (SM90_BN / 2), cur.g, both);
-                    } else {
-                        sm90_tma_load_3d(b, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
                     }
                 }
             }
@@ -402,10 +517,14 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_desc_hold(da0);
         sm90_desc_hold(db0);
         const uint32_t b_step = TB ? 16 * 64 * 2 : 16 * 2;
-        for (int64_t t = unit0; sm90_cursor_seek_warp(&cur, t, splits, G, T, nt, BM, CM); t += units_step) {
+        sm90_sched sch;
+        sm90_sched_start(&sch, sk, sk ? sm90_units_total(splits, G, T, nt, BM, CM) : 0, nk, CM);
+        sm90_work wk;
+        while (sm90_sched_next(&sch, &wk) && sm90_cursor_seek_warp(&cur, wk.t, splits, G, T, nt, BM, CM)) {
+            const int kb0 = wk.kb0, steps = wk.kb1 - wk.kb0;
             int64_t m0;
             int n0;
-            sm90_tile_coords(&cur, t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
+            sm90_tile_coords(&cur, wk.t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
             const int64_t mr = m0 + a_row;             /* the block's first row */
             const int64_t ra = mr + rl, rb = ra + 8;
             const bool oka = ra < cur.row1, okb = rb < cur.row1;
@@ -422,16 +541,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
             const bool has_bias = EPI != SM90_EPI_PLAIN && epi.bias != NULL;
             uint8_t *stage = (uint8_t *)(sc + c * SM90_C_ELEMS);
-            for (int kb = 0; kb < nk; kb++, it++) {
+            for (int kq = 0; kq < steps; kq++, it++) {
                 const uint32_t s = it % SM90_STAGES;
                 sm90_mbar_wait(&full[s], (it / SM90_STAGES) & 1u);
                 sm90_wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < SM90_BK / 16; kk++)
                     sm90_mma<IS_F16, TB>(acc, sm90_desc_add(da0, s * A_ELEMS * 2 + kk * 16 * 2),
-                                         sm90_desc_add(db0, s * B_ELEMS * 2 + kk * b_step), (kb | kk) != 0);
+                                         sm90_desc_add(db0, s * B_ELEMS * 2 + kk * b_step), (kq | kk) != 0);
                 sm90_wgmma_commit();
-                if (has_bias && kb == 0) {
+                if (has_bias && kq == 0 && kb0 == 0) {   /* only the owner runs the epilogue */
                     if (tid == 0) sm90_bulk_wait_read<0>();   /* the last tile's stores read `stage` */
                     sm90_named_barrier(1 + c, 128);
                     const int lc = 2 * tid;
@@ -444,7 +563,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     }
                     sm90_cp_async_commit();
                 }
-                if (kb > 0) {
+                if (kq > 0) {
                     /* the previous stage's wgmmas are done: hand it back to the producer */
                     sm90_wgmma_wait<1>();
                     if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
@@ -452,6 +571,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
             sm90_wgmma_wait<0>();
             if (tid < CM) sm90_release_stage<CM>(&empty[(it - 1) % SM90_STAGES], tid);
+            if (kb0 > 0) {   /* the rest of a unit another worker owns: hand over the sums */
+                sm90_sk_put(acc, sk_part, sk_flag, 2 * blockIdx.x + c, c, tid);
+                continue;
+            }
+            if (kb0 + steps < nk)   /* the next worker's CTA of the same rank has the rest */
+                sm90_sk_add(acc, sk_part, sk_flag, 2 * (blockIdx.x + CM) + c, c, tid);
 
             /* ---- epilogue ---- */
             const int lc0 = 2 * (lane % 4);
@@ -557,7 +682,22 @@ extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (a->K > INT32_MAX / 2 || a->N > INT32_MAX / 2) return false;
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
     if (a->splits == NULL || ((uintptr_t)a->splits & 7u) != 0) return false;
+    if (a->workspace != NULL && !sm90_aligned16(a->workspace)) return false;
     return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0, 128, 0>);
+}
+
+/* Workspace: [2 flags per SM, 256-byte aligned][2 partials per SM, SM90_SK_SLOT bytes each]
+ * (a CTA per SM at most; its consumer c uses slot 2 blockIdx.x + c). */
+#define SM90_SK_SLOT ((size_t)128 * 128 * 4)   /* a consumer's 64 x 256 (or 64 x 128) f32 sums */
+static size_t sm90_sk_flag_bytes(int sms) { return ((size_t)2 * sms * sizeof(int) + 255) / 256 * 256; }
+
+extern "C" size_t moex_sm90_gemm_workspace_bytes(int device) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms < 1) {
+        cudaGetLastError();
+        return 0;
+    }
+    return sm90_sk_flag_bytes(sms) + (size_t)2 * sms * SM90_SK_SLOT;
 }
 
 /* The epilogue kind of e (SM90_EPI_*), or -1 when the kernels cannot run it. */
@@ -581,7 +721,7 @@ extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_ar
 }
 
 typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
-                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int);
+                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int, float4 *, int *);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
  * heights (TMA epilogue, no cluster); the plain forward and the dgrad (plain only) with both
@@ -634,6 +774,7 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const bool glu = epi >= SM90_EPI_GLU_CONTIG;
 
     CUtensorMap tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z;
+    const CUtensorMapL2promotion promo = sm90_l2_promotion(tune);
     const cuuint64_t xdims[2] = {(cuuint64_t)red, (cuuint64_t)a->T};
     const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm}, xhbox[2] = {SM90_BK, 64};
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
@@ -642,12 +783,12 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};
     const cuuint64_t zdims[2] = {(cuuint64_t)(a->N / 2), (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
-    if (!sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, xbox) ||
-        !sm90_make_map(&tm_xh, a->dtype, a->x, 2, xdims, xhbox) ||
-        !sm90_make_map(&tm_w, a->dtype, a->w, 3, wdims, wbox) ||
-        !sm90_make_map(&tm_wb, a->dtype, a->w, 3, wdims, wbbox) ||
-        !sm90_make_map(&tm_y, a->dtype, a->y, 2, ydims, ybox) ||
-        !sm90_make_map(&tm_z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox))
+    if (!sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, xbox, promo) ||
+        !sm90_make_map(&tm_xh, a->dtype, a->x, 2, xdims, xhbox, promo) ||
+        !sm90_make_map(&tm_w, a->dtype, a->w, 3, wdims, wbox, promo) ||
+        !sm90_make_map(&tm_wb, a->dtype, a->w, 3, wdims, wbbox, promo) ||
+        !sm90_make_map(&tm_y, a->dtype, a->y, 2, ydims, ybox, promo) ||
+        !sm90_make_map(&tm_z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox, promo))
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cuTensorMapEncodeTiled failed");
 
     sm90_epi ep;
@@ -705,8 +846,24 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int64_t max_units = ((row_tiles + cm - 1) / cm + a->G) * nt;
     cfg.gridDim = dim3((unsigned)((max_units < slots ? max_units : slots) * cm), 1, 1);
 
+    /* stream-K: the flags start at 0 (the partials need nothing) */
+    int *sk_flag = NULL;
+    float4 *sk_part = NULL;
+    if (a->workspace != NULL && (tune == NULL || tune->stream_k != 1)) {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+            SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaDeviceGetAttribute failed");
+        sk_flag = (int *)a->workspace;
+        sk_part = (float4 *)((char *)a->workspace + sm90_sk_flag_bytes(sms));
+        if (cudaMemsetAsync(sk_flag, 0, (size_t)2 * cfg.gridDim.x * sizeof(int), cfg.stream) != cudaSuccess) {
+            cudaGetLastError();
+            SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaMemsetAsync of the stream-K flags failed");
+        }
+    }
+
     if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
-                           a->T, (int)out_w, (int)red, band, band_r, a->bad_flag, a->bad_value) != cudaSuccess) {
+                           a->T, (int)out_w, (int)red, band, band_r, a->bad_flag, a->bad_value, sk_part,
+                           sk_flag) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
     }

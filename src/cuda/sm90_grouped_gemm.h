@@ -13,7 +13,8 @@
  * two wgmma consumer warpgroups), with 128x256x64 (or, for small groups, 64x256x64) tiles
  * in a 4-stage mbarrier ring; full output blocks leave through shared memory and TMA
  * stores, blocks that reach past the group's end (or past the output width) through masked
- * stores, so tail tiles never write past their group. The forward can fuse a bias, a
+ * stores, so tail tiles never write past their group. With a workspace, the last round of
+ * tiles is shared out along k (stream-K), so that no SM idles while a few finish. The forward can fuse a bias, a
  * probs-scaled bias, or the grouped MLP's scaled GLU into its epilogue
  * (moex_sm90_grouped_gemm_fwd_epi).
  *
@@ -50,7 +51,17 @@ typedef struct moex_sm90_gemm_args {
     int *bad_flag;              /* optional device int: set to bad_value (only if it is
                                    0) when a split is negative or the sum exceeds T      */
     int bad_value;
+    void *workspace;            /* optional device scratch of moex_sm90_gemm_workspace_bytes
+                                   bytes, 16-byte aligned, not shared with a launch that
+                                   may run at the same time: the last round of tiles is
+                                   split along k (stream-K, f32 partial sums through it);
+                                   NULL: every tile whole                               */
 } moex_sm90_gemm_args;
+
+/* The workspace the forward and the dgrad can use on `device` (stream-K partial sums for
+ * one tile per consumer warpgroup of every SM, and their flags); 0 when the device count
+ * of SMs cannot be read. */
+size_t moex_sm90_gemm_workspace_bytes(int device);
 
 /* Whether the forward and the dgrad can run these args on `device`: compute capability
  * exactly 9.0 with the sm_90a kernel in the binary, dtype bf16/f16, the shape limits above,
@@ -74,7 +85,10 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
  *   tile_rows     0: the heuristic of moex_sm90_tile_rows; 64 or 128;
  *   grid_used     out: the CTAs launched (0 when nothing was launched);
  *   band_rows     input rows per block of a band of the tile order (0: 2048; forward and
- *                 dgrad).
+ *                 dgrad);
+ *   stream_k      0: stream-K for the last round when a->workspace is given; 1: never;
+ *   l2_promotion  of the tensor maps: 0: 256 bytes; 1: none; 64, 128 or 256 bytes (all
+ *                 three products).
  * Same contract otherwise. */
 typedef struct moex_sm90_tuning {
     int grid;
@@ -84,6 +98,8 @@ typedef struct moex_sm90_tuning {
     int grid_used;              /* out */
     int tile_rows;
     int band_rows;
+    int stream_k;
+    int l2_promotion;
 } moex_sm90_tuning;
 
 /* The rows per tile the kernels use by default: 64 when the groups average under one

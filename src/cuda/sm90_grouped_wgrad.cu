@@ -414,14 +414,16 @@ extern "C" moex_status moex_sm90_grouped_gemm_wgrad_tuned(const moex_sm90_wgrad_
     const cuuint64_t dydims[2] = {(cuuint64_t)a->N, (cuuint64_t)a->T};
     const cuuint64_t xdims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->T};
     const cuuint32_t box[2] = {64, SM90W_BR};
-    if (!sm90_make_map(&tm_dy, a->dtype, a->dy, 2, dydims, box) || !sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, box))
+    const CUtensorMapL2promotion promo = sm90_l2_promotion(tune);
+    if (!sm90_make_map(&tm_dy, a->dtype, a->dy, 2, dydims, box, promo) ||
+        !sm90_make_map(&tm_x, a->dtype, a->x, 2, xdims, box, promo))
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped wgrad: cuTensorMapEncodeTiled failed");
     /* dW [G, N, K]; a shape the encoder refuses (a group over 2^40 bytes) keeps the register
      * epilogue, which needs no map */
     memset(&tm_dw, 0, sizeof tm_dw);
     const cuuint64_t dwdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
     const cuuint32_t dwbox[3] = {a->dw_dtype == MOEX_DTYPE_F32 ? 32u : 64u, 64u, 1u};
-    if (epi_tma && !sm90_make_map(&tm_dw, a->dw_dtype, a->dw, 3, dwdims, dwbox)) epi_tma = false;
+    if (epi_tma && !sm90_make_map(&tm_dw, a->dw_dtype, a->dw, 3, dwdims, dwbox, promo)) epi_tma = false;
 
     const sm90w_kernel_fn fn = sm90w_pick(a->dtype == MOEX_DTYPE_F16, epi_tma, cm);
     if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize,

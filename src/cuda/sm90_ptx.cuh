@@ -342,6 +342,18 @@ static __device__ __forceinline__ void sm90_tma_load_2d_multicast(void *dst, con
         : "memory");
 }
 
+/* A flag between CTAs of one grid (stream-K): the release store orders the writes the
+ * storing thread has seen (its CTA's, after a barrier) before it; the acquire load orders
+ * the reads after it (its CTA's, after a barrier). */
+static __device__ __forceinline__ void sm90_flag_release(int *flag, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;" ::"l"(flag), "r"(v) : "memory");
+}
+static __device__ __forceinline__ int sm90_flag_acquire(const int *flag) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(flag) : "memory");
+    return v;
+}
+
 #endif /* MOEX_SM90_DEVICE */
 
 #endif /* MOEX_SM90_PTX_CUH */

@@ -13,6 +13,9 @@
  * (including GUARD rows past T); rows past the groups' end must come back untouched. One
  * GLU launch is captured in a CUDA graph and replayed after the split values changed, and
  * epilogues the kernels cannot run are refused (MOEX_ERR_UNSUPPORTED, nothing written).
+ * Every launch gets a workspace full of garbage; the cases with a grid of 7 CTAs leave a
+ * last round that runs stream-K (k-split f32 partials before the epilogue), and the test
+ * fails if none of them did.
  * Exits 77 (skipped) where the Hopper kernels cannot run.
  */
 #include <cuda_runtime.h>
@@ -49,7 +52,12 @@ typedef struct ecase {
     int64_t G, T, K, N;               /* GLU: N = 2F; dgrad: y [T, K] = x [T, N] W_g    */
     const int64_t *splits;
     int tile_rows;
+    int grid;                         /* CTAs (0: one per SM)                            */
 } ecase;
+
+static void *g_ws;                    /* the forward's workspace (stream-K)              */
+static size_t g_ws_bytes;
+static long g_sk_pieces;              /* stream-K partials handed over, over all cases    */
 
 static void *dev_copy(const void *h, size_t bytes) {
     void *d = NULL;
@@ -108,7 +116,8 @@ static void run_case(tu_rng *r, const ecase *c) {
     int64_t *ds = dev_copy(c->splits, (size_t)G * 8);
     void *dy = dev_poisoned(T + GUARD, out_w), *dz = glu ? dev_poisoned(T + GUARD, F) : NULL;
 
-    moex_sm90_gemm_args a = {dt, G, T, K, N, dx, dw, dy, ds, NULL, 0};
+    moex_sm90_gemm_args a = {dt, G, T, K, N, dx, dw, dy, ds, NULL, 0, g_ws};
+    CK(cudaMemset(g_ws, 0x5A, g_ws_bytes));   /* garbage: flags nonzero, partials huge */
     moex_glu_params gp = moex_glu_params_default(c->glu_kind);
     gp.layout = c->layout;
     moex_sm90_epilogue e;
@@ -127,11 +136,17 @@ static void run_case(tu_rng *r, const ecase *c) {
     memset(&tune, 0, sizeof tune);
     tune.epilogue_tma = 1;
     tune.tile_rows = c->tile_rows;
+    tune.grid = c->grid;
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(&a, &tune, NULL, &why)
                            : moex_sm90_grouped_gemm_fwd_epi(&a, &e, &tune, NULL, &why);
     CK(cudaDeviceSynchronize());
     CHECK_MSG(st == MOEX_OK, "%s: status %d (%s)", what, (int)st, why);
+    int flags[2 * 1024], pieces = 0;   /* the workspace's first 2 ints per CTA: stream-K flags */
+    const int nflags = 2 * tune.grid_used < 2 * 1024 ? 2 * tune.grid_used : 2 * 1024;
+    CK(cudaMemcpy(flags, g_ws, (size_t)nflags * sizeof(int), cudaMemcpyDeviceToHost));
+    for (int i = 0; i < nflags; i++) pieces += flags[i] == 1;
+    g_sk_pieces += pieces;
 
     /* the reference product (y, or h for the GLU; dgrad through the transposed weight) */
     double *yref = tu_doubles(T * out_w), *ybnd = tu_doubles(T * out_w);
@@ -161,6 +176,7 @@ static void run_case(tu_rng *r, const ecase *c) {
     }
     printf("%-4s %-80s rows=%-5lld worst/tol %.3f", tu_failures() > failures0 ? "FAIL" : "ok", what, (long long)rows, worst);
     if (glu) printf(" z worst/tol %.3f", zworst);
+    if (pieces) printf(" stream-K partials %d", pieces);
     printf("\n");
 
     CK(cudaFree(dx));
@@ -296,6 +312,9 @@ int main(void) {
         printf("no Hopper (sm_90a) GPU: skipped\n");
         return 77;
     }
+    g_ws_bytes = moex_sm90_gemm_workspace_bytes(0);
+    CHECK_MSG(g_ws_bytes > 0, "moex_sm90_gemm_workspace_bytes is 0");
+    CK(cudaMalloc(&g_ws, g_ws_bytes ? g_ws_bytes : 16));
     tu_rng r = tu_rng_seed(7);
     static const int64_t s_awk[6] = {0, 1, 63, 64, 65, 129};        /* T = 322 + 11 tail rows */
     static const int64_t s_one[1] = {300};
@@ -330,9 +349,21 @@ int main(void) {
             }
             run_case(&r, &(ecase){E_GLU, dt, dt, 1, 1, MOEX_GLU_CLAMPED_SWIGLU, MOEX_GLU_CONTIGUOUS, 6, 333, 136,
                                   2 * 200, s_awk, tr});
+            /* 7 CTAs and 16 k steps: the last round runs stream-K (its partials added before
+             * each epilogue) */
+            run_case(&r, &(ecase){E_PLAIN, dt, dt, 0, 0, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
+            run_case(&r, &(ecase){E_BIAS, dt, MOEX_DTYPE_F32, 1, 0, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
+            run_case(&r, &(ecase){E_SBIAS, dt, dt, 1, 1, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
+            for (int l = 0; l < 2; l++)
+                run_case(&r, &(ecase){E_GLU, dt, dt, 1, 1, MOEX_GLU_SWIGLU,
+                                      l ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS, 6, 333, 1000, 2 * 224, s_awk,
+                                      tr, 7});
         }
         graph_case(&r, dt);
     }
     refusal_cases();
+    CHECK_MSG(g_sk_pieces > 0, "the 7-CTA cases never ran stream-K");
+    printf("stream-K partials over all cases: %ld\n", g_sk_pieces);
+    CK(cudaFree(g_ws));
     return tu_finish();
 }

@@ -7,11 +7,14 @@
  * the last group, checks every written element against the reference with a tolerance
  * from the dtype and K, checks that every row past the groups' end is untouched bitwise,
  * and runs twice for bitwise determinism. One case captures the launch in a CUDA graph and
- * replays it after the split values changed. The weight gradient dW_g = dy_g^T x_g has its
+ * replays it after the split values changed. Every forward and dgrad call gets a workspace
+ * full of garbage: with a small grid (argv) the last round runs stream-K, and the f32
+ * partials and flags must come out right whatever the workspace held. The weight gradient dW_g = dy_g^T x_g has its
  * own section (run_wgrad_cases: f32 =, input-dtype =, f32 +=; NaN rows past the groups in
  * dy and x; graph replay; determinism). Exits 77 (skipped) where the sm90 kernel
  * cannot run (no GPU, not compute capability 9.0).
  *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)] [tile_rows (0)] [band_rows (0)] [band (0)]
+ *                  [grid (0)] [stream_k (0)]
  *   (the forward and dgrad variant: moex_sm90_tuning; 0 = default)
  */
 #include <cuda_runtime.h>
@@ -29,6 +32,10 @@
 
 static int g_failures;
 static moex_sm90_tuning g_tune;   /* the forward and dgrad variant under test (argv) */
+static void *g_ws;                /* the forward's and dgrad's workspace */
+static size_t g_ws_bytes;
+static int g_grid_used;           /* of the last call */
+static long g_sk_pieces;          /* stream-K partials handed over, over all cases */
 
 #define CK(call)                                                                             \
     do {                                                                                     \
@@ -127,7 +134,10 @@ static void check_output(const tcase *c, const char *what, const uint16_t *hx, c
 
 static moex_status sm90_call(const tcase *c, const moex_sm90_gemm_args *a, moex_stream s, const char **why) {
     moex_sm90_tuning t = g_tune;
-    return c->dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(a, &t, s, why) : moex_sm90_grouped_gemm_fwd_tuned(a, &t, s, why);
+    moex_status st = c->dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(a, &t, s, why)
+                              : moex_sm90_grouped_gemm_fwd_tuned(a, &t, s, why);
+    g_grid_used = t.grid_used;
+    return st;
 }
 
 /* 256 small groups of 0..20 rows (every 7th empty) and, for a graph replay, other values
@@ -160,6 +170,7 @@ static moex_sm90_gemm_args make_args(const tcase *c, dev_bufs *d) {
     a.splits = d->splits;
     a.bad_flag = d->flag;
     a.bad_value = 0x35;
+    a.workspace = g_ws;
     return a;
 }
 
@@ -185,6 +196,7 @@ static void run_case(tcase *c, int64_t *graph_splits) {
     CK(cudaMemcpy(d.w, hw, we * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d.splits, c->splits, (size_t)c->G * 8, cudaMemcpyHostToDevice));
     CK(cudaMemset(d.flag, 0, sizeof(int)));
+    CK(cudaMemset(g_ws, 0x5A, g_ws_bytes));   /* garbage: flags nonzero, partials huge */
     poison_y(c, &d);
 
     moex_sm90_gemm_args a = make_args(c, &d);
@@ -198,6 +210,23 @@ static void run_case(tcase *c, int64_t *graph_splits) {
     }
     CK(cudaMemcpy(hy, d.y, ye * 2, cudaMemcpyDeviceToHost));
     check_output(c, "run1", hx, hw, hy, off);
+    if (g_tune.stream_k != 1) {
+        /* the workspace starts with 2 stream-K flags per CTA: 1 where a partial was handed over */
+        int flags[2 * 1024];
+        const int n = 2 * g_grid_used < 2 * 1024 ? 2 * g_grid_used : 2 * 1024;
+        CK(cudaMemcpy(flags, g_ws, (size_t)n * sizeof(int), cudaMemcpyDeviceToHost));
+        int pieces = 0, odd = 0;
+        for (int i = 0; i < n; i++) {
+            pieces += flags[i] == 1;
+            odd += flags[i] != 0 && flags[i] != 1;
+        }
+        g_sk_pieces += pieces;
+        if (odd) {
+            printf("FAIL %s: %d stream-K flags neither 0 nor 1 after the run\n", c->name, odd);
+            g_failures++;
+        }
+        if (pieces) printf("     stream-K: %d partials over %d CTAs\n", pieces, g_grid_used);
+    }
 
     int flag = 0;
     CK(cudaMemcpy(&flag, d.flag, sizeof(int), cudaMemcpyDeviceToHost));
@@ -646,8 +675,11 @@ int main(int argc, char **argv) {
     g_tune.tile_rows = argc > 3 ? atoi(argv[3]) : 0;
     g_tune.band_rows = argc > 4 ? atoi(argv[4]) : 0;
     g_tune.band = argc > 5 ? atoi(argv[5]) : 0;
-    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d band_rows=%d band=%d\n", g_tune.epilogue_tma,
-           g_tune.cluster, g_tune.tile_rows, g_tune.band_rows, g_tune.band);
+    g_tune.grid = argc > 6 ? atoi(argv[6]) : 0;
+    g_tune.stream_k = argc > 7 ? atoi(argv[7]) : 0;
+    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d band_rows=%d band=%d grid=%d stream_k=%d\n",
+           g_tune.epilogue_tma, g_tune.cluster, g_tune.tile_rows, g_tune.band_rows, g_tune.band, g_tune.grid,
+           g_tune.stream_k);
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
@@ -687,6 +719,12 @@ int main(int argc, char **argv) {
             return 77;
         }
     }
+    g_ws_bytes = moex_sm90_gemm_workspace_bytes(dev);
+    if (g_ws_bytes == 0) {
+        printf("FAIL: moex_sm90_gemm_workspace_bytes is 0\n");
+        return 1;
+    }
+    CK(cudaMalloc(&g_ws, g_ws_bytes));
 
     for (g_dgrad = 0; g_dgrad < 2; g_dgrad++) {
         const int64_t awk[6] = {0, 1, 63, 64, 65, 129};
@@ -717,12 +755,24 @@ int main(int argc, char **argv) {
         const int64_t big[2] = {1100, 300};
         run("row blocks", MOEX_DTYPE_BF16, 2, 1400, 64, 1288, big, NULL);
 
+        /* enough tiles and k steps that a small grid (argv) cuts the last round along k, with
+         * tails in rows, columns and k; replayed from a graph with other split values */
+        const int64_t cut[5] = {300, 0, 129, 64, 450}, cut_graph[5] = {0, 700, 1, 65, 200};
+        run("k-split last round", MOEX_DTYPE_BF16, 5, 1000, 520, 776, cut, cut_graph);
+
         const int64_t tiny[2] = {5, 3};
         run("K=N=8", MOEX_DTYPE_BF16, 2, 8, 8, 8, tiny, NULL);
 
         const int64_t neg[3] = {100, -5, 300};
         run("bad splits (neg, sum>T)", MOEX_DTYPE_BF16, 3, 350, 96, 136, neg, NULL);
     }
+
+    /* a small grid leaves a last round on most cases above: stream-K must have run */
+    if (g_tune.grid > 0 && g_tune.stream_k == 0 && g_sk_pieces == 0) {
+        printf("FAIL: a grid of %d and a workspace, but stream-K never ran\n", g_tune.grid);
+        g_failures++;
+    }
+    printf("stream-K partials over all forward and dgrad cases: %ld\n", g_sk_pieces);
 
     run_wgrad_cases();
 
