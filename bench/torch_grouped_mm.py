@@ -43,7 +43,7 @@ TUNES = {
     "alongn": (0, 1 << 20, 1, 0, 0, 0, 1), "alongm": (0, 1, 1, 0, 0, 0, 1 << 20),
     "b4all": (0, 4, 1, 0, 0, 0, 1 << 20), "b16r1k": (0, 16, 1, 0, 0, 0, 1024), "b2all": (0, 2, 1, 0, 0, 0, 1 << 20),
     # without stream-K for the last round (forward, dgrad); tensor maps with 128-byte or no L2 promotion
-    "nosk": (0, 0, 1, 0, 0, 0, 0, 1, 0), "l2p128": (0, 0, 1, 0, 0, 0, 0, 0, 128), "l2pnone": (0, 0, 1, 0, 0, 0, 0, 0, 1),
+    "nosk": (0, 0, 1, 0, 0, 0, 0, 1, 0), "sk": (0, 0, 1, 0, 0, 0, 0, 2, 0), "l2p128": (0, 0, 1, 0, 0, 0, 0, 0, 128), "l2pnone": (0, 0, 1, 0, 0, 0, 0, 0, 1),
 }
 # op -> the variants compare runs by default
 VARIANTS = {

@@ -46,6 +46,15 @@ static size_t sm90_smem_bytes(int bm) {
     return (size_t)SM90_STAGES * (bm + SM90_BN) * SM90_BK * 2 + 2 * SM90_C_ELEMS * 2 + 2 * SM90_STAGES * 8 + 1024;
 }
 
+/* Stream-K (sm90_sched below): whether the last round of U units on P workers is worth
+ * cutting along k: at least sk_min k steps saved per worker (the partials' round trip
+ * through L2 costs about 10; measured, SM90_SK_MIN = 40 is where it starts to pay). */
+#define SM90_SK_MIN 40
+static __host__ __device__ __forceinline__ bool sm90_sk_worth(int64_t U, int64_t P, int nk, int sk_min) {
+    const int64_t r = U % P;
+    return r != 0 && U > P && (P - r) * nk >= (int64_t)sk_min * P;
+}
+
 /* ---- the device-side group schedule ------------------------------------------------- */
 
 #if MOEX_SM90_DEVICE
@@ -173,7 +182,7 @@ static __device__ __forceinline__ int64_t sm90_units_total(const int64_t *splits
 /* ---- stream-K over the last round ----------------------------------------------------
  * Worker w (cluster blockIdx.x / CM of P = gridDim.x / CM) takes the units w, w + P, ...
  * whole. When the U units leave a last round of r = U % P units, P - r workers would idle
- * while it runs. With a workspace (and at least SM90_SK_MIN idle k steps per worker to win)
+ * while it runs. With a workspace (and at least sk_min idle k steps per worker to win)
  * the first D = U / P - 1 rounds stay whole and the last P + r units are cut along k into P
  * consecutive ranges of (P + r) nk / P >= nk k steps, one per worker, in unit order. A unit
  * is then split between at most two workers: w computes its k steps [0, kb) last in its
@@ -182,8 +191,6 @@ static __device__ __forceinline__ int64_t sm90_units_total(const int64_t *splits
  * them and runs the epilogue. A CTA writes at most one partial per launch, the owner waits
  * only on the next worker (no cycle), and the cut depends on the split values through U
  * only (the same in every run: deterministic). */
-#define SM90_SK_MIN 4
-
 typedef struct sm90_work {
     int64_t t;      /* unit */
     int kb0, kb1;   /* its k steps done here: [kb0, kb1) */
@@ -196,14 +203,15 @@ typedef struct sm90_sched {
 } sm90_sched;
 
 /* U: the units of the launch (sm90_units_total), read only when sk. */
-static __device__ __forceinline__ void sm90_sched_start(sm90_sched *s, bool sk, int64_t U, int nk, int cm) {
-    const int64_t P = gridDim.x / cm, w = blockIdx.x / cm, r = sk ? U % P : 0;
+static __device__ __forceinline__ void sm90_sched_start(sm90_sched *s, bool sk, int64_t U, int nk, int cm,
+                                                        int sk_min) {
+    const int64_t P = gridDim.x / cm, w = blockIdx.x / cm;
     s->t = w;
     s->step = P;
     s->nk = nk;
     s->dp_end = INT64_MAX;   /* every unit whole: the walk ends where the cursor does */
     s->pos = s->pos_end = 0;
-    if (r != 0 && U > P && (P - r) * nk >= SM90_SK_MIN * P) {
+    if (sk && sm90_sk_worth(U, P, nk, sk_min)) {
         s->dp_end = (U / P - 1) * P;
         const int64_t steps = (U - s->dp_end) * nk;
         s->pos = w * steps / P;
@@ -394,14 +402,14 @@ static __device__ __forceinline__ void sm90_mma(float (&d)[64], uint64_t da, uin
  * tm_wb is the second weight map (not TB): the half-tile box for CM = 2, the 64-row box for
  * the CONTIGUOUS GLU.
  * In the kernel, N is the output width and K the reduction length. */
-template <int IS_F16, int EPI_TMA, int CM, int TB, int BM, int EPI>
+template <int IS_F16, int EPI_TMA, int CM, int TB, int BM, int EPI, int SK>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_grouped_kernel(const __grid_constant__ CUtensorMap tm_x, const __grid_constant__ CUtensorMap tm_xh,
                         const __grid_constant__ CUtensorMap tm_w,
                         const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
                         const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
                         const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
-                        int band_r, int *bad_flag, int bad_value, float4 *sk_part, int *sk_flag) {
+                        int band_r, int *bad_flag, int bad_value, float4 *sk_part, int *sk_flag, int sk_min) {
 #if MOEX_SM90_DEVICE
     constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
     constexpr int NA = NC / 2;                             /* its accumulators per thread   */
@@ -424,7 +432,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     const int64_t nt = EPI >= SM90_EPI_GLU_CONTIG ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;
     const int nk = (K + SM90_BK - 1) / SM90_BK;
     const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
-    const bool sk = sk_part != NULL;   /* stream-K over the last round (see sm90_sched) */
+    const bool sk = SK && sk_part != NULL;   /* stream-K over the last round (see sm90_sched) */
 
     if (wg == 0) {
         /* ---- producer ---- */
@@ -437,7 +445,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 sm90_cursor cur;
                 sm90_cursor_start(&cur);
                 sm90_sched sch;
-                sm90_sched_start(&sch, sk, U, nk, CM);
+                sm90_sched_start(&sch, sk, U, nk, CM, sk_min);
                 uint32_t it = 0;
                 const uint16_t both = (uint16_t)((1u << CM) - 1u);
                 sm90_work wk;
@@ -518,7 +526,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_desc_hold(db0);
         const uint32_t b_step = TB ? 16 * 64 * 2 : 16 * 2;
         sm90_sched sch;
-        sm90_sched_start(&sch, sk, sk ? sm90_units_total(splits, G, T, nt, BM, CM) : 0, nk, CM);
+        sm90_sched_start(&sch, sk, sk ? sm90_units_total(splits, G, T, nt, BM, CM) : 0, nk, CM, sk_min);
         sm90_work wk;
         while (sm90_sched_next(&sch, &wk) && sm90_cursor_seek_warp(&cur, wk.t, splits, G, T, nt, BM, CM)) {
             const int kb0 = wk.kb0, steps = wk.kb1 - wk.kb0;
@@ -683,7 +691,7 @@ extern "C" bool moex_sm90_supported(int device, const moex_sm90_gemm_args *a) {
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
     if (a->splits == NULL || ((uintptr_t)a->splits & 7u) != 0) return false;
     if (a->workspace != NULL && !sm90_aligned16(a->workspace)) return false;
-    return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0, 128, 0>);
+    return sm90_device_ok(device, (const void *)sm90_grouped_kernel<0, 1, 1, 0, 128, 0, 0>);
 }
 
 /* Workspace: [2 flags per SM, 256-byte aligned][2 partials per SM, SM90_SK_SLOT bytes each]
@@ -721,29 +729,31 @@ extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_ar
 }
 
 typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
-                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int, float4 *, int *);
+                               sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int, float4 *, int *,
+                               int);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
  * heights (TMA epilogue, no cluster); the plain forward and the dgrad (plain only) with both
  * tile heights, at 128 rows also with 2-CTA clusters (their default) and with the register
  * epilogue. */
-template <int F16> static sm90_kernel_fn sm90_pick_t(int epi, int bm, int cm, bool epi_tma, bool dgrad) {
+template <int F16, int SK> static sm90_kernel_fn sm90_pick_t(int epi, int bm, int cm, bool epi_tma, bool dgrad) {
     if (dgrad) {
-        if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 1, 64, 0>;
-        if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 1, 128, 0>;
-        return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 1, 128, 0> : sm90_grouped_kernel<F16, 0, 1, 1, 128, 0>;
+        if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 1, 64, 0, SK>;
+        if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 1, 128, 0, SK>;
+        return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 1, 128, 0, SK> : sm90_grouped_kernel<F16, 0, 1, 1, 128, 0, SK>;
     }
     switch (epi) {
-    case SM90_EPI_BIAS: return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 1> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 1>;
+    case SM90_EPI_BIAS:
+        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 1, SK> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 1, SK>;
     case SM90_EPI_GLU_CONTIG:
-        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 2> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 2>;
+        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 2, SK> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 2, SK>;
     case SM90_EPI_GLU_INTERLEAVED:
-        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 3> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 3>;
+        return bm == 64 ? sm90_grouped_kernel<F16, 1, 1, 0, 64, 3, SK> : sm90_grouped_kernel<F16, 1, 1, 0, 128, 3, SK>;
     default: break;
     }
-    if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 0, 64, 0>;
-    if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 0, 128, 0>;
-    return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 0, 128, 0> : sm90_grouped_kernel<F16, 0, 1, 0, 128, 0>;
+    if (bm == 64) return sm90_grouped_kernel<F16, 1, 1, 0, 64, 0, SK>;
+    if (cm > 1) return sm90_grouped_kernel<F16, 1, 2, 0, 128, 0, SK>;
+    return epi_tma ? sm90_grouped_kernel<F16, 1, 1, 0, 128, 0, SK> : sm90_grouped_kernel<F16, 0, 1, 0, 128, 0, SK>;
 }
 
 /* The forward (dgrad = 0: y = x W_g^T, with the epilogue e) or the data gradient (dgrad = 1:
@@ -805,11 +815,10 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
         }
     }
 
-    const sm90_kernel_fn fn = a->dtype == MOEX_DTYPE_F16 ? sm90_pick_t<1>(epi, bm, cm, epi_tma, dgrad != 0)
-                                                         : sm90_pick_t<0>(epi, bm, cm, epi_tma, dgrad != 0);
+    /* the kernel without stream-K (the one with it has the same resources) */
+    sm90_kernel_fn fn = a->dtype == MOEX_DTYPE_F16 ? sm90_pick_t<1, 0>(epi, bm, cm, epi_tma, dgrad != 0)
+                                                   : sm90_pick_t<0, 0>(epi, bm, cm, epi_tma, dgrad != 0);
     const size_t smem = sm90_smem_bytes(bm);
-    if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
-        SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaFuncSetAttribute failed");
 
     cudaLaunchConfig_t cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -833,7 +842,9 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
         slots = cached.load(std::memory_order_relaxed);
         if (slots < 1) {
             cfg.gridDim = dim3(2 * 66, 1, 1);
-            if (cudaOccupancyMaxActiveClusters(&slots, (const void *)fn, &cfg) != cudaSuccess || slots < 1)
+            if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+                    cudaSuccess ||
+                cudaOccupancyMaxActiveClusters(&slots, (const void *)fn, &cfg) != cudaSuccess || slots < 1)
                 SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaOccupancyMaxActiveClusters failed");
             cached.store(slots, std::memory_order_relaxed);
         }
@@ -846,10 +857,22 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
     const int64_t max_units = ((row_tiles + cm - 1) / cm + a->G) * nt;
     cfg.gridDim = dim3((unsigned)((max_units < slots ? max_units : slots) * cm), 1, 1);
 
-    /* stream-K: the flags start at 0 (the partials need nothing) */
+    /* Stream-K (sm90_sched) with a workspace where the shapes say it pays: the units of
+     * groups of T / G rows each leave a last round worth cutting (the kernel decides again
+     * from the actual split values; from the shapes only, the kernel with it has a slower k
+     * loop: its k ranges are not compile-time uniform). stream_k = 2 (tests): whenever there
+     * is a last round. The flags start at 0; the partials need nothing. */
+    const int sk_mode = tune != NULL ? tune->stream_k : 0;
+    const int sk_min = sk_mode == 2 ? 0 : SM90_SK_MIN;
+    const int64_t tile_rows_g = (a->T / a->G + bm - 1) / bm, P = cfg.gridDim.x / cm;
+    const int64_t units_est =
+        a->G * (cm == 1 ? tile_rows_g * nt : (tile_rows_g / 2) * nt + (tile_rows_g % 2) * ((nt + 1) / 2));
     int *sk_flag = NULL;
     float4 *sk_part = NULL;
-    if (a->workspace != NULL && (tune == NULL || tune->stream_k != 1)) {
+    if (a->workspace != NULL && sk_mode != 1 &&
+        (sk_mode == 2 || sm90_sk_worth(units_est, P, (int)((red + SM90_BK - 1) / SM90_BK), sk_min))) {
+        fn = a->dtype == MOEX_DTYPE_F16 ? sm90_pick_t<1, 1>(epi, bm, cm, epi_tma, dgrad != 0)
+                                        : sm90_pick_t<0, 1>(epi, bm, cm, epi_tma, dgrad != 0);
         int sms = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaDeviceGetAttribute failed");
@@ -860,10 +883,12 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaMemsetAsync of the stream-K flags failed");
         }
     }
+    if (cudaFuncSetAttribute((const void *)fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess)
+        SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaFuncSetAttribute failed");
 
     if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
                            a->T, (int)out_w, (int)red, band, band_r, a->bad_flag, a->bad_value, sk_part,
-                           sk_flag) != cudaSuccess) {
+                           sk_flag, sk_min) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
     }

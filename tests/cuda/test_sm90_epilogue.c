@@ -14,8 +14,8 @@
  * GLU launch is captured in a CUDA graph and replayed after the split values changed, and
  * epilogues the kernels cannot run are refused (MOEX_ERR_UNSUPPORTED, nothing written).
  * Every launch gets a workspace full of garbage; the cases with a grid of 7 CTAs leave a
- * last round that runs stream-K (k-split f32 partials before the epilogue), and the test
- * fails if none of them did.
+ * last round that runs stream-K, forced (k-split f32 partials added before the epilogue),
+ * and the test fails if none of them did.
  * Exits 77 (skipped) where the Hopper kernels cannot run.
  */
 #include <cuda_runtime.h>
@@ -137,6 +137,7 @@ static void run_case(tu_rng *r, const ecase *c) {
     tune.epilogue_tma = 1;
     tune.tile_rows = c->tile_rows;
     tune.grid = c->grid;
+    tune.stream_k = c->grid > 0 ? 2 : 0;   /* forced: whenever a last round is left */
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(&a, &tune, NULL, &why)
                            : moex_sm90_grouped_gemm_fwd_epi(&a, &e, &tune, NULL, &why);
