@@ -86,10 +86,10 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
  *   grid_used     out: the CTAs launched (0 when nothing was launched);
  *   band_rows     input rows per block of a band of the tile order (0: 2048; forward and
  *                 dgrad);
- *   stream_k      0: stream-K for the last round when a->workspace is given and the shapes
- *                 say it pays (groups of T / G rows leave a last round with at least 40
- *                 k steps to save per CTA); 1: never; 2: whenever a last round is left
- *                 (tests);
+ *   stream_k      0: stream-K for the forward's last round when a->workspace is given and
+ *                 the shapes say it pays (groups of T / G rows leave a last round with at
+ *                 least 40 k steps to save per CTA); 1: never; 2: whenever a last round
+ *                 is left, forward and dgrad (tests);
  *   l2_promotion  of the tensor maps: 0: 256 bytes; 1: none; 64, 128 or 256 bytes (all
  *                 three products).
  * Same contract otherwise. */

@@ -144,7 +144,7 @@ static void run_case(tu_rng *r, const ecase *c) {
     CK(cudaDeviceSynchronize());
     CHECK_MSG(st == MOEX_OK, "%s: status %d (%s)", what, (int)st, why);
     int flags[2 * 1024], pieces = 0;   /* the workspace's first 2 ints per CTA: stream-K flags */
-    const int nflags = 2 * tune.grid_used < 2 * 1024 ? 2 * tune.grid_used : 2 * 1024;
+    const int nflags = tune.stream_k != 2 ? 0 : 2 * tune.grid_used < 2 * 1024 ? 2 * tune.grid_used : 2 * 1024;
     CK(cudaMemcpy(flags, g_ws, (size_t)nflags * sizeof(int), cudaMemcpyDeviceToHost));
     for (int i = 0; i < nflags; i++) pieces += flags[i] == 1;
     g_sk_pieces += pieces;
