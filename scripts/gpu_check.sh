@@ -51,21 +51,27 @@ fi
 if has sanitize; then
     t0=$SECONDS
     : > "$OUT/sanitize.log"
-    san_one() {   # tool test -> one block of log, one summary line
+    san_one() {   # tool test [args] -> one block of log, one summary line
         local tool=$1 t=$2 log
+        shift 2
         log=$(mktemp)
-        timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" > "$log" 2>&1
+        timeout "$SAN_TIMEOUT" compute-sanitizer --tool "$tool" --error-exitcode 9 "$t" "$@" > "$log" 2>&1
         local rc=$?
         local res=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1)
         [ $rc -eq 124 ] && res="TIMEOUT after ${SAN_TIMEOUT}s (${res:-no summary})"
-        { echo "=== $tool $(basename "$t") rc=$rc"; tail -60 "$log"; } > "$log.block"
-        echo "$tool $(basename "$t") rc=$rc $res" > "$log.line"
+        { echo "=== $tool $(basename "$t") $* rc=$rc"; tail -60 "$log"; } > "$log.block"
+        echo "$tool $(basename "$t") $* rc=$rc $res" > "$log.line"
         echo "$log"
     }
     export -f san_one
     export SAN_TIMEOUT
-    logs=$(for t in "$BUILD"/tests/cuda_test_*; do for tool in memcheck racecheck synccheck; do echo "$tool $t"; done; done |
-           xargs -P 16 -L 1 bash -c 'san_one "$0" "$1"')
+    # every CUDA test with its defaults, and the Hopper GEMM with stream-K forced on small
+    # grids (with and without clusters, the second with L2 prefetches)
+    logs=$(for tool in memcheck racecheck synccheck; do
+               for t in "$BUILD"/tests/cuda_test_*; do echo "$tool $t"; done
+               echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 0 0 0 0 6 2"
+               echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 1 0 0 0 5 2 2"
+           done | xargs -P 16 -L 1 bash -c 'san_one "$0" "$@"')
     for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
     note "sanitize: $((SECONDS - t0)) s"
 fi

@@ -206,8 +206,7 @@ extern "C" moex_status moex_cuda_grouped_linear_forward(moex_context *ctx, const
 static size_t dgrad_layout(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                            char *base, moex_cuda_sched *s, float **partial) {
     moex_cuda_carver c = {base, 0};
-    moex_cuda_sched_take(&c, s, d->G, d->T);
-    if (moex_present(&a->dx)) s->gemm_ws = moex_cuda_gemm_ws_take(ctx, &c);
+    moex_cuda_sched_take(&c, s, d->G, d->T);   /* no stream-K workspace: the dgrad runs without */
     *partial = NULL;
     if (moex_present(&a->dbias))
         *partial = (float *)moex_cuda_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));

@@ -108,7 +108,7 @@ typedef struct moex_cuda_sched {
     int32_t *tiles;
     int64_t G, T;
     const int64_t *splits;      /* the device splits it was built from (NULL: one group) */
-    void *gemm_ws;              /* the Hopper forward's and dgrad's stream-K workspace
+    void *gemm_ws;              /* the Hopper forward's stream-K workspace
                                    (moex_cuda_gemm_ws_take; NULL: none)                  */
 } moex_cuda_sched;
 
