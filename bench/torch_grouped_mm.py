@@ -32,7 +32,7 @@ CONFIGS = [
     ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
 ]
 
-# name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows[, stream_k, l2_promotion, prefetch]);
+# name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows[, stream_k, l2_promotion]);
 # 0 = the library default
 TUNES = {
     "default": (0, 0, 1, 0, 0, 0, 0), "nocl": (0, 0, 1, 1, 0, 0, 0), "clu2": (0, 0, 1, 2, 0, 0, 0),
@@ -44,8 +44,6 @@ TUNES = {
     "b4all": (0, 4, 1, 0, 0, 0, 1 << 20), "b16r1k": (0, 16, 1, 0, 0, 0, 1024), "b2all": (0, 2, 1, 0, 0, 0, 1 << 20),
     # without stream-K for the last round (forward, dgrad); tensor maps with 128-byte or no L2 promotion
     "nosk": (0, 0, 1, 0, 0, 0, 0, 1, 0), "sk": (0, 0, 1, 0, 0, 0, 0, 2, 0), "l2p128": (0, 0, 1, 0, 0, 0, 0, 0, 128), "l2pnone": (0, 0, 1, 0, 0, 0, 0, 0, 1),
-    # L2 prefetch of the boxes 4 or 8 k steps ahead (forward, dgrad)
-    "pf4": (0, 0, 1, 0, 0, 0, 0, 0, 0, 4), "pf8": (0, 0, 1, 0, 0, 0, 0, 0, 0, 8),
 }
 # op -> the variants compare runs by default
 VARIANTS = {
@@ -75,8 +73,7 @@ class WArgs(ctypes.Structure):
 class Tune(ctypes.Structure):
     _fields_ = [("grid", ctypes.c_int), ("band", ctypes.c_int), ("epilogue_tma", ctypes.c_int),
                 ("cluster", ctypes.c_int), ("grid_used", ctypes.c_int), ("tile_rows", ctypes.c_int),
-                ("band_rows", ctypes.c_int), ("stream_k", ctypes.c_int), ("l2_promotion", ctypes.c_int),
-                ("prefetch", ctypes.c_int)]
+                ("band_rows", ctypes.c_int), ("stream_k", ctypes.c_int), ("l2_promotion", ctypes.c_int)]
 
 
 def bench(torch, fn, iters, warm=5):

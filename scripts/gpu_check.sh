@@ -66,11 +66,11 @@ if has sanitize; then
     export -f san_one
     export SAN_TIMEOUT
     # every CUDA test with its defaults, and the Hopper GEMM with stream-K forced on small
-    # grids (with and without clusters, the second with L2 prefetches)
+    # grids (with and without clusters)
     logs=$(for tool in memcheck racecheck synccheck; do
                for t in "$BUILD"/tests/cuda_test_*; do echo "$tool $t"; done
                echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 0 0 0 0 6 2"
-               echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 1 0 0 0 5 2 2"
+               echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 1 0 0 0 5 2"
            done | xargs -P 16 -L 1 bash -c 'san_one "$0" "$@"')
     for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
     note "sanitize: $((SECONDS - t0)) s"

@@ -387,65 +387,6 @@ static __device__ __forceinline__ void sm90_mma(float (&d)[64], uint64_t da, uin
         if (IS_F16) wgmma_m64n128k16_f16(d, da, db, keep); else wgmma_m64n128k16_bf16(d, da, db, keep);
     }
 }
-/* ---- the producer's TMA boxes --------------------------------------------------------- */
-
-/* One box: into shared memory at dst, completing on bar (multicast into the CTAs of `mask`
- * when it is not 0); with PF only an L2 prefetch of it (dst, bar and mask unused). */
-template <bool PF>
-static __device__ __forceinline__ void sm90_box_2d(void *dst, const CUtensorMap *m, uint64_t *bar, uint16_t mask,
-                                                   int32_t c0, int32_t c1) {
-    if (PF)
-        sm90_tma_prefetch_2d(m, c0, c1);
-    else if (mask)
-        sm90_tma_load_2d_multicast(dst, m, bar, c0, c1, mask);
-    else
-        sm90_tma_load_2d(dst, m, bar, c0, c1);
-}
-template <bool PF>
-static __device__ __forceinline__ void sm90_box_3d(void *dst, const CUtensorMap *m, uint64_t *bar, uint16_t mask,
-                                                   int32_t c0, int32_t c1, int32_t c2) {
-    if (PF)
-        sm90_tma_prefetch_3d(m, c0, c1, c2);
-    else if (mask)
-        sm90_tma_load_3d_multicast(dst, m, bar, c0, c1, c2, mask);
-    else
-        sm90_tma_load_3d(dst, m, bar, c0, c1, c2);
-}
-
-/* The boxes of k step kb of this CTA's tile (rows m0.., columns n0.. of group g) into the
- * stage at a (input rows) and b (weight tile), completing on bar; with PF their L2
- * prefetches. The maps and the layouts as in the comment of sm90_grouped_kernel. */
-template <bool PF, int CM, int TB, int BM, int EPI>
-static __device__ __forceinline__ void sm90_stage_boxes(const CUtensorMap *tm_x, const CUtensorMap *tm_xh,
-                                                        const CUtensorMap *tm_w, const CUtensorMap *tm_wb,
-                                                        uint16_t *a, uint16_t *b, uint64_t *bar, int kb, int64_t m0,
-                                                        int n0, int g, int F, int rank, int colpair) {
-    const uint16_t both = (uint16_t)((1u << CM) - 1u);
-    const int k = kb * SM90_BK;
-    if (CM > 1 && colpair)   /* 64 of the shared input rows each, into both CTAs */
-        sm90_box_2d<PF>(a + rank * 64 * SM90_BK, tm_xh, bar, both, k, (int32_t)(m0 + 64 * rank));
-    else
-        sm90_box_2d<PF>(a, tm_x, bar, 0, k, (int32_t)m0);
-    if (TB) {
-        /* four boxes of 64 output columns; a row pair loads two each, into both CTAs */
-        const bool split = CM > 1 && !colpair;
-        const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
-        for (int j = j0; j < j1; j++)
-            sm90_box_3d<PF>(b + j * 64 * SM90_BK, tm_w, bar, split ? both : 0, n0 + j * 64, k, g);
-    } else if (EPI == SM90_EPI_GLU_CONTIG) {
-        /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
-            sm90_box_3d<PF>(b + i * 64 * SM90_BK, tm_wb, bar, 0, k, h * F + n0 / 2 + q * 64, g);
-        }
-    } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
-        sm90_box_3d<PF>(b + rank * (SM90_BN / 2) * SM90_BK, tm_wb, bar, both, k, n0 + rank * (SM90_BN / 2), g);
-    } else {
-        sm90_box_3d<PF>(b, tm_w, bar, 0, k, n0, g);
-    }
-}
-
 #endif /* MOEX_SM90_DEVICE */
 
 /* ---- the kernel ----------------------------------------------------------------------------
@@ -468,7 +409,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                         const __grid_constant__ CUtensorMap tm_wb, const __grid_constant__ CUtensorMap tm_y,
                         const __grid_constant__ CUtensorMap tm_z, uint16_t *__restrict__ y, const sm90_epi epi,
                         const int64_t *__restrict__ splits, int G, int64_t T, int N, int K, int band_w,
-                        int band_r, int *bad_flag, int bad_value, float4 *sk_part, int *sk_flag, int sk_min, int pf) {
+                        int band_r, int *bad_flag, int bad_value, float4 *sk_part, int *sk_flag, int sk_min) {
 #if MOEX_SM90_DEVICE
     constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
     constexpr int NA = NC / 2;                             /* its accumulators per thread   */
@@ -506,6 +447,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 sm90_sched sch;
                 sm90_sched_start(&sch, sk, U, nk, CM, sk_min);
                 uint32_t it = 0;
+                const uint16_t both = (uint16_t)((1u << CM) - 1u);
                 sm90_work wk;
                 while (sm90_sched_next(&sch, &wk) && sm90_cursor_seek(&cur, wk.t, splits, G, T, nt, BM, CM)) {
                     int64_t m0;
@@ -513,15 +455,40 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     const int colpair = sm90_tile_coords(&cur, wk.t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
                     for (int kb = wk.kb0; kb < wk.kb1; kb++, it++) {
                         const int s = it % SM90_STAGES;
+                        uint16_t *b = sb + s * B_ELEMS;
                         sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
                         sm90_mbar_arrive_expect_tx(&full[s], STAGE_BYTES);
-                        sm90_stage_boxes<false, CM, TB, BM, EPI>(&tm_x, &tm_xh, &tm_w, &tm_wb, sa + s * A_ELEMS,
-                                                                 sb + s * B_ELEMS, &full[s], kb, m0, n0, cur.g,
-                                                                 epi.F, rank, colpair);
-                        /* L2 prefetch pf steps ahead (at the unit's start: the first pf) */
-                        for (int kp = kb == wk.kb0 ? kb + 1 : kb + pf; kp <= kb + pf && kp < wk.kb1; kp++)
-                            sm90_stage_boxes<true, CM, TB, BM, EPI>(&tm_x, &tm_xh, &tm_w, &tm_wb, sa, sb, full,
-                                                                    kp, m0, n0, cur.g, epi.F, rank, colpair);
+                        if (CM > 1 && colpair)   /* 64 of the shared input rows each, into both CTAs */
+                            sm90_tma_load_2d_multicast(sa + s * A_ELEMS + rank * 64 * SM90_BK, &tm_xh, &full[s],
+                                                       kb * SM90_BK, (int32_t)(m0 + 64 * rank), both);
+                        else
+                            sm90_tma_load_2d(sa + s * A_ELEMS, &tm_x, &full[s], kb * SM90_BK, (int32_t)m0);
+                        if (TB) {
+                            /* four boxes of 64 output columns; a row pair loads two each, into both CTAs */
+                            const bool split = CM > 1 && !colpair;
+                            const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
+                            for (int j = j0; j < j1; j++) {
+                                if (split)
+                                    sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64,
+                                                               kb * SM90_BK, cur.g, both);
+                                else
+                                    sm90_tma_load_3d(b + j * 64 * SM90_BK, &tm_w, &full[s], n0 + j * 64, kb * SM90_BK,
+                                                     cur.g);
+                            }
+                        } else if (EPI == SM90_EPI_GLU_CONTIG) {
+                            /* box i: 64 rows of the first (h = 0) or second (h = 1) half, see above */
+#pragma unroll
+                            for (int i = 0; i < 4; i++) {
+                                const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
+                                sm90_tma_load_3d(b + i * 64 * SM90_BK, &tm_wb, &full[s], kb * SM90_BK,
+                                                 h * epi.F + n0 / 2 + q * 64, cur.g);
+                            }
+                        } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
+                            sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &tm_wb, &full[s],
+                                                       kb * SM90_BK, n0 + rank * (SM90_BN / 2), cur.g, both);
+                        } else {
+                            sm90_tma_load_3d(b, &tm_w, &full[s], kb * SM90_BK, n0, cur.g);
+                        }
                     }
                 }
             }
@@ -763,7 +730,7 @@ extern "C" bool moex_sm90_epilogue_supported(int device, const moex_sm90_gemm_ar
 
 typedef void (*sm90_kernel_fn)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, uint16_t *,
                                sm90_epi, const int64_t *, int, int64_t, int, int, int, int, int *, int, float4 *, int *,
-                               int, int);
+                               int);
 
 /* The kernel instance for one dtype. Instantiated: every epilogue kind with both tile
  * heights (TMA epilogue, no cluster); the plain forward and the dgrad (plain only) with both
@@ -897,7 +864,6 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
      * loop: its k ranges are not compile-time uniform). stream_k = 2 (tests): whenever there
      * is a last round. The flags start at 0; the partials need nothing. */
     const int sk_mode = tune != NULL ? tune->stream_k : 0;
-    const int pf = tune != NULL && tune->prefetch > 0 ? tune->prefetch : 0;
     const int sk_min = sk_mode == 2 ? 0 : SM90_SK_MIN;
     const int64_t tile_rows_g = (a->T / a->G + bm - 1) / bm, P = cfg.gridDim.x / cm;
     const int64_t units_est =
@@ -923,7 +889,7 @@ static moex_status sm90_run(const moex_sm90_gemm_args *a, const moex_sm90_epilog
 
     if (cudaLaunchKernelEx(&cfg, fn, tm_x, tm_xh, tm_w, tm_wb, tm_y, tm_z, (uint16_t *)a->y, ep, a->splits, (int)a->G,
                            a->T, (int)out_w, (int)red, band, band_r, a->bad_flag, a->bad_value, sk_part,
-                           sk_flag, sk_min, pf) != cudaSuccess) {
+                           sk_flag, sk_min) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
     }

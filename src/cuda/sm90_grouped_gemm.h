@@ -91,9 +91,7 @@ moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_gemm_args *a, moex_stream
  *                 least 40 k steps to save per CTA); 1: never; 2: whenever a last round
  *                 is left, forward and dgrad (tests);
  *   l2_promotion  of the tensor maps: 0: 256 bytes; 1: none; 64, 128 or 256 bytes (all
- *                 three products);
- *   prefetch      forward and dgrad: the producer also asks L2 for the boxes this many k
- *                 steps ahead of the one it loads (0: none).
+ *                 three products).
  * Same contract otherwise. */
 typedef struct moex_sm90_tuning {
     int grid;
@@ -105,7 +103,6 @@ typedef struct moex_sm90_tuning {
     int band_rows;
     int stream_k;
     int l2_promotion;
-    int prefetch;
 } moex_sm90_tuning;
 
 /* The rows per tile the kernels use by default: 64 when the groups average under one

@@ -88,19 +88,6 @@ static __device__ __forceinline__ void sm90_tma_load_3d(void *dst, const void *t
         : "memory");
 }
 
-/* L2 prefetches of the same boxes: no shared memory, no barrier, nothing to wait for. */
-static __device__ __forceinline__ void sm90_tma_prefetch_2d(const void *tmap, int32_t c0, int32_t c1) {
-    asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"((uint64_t)tmap), "r"(c0),
-                 "r"(c1)
-                 : "memory");
-}
-
-static __device__ __forceinline__ void sm90_tma_prefetch_3d(const void *tmap, int32_t c0, int32_t c1, int32_t c2) {
-    asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.tile [%0, {%1, %2, %3}];\n" ::"l"((uint64_t)tmap),
-                 "r"(c0), "r"(c1), "r"(c2)
-                 : "memory");
-}
-
 /* ---- TMA tensor stores: shared -> global (tensor map), in bulk groups ----------------- */
 
 /* Orders this thread's ordinary shared-memory writes before later async-proxy (TMA) reads. */

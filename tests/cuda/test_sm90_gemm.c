@@ -14,7 +14,7 @@
  * dy and x; graph replay; determinism). Exits 77 (skipped) where the sm90 kernel
  * cannot run (no GPU, not compute capability 9.0).
  *   test_sm90_gemm [epilogue_tma (1)] [cluster (0)] [tile_rows (0)] [band_rows (0)] [band (0)]
- *                  [grid (0)] [stream_k (0)] [prefetch (0)]
+ *                  [grid (0)] [stream_k (0)]
  *   (the forward and dgrad variant: moex_sm90_tuning; 0 = default)
  */
 #include <cuda_runtime.h>
@@ -678,10 +678,9 @@ int main(int argc, char **argv) {
     g_tune.band = argc > 5 ? atoi(argv[5]) : 0;
     g_tune.grid = argc > 6 ? atoi(argv[6]) : 0;
     g_tune.stream_k = argc > 7 ? atoi(argv[7]) : 0;
-    g_tune.prefetch = argc > 8 ? atoi(argv[8]) : 0;
-    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d band_rows=%d band=%d grid=%d stream_k=%d prefetch=%d\n",
+    printf("variant: epilogue_tma=%d cluster=%d tile_rows=%d band_rows=%d band=%d grid=%d stream_k=%d\n",
            g_tune.epilogue_tma, g_tune.cluster, g_tune.tile_rows, g_tune.band_rows, g_tune.band, g_tune.grid,
-           g_tune.stream_k, g_tune.prefetch);
+           g_tune.stream_k);
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
         printf("no CUDA device: skipped\n");
         return 77;
