@@ -136,7 +136,7 @@ if python3 - "$TMP/out" <<'EOF'
 import json, sys
 d = json.loads(open(sys.argv[1]).read())
 ops = {r["op"]: r for r in d["results"]}
-for op in ("forward", "backward_data", "backward_weight", "mlp_fwd_bwd"):
+for op in ("forward", "backward_data", "backward_weight", "mlp_fwd", "mlp_fwd_bwd"):
     assert ops[op]["gflops"] > 0, op
 EOF
 then pass; else fail "bench --json"; fi
