@@ -20,12 +20,10 @@ static const moex_tensor absent_tensor = {};
 
 /* ---- forward ------------------------------------------------------------------------ */
 
-/* The schedule (with the Hopper GEMM's stream-K workspace, shared by FC1 and FC2) and z. */
-static size_t fwd_layout(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d, char *base,
-                         moex_cuda_sched *s, void **z) {
+static size_t fwd_layout(const moex_grouped_mlp_args *a, const moex_mlp_dims *d, char *base, moex_cuda_sched *s,
+                         void **z) {
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, s, d->G, d->T);
-    s->gemm_ws = moex_cuda_gemm_ws_take(ctx, &c);
     *z = moex_present(&a->z) ? a->z.data
                              : moex_cuda_take(&c, (size_t)(d->T * d->F) * moex_dtype_size(d->dt));
     return c.used;
@@ -35,7 +33,7 @@ extern "C" size_t moex_cuda_grouped_mlp_forward_ws(moex_context *ctx, const moex
                                                    const moex_mlp_dims *d) {
     moex_cuda_sched s;
     void *z;
-    return fwd_layout(ctx, a, d, NULL, &s, &z);
+    return fwd_layout(a, d, NULL, &s, &z);
 }
 
 static moex_status fwd_run(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d, void *ws,
@@ -44,7 +42,7 @@ static moex_status fwd_run(moex_context *ctx, const moex_grouped_mlp_args *a, co
     MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     void *z;
-    fwd_layout(ctx, a, d, (char *)ws, &s, &z);
+    fwd_layout(a, d, (char *)ws, &s, &z);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_MLP_FORWARD, &s, (const int64_t *)a->splits.data, stream));
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
     bool fused;
