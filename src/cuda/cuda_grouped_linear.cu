@@ -203,7 +203,7 @@ extern "C" moex_status moex_cuda_grouped_linear_forward(moex_context *ctx, const
 
 /* ---- backward data ------------------------------------------------------------------ */
 
-static size_t dgrad_layout(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+static size_t dgrad_layout(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                            char *base, moex_cuda_sched *s, float **partial) {
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, s, d->G, d->T);   /* no stream-K workspace: the dgrad runs without */
@@ -218,7 +218,7 @@ extern "C" size_t moex_cuda_grouped_linear_backward_data_ws(moex_context *ctx,
                                                             const moex_gl_dims *d) {
     moex_cuda_sched s;
     float *p;
-    return dgrad_layout(ctx, a, d, NULL, &s, &p);
+    return dgrad_layout(a, d, NULL, &s, &p);
 }
 
 static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
@@ -227,7 +227,7 @@ static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_
     MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
     moex_cuda_sched s;
     float *partial;
-    dgrad_layout(ctx, a, d, (char *)ws, &s, &partial);
+    dgrad_layout(a, d, (char *)ws, &s, &partial);
     MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_DGRAD, &s, (const int64_t *)a->splits.data, stream));
     const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
