@@ -31,7 +31,7 @@ static moex_status validate_splits_to_offsets(moex_context *ctx, const char *op,
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: outputs[%d].stride = %lld, must be >= 1", op, i,
                              (long long)o->stride);
         const int64_t len[1] = {d->G + (o->start == MOEX_OFFSETS_LEADING_ZERO)};
-        MOEX_TRY(moex_check_tensor(ctx, op, name, &o->out, 1, len, MOEX_DT_OFFSETS));
+        MOEX_TRY(moex_check_output(ctx, op, name, &o->out, 1, len, MOEX_DT_OFFSETS));
     }
     return MOEX_OK;
 }
@@ -83,7 +83,7 @@ static moex_status validate_gl_forward(moex_context *ctx, const char *op, const 
     d->N = a->w.t.ndim == 3 ? a->w.t.shape[1] : -1;
     MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, -1, d->K, DT_ACT(d->dt)));
     const int64_t yshape[2] = {d->T, d->N};
-    MOEX_TRY(moex_check_tensor(ctx, op, "y", &a->y, 2, yshape, DT_ACT(d->dt)));
+    MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, DT_ACT(d->dt)));
     MOEX_TRY(check_features(ctx, op, d->K, d->N));
     if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
@@ -105,9 +105,9 @@ static moex_status validate_gl_dgrad(moex_context *ctx, const char *op, const mo
     MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, d->N, -1, DT_ACT(d->dt)));
     MOEX_TRY(check_features(ctx, op, d->K, d->N));
     const int64_t dxshape[2] = {d->T, d->K}, dbshape[2] = {d->G, d->N}, dpshape[1] = {d->T};
-    MOEX_TRY(moex_check_optional(ctx, op, "dx", &a->dx, 2, dxshape, DT_ACT(d->dt)));
-    MOEX_TRY(moex_check_optional(ctx, op, "dbias", &a->dbias, 2, dbshape, DT_F32));
-    MOEX_TRY(moex_check_optional(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, dxshape, DT_ACT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
     if (a->bias_mode == MOEX_BIAS_NONE && moex_present(&a->dbias))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dbias is requested but the bias mode is MOEX_BIAS_NONE", op);
     if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->dprobs))
@@ -132,7 +132,7 @@ static moex_status check_dw(moex_context *ctx, const char *op, const char *name,
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s is %s, but MOEX_GRAD_ACCUMULATE accumulates into an f32 main grad", op, name,
                          moex_dtype_name(dw->t.dtype));
-    return moex_check_weight(ctx, op, name, dw, G, R, C, dts);
+    return moex_check_weight_output(ctx, op, name, dw, G, R, C, dts);
 }
 
 static moex_status validate_gl_wgrad(moex_context *ctx, const char *op, const moex_grouped_linear_wgrad_args *a,
@@ -178,7 +178,7 @@ static moex_status validate_glu_forward(moex_context *ctx, const char *op, const
                                         moex_glu_dims *d) {
     MOEX_TRY(validate_glu_common(ctx, op, &a->glu, &a->h, &a->probs, &a->splits, d));
     const int64_t zshape[2] = {d->T, d->F};
-    return moex_check_tensor(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt));
+    return moex_check_output(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt));
 }
 
 MOEX_DEFINE_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims, validate_glu_forward)
@@ -188,8 +188,8 @@ static moex_status validate_glu_backward(moex_context *ctx, const char *op, cons
     MOEX_TRY(validate_glu_common(ctx, op, &a->glu, &a->h, &a->probs, &a->splits, d));
     const int64_t dzshape[2] = {d->T, d->F}, dhshape[2] = {d->T, 2 * d->F}, dpshape[1] = {d->T};
     MOEX_TRY(moex_check_tensor(ctx, op, "dz", &a->dz, 2, dzshape, DT_ACT(d->dt)));
-    MOEX_TRY(moex_check_tensor(ctx, op, "dh", &a->dh, 2, dhshape, DT_ACT(d->dt)));
-    MOEX_TRY(moex_check_optional(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
+    MOEX_TRY(moex_check_output(ctx, op, "dh", &a->dh, 2, dhshape, DT_ACT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
     if (moex_present(&a->dprobs) && !moex_present(&a->probs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but probs is absent", op);
     return MOEX_OK;
@@ -230,9 +230,9 @@ static moex_status validate_mlp_forward(moex_context *ctx, const char *op, const
                   yshape[2] = {d->T, d->H};
     MOEX_TRY(moex_check_optional(ctx, op, "b1", &a->b1, 2, b1shape, DT_BIAS(d->dt)));
     MOEX_TRY(check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, true));
-    MOEX_TRY(moex_check_tensor(ctx, op, "h", &a->h, 2, hshape, DT_ACT(d->dt)));
-    MOEX_TRY(moex_check_optional(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt)));
-    return moex_check_tensor(ctx, op, "y", &a->y, 2, yshape, DT_ACT(d->dt));
+    MOEX_TRY(moex_check_output(ctx, op, "h", &a->h, 2, hshape, DT_ACT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt)));
+    return moex_check_output(ctx, op, "y", &a->y, 2, yshape, DT_ACT(d->dt));
 }
 
 MOEX_DEFINE_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims, validate_mlp_forward)
@@ -245,14 +245,14 @@ static moex_status validate_mlp_backward(moex_context *ctx, const char *op, cons
     MOEX_TRY(moex_check_tensor(ctx, op, "h", &a->h, 2, hshape, DT_ACT(d->dt)));
     MOEX_TRY(moex_check_optional(ctx, op, "z", &a->z, 2, zshape, DT_ACT(d->dt)));
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, yshape, DT_ACT(d->dt)));
-    MOEX_TRY(moex_check_optional(ctx, op, "dx", &a->dx, 2, yshape, DT_ACT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, yshape, DT_ACT(d->dt)));
     if (moex_weight_present(&a->dw1))
         MOEX_TRY(check_dw(ctx, op, "dw1", a->dw_mode, &a->dw1, d->G, 2 * d->F, d->H, d->dt));
     if (moex_weight_present(&a->dw2))
         MOEX_TRY(check_dw(ctx, op, "dw2", a->dw_mode, &a->dw2, d->G, d->H, d->F, d->dt));
-    MOEX_TRY(moex_check_optional(ctx, op, "db1", &a->db1, 2, db1shape, DT_F32));
-    MOEX_TRY(moex_check_optional(ctx, op, "db2", &a->db2, 2, db2shape, DT_F32));
-    MOEX_TRY(moex_check_optional(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, db2shape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, DT_F32));
     if (a->b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
     if (moex_present(&a->dprobs) && !moex_present(&a->probs))

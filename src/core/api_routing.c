@@ -39,8 +39,8 @@ static moex_status validate_router_forward(moex_context *ctx, const char *op, co
                                            moex_router_dims *d) {
     MOEX_TRY(validate_router_common(ctx, op, &a->logits, a->topk, a->score, a->norm, d));
     const int64_t tk[2] = {d->T, d->k};
-    MOEX_TRY(moex_check_tensor(ctx, op, "probs", &a->probs, 2, tk, DT_F32));
-    return moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, DT_I32);
+    MOEX_TRY(moex_check_output(ctx, op, "probs", &a->probs, 2, tk, DT_F32));
+    return moex_check_output(ctx, op, "ids", &a->ids, 2, tk, DT_I32);
 }
 
 MOEX_DEFINE_OP(router_forward, moex_router_args, moex_router_dims, validate_router_forward)
@@ -51,7 +51,7 @@ static moex_status validate_router_backward(moex_context *ctx, const char *op, c
     const int64_t tk[2] = {d->T, d->k}, te[2] = {d->T, d->E};
     MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, DT_I32));
     MOEX_TRY(moex_check_tensor(ctx, op, "dprobs", &a->dprobs, 2, tk, DT_F32));
-    return moex_check_tensor(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
+    return moex_check_output(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
 }
 
 MOEX_DEFINE_OP(router_backward, moex_router_grad_args, moex_router_dims, validate_router_backward)
@@ -111,13 +111,13 @@ static moex_status validate_permute_forward(moex_context *ctx, const char *op, c
     const int64_t tk[2] = {d->T, d->k}, rows[1] = {d->T * d->k}, xpshape[2] = {d->T * d->k, d->H},
                   eshape[1] = {d->E};
     MOEX_TRY(moex_check_optional(ctx, op, "probs", &a->probs, 2, tk, DT_F32));
-    MOEX_TRY(moex_check_tensor(ctx, op, "xp", &a->xp, 2, xpshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_output(ctx, op, "xp", &a->xp, 2, xpshape, MOEX_DT(d->dt)));
     if (moex_present(&a->probs))
-        MOEX_TRY(moex_check_tensor(ctx, op, "probs_p", &a->probs_p, 1, rows, DT_F32));
+        MOEX_TRY(moex_check_output(ctx, op, "probs_p", &a->probs_p, 1, rows, DT_F32));
     else if (moex_present(&a->probs_p))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs_p is given but probs is absent", op);
-    MOEX_TRY(moex_check_tensor(ctx, op, "splits", &a->splits, 1, eshape, DT_I64));
-    return moex_check_tensor(ctx, op, "row_map", &a->row_map, 1, rows, DT_I32);
+    MOEX_TRY(moex_check_output(ctx, op, "splits", &a->splits, 1, eshape, DT_I64));
+    return moex_check_output(ctx, op, "row_map", &a->row_map, 1, rows, DT_I32);
 }
 
 MOEX_DEFINE_OP(permute_forward, moex_permute_args, moex_perm_dims, validate_permute_forward)
@@ -125,7 +125,7 @@ MOEX_DEFINE_OP(permute_forward, moex_permute_args, moex_perm_dims, validate_perm
 static moex_status validate_permute_backward(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                              moex_perm_dims *d) {
     const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_tensor(ctx, op, "dx", &a->dx, 2, any2, MOEX_DT_FLOAT));
+    MOEX_TRY(moex_check_output(ctx, op, "dx", &a->dx, 2, any2, MOEX_DT_FLOAT));
     d->T = a->dx.shape[0];
     d->H = a->dx.shape[1];
     d->dt = a->dx.dtype;
@@ -138,7 +138,7 @@ static moex_status validate_permute_backward(moex_context *ctx, const char *op, 
     MOEX_TRY(moex_check_tensor(ctx, op, "dxp", &a->dxp, 2, dxpshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_optional(ctx, op, "dprobs_p", &a->dprobs_p, 1, rows, DT_F32));
     if (moex_present(&a->dprobs_p))
-        MOEX_TRY(moex_check_tensor(ctx, op, "dprobs", &a->dprobs, 2, tk, DT_F32));
+        MOEX_TRY(moex_check_output(ctx, op, "dprobs", &a->dprobs, 2, tk, DT_F32));
     else if (moex_present(&a->dprobs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but dprobs_p is absent", op);
     return MOEX_OK;
@@ -146,12 +146,18 @@ static moex_status validate_permute_backward(moex_context *ctx, const char *op, 
 
 MOEX_DEFINE_OP(permute_backward, moex_permute_grad_args, moex_perm_dims, validate_permute_backward)
 
-/* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward or backward. */
+typedef moex_status (*check_fn)(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                                int ndim, const int64_t *shape, unsigned dtypes);
+
+/* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward (tok is the
+ * output) or backward (rowsd is). */
 static moex_status validate_unpermute_common(moex_context *ctx, const char *op, const moex_tensor *row_map,
                                              const char *tok_name, const moex_tensor *tok, const char *rows_name,
-                                             const moex_tensor *rowsd, moex_perm_dims *d) {
+                                             const moex_tensor *rowsd, moex_span_role tok_role, moex_perm_dims *d) {
     const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_tensor(ctx, op, tok_name, tok, 2, any2, MOEX_DT_FLOAT));
+    const check_fn check_tok = tok_role == MOEX_SPAN_OUT ? moex_check_output : moex_check_tensor;
+    const check_fn check_rows = tok_role == MOEX_SPAN_OUT ? moex_check_tensor : moex_check_output;
+    MOEX_TRY(check_tok(ctx, op, tok_name, tok, 2, any2, MOEX_DT_FLOAT));
     d->T = tok->shape[0];
     d->H = tok->shape[1];
     d->dt = tok->dtype;
@@ -159,19 +165,19 @@ static moex_status validate_unpermute_common(moex_context *ctx, const char *op, 
     MOEX_TRY(check_hidden(ctx, op, d->H));
     MOEX_TRY(row_map_k(ctx, op, row_map, d->T, 1, &d->k));
     const int64_t rshape[2] = {d->T * d->k, d->H};
-    return moex_check_tensor(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
+    return check_rows(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
 }
 
 static moex_status validate_unpermute_forward(moex_context *ctx, const char *op, const moex_unpermute_args *a,
                                               moex_perm_dims *d) {
-    return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, d);
+    return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, MOEX_SPAN_OUT, d);
 }
 
 MOEX_DEFINE_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims, validate_unpermute_forward)
 
 static moex_status validate_unpermute_backward(moex_context *ctx, const char *op,
                                                const moex_unpermute_grad_args *a, moex_perm_dims *d) {
-    return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, d);
+    return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, MOEX_SPAN_IN, d);
 }
 
 MOEX_DEFINE_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims, validate_unpermute_backward)
@@ -188,22 +194,14 @@ static unsigned dw_dtypes(moex_grad_mode mode, moex_dtype dt) {
 
 /* The saved buffer: the backend's size plus alignment slack (as for the workspace); the
  * backend gets it aligned to MOEX_WS_ALIGN. The forward and backward must be given the same
- * pointer (or one with the same address modulo MOEX_WS_ALIGN). */
+ * pointer (or one with the same address modulo MOEX_WS_ALIGN). The forward writes it
+ * (MOEX_SPAN_OUT), the backward reads it. */
 static moex_status saved_prepare(moex_context *ctx, const char *op, const moex_moe_layer_args *a,
-                                 const moex_moe_dims *d, void **aligned, size_t *backend_bytes) {
+                                 const moex_moe_dims *d, moex_span_role role, void **aligned,
+                                 size_t *backend_bytes) {
     MOEX_UNSUPPORTED_IF_MISSING(ctx, op, moe_layer_saved);
-    size_t need = ctx->ops->moe_layer_saved(ctx, a, d);
-    size_t pub = moex_ws_public_size(need);
-    *backend_bytes = need;
-    *aligned = NULL;
-    if (need == 0) return MOEX_OK;
-    if (!a->saved || a->saved_bytes < pub)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
-                         "%s: saved %s%zu bytes, but moex_moe_layer_saved_size asks for %zu", op,
-                         a->saved ? "has " : "is NULL with ", a->saved_bytes, pub);
-    uintptr_t p = ((uintptr_t)a->saved + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN;
-    *aligned = (void *)p;
-    return MOEX_OK;
+    *backend_bytes = ctx->ops->moe_layer_saved(ctx, a, d);
+    return moex_buffer_prepare(ctx, op, "saved", *backend_bytes, a->saved, a->saved_bytes, role, aligned);
 }
 
 /* The layer's inputs (and y when NEED_Y); sets the dims. */
@@ -238,6 +236,11 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
                          (long long)twoF);
     d->F = twoF / 2;
     MOEX_TRY(moex_check_weight(ctx, op, "w2", &a->w2, d->E, d->H, d->F, MOEX_DT(d->dt)));
+    /* The layer's own intermediates are bounded like the caller's tensors. */
+    const int64_t rows = d->T * d->k;
+    MOEX_TRY(moex_check_internal(ctx, op, "logits", d->T, d->E));
+    MOEX_TRY(moex_check_internal(ctx, op, "xp", rows, d->H));
+    MOEX_TRY(moex_check_internal(ctx, op, "h", rows, 2 * d->F));
     const int64_t b1shape[2] = {d->E, 2 * d->F}, b2shape[2] = {d->E, d->H}, yshape[2] = {d->T, d->H};
     const unsigned dt_bias = MOEX_DT(d->dt) | DT_F32;
     MOEX_TRY(moex_check_optional(ctx, op, "b1", &a->b1, 2, b1shape, dt_bias));
@@ -249,7 +252,7 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
         MOEX_TRY(moex_check_tensor(ctx, op, "b2", &a->b2, 2, b2shape, dt_bias));
     }
     MOEX_TRY(moex_check_glu(ctx, op, &a->glu, d->F));
-    if (need & NEED_Y) MOEX_TRY(moex_check_tensor(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
+    if (need & NEED_Y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     return MOEX_OK;
 }
 
@@ -260,8 +263,7 @@ moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_ar
     moex_moe_dims d;
     MOEX_TRY(validate_moe_layer(ctx, op, args, 0, &d));
     MOEX_UNSUPPORTED_IF_MISSING(ctx, op, moe_layer_saved);
-    *bytes = moex_ws_public_size(ctx->ops->moe_layer_saved(ctx, args, &d));
-    return MOEX_OK;
+    return moex_buffer_public_size(ctx, op, "saved", ctx->ops->moe_layer_saved(ctx, args, &d), bytes);
 }
 
 moex_status moex_moe_layer_forward_workspace_size(moex_context *ctx, const moex_moe_layer_args *args,
@@ -281,7 +283,7 @@ moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_layer_args 
     moex_moe_dims d;
     MOEX_TRY(validate_moe_layer(ctx, op, args, NEED_SAVED | NEED_Y, &d));
     moex_moe_layer_args a = *args;   /* the backend sees the aligned saved buffer */
-    MOEX_TRY(saved_prepare(ctx, op, args, &d, &a.saved, &a.saved_bytes));
+    MOEX_TRY(saved_prepare(ctx, op, args, &d, MOEX_SPAN_OUT, &a.saved, &a.saved_bytes));
     MOEX_DISPATCH(ctx, op, moe_layer_forward, &a, d, workspace, workspace_bytes, stream);
 }
 
@@ -290,16 +292,16 @@ static moex_status validate_moe_layer_backward(moex_context *ctx, const char *op
     MOEX_TRY(validate_moe_layer(ctx, op, &a->fwd, NEED_SAVED, d));
     const int64_t th[2] = {d->T, d->H}, eh[2] = {d->E, d->H}, db1shape[2] = {d->E, 2 * d->F};
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, th, MOEX_DT(d->dt)));
-    MOEX_TRY(moex_check_optional(ctx, op, "dx", &a->dx, 2, th, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, th, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_grad_mode(ctx, op, a->dw_mode));
     const unsigned dts = dw_dtypes(a->dw_mode, d->dt);
-    MOEX_TRY(moex_check_optional(ctx, op, "drouter_w", &a->drouter_w, 2, eh, dts));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "drouter_w", &a->drouter_w, 2, eh, dts));
     if (moex_weight_present(&a->dw1))
-        MOEX_TRY(moex_check_weight(ctx, op, "dw1", &a->dw1, d->E, 2 * d->F, d->H, dts));
+        MOEX_TRY(moex_check_weight_output(ctx, op, "dw1", &a->dw1, d->E, 2 * d->F, d->H, dts));
     if (moex_weight_present(&a->dw2))
-        MOEX_TRY(moex_check_weight(ctx, op, "dw2", &a->dw2, d->E, d->H, d->F, dts));
-    MOEX_TRY(moex_check_optional(ctx, op, "db1", &a->db1, 2, db1shape, DT_F32));
-    MOEX_TRY(moex_check_optional(ctx, op, "db2", &a->db2, 2, eh, DT_F32));
+        MOEX_TRY(moex_check_weight_output(ctx, op, "dw2", &a->dw2, d->E, d->H, d->F, dts));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, DT_F32));
     if (a->fwd.b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
     return MOEX_OK;
@@ -322,6 +324,6 @@ moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad
     moex_moe_dims d;
     MOEX_TRY(validate_moe_layer_backward(ctx, op, args, &d));
     moex_moe_layer_grad_args a = *args;   /* the backend sees the aligned saved buffer */
-    MOEX_TRY(saved_prepare(ctx, op, &args->fwd, &d, &a.fwd.saved, &a.fwd.saved_bytes));
+    MOEX_TRY(saved_prepare(ctx, op, &args->fwd, &d, MOEX_SPAN_IN, &a.fwd.saved, &a.fwd.saved_bytes));
     MOEX_DISPATCH(ctx, op, moe_layer_backward, &a, d, workspace, workspace_bytes, stream);
 }

@@ -101,6 +101,21 @@ typedef struct moex_backend_ops {
 
 /* ---- Context ------------------------------------------------------------------------ */
 
+/* A byte range that the call in progress reads (in) or writes (out), recorded by the
+ * argument checks (validate.h) for the overlap rule: an output may overlap nothing else.
+ * A discrete weight is its pointer array plus, on the CPU backend (where the array is host
+ * memory), its G matrices of mat_bytes each. */
+typedef struct moex_span {
+    char name[24];
+    uintptr_t lo, hi;                /* [lo, hi); empty when lo == hi */
+    void *const *mats;               /* discrete weight matrices (CPU), else NULL */
+    int64_t nmats;
+    size_t mat_bytes;
+    bool out;
+} moex_span;
+
+#define MOEX_MAX_SPANS 24            /* more tensors than any argument struct has */
+
 struct moex_context {
     moex_backend backend;
     int device;
@@ -108,6 +123,8 @@ struct moex_context {
     const moex_backend_ops *ops;
     void *backend_state;             /* owned by the backend */
     char msg[MOEX_MSG_LEN];          /* last error, "" when none */
+    moex_span spans[MOEX_MAX_SPANS]; /* the call in progress: its tensors, workspace, saved */
+    int nspans;
 };
 
 /* Records a printf-style message in ctx (if not NULL) and returns `status`. */
@@ -121,23 +138,65 @@ moex_status moex_fail(moex_context *ctx, moex_status status, const char *fmt, ..
 moex_status moex_cpu_backend_init(moex_context *ctx);
 moex_status moex_cuda_backend_init(moex_context *ctx);   /* only in CUDA builds */
 
+/* ---- Checked size arithmetic (docs/conventions.md, "Sizes never wrap") ----------------
+ * Validation bounds every tensor a call touches, the caller's and the internal ones (the
+ * MoE layer's h and z), to MOEX_MAX_ELEMS elements, with moex_i64_mul; a product of
+ * validated dimensions that is such a tensor's size therefore fits an int64. Byte sizes of
+ * workspaces and `saved` saturate instead: moex_sz_* give MOEX_SIZE_OVERFLOW on overflow and
+ * keep it through further moex_sz_* steps, and the core refuses a backend size of
+ * MOEX_SIZE_OVERFLOW (or anything past PTRDIFF_MAX) with MOEX_ERR_INVALID_ARG.            */
+
+#define MOEX_MAX_ELEMS (INT64_MAX / 8)   /* every byte offset of such a tensor fits an int64 */
+#define MOEX_SIZE_OVERFLOW SIZE_MAX
+
+/* *out = a * b for a, b >= 0; false (and *out untouched) when it would pass INT64_MAX. */
+static inline bool moex_i64_mul(int64_t a, int64_t b, int64_t *out) {
+    if (a < 0 || b < 0 || (b != 0 && a > INT64_MAX / b)) return false;
+    *out = a * b;
+    return true;
+}
+
+static inline size_t moex_sz_add(size_t a, size_t b) { return a > SIZE_MAX - b ? MOEX_SIZE_OVERFLOW : a + b; }
+static inline size_t moex_sz_mul(size_t a, size_t b) {
+    return b != 0 && a > SIZE_MAX / b ? MOEX_SIZE_OVERFLOW : a * b;
+}
+/* n rounded up to a multiple of a (a power of two); saturates. */
+static inline size_t moex_sz_align(size_t n, size_t a) {
+    size_t m = moex_sz_add(n, a - 1);
+    return m == MOEX_SIZE_OVERFLOW ? m : m & ~(a - 1);
+}
+/* Bytes of a [rows, cols] array of `elem`-byte elements; negative counts saturate. */
+static inline size_t moex_sz_bytes(int64_t rows, int64_t cols, size_t elem) {
+    if (rows < 0 || cols < 0) return MOEX_SIZE_OVERFLOW;
+    return moex_sz_mul(moex_sz_mul((size_t)rows, (size_t)cols), elem);
+}
+static inline size_t moex_sz_max(size_t a, size_t b) { return a > b ? a : b; }
+
 /* ---- Small helpers shared by backends ---------------------------------------------- */
 
 static inline bool moex_present(const moex_tensor *t) { return t->ndim != 0; }
 
+/* Elements of a validated tensor (at most MOEX_MAX_ELEMS, so the product fits). */
 static inline int64_t moex_numel(const moex_tensor *t) {
     int64_t n = 1;
     for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
     return n;
 }
 
-static inline size_t moex_align_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+/* Reserves `bytes` at *pos rounded up to MOEX_WS_ALIGN and returns where it starts: the
+ * carving step of every workspace and `saved` layout (saturating). */
+static inline size_t moex_sz_take(size_t *pos, size_t bytes) {
+    size_t at = *pos;
+    *pos = moex_sz_add(at, moex_sz_align(bytes, MOEX_WS_ALIGN));
+    return at;
+}
 
-/* Weight matrix g of a grouped weight (packed or discrete), as a byte pointer. */
+/* Weight matrix g of a grouped weight (packed or discrete), as a byte pointer (packed
+ * data may be NULL when the matrices are empty: then it is returned as it is). */
 static inline void *moex_weight_ptr(const moex_weight *w, int64_t g) {
     if (w->ptrs) return w->ptrs[g];
-    return (char *)w->t.data +
-           (size_t)g * (size_t)(w->t.shape[1] * w->t.shape[2]) * moex_dtype_size(w->t.dtype);
+    const size_t off = (size_t)g * (size_t)(w->t.shape[1] * w->t.shape[2]) * moex_dtype_size(w->t.dtype);
+    return off == 0 ? w->t.data : (char *)w->t.data + off;
 }
 
 #ifdef __cplusplus

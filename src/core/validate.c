@@ -1,9 +1,12 @@
 /*
- * validate.c - argument checks shared by the public entry points (see validate.h).
+ * validate.c - argument checks shared by the public entry points (see validate.h): tensors
+ * and weights, options, the caller's workspace and `saved` buffers, and the overlap rule
+ * over the byte ranges the checks record.
  */
 #include "validate.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -38,8 +41,51 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
     if (len < n) snprintf(buf + len, n - len, "]");
 }
 
-moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
-                              int ndim, const int64_t *shape, unsigned dtypes) {
+/* ---- recorded spans ------------------------------------------------------------------ */
+
+/* Records a span; a second record of the same name replaces the first. */
+static moex_status add_span(moex_context *ctx, const char *op, const moex_span *s) {
+    int i = 0;
+    while (i < ctx->nspans && strcmp(ctx->spans[i].name, s->name) != 0) i++;
+    if (i == MOEX_MAX_SPANS)
+        return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: more than %d tensors to check for overlap", op,
+                         MOEX_MAX_SPANS);
+    ctx->spans[i] = *s;
+    if (i == ctx->nspans) ctx->nspans++;
+    return MOEX_OK;
+}
+
+/* [p, p + bytes) as a span; fails when it wraps around the address space. */
+static moex_status range_span(moex_context *ctx, const char *op, const char *name, const void *p, size_t bytes,
+                              moex_span_role role, moex_span *s) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->out = role == MOEX_SPAN_OUT;
+    if (!p || bytes == 0) return MOEX_OK;   /* empty: overlaps nothing */
+    s->lo = (uintptr_t)p;
+    if (bytes > UINTPTR_MAX - s->lo)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s (%zu bytes at %p) wraps around the address space", op,
+                         name, bytes, p);
+    s->hi = s->lo + bytes;
+    return MOEX_OK;
+}
+
+moex_status moex_record_span(moex_context *ctx, const char *op, const char *name, const void *p, size_t bytes,
+                             moex_span_role role) {
+    moex_span s;
+    MOEX_TRY(range_span(ctx, op, name, p, bytes, role, &s));
+    return add_span(ctx, op, &s);
+}
+
+static size_t tensor_bytes(const moex_tensor *t) {
+    return (size_t)moex_numel(t) * moex_dtype_size(t->dtype);   /* validated: <= 8 MOEX_MAX_ELEMS */
+}
+
+/* ---- tensors ------------------------------------------------------------------------- */
+
+/* ndim, shape, element count, dtype and data of t (no span recorded). */
+static moex_status check_shape(moex_context *ctx, const char *op, const char *name, const moex_tensor *t, int ndim,
+                               const int64_t *shape, unsigned dtypes) {
     char want[128], got[128];
     if (t->ndim == 0)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s is required but absent (ndim == 0)", op, name);
@@ -50,18 +96,17 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
     if (t->ndim != ndim)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %d-D %s, got %d-D %s", op, name, ndim,
                          want, (int)t->ndim, got);
-    /* The element count, kept small enough that every byte offset fits an int64. */
-    const int64_t max_elems = INT64_MAX / 8;
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
         if (t->shape[i] < 0)
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s has a negative dimension: %s", op, name, got);
         if (shape[i] >= 0 && t->shape[i] != shape[i])
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, want, got);
-        if (t->shape[i] > 0 && numel > max_elems / t->shape[i])
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements", op, name, got);
-        numel *= t->shape[i];
     }
+    for (int i = 0; i < ndim; i++)
+        if (!moex_i64_mul(numel, t->shape[i], &numel) || numel > MOEX_MAX_ELEMS)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements (more than 2^60)", op, name,
+                             got);
     if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_I64 || !(dtypes & MOEX_DT(t->dtype))) {
         char dts[64];
         format_dtypes(dts, sizeof dts, dtypes);
@@ -73,28 +118,143 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
     return MOEX_OK;
 }
 
+static moex_status check_tensor_as(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                                   int ndim, const int64_t *shape, unsigned dtypes, moex_span_role role) {
+    MOEX_TRY(check_shape(ctx, op, name, t, ndim, shape, dtypes));
+    return moex_record_span(ctx, op, name, t->data, tensor_bytes(t), role);
+}
+
+moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              int ndim, const int64_t *shape, unsigned dtypes) {
+    return check_tensor_as(ctx, op, name, t, ndim, shape, dtypes, MOEX_SPAN_IN);
+}
+
+moex_status moex_check_output(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              int ndim, const int64_t *shape, unsigned dtypes) {
+    return check_tensor_as(ctx, op, name, t, ndim, shape, dtypes, MOEX_SPAN_OUT);
+}
+
 moex_status moex_check_optional(moex_context *ctx, const char *op, const char *name,
                                 const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes) {
     if (t->ndim == 0) return MOEX_OK;
-    return moex_check_tensor(ctx, op, name, t, ndim, shape, dtypes);
+    return check_tensor_as(ctx, op, name, t, ndim, shape, dtypes, MOEX_SPAN_IN);
 }
 
-moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
-                              int64_t G, int64_t R, int64_t C, unsigned dtypes) {
+moex_status moex_check_optional_output(moex_context *ctx, const char *op, const char *name,
+                                       const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes) {
+    if (t->ndim == 0) return MOEX_OK;
+    return check_tensor_as(ctx, op, name, t, ndim, shape, dtypes, MOEX_SPAN_OUT);
+}
+
+static moex_status check_weight_as(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
+                                   int64_t G, int64_t R, int64_t C, unsigned dtypes, moex_span_role role) {
     const int64_t shape[3] = {G, R, C};
-    if (!w->ptrs) return moex_check_tensor(ctx, op, name, &w->t, 3, shape, dtypes);
+    if (!w->ptrs) return check_tensor_as(ctx, op, name, &w->t, 3, shape, dtypes, role);
     if (w->t.data)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s has both t.data and ptrs; discrete weights set t.data = NULL", op, name);
     /* Discrete: t describes dtype and shape only; check it as if it had data. */
     moex_tensor desc = w->t;
     desc.data = (void *)w->ptrs;
-    MOEX_TRY(moex_check_tensor(ctx, op, name, &desc, 3, shape, dtypes));
-    /* The pointer array is host memory only on the CPU backend. */
-    if (ctx->backend == MOEX_BACKEND_CPU && desc.shape[1] * desc.shape[2] > 0)
-        for (int64_t g = 0; g < desc.shape[0]; g++)
-            if (!w->ptrs[g])
-                return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.ptrs[%lld] is NULL", op, name, (long long)g);
+    MOEX_TRY(check_shape(ctx, op, name, &desc, 3, shape, dtypes));
+    const int64_t nmat = desc.shape[0];
+    const size_t mat_bytes = (size_t)(desc.shape[1] * desc.shape[2]) * moex_dtype_size(desc.dtype);
+    char arr[32];
+    snprintf(arr, sizeof arr, "%s.ptrs", name);
+    MOEX_TRY(moex_record_span(ctx, op, arr, w->ptrs, (size_t)nmat * sizeof(void *), MOEX_SPAN_IN));
+    /* The pointer array is host memory only on the CPU backend: there the matrices are
+     * checked too, and recorded for the overlap rule. */
+    if (ctx->backend != MOEX_BACKEND_CPU || mat_bytes == 0) return MOEX_OK;
+    for (int64_t g = 0; g < nmat; g++) {
+        if (!w->ptrs[g])
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.ptrs[%lld] is NULL", op, name, (long long)g);
+        if (mat_bytes > UINTPTR_MAX - (uintptr_t)w->ptrs[g])
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.ptrs[%lld] wraps around the address space", op,
+                             name, (long long)g);
+    }
+    moex_span s;
+    memset(&s, 0, sizeof s);
+    snprintf(s.name, sizeof s.name, "%s", name);
+    s.mats = w->ptrs;
+    s.nmats = nmat;
+    s.mat_bytes = mat_bytes;
+    s.out = role == MOEX_SPAN_OUT;
+    return add_span(ctx, op, &s);
+}
+
+moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
+                              int64_t G, int64_t R, int64_t C, unsigned dtypes) {
+    return check_weight_as(ctx, op, name, w, G, R, C, dtypes, MOEX_SPAN_IN);
+}
+
+moex_status moex_check_weight_output(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
+                                     int64_t G, int64_t R, int64_t C, unsigned dtypes) {
+    return check_weight_as(ctx, op, name, w, G, R, C, dtypes, MOEX_SPAN_OUT);
+}
+
+moex_status moex_check_internal(moex_context *ctx, const char *op, const char *name, int64_t rows, int64_t cols) {
+    int64_t n;
+    if (!moex_i64_mul(rows, cols, &n) || n > MOEX_MAX_ELEMS)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: the intermediate %s [%lld, %lld] would have too many elements (more than 2^60)", op, name,
+                         (long long)rows, (long long)cols);
+    return MOEX_OK;
+}
+
+/* ---- the overlap rule ------------------------------------------------------------------ */
+
+/* Piece m of a span: the span's range, or matrix m of a discrete weight. */
+static int64_t span_pieces(const moex_span *s) { return s->mats ? s->nmats : 1; }
+
+static void span_piece(const moex_span *s, int64_t m, uintptr_t *lo, uintptr_t *hi) {
+    if (!s->mats) {
+        *lo = s->lo, *hi = s->hi;
+        return;
+    }
+    *lo = (uintptr_t)s->mats[m];
+    *hi = *lo + s->mat_bytes;
+}
+
+static void piece_name(char *buf, size_t n, const moex_span *s, int64_t m) {
+    if (s->mats)
+        snprintf(buf, n, "%s.ptrs[%lld]", s->name, (long long)m);
+    else
+        snprintf(buf, n, "%s", s->name);
+}
+
+/* Whether a piece of a overlaps a piece of b (for a == b, two different pieces). */
+static bool spans_overlap(const moex_span *a, const moex_span *b, int64_t *ma, int64_t *mb) {
+    for (int64_t i = 0; i < span_pieces(a); i++) {
+        uintptr_t alo, ahi;
+        span_piece(a, i, &alo, &ahi);
+        if (alo == ahi) continue;
+        for (int64_t j = a == b ? i + 1 : 0; j < span_pieces(b); j++) {
+            uintptr_t blo, bhi;
+            span_piece(b, j, &blo, &bhi);
+            if (blo != bhi && alo < bhi && blo < ahi) {
+                *ma = i, *mb = j;
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+moex_status moex_check_overlap(moex_context *ctx, const char *op) {
+    for (int i = 0; i < ctx->nspans; i++) {
+        const moex_span *a = &ctx->spans[i];
+        for (int j = a->out ? i : i + 1; j < ctx->nspans; j++) {
+            const moex_span *b = &ctx->spans[j];
+            int64_t ma, mb;
+            if (!(a->out || b->out) || !spans_overlap(a, b, &ma, &mb)) continue;
+            char an[64], bn[64];   /* the output first */
+            piece_name(an, sizeof an, a->out ? a : b, a->out ? ma : mb);
+            piece_name(bn, sizeof bn, a->out ? b : a, a->out ? mb : ma);
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                             "%s: %s overlaps %s in memory (an output may not overlap another tensor, the "
+                             "workspace or saved)", op, an, bn);
+        }
+    }
     return MOEX_OK;
 }
 
@@ -136,27 +296,36 @@ moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mo
     return MOEX_OK;
 }
 
-size_t moex_ws_public_size(size_t backend_bytes) {
-    return backend_bytes ? backend_bytes + MOEX_WS_ALIGN : 0;
+/* ---- caller buffers ------------------------------------------------------------------ */
+
+moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
+                                    size_t *bytes) {
+    if (backend_bytes > (size_t)PTRDIFF_MAX - MOEX_WS_ALIGN)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: the %s would need more than PTRDIFF_MAX bytes; the shapes are too large", op, name);
+    *bytes = backend_bytes ? backend_bytes + MOEX_WS_ALIGN : 0;
+    return MOEX_OK;
 }
 
-moex_status moex_ws_prepare(moex_context *ctx, const char *op, size_t backend_bytes, void *ws,
-                            size_t ws_bytes, void **aligned) {
+moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
+                                void *buf, size_t buf_bytes, moex_span_role role, void **aligned) {
+    size_t need;
     *aligned = NULL;
-    if (backend_bytes == 0) return MOEX_OK;
-    size_t need = moex_ws_public_size(backend_bytes);
-    if (!ws || ws_bytes < need)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
-                         "%s: workspace %s%zu bytes, but the workspace-size query asks for %zu", op,
-                         ws ? "has " : "is NULL with ", ws_bytes, need);
-    uintptr_t p = ((uintptr_t)ws + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN;
+    MOEX_TRY(moex_buffer_public_size(ctx, op, name, backend_bytes, &need));
+    if (need == 0) return MOEX_OK;
+    if (!buf || buf_bytes < need)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s%zu bytes, but %s asks for %zu", op, name,
+                         buf ? "has " : "is NULL with ", buf_bytes,
+                         strcmp(name, "saved") == 0 ? "moex_moe_layer_saved_size" : "the workspace-size query", need);
+    uintptr_t p = ((uintptr_t)buf + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN;
     *aligned = (void *)p;
-    return MOEX_OK;
+    return moex_record_span(ctx, op, name, *aligned, backend_bytes, role);
 }
 
 moex_status moex_enter(moex_context *ctx, const char *op, const void *args) {
     if (!ctx) return moex_fail(NULL, MOEX_ERR_INVALID_ARG, "%s: ctx is NULL", op);
     ctx->msg[0] = '\0';
+    ctx->nspans = 0;
     if (!args) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: args is NULL", op);
     return MOEX_OK;
 }

@@ -2,6 +2,11 @@
  * validate.h - private: argument checks shared by the public entry points.
  * Each check returns MOEX_OK, or records "<op>: <name> ..." in ctx and returns
  * MOEX_ERR_INVALID_ARG. Shapes are given as arrays of ndim values; -1 matches any size.
+ *
+ * The tensor checks also record the tensor's byte range in ctx->spans, as read (the
+ * moex_check_tensor family) or written (the *_output family), and MOEX_DISPATCH adds the
+ * workspace and runs the overlap rule (moex_check_overlap) before the backend runs: an
+ * output may overlap no other tensor, the workspace or `saved`; inputs may alias.
  */
 #ifndef MOEX_VALIDATE_H
 #define MOEX_VALIDATE_H
@@ -21,7 +26,8 @@
 
 const char *moex_dtype_name(moex_dtype dt);
 
-/* A required tensor: ndim and shape match, dtype in `dtypes`, data non-NULL unless empty. */
+/* A required input: ndim and shape match, at most MOEX_MAX_ELEMS elements, dtype in
+ * `dtypes`, data non-NULL unless empty, and its bytes do not wrap the address space. */
 moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
                               int ndim, const int64_t *shape, unsigned dtypes);
 
@@ -29,9 +35,31 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
 moex_status moex_check_optional(moex_context *ctx, const char *op, const char *name,
                                 const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes);
 
-/* A grouped weight [G, R, C], packed or discrete (see moex_weight). */
+/* A grouped weight [G, R, C], packed or discrete (see moex_weight), read. */
 moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
                               int64_t G, int64_t R, int64_t C, unsigned dtypes);
+
+/* The same three for outputs (written: "=" or "+="). */
+moex_status moex_check_output(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              int ndim, const int64_t *shape, unsigned dtypes);
+moex_status moex_check_optional_output(moex_context *ctx, const char *op, const char *name,
+                                       const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes);
+moex_status moex_check_weight_output(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
+                                     int64_t G, int64_t R, int64_t C, unsigned dtypes);
+
+/* An intermediate [rows, cols] that the call keeps in its workspace or `saved` (the MoE
+ * layer's logits, xp, h, z): at most MOEX_MAX_ELEMS elements, like a caller's tensor. */
+moex_status moex_check_internal(moex_context *ctx, const char *op, const char *name, int64_t rows, int64_t cols);
+
+/* Records [p, p + bytes) (the workspace, `saved`) as read or written by the call. */
+typedef enum moex_span_role { MOEX_SPAN_IN = 0, MOEX_SPAN_OUT = 1 } moex_span_role;
+moex_status moex_record_span(moex_context *ctx, const char *op, const char *name, const void *p, size_t bytes,
+                             moex_span_role role);
+
+/* The overlap rule over the recorded spans: MOEX_ERR_INVALID_ARG naming the first output
+ * found overlapping another span. Discrete weight matrices are checked on the CPU backend
+ * (on CUDA the pointer array is device memory: only the array itself is checked). */
+moex_status moex_check_overlap(moex_context *ctx, const char *op);
 
 /* True when a weight is present (packed data, discrete pointers, or a described shape). */
 static inline bool moex_weight_present(const moex_weight *w) { return w->t.ndim != 0 || w->ptrs; }
@@ -47,11 +75,15 @@ moex_status moex_check_glu(moex_context *ctx, const char *op, const moex_glu_par
 moex_status moex_check_bias_mode(moex_context *ctx, const char *op, moex_bias_mode mode);
 moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mode mode);
 
-/* The workspace: the public size is the backend's plus alignment slack; `run` gets an
- * aligned pointer. Fails when the caller's buffer is NULL or smaller than the public size. */
-size_t moex_ws_public_size(size_t backend_bytes);
-moex_status moex_ws_prepare(moex_context *ctx, const char *op, size_t backend_bytes, void *ws,
-                            size_t ws_bytes, void **aligned);
+/* A caller buffer sized by a query (the workspace, `saved`): the public size is the
+ * backend's plus alignment slack, and fails (INVALID_ARG) when the backend's size saturated
+ * (MOEX_SIZE_OVERFLOW) or passes PTRDIFF_MAX. `prepare` fails when the caller's buffer is
+ * NULL or smaller than the public size, else gives the aligned pointer and records the
+ * bytes the backend uses as a span of `role`. `name` is "workspace" or "saved". */
+moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
+                                    size_t *bytes);
+moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
+                                void *buf, size_t buf_bytes, moex_span_role role, void **aligned);
 
 /* Common entry checks: ctx and args non-NULL; clears the message. */
 moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
@@ -70,8 +102,8 @@ moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
 #define MOEX_WORKSPACE_SIZE(ctx, op, field, a, d, bytes)                                      \
     do {                                                                                      \
         MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
-        *(bytes) = moex_ws_public_size((ctx)->ops->field##_ws((ctx), (a), &(d)));              \
-        return MOEX_OK;                                                                       \
+        return moex_buffer_public_size((ctx), (op), "workspace",                              \
+                                       (ctx)->ops->field##_ws((ctx), (a), &(d)), (bytes));    \
     } while (0)
 
 #define MOEX_DISPATCH(ctx, op, field, a, d, ws, ws_bytes, stream)                             \
@@ -79,7 +111,9 @@ moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
         MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
         size_t need_ = (ctx)->ops->field##_ws((ctx), (a), &(d));                              \
         void *aligned_ = NULL;                                                                \
-        MOEX_TRY(moex_ws_prepare((ctx), (op), need_, (ws), (ws_bytes), &aligned_));           \
+        MOEX_TRY(moex_buffer_prepare((ctx), (op), "workspace", need_, (ws), (ws_bytes),       \
+                                     MOEX_SPAN_OUT, &aligned_));                              \
+        MOEX_TRY(moex_check_overlap((ctx), (op)));                                            \
         return (ctx)->ops->field((ctx), (a), &(d), aligned_, need_, (stream));                \
     } while (0)
 

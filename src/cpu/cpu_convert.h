@@ -12,12 +12,13 @@
 
 #include "moex_impl.h"
 
-/* The address of element i of an array of dtype dt starting at base. */
+/* The address of element i of an array of dtype dt starting at base. i == 0 gives base
+ * untouched: an empty tensor's data may be NULL, and NULL + 0 is undefined behaviour. */
 static inline void *moex_cpu_at(void *base, moex_dtype dt, int64_t i) {
-    return (char *)base + (size_t)i * moex_dtype_size(dt);
+    return i == 0 ? base : (char *)base + (size_t)i * moex_dtype_size(dt);
 }
 static inline const void *moex_cpu_cat(const void *base, moex_dtype dt, int64_t i) {
-    return (const char *)base + (size_t)i * moex_dtype_size(dt);
+    return i == 0 ? base : (const char *)base + (size_t)i * moex_dtype_size(dt);
 }
 
 /* dst[j] = f32(src[j]) for j < n. */

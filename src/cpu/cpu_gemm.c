@@ -22,7 +22,7 @@
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 static inline int64_t round_up64(int64_t a, int64_t m) { return (a + m - 1) / m * m; }
-static inline size_t bytes64(int64_t floats) { return moex_align_up((size_t)floats * sizeof(float), 64); }
+static inline size_t bytes64(int64_t floats) { return moex_sz_align(moex_sz_bytes(floats, 1, sizeof(float)), 64); }
 
 /* ---- the C loop nest ------------------------------------------------------------------ */
 

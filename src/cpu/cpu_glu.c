@@ -113,7 +113,7 @@ static int64_t glu_grain(int64_t F) {
 }
 
 static size_t glu_ws(const moex_glu_dims *d) {
-    return d->G > 0 ? (size_t)(d->G + 1) * sizeof(int64_t) : 0;
+    return d->G > 0 ? moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)) : 0;
 }
 
 size_t moex_cpu_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a,

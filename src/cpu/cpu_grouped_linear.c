@@ -73,15 +73,15 @@ typedef struct gl_ws {
 
 /* Lays the workspace out (when ws != NULL) and returns its size. */
 static size_t gl_ws_layout(int64_t G, int64_t tile_floats, size_t gemm_bytes, void *ws, gl_ws *out) {
-    const size_t off_bytes = moex_align_up((size_t)(G + 1) * sizeof(int64_t), 64);
-    const size_t tile_bytes = moex_align_up((size_t)tile_floats * sizeof(float), 64);
+    const size_t off_bytes = moex_sz_align(moex_sz_bytes(G + 1, 1, sizeof(int64_t)), 64);
+    const size_t tile_bytes = moex_sz_align(moex_sz_bytes(tile_floats, 1, sizeof(float)), 64);
     if (ws) {
         char *p = (char *)ws;
         out->off = (int64_t *)p;
         out->tile = tile_floats > 0 ? (float *)(p + off_bytes) : NULL;
         out->gemm = gemm_bytes > 0 ? (void *)(p + off_bytes + tile_bytes) : NULL;
     }
-    return off_bytes + tile_bytes + gemm_bytes;
+    return moex_sz_add(moex_sz_add(off_bytes, tile_bytes), gemm_bytes);
 }
 
 /* ---- finishing output rows: bias, probs, rounding ------------------------------------- */

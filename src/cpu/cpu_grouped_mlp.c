@@ -35,20 +35,13 @@ typedef struct ws_layout {
 /* Lays out the offsets, then `n` intermediate buffers of bytes[k] (0: unused, at[k] = 0). */
 static void ws_plan(ws_layout *l, const moex_mlp_dims *d, const size_t *bytes, size_t **at, int n,
                     size_t sub_bytes) {
-    size_t pos = moex_align_up((size_t)(d->G + 1) * sizeof(int64_t), MOEX_WS_ALIGN);
-    l->off = 0;
-    for (int k = 0; k < n; k++) {
-        *at[k] = 0;
-        if (!bytes[k]) continue;
-        *at[k] = pos;
-        pos += moex_align_up(bytes[k], MOEX_WS_ALIGN);
-    }
+    size_t pos = 0;
+    l->off = moex_sz_take(&pos, moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)));
+    for (int k = 0; k < n; k++) *at[k] = bytes[k] ? moex_sz_take(&pos, bytes[k]) : 0;
     l->sub = pos;
     l->sub_bytes = sub_bytes;
-    l->total = pos + sub_bytes;
+    l->total = moex_sz_add(pos, sub_bytes);
 }
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* A [rows, cols] tensor of the activation dtype (data NULL when only its shape matters). */
 static moex_tensor act_2d(void *data, const moex_mlp_dims *d, int64_t cols) {
@@ -56,7 +49,7 @@ static moex_tensor act_2d(void *data, const moex_mlp_dims *d, int64_t cols) {
 }
 
 static size_t act_bytes(const moex_mlp_dims *d, int64_t cols) {
-    return (size_t)d->T * (size_t)cols * moex_dtype_size(d->dt);
+    return moex_sz_bytes(d->T, cols, moex_dtype_size(d->dt));
 }
 
 static moex_gl_dims fc1_dims(const moex_mlp_dims *d) {
@@ -105,8 +98,8 @@ static ws_layout fwd_layout(moex_context *ctx, const moex_grouped_mlp_args *a, c
     moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     moex_glu_dims dg = glu_dims(d);
     size_t sub = moex_cpu_grouped_linear_forward_ws(ctx, &c.fc1, &d1);
-    sub = max_sz(sub, moex_cpu_scaled_glu_forward_ws(ctx, &c.glu, &dg));
-    sub = max_sz(sub, moex_cpu_grouped_linear_forward_ws(ctx, &c.fc2, &d2));
+    sub = moex_sz_max(sub, moex_cpu_scaled_glu_forward_ws(ctx, &c.glu, &dg));
+    sub = moex_sz_max(sub, moex_cpu_grouped_linear_forward_ws(ctx, &c.fc2, &d2));
 
     ws_layout l = {0};
     size_t bytes[1] = {moex_present(&a->z) ? 0 : act_bytes(d, d->F)};
@@ -207,16 +200,16 @@ static ws_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args 
     moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     moex_glu_dims dg = glu_dims(d);
     size_t sub = 0;
-    if (p.recompute_z) sub = max_sz(sub, moex_cpu_scaled_glu_forward_ws(ctx, &c.glu_fwd, &dg));
+    if (p.recompute_z) sub = moex_sz_max(sub, moex_cpu_scaled_glu_forward_ws(ctx, &c.glu_fwd, &dg));
     if (p.fc2_dgrad)
-        sub = max_sz(sub, moex_cpu_grouped_linear_backward_data_ws(ctx, &c.fc2_dgrad, &d2));
+        sub = moex_sz_max(sub, moex_cpu_grouped_linear_backward_data_ws(ctx, &c.fc2_dgrad, &d2));
     if (moex_weight_present(&a->dw2))
-        sub = max_sz(sub, moex_cpu_grouped_linear_backward_weight_ws(ctx, &c.fc2_wgrad, &d2));
-    if (p.need_dz) sub = max_sz(sub, moex_cpu_scaled_glu_backward_ws(ctx, &c.glu_bwd, &dg));
+        sub = moex_sz_max(sub, moex_cpu_grouped_linear_backward_weight_ws(ctx, &c.fc2_wgrad, &d2));
+    if (p.need_dz) sub = moex_sz_max(sub, moex_cpu_scaled_glu_backward_ws(ctx, &c.glu_bwd, &dg));
     if (moex_present(&a->dx) || moex_present(&a->db1))
-        sub = max_sz(sub, moex_cpu_grouped_linear_backward_data_ws(ctx, &c.fc1_dgrad, &d1));
+        sub = moex_sz_max(sub, moex_cpu_grouped_linear_backward_data_ws(ctx, &c.fc1_dgrad, &d1));
     if (moex_weight_present(&a->dw1))
-        sub = max_sz(sub, moex_cpu_grouped_linear_backward_weight_ws(ctx, &c.fc1_wgrad, &d1));
+        sub = moex_sz_max(sub, moex_cpu_grouped_linear_backward_weight_ws(ctx, &c.fc1_wgrad, &d1));
 
     ws_layout l = {0};
     size_t bytes[3] = {p.recompute_z ? act_bytes(d, d->F) : 0, p.need_dz ? act_bytes(d, d->F) : 0,

@@ -36,15 +36,6 @@ typedef struct saved_header {
     int32_t dt, score, norm, pad;
 } saved_header;
 
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
-/* Reserves `bytes` at *pos (aligned) and returns its offset. */
-static size_t take(size_t *pos, size_t bytes) {
-    size_t at = *pos;
-    *pos += moex_align_up(bytes, MOEX_WS_ALIGN);
-    return at;
-}
-
 static void *at(void *base, size_t off) { return base ? (char *)base + off : NULL; }
 
 static const moex_tensor absent_tensor;
@@ -56,19 +47,20 @@ typedef struct saved_layout {
 } saved_layout;
 
 static saved_layout saved_layout_of(const moex_moe_dims *d) {
-    const size_t rows = (size_t)(d->T * d->k), es = moex_dtype_size(d->dt);
+    const int64_t rows = d->T * d->k;   /* validated: fits an int32 */
+    const size_t es = moex_dtype_size(d->dt);
     saved_layout l;
     size_t pos = 0;
-    l.header = take(&pos, sizeof(saved_header));
-    l.logits = take(&pos, (size_t)(d->T * d->E) * sizeof(float));
-    l.probs = take(&pos, rows * sizeof(float));
-    l.ids = take(&pos, rows * sizeof(int32_t));
-    l.splits = take(&pos, (size_t)d->E * sizeof(int64_t));
-    l.row_map = take(&pos, rows * sizeof(int32_t));
-    l.probs_p = take(&pos, rows * sizeof(float));
-    l.xp = take(&pos, rows * (size_t)d->H * es);
-    l.h = take(&pos, rows * (size_t)(2 * d->F) * es);
-    l.z = take(&pos, rows * (size_t)d->F * es);
+    l.header = moex_sz_take(&pos, sizeof(saved_header));
+    l.logits = moex_sz_take(&pos, moex_sz_bytes(d->T, d->E, sizeof(float)));
+    l.probs = moex_sz_take(&pos, moex_sz_bytes(rows, 1, sizeof(float)));
+    l.ids = moex_sz_take(&pos, moex_sz_bytes(rows, 1, sizeof(int32_t)));
+    l.splits = moex_sz_take(&pos, moex_sz_bytes(d->E, 1, sizeof(int64_t)));
+    l.row_map = moex_sz_take(&pos, moex_sz_bytes(rows, 1, sizeof(int32_t)));
+    l.probs_p = moex_sz_take(&pos, moex_sz_bytes(rows, 1, sizeof(float)));
+    l.xp = moex_sz_take(&pos, moex_sz_bytes(rows, d->H, es));
+    l.h = moex_sz_take(&pos, moex_sz_bytes(rows, 2 * d->F, es));
+    l.z = moex_sz_take(&pos, moex_sz_bytes(rows, d->F, es));
     l.total = pos;
     return l;
 }
@@ -181,14 +173,14 @@ static fwd_ws fwd_ws_of(moex_context *ctx, const moex_moe_layer_args *a, const m
     const moex_perm_dims pd = perm_dims(d, d->E), ud = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
     size_t sub = moex_cpu_gemm_scratch_bytes(d->T, d->E, d->H, d->dt, d->dt);
-    sub = max_sz(sub, moex_cpu_router_forward_ws(ctx, &c.router, &rd));
-    sub = max_sz(sub, moex_cpu_permute_forward_ws(ctx, &c.permute, &pd));
-    sub = max_sz(sub, moex_cpu_grouped_mlp_forward_ws(ctx, &c.mlp, &md));
-    sub = max_sz(sub, moex_cpu_unpermute_forward_ws(ctx, &c.unpermute, &ud));
+    sub = moex_sz_max(sub, moex_cpu_router_forward_ws(ctx, &c.router, &rd));
+    sub = moex_sz_max(sub, moex_cpu_permute_forward_ws(ctx, &c.permute, &pd));
+    sub = moex_sz_max(sub, moex_cpu_grouped_mlp_forward_ws(ctx, &c.mlp, &md));
+    sub = moex_sz_max(sub, moex_cpu_unpermute_forward_ws(ctx, &c.unpermute, &ud));
     fwd_ws l;
     size_t pos = 0;
-    l.yp = take(&pos, (size_t)(d->T * d->k * d->H) * moex_dtype_size(d->dt));
-    l.sub = take(&pos, sub);
+    l.yp = moex_sz_take(&pos, moex_sz_bytes(d->T * d->k, d->H, moex_dtype_size(d->dt)));
+    l.sub = moex_sz_take(&pos, sub);
     l.sub_bytes = sub;
     l.total = pos;
     return l;
@@ -280,16 +272,17 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
 
 static bwd_ws bwd_ws_of(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d) {
     const bwd_plan p = bwd_plan_of(a);
-    const size_t rows = (size_t)(d->T * d->k), es = moex_dtype_size(d->dt);
+    const int64_t rows = d->T * d->k;
+    const size_t es = moex_dtype_size(d->dt);
     bwd_ws l;
     size_t pos = 0;
-    l.dyp = take(&pos, rows * (size_t)d->H * es);
-    l.dxp = take(&pos, p.dx ? rows * (size_t)d->H * es : 0);
-    l.dprobs_p = take(&pos, p.router ? rows * sizeof(float) : 0);
-    l.dprobs = take(&pos, p.router ? rows * sizeof(float) : 0);
-    l.dlogits = take(&pos, p.router ? (size_t)(d->T * d->E) * sizeof(float) : 0);
-    l.dxf = take(&pos, p.dx ? (size_t)(d->T * d->H) * sizeof(float) : 0);
-    l.drw = take(&pos, p.drw_tmp ? (size_t)(d->E * d->H) * sizeof(float) : 0);
+    l.dyp = moex_sz_take(&pos, moex_sz_bytes(rows, d->H, es));
+    l.dxp = moex_sz_take(&pos, p.dx ? moex_sz_bytes(rows, d->H, es) : 0);
+    l.dprobs_p = moex_sz_take(&pos, p.router ? moex_sz_bytes(rows, 1, sizeof(float)) : 0);
+    l.dprobs = moex_sz_take(&pos, p.router ? moex_sz_bytes(rows, 1, sizeof(float)) : 0);
+    l.dlogits = moex_sz_take(&pos, p.router ? moex_sz_bytes(d->T, d->E, sizeof(float)) : 0);
+    l.dxf = moex_sz_take(&pos, p.dx ? moex_sz_bytes(d->T, d->H, sizeof(float)) : 0);
+    l.drw = moex_sz_take(&pos, p.drw_tmp ? moex_sz_bytes(d->E, d->H, sizeof(float)) : 0);
 
     const saved_views v = saved_views_of(NULL, d);
     bwd_calls c;
@@ -298,15 +291,15 @@ static bwd_ws bwd_ws_of(moex_context *ctx, const moex_moe_layer_grad_args *a, co
     const moex_perm_dims pd = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
     size_t sub = moex_cpu_unpermute_backward_ws(ctx, &c.unpermute, &pd);
-    sub = max_sz(sub, moex_cpu_grouped_mlp_backward_ws(ctx, &c.mlp, &md));
+    sub = moex_sz_max(sub, moex_cpu_grouped_mlp_backward_ws(ctx, &c.mlp, &md));
     if (p.router) {
-        sub = max_sz(sub, moex_cpu_permute_backward_ws(ctx, &c.permute, &pd));
-        sub = max_sz(sub, moex_cpu_router_backward_ws(ctx, &c.router, &rd));
+        sub = moex_sz_max(sub, moex_cpu_permute_backward_ws(ctx, &c.permute, &pd));
+        sub = moex_sz_max(sub, moex_cpu_router_backward_ws(ctx, &c.router, &rd));
         /* dRw = dlogits^T x and dx += dlogits Wr */
-        sub = max_sz(sub, moex_cpu_gemm_scratch_bytes(d->E, d->H, d->T, MOEX_DTYPE_F32, d->dt));
-        sub = max_sz(sub, moex_cpu_gemm_scratch_bytes(d->T, d->H, d->E, MOEX_DTYPE_F32, d->dt));
+        sub = moex_sz_max(sub, moex_cpu_gemm_scratch_bytes(d->E, d->H, d->T, MOEX_DTYPE_F32, d->dt));
+        sub = moex_sz_max(sub, moex_cpu_gemm_scratch_bytes(d->T, d->H, d->E, MOEX_DTYPE_F32, d->dt));
     }
-    l.sub = take(&pos, sub);
+    l.sub = moex_sz_take(&pos, sub);
     l.sub_bytes = sub;
     l.total = pos;
     return l;

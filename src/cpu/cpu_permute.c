@@ -110,7 +110,7 @@ static void scatter_tokens(void *arg, int64_t begin, int64_t end) {
 /* ---- permute ------------------------------------------------------------------------- */
 
 size_t moex_cpu_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
-    return (size_t)d->E * sizeof(int64_t);
+    return moex_sz_bytes(d->E, 1, sizeof(int64_t));
 }
 
 moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d,
@@ -182,7 +182,7 @@ moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_unpermute_a
 
 size_t moex_cpu_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
                                       const moex_perm_dims *d) {
-    return (size_t)(d->T * d->k);   /* one flag per row */
+    return moex_sz_bytes(d->T, d->k, 1);   /* one flag per row */
 }
 
 moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,

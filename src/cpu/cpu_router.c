@@ -112,7 +112,7 @@ static void router_forward_chunks(void *arg, int64_t cbegin, int64_t cend) {
 }
 
 size_t moex_cpu_router_forward_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) {
-    return (size_t)num_chunks(d->T) * (size_t)(2 * d->E) * sizeof(float);
+    return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
 moex_status moex_cpu_router_forward(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d,
@@ -163,7 +163,7 @@ static void router_backward_chunks(void *arg, int64_t cbegin, int64_t cend) {
 }
 
 size_t moex_cpu_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
-    return (size_t)num_chunks(d->T) * (size_t)(2 * d->E) * sizeof(float);
+    return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
 moex_status moex_cpu_router_backward(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d,
