@@ -25,7 +25,7 @@ static size_t fwd_layout(const moex_grouped_mlp_args *a, const moex_mlp_dims *d,
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, s, d->G, d->T);
     *z = moex_present(&a->z) ? a->z.data
-                             : moex_cuda_take(&c, (size_t)(d->T * d->F) * moex_dtype_size(d->dt));
+                             : moex_cuda_take(&c, moex_sz_bytes(d->T, d->F, moex_dtype_size(d->dt)));
     return c.used;
 }
 
@@ -99,9 +99,9 @@ static size_t bwd_layout(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
     moex_cuda_carver c = {base, 0};
     size_t es = moex_dtype_size(d->dt);
     moex_cuda_sched_take(&c, &b->s, d->G, d->T);
-    b->z = p->recompute_z ? moex_cuda_take(&c, (size_t)(d->T * d->F) * es) : a->z.data;
-    b->dz = p->need_dz ? moex_cuda_take(&c, (size_t)(d->T * d->F) * es) : NULL;
-    b->dh = p->need_dh ? moex_cuda_take(&c, (size_t)(d->T * 2 * d->F) * es) : NULL;
+    b->z = p->recompute_z ? moex_cuda_take(&c, moex_sz_bytes(d->T, d->F, es)) : a->z.data;
+    b->dz = p->need_dz ? moex_cuda_take(&c, moex_sz_bytes(d->T, d->F, es)) : NULL;
+    b->dh = p->need_dh ? moex_cuda_take(&c, moex_sz_bytes(d->T, 2 * d->F, es)) : NULL;
     int64_t ncols = 0;
     if (p->db2) ncols = d->H;
     if (p->db1 && 2 * d->F > ncols) ncols = 2 * d->F;

@@ -33,16 +33,17 @@ typedef struct saved_views {
 
 static size_t saved_layout(const moex_moe_dims *d, char *base, saved_views *v) {
     moex_cuda_carver c = {base, 0};
-    const size_t rows = (size_t)(d->T * d->k), es = moex_dtype_size(d->dt);
-    v->logits = (float *)moex_cuda_take(&c, (size_t)(d->T * d->E) * sizeof(float));
+    const int64_t rows = d->T * d->k;   /* validated: fits an int32 */
+    const size_t es = moex_dtype_size(d->dt);
+    v->logits = (float *)moex_cuda_take(&c, moex_sz_bytes(d->T, d->E, sizeof(float)));
     v->probs = (float *)moex_cuda_take(&c, rows * sizeof(float));
     v->ids = (int32_t *)moex_cuda_take(&c, rows * sizeof(int32_t));
-    v->splits = (int64_t *)moex_cuda_take(&c, (size_t)d->E * sizeof(int64_t));
+    v->splits = (int64_t *)moex_cuda_take(&c, moex_sz_bytes(d->E, 1, sizeof(int64_t)));
     v->row_map = (int32_t *)moex_cuda_take(&c, rows * sizeof(int32_t));
     v->probs_p = (float *)moex_cuda_take(&c, rows * sizeof(float));
-    v->xp = moex_cuda_take(&c, rows * (size_t)d->H * es);
-    v->h = moex_cuda_take(&c, rows * (size_t)(2 * d->F) * es);
-    v->z = moex_cuda_take(&c, rows * (size_t)d->F * es);
+    v->xp = moex_cuda_take(&c, moex_sz_bytes(rows, d->H, es));
+    v->h = moex_cuda_take(&c, moex_sz_bytes(rows, 2 * d->F, es));
+    v->z = moex_cuda_take(&c, moex_sz_bytes(rows, d->F, es));
     return c.used;
 }
 
@@ -101,7 +102,7 @@ static size_t fwd_layout(moex_context *ctx, const moex_moe_layer_args *a, const 
                          fwd_bufs *b) {
     moex_cuda_carver c = {base, 0};
     moex_cuda_sched_take(&c, &b->s1, 1, d->T);
-    b->yp = moex_cuda_take(&c, (size_t)(d->T * d->k * d->H) * moex_dtype_size(d->dt));
+    b->yp = moex_cuda_take(&c, moex_sz_bytes(d->T * d->k, d->H, moex_dtype_size(d->dt)));
     saved_views v = {};
     moex_grouped_mlp_args m = mlp_args(a, d, &v, NULL);
     moex_mlp_dims md = mlp_dims(d);
@@ -201,15 +202,16 @@ static moex_grouped_mlp_grad_args mlp_grad_args(const moex_moe_layer_grad_args *
 static size_t bwd_layout(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d, char *base,
                          bwd_bufs *b) {
     moex_cuda_carver c = {base, 0};
-    const size_t rows = (size_t)(d->T * d->k), es = moex_dtype_size(d->dt);
+    const int64_t rows = d->T * d->k;
+    const size_t es = moex_dtype_size(d->dt);
     const bool dx = moex_present(&a->dx), router = dx || moex_present(&a->drouter_w);
     moex_cuda_sched_take(&c, &b->s1, 1, d->T);
-    b->dyp = moex_cuda_take(&c, rows * (size_t)d->H * es);
-    b->dxp = dx ? moex_cuda_take(&c, rows * (size_t)d->H * es) : NULL;
+    b->dyp = moex_cuda_take(&c, moex_sz_bytes(rows, d->H, es));
+    b->dxp = dx ? moex_cuda_take(&c, moex_sz_bytes(rows, d->H, es)) : NULL;
     b->dprobs_p = router ? (float *)moex_cuda_take(&c, rows * sizeof(float)) : NULL;
     b->dprobs = router ? (float *)moex_cuda_take(&c, rows * sizeof(float)) : NULL;
-    b->dlogits = router ? (float *)moex_cuda_take(&c, (size_t)(d->T * d->E) * sizeof(float)) : NULL;
-    b->dxf = dx ? (float *)moex_cuda_take(&c, (size_t)(d->T * d->H) * sizeof(float)) : NULL;
+    b->dlogits = router ? (float *)moex_cuda_take(&c, moex_sz_bytes(d->T, d->E, sizeof(float))) : NULL;
+    b->dxf = dx ? (float *)moex_cuda_take(&c, moex_sz_bytes(d->T, d->H, sizeof(float))) : NULL;
     saved_views v = {};
     moex_grouped_mlp_grad_args m = mlp_grad_args(a, d, &v, b);
     moex_mlp_dims md = mlp_dims(d);

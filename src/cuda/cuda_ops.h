@@ -91,8 +91,7 @@ typedef struct moex_cuda_carver {
 } moex_cuda_carver;
 
 static inline void *moex_cuda_take(moex_cuda_carver *c, size_t bytes) {
-    size_t at = moex_align_up(c->used, 256);
-    c->used = at + moex_align_up(bytes, 256);
+    const size_t at = moex_sz_take(&c->used, bytes);   /* saturates: the core refuses it */
     return c->base ? (void *)(c->base + at) : NULL;
 }
 

@@ -13,7 +13,7 @@
 #define COLS_PER_CTA 256
 
 size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N) {
-    return (size_t)moex_cuda_max_tiles(T, G) * (size_t)N * sizeof(float);
+    return moex_sz_bytes(moex_cuda_max_tiles(T, G), N, sizeof(float));
 }
 
 /* partial[t, n] = sum over the rows of row tile t (in order) of (p_r *) src[r, n]. */

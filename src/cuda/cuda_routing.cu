@@ -184,7 +184,7 @@ moex_status moex_cuda_router_bwd_run(moex_context *ctx, const char *op, const vo
 static int64_t perm_chunks(int64_t n) { return (n + PERM_CHUNK - 1) / PERM_CHUNK; }
 
 size_t moex_cuda_permute_ws(int64_t T, int64_t k, int64_t E) {
-    return (size_t)perm_chunks(T * k) * (size_t)E * sizeof(int32_t);
+    return moex_sz_bytes(perm_chunks(T * k), E, sizeof(int32_t));
 }
 
 /* counts[c, e] = entries of chunk c with id e (one warp per chunk, smem cnt[E]). */

@@ -74,8 +74,8 @@ sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t 
 }
 
 void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T) {
-    s->off = (int64_t *)moex_cuda_take(c, (size_t)(G + 1) * sizeof(int64_t));
-    s->tiles = (int32_t *)moex_cuda_take(c, (size_t)(G + 1) * sizeof(int32_t));
+    s->off = (int64_t *)moex_cuda_take(c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
+    s->tiles = (int32_t *)moex_cuda_take(c, moex_sz_bytes(G + 1, 1, sizeof(int32_t)));
     s->G = G;
     s->T = T;
     s->gemm_ws = NULL;
