@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu_check.sh - everything the GPU machine checks, in one call:
 #   build (cmake -G Ninja, CMAKE_CUDA_ARCHITECTURES=90a), ctest (all tests, CPU and `cuda`),
-#   compute-sanitizer memcheck, racecheck and synccheck over the CUDA tests, `moex check`, a short
+#   compute-sanitizer memcheck, racecheck, synccheck and initcheck over the CUDA tests, `moex check`, a short
 #   `moex train --backend cuda`, `moex bench --backend cuda` (balanced and skewed splits;
 #   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
 #   PyTorch baselines on the same shapes (bench/torch_baseline.py, both modes, and the grouped
@@ -67,7 +67,7 @@ if has sanitize; then
     export SAN_TIMEOUT
     # every CUDA test with its defaults, and the Hopper GEMM with stream-K forced on small
     # grids (with and without clusters)
-    logs=$(for tool in memcheck racecheck synccheck; do
+    logs=$(for tool in memcheck racecheck synccheck initcheck; do
                for t in "$BUILD"/tests/cuda_test_*; do echo "$tool $t"; done
                echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 0 0 0 0 6 2"
                echo "$tool $BUILD/tests/cuda_test_sm90_gemm 1 1 0 0 0 5 2"

@@ -1,0 +1,143 @@
+/*
+ * test_gpu_robustness.c - issue 13's rules on the CUDA backend (tests/test_robustness.c
+ * holds the CPU cases): the overlap rule with device pointers (an output on an input, on
+ * another output, on the workspace, on `saved`), sizes that would wrap (the MoE layer's
+ * saved and workspace queries), and empty tensors with NULL data. Every tensor lives in one
+ * device arena poisoned with 0xFF; each refused call must leave the arena bitwise as it was.
+ */
+#include "cuda_mirror.h"
+
+#define F32 MOEX_DTYPE_F32
+#define F16 MOEX_DTYPE_F16
+#define I32 MOEX_DTYPE_I32
+#define I64 MOEX_DTYPE_I64
+#define P2(e) ((int64_t)1 << (e))
+#define ARENA (1u << 20)
+
+static unsigned char *arena;        /* device */
+static unsigned char *snapshot;     /* host copy taken before a refused call */
+
+static void take_snapshot(void) { cm_to_host(snapshot, arena, ARENA); }
+
+static void check_arena(const char *label, int line) {
+    unsigned char *now = (unsigned char *)tu_alloc(ARENA);
+    cm_die(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    cm_to_host(now, arena, ARENA);
+    tu_record(memcmp(now, snapshot, ARENA) == 0, __FILE__, line, "%s: the arena was written", label);
+    free(now);
+}
+
+static void expect_refused(moex_context *ctx, moex_status st, const char *n1, const char *n2, const char *label,
+                           int line) {
+    const char *msg = moex_last_error(ctx);
+    tu_record(st == MOEX_ERR_INVALID_ARG, __FILE__, line, "%s: got %s, want MOEX_ERR_INVALID_ARG (\"%s\")", label,
+              moex_status_string(st), msg);
+    tu_record(!n1 || strstr(msg, n1), __FILE__, line, "%s: message \"%s\" does not name \"%s\"", label, msg, n1);
+    tu_record(!n2 || strstr(msg, n2), __FILE__, line, "%s: message \"%s\" does not name \"%s\"", label, msg, n2);
+    check_arena(label, line);
+}
+#define REFUSED(ctx, call, n1, n2)                                                             \
+    do {                                                                                       \
+        take_snapshot();                                                                       \
+        expect_refused((ctx), (call), (n1), (n2), #call, __LINE__);                            \
+    } while (0)
+
+static void overlap_cases(moex_context *ctx) {
+    enum { G = 2, T = 8, K = 4, N = 4 };
+    const int64_t splits[G] = {3, 4};
+    cm_die(cudaMemcpy(arena + 60000, splits, sizeof splits, cudaMemcpyHostToDevice), "cudaMemcpy");
+    float *x = (float *)arena, *w = x + 100, *bias = x + 200, *y = x + 400, *ws = x + 1000;
+    moex_grouped_linear_args a = {
+        .x = moex_tensor_2d(x, F32, T, K), .w = moex_weight_packed(moex_tensor_3d(w, F32, G, N, K)),
+        .bias_mode = MOEX_BIAS_ADD, .bias = moex_tensor_2d(bias, F32, G, N),
+        .splits = moex_tensor_1d(arena + 60000, I64, G), .y = moex_tensor_2d(y, F32, T, N)};
+    size_t bytes;
+    CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    CHECK(bytes < 50000);
+    moex_grouped_linear_args b = a;
+    b.y.data = x + 3;
+    REFUSED(ctx, moex_grouped_linear_forward(ctx, &b, ws, bytes, NULL), "y overlaps x", NULL);
+    b.y.data = arena + 60000 - 8;
+    REFUSED(ctx, moex_grouped_linear_forward(ctx, &b, ws, bytes, NULL), "y overlaps splits", NULL);
+    b = a;
+    REFUSED(ctx, moex_grouped_linear_forward(ctx, &b, y + 4, bytes, NULL), "workspace", "y");
+
+    /* permute: probs_p and row_map on one buffer */
+    enum { PT = 7, Pk = 4, PE = 6, PH = 14 };
+    unsigned char *p = arena + 100000;
+    moex_permute_args pa = {
+        .x = moex_tensor_2d(p, F16, PT, PH), .ids = moex_tensor_2d(p + 4096, I32, PT, Pk),
+        .probs = moex_tensor_2d(p + 8192, F32, PT, Pk), .num_experts = PE,
+        .xp = moex_tensor_2d(p + 12288, F16, PT * Pk, PH), .probs_p = moex_tensor_1d(p + 32768, F32, PT * Pk),
+        .splits = moex_tensor_1d(p + 36864, I64, PE), .row_map = moex_tensor_1d(p + 32768, I32, PT * Pk)};
+    CHECK_STATUS(ctx, moex_permute_forward_workspace_size(ctx, &pa, &bytes), MOEX_OK);
+    REFUSED(ctx, moex_permute_forward(ctx, &pa, p + 65536, bytes, NULL), "probs_p", "row_map");
+}
+
+static void size_cases(moex_context *ctx) {
+    static unsigned char stand_in[64];   /* size queries read no data */
+    moex_moe_layer_args a = {
+        .x = moex_tensor_2d(stand_in, F32, P2(22), 1), .router_w = moex_tensor_2d(stand_in, F32, 1, 1), .topk = 1,
+        .w1 = moex_weight_packed(moex_tensor_3d(stand_in, F32, 1, P2(41), 1)),
+        .w2 = moex_weight_packed(moex_tensor_3d(stand_in, F32, 1, 1, P2(40))),
+        .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(stand_in, F32, P2(22), 1)};
+    size_t bytes;
+    REFUSED(ctx, moex_moe_layer_saved_size(ctx, &a, &bytes), "h", "too many elements");
+    REFUSED(ctx, moex_moe_layer_forward_workspace_size(ctx, &a, &bytes), "h", "too many elements");
+}
+
+/* The MoE layer's saved buffer against its output. */
+static void moe_saved_case(moex_context *ctx) {
+    enum { T = 5, H = 8, E = 3, F = 4 };
+    unsigned char *base = arena + 200000;
+    moex_moe_layer_args a = {
+        .x = moex_tensor_2d(base, F32, T, H), .router_w = moex_tensor_2d(base + 1024, F32, E, H), .topk = 2,
+        .w1 = moex_weight_packed(moex_tensor_3d(base + 2048, F32, E, 2 * F, H)),
+        .w2 = moex_weight_packed(moex_tensor_3d(base + 8192, F32, E, H, F)),
+        .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(base + 12288, F32, T, H)};
+    size_t saved_bytes, ws_bytes;
+    CHECK_STATUS(ctx, moex_moe_layer_saved_size(ctx, &a, &saved_bytes), MOEX_OK);
+    CHECK_STATUS(ctx, moex_moe_layer_forward_workspace_size(ctx, &a, &ws_bytes), MOEX_OK);
+    CHECK(saved_bytes + ws_bytes < 600000);
+    a.saved = base + 16384;
+    a.saved_bytes = saved_bytes;
+    a.y.data = base + 16384 + saved_bytes / 2;
+    REFUSED(ctx, moex_moe_layer_forward(ctx, &a, base + 16384 + saved_bytes + 256, ws_bytes, NULL), "y", "saved");
+}
+
+/* Empty tensors with NULL data: OK, and dW of empty groups is zeros. */
+static void empty_case(moex_context *ctx) {
+    enum { G = 2, K = 4, N = 4 };
+    const int64_t splits[G] = {0, 0};
+    int64_t *ds = (int64_t *)cm_to_dev(splits, sizeof splits);
+    float *dw = (float *)cm_malloc(G * N * K * sizeof(float));
+    cm_die(cudaMemset(dw, 0xFF, G * N * K * sizeof(float)), "cudaMemset");
+    moex_grouped_linear_wgrad_args wg = {
+        .x = moex_tensor_2d(NULL, F32, 0, K), .dy = moex_tensor_2d(NULL, F32, 0, N),
+        .splits = moex_tensor_1d(ds, I64, G), .dw_mode = MOEX_GRAD_WRITE,
+        .dw = moex_weight_packed(moex_tensor_3d(dw, F32, G, N, K))};
+    size_t bytes;
+    CHECK_STATUS(ctx, moex_grouped_linear_backward_weight_workspace_size(ctx, &wg, &bytes), MOEX_OK);
+    void *ws = cm_malloc(bytes);
+    CHECK_STATUS(ctx, moex_grouped_linear_backward_weight(ctx, &wg, ws, bytes, NULL), MOEX_OK);
+    CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);
+    float host[G * N * K];
+    cm_to_host(host, dw, sizeof host);
+    for (int i = 0; i < G * N * K; i++) CHECK_MSG(host[i] == 0.0f, "dw[%d] = %g, want 0", i, host[i]);
+    cudaFree(ds), cudaFree(dw), cudaFree(ws);
+}
+
+int main(void) {
+    moex_context *ctx = cm_context();
+    arena = (unsigned char *)cm_malloc(ARENA);
+    cm_die(cudaMemset(arena, 0xFF, ARENA), "cudaMemset");
+    snapshot = (unsigned char *)tu_alloc(ARENA);
+    overlap_cases(ctx);
+    size_cases(ctx);
+    moe_saved_case(ctx);
+    empty_case(ctx);
+    cudaFree(arena);
+    free(snapshot);
+    moex_context_destroy(ctx);
+    return tu_finish();
+}
