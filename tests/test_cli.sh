@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # test_cli.sh - end-to-end test of the `moex` command-line tool: --version and --help of
 # every subcommand, bad command lines (exit status 2, a message on stderr, nothing on
-# stdout), `moex check` on the CPU (exit 0, every row PASS), a short `moex train --json`
-# whose loss falls at least 5x (JSON parsed, CSV and SVG checked), plain progress lines
-# when stdout is not a terminal, and a tiny `moex bench --json`.
+# stdout), exact integer options, runs refused before they start (exit status 1, a
+# message, nothing on stdout: more memory than --max-memory, a GPU-sized bench config on
+# the CPU, an unwritable --out), `moex check` on the CPU (exit 0, every row PASS), a short
+# `moex train --json` whose loss falls at least 5x (JSON parsed, CSV and SVG checked),
+# plain progress lines when stdout is not a terminal, and a tiny `moex bench --json`.
 #
 # usage: bash tests/test_cli.sh /path/to/moex
 set -u
@@ -81,6 +83,65 @@ bad train --experts 4 --topk 5
 bad train --json=yes
 run 2 "$MOEX" train --bogus-flag
 grep_in "$TMP/err" "bogus-flag" "the message names the bad option"
+
+# integer options are parsed exactly: 2^53 is the largest seed, 2^53 + 1 is refused (it
+# would round to 2^53 through a double)
+for cmd in "check --backend cpu" "bench --backend cpu" "train"; do
+    bad $cmd --seed 9007199254740993
+    grep_in "$TMP/err" "--seed 9007199254740993 is out of range \[0, 9007199254740992\]" "$cmd: exact --seed range"
+done
+bad train --tokens 99999999999999999999
+grep_in "$TMP/err" "--tokens 99999999999999999999 is out of range" "an integer past int64"
+bad train --steps " 5"
+bad train --steps 1e3
+bad train --max-memory 0
+bad train --max-memory 8GB
+bad train --max-memory 1.5G
+bad train --max-memory 8388608T   # 2^63 bytes: past int64
+bad bench --backend cpu --max-memory abc
+for cmd in bench train; do
+    run 0 "$MOEX" "$cmd" --help
+    grep_in "$TMP/out" "^  --max-memory BYTES" "$cmd --help documents --max-memory"
+done
+run 0 "$MOEX" train --backend cpu --steps 1 --seed 9007199254740992 --out "$TMP/seed"
+grep_in "$TMP/out" "seed 9007199254740992\$" "train keeps the seed 2^53 exactly"
+
+# ---- runs refused before they start: status 1, a message on stderr, nothing on stdout ----
+refuse() {
+    local pattern=$1
+    shift
+    run 1 "$MOEX" "$@"
+    grep_in "$TMP/err" "$pattern" "'moex $*' message"
+    if [ ! -s "$TMP/out" ]; then pass; else fail "'moex $*': wrote to stdout"; fi
+}
+# memory: the estimate against --max-memory (so the result does not depend on the machine)
+MEM_MSG='this run needs about [0-9.]+ [KMGT]iB of host memory, but --max-memory allows'
+refuse "$MEM_MSG 1\.0 KiB" train --backend cpu --steps 1 --max-memory 1K --out "$TMP/mem"
+[ ! -e "$TMP/mem" ] && pass || fail "a refused train created its --out directory"
+run 0 "$MOEX" train --backend cpu --steps 1 --max-memory 8G --out "$TMP/mem"
+run 0 "$MOEX" train --backend cpu --steps 1 --max-memory 512m --out "$TMP/mem"
+refuse "$MEM_MSG 1\.0 KiB" bench --backend cpu --config tiny --iters 1 --max-memory 1K
+run 0 "$MOEX" bench --backend cpu --config tiny --iters 1 --max-memory 8G
+refuse "$MEM_MSG 64\.0 MiB" bench --backend cpu --config small --ops all --iters 1 --max-memory 64M
+refuse "$MEM_MSG 1\.0 GiB" bench --backend cpu --config many --ops other --iters 1 --max-memory 1G
+# found by fuzzing: tens of GiB, killed by the OOM killer before the check
+refuse "this run needs about [0-9.]+ GiB of host memory, but --max-memory allows 8\.0 GiB" \
+    train --tokens 16777216 --hidden 59 --ffn 1 --experts 1 --topk 1 --steps 1 --max-memory 8G --out "$TMP/mem"
+# a GPU-sized config ([cuda] in bench --help) on the CPU
+refuse "--config mixtral-fc1 is sized for a GPU.*--backend cuda" \
+    bench --backend cpu --config mixtral-fc1 --max-memory 8G
+refuse "--config dsv3-fc2 is sized for a GPU" bench --backend cpu --config dsv3-fc2 --ops other --max-memory 8G
+# an --out where no file can be created is refused before training, not after it
+: >"$TMP/regular-file"
+refuse "cannot create the output directory '$TMP/regular-file/x'" train --backend cpu --steps 1 --out "$TMP/regular-file/x"
+refuse "cannot create the output directory '/dev/null/x'" train --backend cpu --steps 1 --out /dev/null/x
+if [ -d /proc/self ]; then   # an existing directory that even root cannot create a file in
+    refuse "cannot write in the output directory '/proc'" train --backend cpu --steps 1 --out /proc
+fi
+if [ "$(id -u)" -ne 0 ]; then   # chmod binds only non-root users
+    mkdir "$TMP/read-only" && chmod 555 "$TMP/read-only"
+    refuse "cannot write in the output directory" train --backend cpu --steps 1 --out "$TMP/read-only"
+fi
 
 # ---- check ------------------------------------------------------------------------------
 run 0 "$MOEX" check --backend cpu

@@ -1,12 +1,14 @@
 /*
- * cli_mem.c - backend memory and timing for the `moex` tool: host memory and the wall
- * clock for the CPU backend; cudaMalloc, cudaMemcpy and CUDA events on the legacy
- * default stream for the CUDA backend (compiled only with MOEX_HAVE_CUDA, so a CPU build
+ * cli_mem.c - backend memory and timing for the `moex` tool: host memory, its available
+ * bytes and the wall clock for the CPU backend; cudaMalloc, cudaMemcpy, cudaMemGetInfo and
+ * CUDA events on the legacy default stream for the CUDA backend (compiled only with MOEX_HAVE_CUDA, so a CPU build
  * never needs a CUDA header).
  */
 #include "cli_util.h"
 
+#include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #ifdef MOEX_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -79,6 +81,44 @@ int cli_mem_sync(moex_backend b) {
 #endif
     (void)b;
     return 0;
+}
+
+/* ---- available memory ------------------------------------------------------------ */
+
+/* MemAvailable of /proc/meminfo in bytes, or 0 when it cannot be read (not Linux). */
+static size_t meminfo_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    if (!found) return 0;
+    return kib > SIZE_MAX / 1024 ? SIZE_MAX : (size_t)kib * 1024;
+}
+
+static size_t host_available(void) {
+    size_t bytes = meminfo_available();
+    if (bytes) return bytes;
+#if defined(_SC_AVPHYS_PAGES) && defined(_SC_PAGESIZE)
+    long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0)
+        return (size_t)pages > SIZE_MAX / (size_t)page ? SIZE_MAX : (size_t)pages * (size_t)page;
+#endif
+    return SIZE_MAX;
+}
+
+size_t cli_mem_available(moex_backend b) {
+#ifdef MOEX_HAVE_CUDA
+    if (b == MOEX_BACKEND_CUDA) {
+        size_t free_bytes = 0, total = 0;
+        if (cuda_ok(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo") != 0) return SIZE_MAX;
+        return free_bytes;
+    }
+#endif
+    (void)b;
+    return host_available();
 }
 
 /* ---- timing ------------------------------------------------------------------------- */

@@ -4,6 +4,7 @@
  */
 #include "cli_util.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -23,23 +24,55 @@ void cli_error(const char *cmd, const char *fmt, ...) {
 
 /* ---- option parsing ----------------------------------------------------------------- */
 
+/* The multiplier of a byte-count suffix (K, M, G, T: powers of 1024, either case), or 0. */
+static int64_t byte_suffix(const char *s) {
+    if (s[0] == '\0') return 1;
+    if (s[1] != '\0') return 0;
+    switch (toupper((unsigned char)s[0])) {
+    case 'K': return INT64_C(1) << 10;
+    case 'M': return INT64_C(1) << 20;
+    case 'G': return INT64_C(1) << 30;
+    case 'T': return INT64_C(1) << 40;
+    }
+    return 0;
+}
+
+/* CLI_OPT_INT and CLI_OPT_BYTES: an optional sign, decimal digits, and (bytes) a suffix,
+ * nothing else (no spaces); the value exactly, within [o->imin, o->imax]. */
+static int parse_int(const char *cmd, const cli_option *o, const char *text) {
+    const int bytes = o->kind == CLI_OPT_BYTES;
+    const char *digits = text + (text[0] == '-' || text[0] == '+');
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    int64_t scale = 0;   /* the suffix's multiplier; 0: not an integer (with a suffix we know) */
+    if (isdigit((unsigned char)digits[0])) scale = bytes ? byte_suffix(end) : *end == '\0';
+    if (scale == 0) {
+        cli_error(cmd, "--%s expects %s, got '%s'", o->name,
+                  bytes ? "a byte count (an integer, optionally with a K, M, G or T suffix)" : "an integer", text);
+        return CLI_PARSE_ERROR;
+    }
+    int in_range = errno != ERANGE;
+    if (in_range && scale > 1) {   /* v * scale, checked (scale is a power of two) */
+        in_range = v <= INT64_MAX / scale && v >= INT64_MIN / scale;
+        if (in_range) v *= scale;
+    }
+    if (!in_range || v < o->imin || v > o->imax) {
+        cli_error(cmd, "--%s %s is out of range [%lld, %lld]", o->name, text, (long long)o->imin,
+                  (long long)o->imax);
+        return CLI_PARSE_ERROR;
+    }
+    *(int64_t *)o->value = (int64_t)v;
+    return CLI_PARSE_OK;
+}
+
 static int parse_value(const char *cmd, const cli_option *o, const char *text) {
     char *end = NULL;
     errno = 0;
     switch (o->kind) {
-    case CLI_OPT_INT: {
-        long long v = strtoll(text, &end, 10);
-        if (errno || end == text || *end != '\0') {
-            cli_error(cmd, "--%s expects an integer, got '%s'", o->name, text);
-            return CLI_PARSE_ERROR;
-        }
-        if ((double)v < o->min || (double)v > o->max) {
-            cli_error(cmd, "--%s %lld is out of range [%.0f, %.0f]", o->name, v, o->min, o->max);
-            return CLI_PARSE_ERROR;
-        }
-        *(int64_t *)o->value = (int64_t)v;
-        return CLI_PARSE_OK;
-    }
+    case CLI_OPT_INT:
+    case CLI_OPT_BYTES:
+        return parse_int(cmd, o, text);
     case CLI_OPT_DOUBLE: {
         double v = strtod(text, &end);
         if (errno || end == text || *end != '\0' || !isfinite(v)) {

@@ -30,19 +30,29 @@ int cli_cmd_train(int argc, char **argv);   /* cmd_train.c */
  * the usage. No positional arguments are accepted.                                       */
 
 typedef enum cli_opt_kind {
-    CLI_OPT_INT,      /* value: int64_t*, within [min, max]                        */
-    CLI_OPT_DOUBLE,   /* value: double*, within [min, max], finite                 */
-    CLI_OPT_STRING,   /* value: const char ** (points into argv)                   */
-    CLI_OPT_CHOICE,   /* value: int*, the index of the word in `choices`           */
-    CLI_OPT_FLAG      /* value: int*, set to 1                                      */
+    CLI_OPT_INT,      /* value: int64_t*, a decimal integer within [imin, imax]            */
+    CLI_OPT_BYTES,    /* value: int64_t*, a byte count within [imin, imax]: a decimal
+                         integer with an optional K, M, G or T suffix (KiB ... TiB)       */
+    CLI_OPT_DOUBLE,   /* value: double*, within [min, max], finite                         */
+    CLI_OPT_STRING,   /* value: const char ** (points into argv)                           */
+    CLI_OPT_CHOICE,   /* value: int*, the index of the word in `choices`                   */
+    CLI_OPT_FLAG      /* value: int*, set to 1                                              */
 } cli_opt_kind;
 
+/* Integers are parsed exactly (strtoll, the whole value, no round trip through a double):
+ * a value outside [imin, imax], or past int64, is refused with a message naming the
+ * option and the range. Fields after `kind` are given by name:
+ *     {"seed", CLI_OPT_INT, &seed, .imin = 0, .imax = INT64_C(1) << 53}
+ *     {"lr", CLI_OPT_DOUBLE, &lr, .min = 1e-12, .max = 10.0}
+ *     {"dtype", CLI_OPT_CHOICE, &dtype, .choices = dtype_words}
+ *     {"json", CLI_OPT_FLAG, .value = &json}                                              */
 typedef struct cli_option {
     const char *name;              /* without the leading "--"                    */
     cli_opt_kind kind;
     void *value;
     const char *const *choices;    /* CLI_OPT_CHOICE: NULL-terminated             */
-    double min, max;               /* CLI_OPT_INT, CLI_OPT_DOUBLE                  */
+    int64_t imin, imax;            /* CLI_OPT_INT, CLI_OPT_BYTES                   */
+    double min, max;               /* CLI_OPT_DOUBLE                               */
 } cli_option;
 
 #define CLI_PARSE_OK 0     /* run the command                                */
@@ -113,11 +123,47 @@ int   cli_mem_download(moex_backend b, void *dst, const void *src, size_t bytes)
 int   cli_mem_zero(moex_backend b, void *dst, size_t bytes);
 int   cli_mem_sync(moex_backend b);
 
+/* Bytes that can be allocated now: host memory for the CPU backend (MemAvailable from
+ * /proc/meminfo, else the available pages from sysconf), the device's free memory for
+ * CUDA (cudaMemGetInfo). SIZE_MAX when it cannot be told. */
+size_t cli_mem_available(moex_backend b);
+
 /* True when a CUDA context can be created (a CUDA build with a usable GPU). */
 int cli_cuda_available(void);
 
 /* Creates a context, printing the library's message on failure. Returns NULL then. */
 moex_context *cli_context(const char *cmd, moex_backend b);
+
+/* ---- memory budget (cli_budget.c) -----------------------------------------------------
+ * `train` and `bench` add up the bytes a run will allocate before they allocate any, and
+ * refuse a run that needs more than is available. The arithmetic saturates at SIZE_MAX
+ * instead of wrapping, so a size that overflows exceeds every limit.                     */
+
+size_t cli_size_add(size_t a, size_t b);
+size_t cli_size_mul(size_t a, size_t b);
+/* Bytes of a d0 x d1 x d2 array of `elem`-byte elements (each d >= 0; 1 for no dim). */
+size_t cli_array_bytes(size_t elem, int64_t d0, int64_t d1, int64_t d2);
+
+typedef struct cli_budget {
+    moex_backend backend;
+    size_t host;     /* host memory: malloc, and cli_mem_alloc on the CPU backend */
+    size_t device;   /* device memory: cli_mem_alloc on the CUDA backend          */
+} cli_budget;
+
+cli_budget cli_budget_make(moex_backend b);                   /* nothing yet      */
+void cli_budget_host(cli_budget *b, size_t bytes);            /* adds host bytes  */
+void cli_budget_backend(cli_budget *b, size_t bytes);         /* adds what cli_mem_alloc(b->backend) takes */
+void cli_budget_max(cli_budget *b, const cli_budget *other);  /* each kind: the larger (runs in turn) */
+
+/* 0 when `need` fits, in host memory and (CUDA) in device memory: each within max_bytes
+ * when max_bytes > 0 (--max-memory), else within cli_mem_available. Otherwise prints
+ * "moex <cmd>: this run needs about X of host memory, but Y is available (--max-memory to
+ * change the limit)" and returns -1. */
+int cli_budget_check(const char *cmd, const cli_budget *need, int64_t max_bytes);
+
+/* A non-NULL stand-in for tensor data in the workspace- and saved-size queries, which read
+ * shapes, dtypes and options, never data: the sizes can be known before any allocation. */
+void *cli_no_data(void);
 
 /* ---- CUDA event timing (CUDA builds) --------------------------------------------------
  * cli_timer_* measure seconds between two points on the legacy default stream with CUDA

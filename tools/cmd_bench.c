@@ -14,6 +14,11 @@
  * MoE layer; forward and backward each) on the config's T, H, F with E = G and k = 2 or 8,
  * and reports effective GB/s: the bytes an op must read and write at least once (--help
  * gives the formulas) over its time.
+ *
+ * Configurations marked [cuda] (sized for a GPU) run on the CUDA backend only. Before
+ * allocating anything the command sums the memory of its largest configuration
+ * (bench_need: the buffers, the workspace from the library's queries, host temporaries)
+ * and refuses a run that needs more than is available or than --max-memory allows.
  */
 #include "cli_util.h"
 
@@ -61,7 +66,7 @@ enum { OPS_GEMM = 0, OPS_OTHER = 1, OPS_ALL = 2 };
 
 typedef struct bench_opts {
     int backend, dtype, splits, json, ops;
-    int64_t iters, threads, seed;
+    int64_t iters, threads, seed, max_memory;
     const char *config;
 } bench_opts;
 
@@ -83,12 +88,18 @@ static void usage(FILE *out) {
             "  --iters N        timed runs per operation, after one warm-up (default 5 on the\n"
             "                   CPU, 20 on cuda)\n"
             "  --threads N      CPU threads of the library (default: MOEX_NUM_THREADS or all)\n"
-            "  --seed S         seed of the data and the skewed splits (default 1)\n"
+            "  --seed S         seed of the data and the skewed splits, 0..2^53 (default 1)\n"
             "  --ops O          gemm | other | all (default gemm): 'other' times, instead of the\n"
             "                   GEMMs, the scaled GLU (SwiGLU x probs, contiguous, T rows), the router\n"
             "                   (softmax, top-k, renormalised; f32 logits [T,E]), permute and unpermute\n"
             "                   (T tokens, T*k rows) and the whole MoE layer, each forward and backward,\n"
             "                   with E = G experts and k = 2 (G <= 8) or 8, in ms and effective GB/s\n"
+            "  --max-memory BYTES  the most memory the run may take, host and (cuda) device\n"
+            "                   memory each; BYTES is an integer with an optional K, M, G or T\n"
+            "                   suffix (KiB...TiB), e.g. 512M or 8G (default: the memory available\n"
+            "                   now: MemAvailable of /proc/meminfo, the GPU's free memory). A run\n"
+            "                   whose largest configuration needs more is refused before anything\n"
+            "                   is allocated\n"
             "  --json           print one JSON object instead of the table\n"
             "  -h, --help       this help\n"
             "\n"
@@ -105,7 +116,8 @@ static void usage(FILE *out) {
             "  moe_bwd       e (3TH + 2EH + 6EFH) x, dy and the weights in; dx and the weight grads out\n"
             "and GFLOP/s of the MoE layer: forward 2TEH + 6TkHF, backward twice that.\n"
             "\n"
-            "configurations (G groups, T rows, K in, N out; MLP: H hidden, F ffn):\n");
+            "configurations (G groups, T rows, K in, N out; MLP: H hidden, F ffn; [cuda]: sized for\n"
+            "a GPU, --backend cuda only):\n");
     for (int i = 0; i < NUM_CONFIGS; i++) {
         const bench_config *c = &configs[i];
         fprintf(out, "  %-14s G=%-3lld T=%-5lld K=%-5lld N=%-5lld H=%-5lld F=%-5lld %s%s\n", c->name,
@@ -152,10 +164,12 @@ static int make_splits(splits_kind kind, int64_t G, int64_t T, cli_rng *r, int64
     return 0;
 }
 
+#define FILL_BLOCK ((size_t)1 << 20)
+
 /* n elements of dtype dt in backend memory, uniform in [-scale, scale). A random block of
- * up to 1M elements is tiled over the buffer (fast for GPU-sized weights). */
+ * up to FILL_BLOCK elements is tiled over the buffer (fast for GPU-sized weights). */
 static int fill_random(moex_backend b, void *dst, moex_dtype dt, size_t n, double scale, cli_rng *r) {
-    size_t block = n < ((size_t)1 << 20) ? n : ((size_t)1 << 20), es = moex_dtype_size(dt);
+    size_t block = n < FILL_BLOCK ? n : FILL_BLOCK, es = moex_dtype_size(dt);
     float *f = malloc(block * sizeof(float));
     void *h = malloc(block * es);
     if (!f || !h) {
@@ -308,15 +322,49 @@ static void grow(size_t *ws, moex_status st, const size_t *bytes) {
     if (st == MOEX_OK && *bytes > *ws) *ws = *bytes;
 }
 
-/* Runs every op of config c; fills rows (returns their count) or returns -1. */
+/* Host memory a run of config c takes besides its buffers: the splits (the caller's
+ * array and make_splits' shares), fill_random's block at most, time_ops' samples of nops. */
+static size_t run_host_bytes(const bench_config *c, moex_dtype dt, const bench_opts *o, int nops) {
+    size_t b = cli_array_bytes(2 * sizeof(int64_t), c->G, 1, 1);
+    b = cli_size_add(b, cli_array_bytes(sizeof(float) + moex_dtype_size(dt), (int64_t)FILL_BLOCK, 1, 1));
+    return cli_size_add(b, cli_array_bytes(sizeof(double), nops, o->iters, 1));
+}
+
+/* Points buf[i] at bytes[i] of backend memory for each i in [0, n) but `skip` (-1: none);
+ * with `plan`, at cli_no_data() instead, adding the bytes to *plan. Returns -1 (message
+ * printed) when an allocation fails; the caller frees what was allocated. */
+static int alloc_bufs(moex_backend be, const bench_config *c, const size_t *bytes, void **buf, int n, int skip,
+                      cli_budget *plan) {
+    for (int i = 0; i < n; i++) {
+        if (i == skip) continue;
+        if (plan) {
+            buf[i] = cli_no_data();
+            cli_budget_backend(plan, bytes[i]);
+            continue;
+        }
+        buf[i] = cli_mem_alloc(be, bytes[i]);
+        if (!buf[i]) {
+            cli_error(CMD, "%s: cannot allocate %zu bytes of %s memory", c->name, bytes[i], cli_backend_name(be));
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Runs every op of config c; fills rows (returns their count) or returns -1.
+ * With `plan`: runs and allocates nothing (rows and splits_out unused, may be NULL), but
+ * adds to *plan the memory a run takes: its buffers, the workspace the library's queries
+ * ask for (on placeholder buffers) and its host temporaries; returns 0 or -1. */
 static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_config *c,
-                     splits_kind sk, const bench_opts *o, bench_row *rows, int64_t *splits_out) {
+                     splits_kind sk, const bench_opts *o, bench_row *rows, int64_t *splits_out, cli_budget *plan) {
     const int64_t G = c->G, T = c->T, K = c->K, N = c->N, H = c->H, F = c->F;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    if (make_splits(sk, G, T, &r, splits_out) != 0) return -1;
     int64_t S = 0;
-    for (int64_t g = 0; g < G; g++) S += splits_out[g];
+    if (!plan) {
+        if (make_splits(sk, G, T, &r, splits_out) != 0) return -1;
+        for (int64_t g = 0; g < G; g++) S += splits_out[g];
+    }
 
     /* buffers: linear x [T,K], w [G,N,K], y/dy [T,N], dx [T,K], dw [G,N,K];
      * MLP x [T,H], w1 [G,2F,H], w2 [G,H,F], probs [T], h [T,2F], z [T,F], y/dy/dx [T,H],
@@ -333,23 +381,7 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     void *buf[NBUF] = {0};
     int rc = -1, n = 0;
     bench_ws ws = {NULL, 0};
-    for (int i = 0; i < NBUF; i++) {
-        buf[i] = cli_mem_alloc(be, bytes[i]);
-        if (!buf[i]) {
-            cli_error(CMD, "%s: cannot allocate %zu bytes of %s memory", c->name, bytes[i], cli_backend_name(be));
-            goto done;
-        }
-    }
-    if (fill_random(be, buf[X], dt, (size_t)(T * K), 1.0, &r) ||
-        fill_random(be, buf[W], dt, (size_t)(G * N * K), 1.0 / sqrt((double)K), &r) ||
-        fill_random(be, buf[Y], dt, (size_t)(T * N), 1.0, &r) ||
-        fill_random(be, buf[MX], dt, (size_t)(T * H), 1.0, &r) ||
-        fill_random(be, buf[W1], dt, (size_t)(G * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
-        fill_random(be, buf[W2], dt, (size_t)(G * H * F), 1.0 / sqrt((double)F), &r) ||
-        fill_random(be, buf[MDX], dt, (size_t)(T * H), 1.0, &r) ||   /* dy of the MLP, see below */
-        fill_random(be, buf[PR], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
-        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]))
-        goto done;
+    if (alloc_bufs(be, c, bytes, buf, NBUF, -1, plan) != 0) goto done;
 
     moex_tensor splits = moex_tensor_1d(buf[SPL], MOEX_DTYPE_I64, G);
     gl_bench gl;
@@ -371,8 +403,8 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     gl.wgrad.dw_mode = MOEX_GRAD_WRITE;
     gl.wgrad.dw = moex_weight_packed(moex_tensor_3d(buf[DW], dt, G, N, K));
 
-    /* The MLP's dy is the [T,H] buffer MDX filled above; its dx goes to MY (the forward's
-     * y is not needed by the backward, so y and dx share MY). */
+    /* The MLP's dy is the [T,H] buffer MDX (random, filled below); its dx goes to MY (the
+     * forward's y is not needed by the backward, so y and dx share MY). */
     mlp_bench mlp;
     memset(&mlp, 0, sizeof mlp);
     mlp.ws = &ws;
@@ -407,6 +439,26 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     grow(&ws.bytes, moex_grouped_linear_backward_weight_workspace_size(ctx, &gl.wgrad, &b), &b);
     grow(&ws.bytes, moex_grouped_mlp_forward_workspace_size(ctx, &mlp.fwd, &b), &b);
     grow(&ws.bytes, moex_grouped_mlp_backward_workspace_size(ctx, &mlp.bwd, &b), &b);
+    if (plan) {
+        cli_budget_backend(plan, ws.bytes);
+        cli_budget_host(plan, run_host_bytes(c, dt, o, MAX_ROWS));
+#ifdef MOEX_HAVE_OPENBLAS
+        if (be == MOEX_BACKEND_CPU)   /* the cblas_sgemm baseline's a, w, c */
+            cli_budget_host(plan, cli_size_add(cli_array_bytes(sizeof(float), T, K, 1),
+                                               cli_array_bytes(sizeof(float), N, K + T, 1)));
+#endif
+        return 0;
+    }
+    if (fill_random(be, buf[X], dt, (size_t)(T * K), 1.0, &r) ||
+        fill_random(be, buf[W], dt, (size_t)(G * N * K), 1.0 / sqrt((double)K), &r) ||
+        fill_random(be, buf[Y], dt, (size_t)(T * N), 1.0, &r) ||
+        fill_random(be, buf[MX], dt, (size_t)(T * H), 1.0, &r) ||
+        fill_random(be, buf[W1], dt, (size_t)(G * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
+        fill_random(be, buf[W2], dt, (size_t)(G * H * F), 1.0 / sqrt((double)F), &r) ||
+        fill_random(be, buf[MDX], dt, (size_t)(T * H), 1.0, &r) ||   /* dy of the MLP, see above */
+        fill_random(be, buf[PR], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
+        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]))
+        goto done;
     if (ws.bytes) {
         ws.ptr = cli_mem_alloc(be, ws.bytes);
         if (!ws.ptr) {
@@ -458,7 +510,7 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     rc = n;
 done:
     cli_mem_free(be, ws.ptr);
-    for (int i = 0; i < NBUF; i++) cli_mem_free(be, buf[i]);
+    for (int i = 0; i < NBUF && !plan; i++) cli_mem_free(be, buf[i]);
     return rc;
 }
 
@@ -533,15 +585,18 @@ static int64_t other_topk(const bench_config *c) { return c->G <= 8 ? 2 : 8; }
 /* Runs the other ops of config c; fills rows (returns OTHER_ROWS) or returns -1. The
  * dependent ops (permute after router, unpermute after permute, backward after forward)
  * read what the previous op wrote; each op is run once in that order before the timing,
- * and every rerun writes the same values, so their inputs stay valid while timed. */
+ * and every rerun writes the same values, so their inputs stay valid while timed.
+ * With `plan`: as bench_one's (sizes only, adds to *plan; returns 0 or -1). */
 static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_config *c,
-                       splits_kind sk, const bench_opts *o, other_row *rows, int64_t *splits_out) {
+                       splits_kind sk, const bench_opts *o, other_row *rows, int64_t *splits_out, cli_budget *plan) {
     const int64_t E = c->G, T = c->T, H = c->H, F = c->F, k = other_topk(c), Tk = T * k;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    if (make_splits(sk, E, T, &r, splits_out) != 0) return -1;
     int64_t S = 0;
-    for (int64_t g = 0; g < E; g++) S += splits_out[g];
+    if (!plan) {
+        if (make_splits(sk, E, T, &r, splits_out) != 0) return -1;
+        for (int64_t g = 0; g < E; g++) S += splits_out[g];
+    }
 
     /* GLU: h [T,2F], probs [T], z [T,F], dz [T,F], dh [T,2F], dprobs [T], splits [E].
      * router: logits [T,E] f32, probs [T,k], ids [T,k], dprobs [T,k], dlogits [T,E].
@@ -589,14 +644,7 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     ob.moe.b2_mode = MOEX_BIAS_NONE;
     ob.moe.glu = swiglu;
 
-    for (int i = 0; i < NBUF; i++) {
-        if (i == MSAVED) continue;
-        buf[i] = cli_mem_alloc(be, bytes[i]);
-        if (!buf[i]) {
-            cli_error(CMD, "%s: cannot allocate %zu bytes of %s memory", c->name, bytes[i], cli_backend_name(be));
-            goto done;
-        }
-    }
+    if (alloc_bufs(be, c, bytes, buf, NBUF, MSAVED, plan) != 0) goto done;
     ob.glu.h = moex_tensor_2d(buf[GH], dt, T, 2 * F);
     ob.glu.probs = moex_tensor_1d(buf[GP], MOEX_DTYPE_F32, T);
     ob.glu.splits = moex_tensor_1d(buf[SPL], MOEX_DTYPE_I64, E);
@@ -646,10 +694,15 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
         cli_error(CMD, "%s: moe_layer_saved_size failed: %s", c->name, moex_last_error(ctx));
         goto done;
     }
-    buf[MSAVED] = cli_mem_alloc(be, bytes[MSAVED]);
-    if (bytes[MSAVED] && !buf[MSAVED]) {
-        cli_error(CMD, "%s: cannot allocate %zu saved bytes", c->name, bytes[MSAVED]);
-        goto done;
+    if (plan) {
+        buf[MSAVED] = cli_no_data();
+        cli_budget_backend(plan, bytes[MSAVED]);
+    } else {
+        buf[MSAVED] = cli_mem_alloc(be, bytes[MSAVED]);
+        if (bytes[MSAVED] && !buf[MSAVED]) {
+            cli_error(CMD, "%s: cannot allocate %zu saved bytes", c->name, bytes[MSAVED]);
+            goto done;
+        }
     }
     ob.moe.saved = buf[MSAVED];
     ob.moe.saved_bytes = bytes[MSAVED];
@@ -661,6 +714,22 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     ob.moe_bwd.dw1 = moex_weight_packed(moex_tensor_3d(buf[MDW1], dt, E, 2 * F, H));
     ob.moe_bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[MDW2], dt, E, H, F));
 
+    size_t b = 0;
+    grow(&ws.bytes, moex_scaled_glu_forward_workspace_size(ctx, &ob.glu, &b), &b);
+    grow(&ws.bytes, moex_scaled_glu_backward_workspace_size(ctx, &ob.glu_bwd, &b), &b);
+    grow(&ws.bytes, moex_router_forward_workspace_size(ctx, &ob.router, &b), &b);
+    grow(&ws.bytes, moex_router_backward_workspace_size(ctx, &ob.router_bwd, &b), &b);
+    grow(&ws.bytes, moex_permute_forward_workspace_size(ctx, &ob.perm, &b), &b);
+    grow(&ws.bytes, moex_permute_backward_workspace_size(ctx, &ob.perm_bwd, &b), &b);
+    grow(&ws.bytes, moex_unpermute_forward_workspace_size(ctx, &ob.unperm, &b), &b);
+    grow(&ws.bytes, moex_unpermute_backward_workspace_size(ctx, &ob.unperm_bwd, &b), &b);
+    grow(&ws.bytes, moex_moe_layer_forward_workspace_size(ctx, &ob.moe, &b), &b);
+    grow(&ws.bytes, moex_moe_layer_backward_workspace_size(ctx, &ob.moe_bwd, &b), &b);
+    if (plan) {
+        cli_budget_backend(plan, ws.bytes);
+        cli_budget_host(plan, run_host_bytes(c, dt, o, OTHER_ROWS));
+        return 0;
+    }
     /* random inputs; the ids, probs and row maps come from the router and permute runs */
     if (fill_random(be, buf[GH], dt, (size_t)(T * 2 * F), 2.0, &r) ||
         fill_random(be, buf[GP], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
@@ -677,18 +746,6 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
         fill_random(be, buf[MW1], dt, (size_t)(E * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
         fill_random(be, buf[MW2], dt, (size_t)(E * H * F), 1.0 / sqrt((double)F), &r))
         goto done;
-
-    size_t b = 0;
-    grow(&ws.bytes, moex_scaled_glu_forward_workspace_size(ctx, &ob.glu, &b), &b);
-    grow(&ws.bytes, moex_scaled_glu_backward_workspace_size(ctx, &ob.glu_bwd, &b), &b);
-    grow(&ws.bytes, moex_router_forward_workspace_size(ctx, &ob.router, &b), &b);
-    grow(&ws.bytes, moex_router_backward_workspace_size(ctx, &ob.router_bwd, &b), &b);
-    grow(&ws.bytes, moex_permute_forward_workspace_size(ctx, &ob.perm, &b), &b);
-    grow(&ws.bytes, moex_permute_backward_workspace_size(ctx, &ob.perm_bwd, &b), &b);
-    grow(&ws.bytes, moex_unpermute_forward_workspace_size(ctx, &ob.unperm, &b), &b);
-    grow(&ws.bytes, moex_unpermute_backward_workspace_size(ctx, &ob.unperm_bwd, &b), &b);
-    grow(&ws.bytes, moex_moe_layer_forward_workspace_size(ctx, &ob.moe, &b), &b);
-    grow(&ws.bytes, moex_moe_layer_backward_workspace_size(ctx, &ob.moe_bwd, &b), &b);
     if (ws.bytes) {
         ws.ptr = cli_mem_alloc(be, ws.bytes);
         if (!ws.ptr) {
@@ -739,7 +796,7 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     rc = OTHER_ROWS;
 done:
     cli_mem_free(be, ws.ptr);
-    for (int i = 0; i < NBUF; i++) cli_mem_free(be, buf[i]);
+    for (int i = 0; i < NBUF && !plan; i++) cli_mem_free(be, buf[i]);
     return rc;
 }
 
@@ -760,7 +817,7 @@ static int print_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
         other_row rows[OTHER_ROWS];
         const int64_t k = other_topk(c);
         int64_t *splits = malloc((size_t)c->G * sizeof(int64_t));
-        int n = splits ? bench_other(ctx, be, dt, c, sk, o, rows, splits) : -1;
+        int n = splits ? bench_other(ctx, be, dt, c, sk, o, rows, splits, NULL) : -1;
         free(splits);
         if (n < 0) {
             failed = 1;
@@ -798,21 +855,39 @@ static int print_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
 }
 
 
+/* The memory of the run in *need: the largest of its configurations' (each allocates and
+ * frees its buffers in turn), for the GEMM ops, the other ops or both, as --ops picks. */
+static int bench_need(moex_context *ctx, moex_backend be, moex_dtype dt, const bench_opts *o, const int *pick,
+                      int npick, cli_budget *need) {
+    *need = cli_budget_make(be);
+    for (int p = 0; p < npick; p++) {
+        const bench_config *c = &configs[pick[p]];
+        cli_budget gemm = cli_budget_make(be), other = cli_budget_make(be);
+        if ((o->ops != OPS_OTHER && bench_one(ctx, be, dt, c, c->splits, o, NULL, NULL, &gemm) != 0) ||
+            (o->ops != OPS_GEMM && bench_other(ctx, be, dt, c, c->splits, o, NULL, NULL, &other) != 0))
+            return -1;
+        cli_budget_max(need, &gemm);
+        cli_budget_max(need, &other);
+    }
+    return 0;
+}
+
 static double gflops(const bench_row *r) { return r->seconds > 0 ? r->flops / r->seconds * 1e-9 : 0.0; }
 
 int cli_cmd_bench(int argc, char **argv) {
     bench_opts o = {.backend = -1, .dtype = 0, .splits = -1, .json = 0, .iters = 0, .threads = 0, .seed = 1,
-                    .config = NULL, .ops = OPS_GEMM};
+                    .max_memory = 0, .config = NULL, .ops = OPS_GEMM};
     const cli_option opts[] = {
-        {"backend", CLI_OPT_CHOICE, &o.backend, backend_words, 0, 0},
-        {"config", CLI_OPT_STRING, &o.config, NULL, 0, 0},
-        {"dtype", CLI_OPT_CHOICE, &o.dtype, dtype_words, 0, 0},
-        {"splits", CLI_OPT_CHOICE, &o.splits, splits_words, 0, 0},
-        {"iters", CLI_OPT_INT, &o.iters, NULL, 1, 100000},
-        {"threads", CLI_OPT_INT, &o.threads, NULL, 1, 1024},
-        {"seed", CLI_OPT_INT, &o.seed, NULL, 0, 9.007199254740992e15},
-        {"json", CLI_OPT_FLAG, &o.json, NULL, 0, 0},
-        {"ops", CLI_OPT_CHOICE, &o.ops, ops_words, 0, 0},
+        {"backend", CLI_OPT_CHOICE, &o.backend, .choices = backend_words},
+        {"config", CLI_OPT_STRING, .value = &o.config},
+        {"dtype", CLI_OPT_CHOICE, &o.dtype, .choices = dtype_words},
+        {"splits", CLI_OPT_CHOICE, &o.splits, .choices = splits_words},
+        {"iters", CLI_OPT_INT, &o.iters, .imin = 1, .imax = 100000},
+        {"threads", CLI_OPT_INT, &o.threads, .imin = 1, .imax = 1024},
+        {"seed", CLI_OPT_INT, &o.seed, .imin = 0, .imax = INT64_C(1) << 53},
+        {"max-memory", CLI_OPT_BYTES, &o.max_memory, .imin = 1, .imax = INT64_MAX},
+        {"json", CLI_OPT_FLAG, .value = &o.json},
+        {"ops", CLI_OPT_CHOICE, &o.ops, .choices = ops_words},
     };
     int pr = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage);
     if (pr == CLI_PARSE_HELP) return CLI_EXIT_OK;
@@ -835,6 +910,11 @@ int cli_cmd_bench(int argc, char **argv) {
         cli_error(CMD, "unknown --config '%s' (see 'moex bench --help' for the names)", want);
         return CLI_EXIT_USAGE;
     }
+    if (!cuda && configs[pick[0]].cuda) {   /* a named config ("all" picks only CPU ones here) */
+        cli_error(CMD, "--config %s is sized for a GPU: it runs with --backend cuda only (see 'moex bench "
+                  "--help' for the CPU configurations)", want);
+        return CLI_EXIT_FAIL;
+    }
     moex_dtype dt = o.dtype == 1 ? MOEX_DTYPE_F32 : o.dtype == 2 ? MOEX_DTYPE_BF16
                   : cuda ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F32;
     if (o.iters == 0) o.iters = cuda ? 20 : 5;
@@ -848,6 +928,11 @@ int cli_cmd_bench(int argc, char **argv) {
             moex_context_destroy(ctx);
             return CLI_EXIT_FAIL;
         }
+    }
+    cli_budget need;
+    if (bench_need(ctx, be, dt, &o, pick, npick, &need) != 0 || cli_budget_check(CMD, &need, o.max_memory) != 0) {
+        moex_context_destroy(ctx);
+        return CLI_EXIT_FAIL;
     }
 
     int failed = 0, emitted = 0;   /* emitted: JSON rows printed so far */
@@ -871,7 +956,7 @@ int cli_cmd_bench(int argc, char **argv) {
         splits_kind sk = o.splits >= 0 ? (splits_kind)o.splits : c->splits;
         bench_row rows[MAX_ROWS];
         int64_t *splits = malloc((size_t)c->G * sizeof(int64_t));
-        int n = splits ? bench_one(ctx, be, dt, c, sk, &o, rows, splits) : -1;
+        int n = splits ? bench_one(ctx, be, dt, c, sk, &o, rows, splits, NULL) : -1;
         if (n < 0) {
             failed = 1;
             free(splits);

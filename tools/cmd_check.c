@@ -27,7 +27,7 @@ static void usage(FILE *out) {
             "  --backend B      all | cpu | cuda (default all: the CPU, and CUDA when a CUDA\n"
             "                   context can be created)\n"
             "  --threads N      CPU threads of the library (default: MOEX_NUM_THREADS or all)\n"
-            "  --seed S         seed of the random data (default 1)\n"
+            "  --seed S         seed of the random data, 0..2^53 (default 1)\n"
             "  -h, --help       this help\n");
 }
 
@@ -62,9 +62,9 @@ int cli_cmd_check(int argc, char **argv) {
     int backend = 0;
     int64_t threads = 0, seed = 1;
     const cli_option opts[] = {
-        {"backend", CLI_OPT_CHOICE, &backend, backend_words, 0, 0},
-        {"threads", CLI_OPT_INT, &threads, NULL, 1, 1024},
-        {"seed", CLI_OPT_INT, &seed, NULL, 0, 9.007199254740992e15},
+        {"backend", CLI_OPT_CHOICE, &backend, .choices = backend_words},
+        {"threads", CLI_OPT_INT, &threads, .imin = 1, .imax = 1024},
+        {"seed", CLI_OPT_INT, &seed, .imin = 0, .imax = INT64_C(1) << 53},
     };
     int pr = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage);
     if (pr == CLI_PARSE_HELP) return CLI_EXIT_OK;

@@ -15,6 +15,10 @@
  * initial and final losses are measured on a fixed evaluation set (EVAL_BATCHES batches
  * drawn once), so they compare the same inputs; the CSV and SVG hold the loss of every
  * training batch. Writes <out>/train_loss.csv and <out>/train_loss.svg.
+ *
+ * Before allocating anything it sums the memory of the run (trainer_need) and refuses a
+ * run that needs more than is available or than --max-memory allows (cli_budget.c), then
+ * checks that a file can be created in <out>.
  */
 #include "cli_plot.h"
 #include "cli_util.h"
@@ -36,7 +40,7 @@ static const moex_dtype dtype_values[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16};
 static const char *const backend_words[] = {"auto", "cpu", "cuda", NULL};
 
 typedef struct train_opts {
-    int64_t experts, topk, hidden, ffn, tokens, steps, seed, threads;
+    int64_t experts, topk, hidden, ffn, tokens, steps, seed, threads, max_memory;
     double lr;
     int dtype, backend, json;
     const char *out;
@@ -45,7 +49,7 @@ typedef struct train_opts {
 /* Defaults: finish in well under a minute on 2 cores with final loss <= initial / 10. */
 static const train_opts default_opts = {
     .experts = 8, .topk = 2, .hidden = 32, .ffn = 64, .tokens = 512, .steps = 5000,
-    .seed = 1, .threads = 0, .lr = 1e-2, .dtype = 0, .backend = 0, .json = 0, .out = ".",
+    .seed = 1, .threads = 0, .max_memory = 0, .lr = 1e-2, .dtype = 0, .backend = 0, .json = 0, .out = ".",
 };
 
 static void usage(FILE *out) {
@@ -73,10 +77,15 @@ static void usage(FILE *out) {
             "  --backend B      auto | cpu | cuda (default auto: cuda when a CUDA context can be\n"
             "                   created, else cpu)\n"
             "  --threads N      CPU threads (default: the library's, MOEX_NUM_THREADS or all)\n"
-            "  --seed S         seed of the teacher; the student and the data use derived seeds\n"
-            "                   (default %lld)\n"
+            "  --seed S         seed of the teacher, 0..2^53; the student and the data use derived\n"
+            "                   seeds (default %lld)\n"
             "  --out DIR        directory for train_loss.csv and train_loss.svg, created if\n"
-            "                   missing (default .)\n"
+            "                   missing and checked writable before training (default .)\n"
+            "  --max-memory BYTES  the most memory the run may take, host and (cuda) device\n"
+            "                   memory each; BYTES is an integer with an optional K, M, G or T\n"
+            "                   suffix (KiB...TiB), e.g. 512M or 8G (default: the memory available\n"
+            "                   now: MemAvailable of /proc/meminfo, the GPU's free memory). A run\n"
+            "                   whose buffers need more is refused before anything is allocated\n"
             "  --json           print only one JSON object with the results\n"
             "  -h, --help       this help\n",
             (long long)default_opts.experts, (long long)default_opts.topk,
@@ -185,11 +194,20 @@ static int net_randomize(trainer *t, moe_net *net, uint64_t seed, double router_
     return 0;
 }
 
+/* The shapes of a net's tensors, in the order router, w1, w2: [E,H], [E,2F,H], [E,H,F]. */
+#define NET_PARAMS 3
+static void net_shapes(const trainer *t, int64_t shape[NET_PARAMS][3]) {
+    const int64_t s[NET_PARAMS][3] = {{t->E, t->H, 1}, {t->E, 2 * t->F, t->H}, {t->E, t->H, t->F}};
+    memcpy(shape, s, sizeof s);
+}
+
 static int net_init(trainer *t, moe_net *net, int trainable) {
-    if (param_init(t, &net->router, (size_t)(t->E * t->H), trainable) ||
-        param_init(t, &net->w1, (size_t)(t->E * 2 * t->F * t->H), trainable) ||
-        param_init(t, &net->w2, (size_t)(t->E * t->H * t->F), trainable))
-        return -1;
+    param *ps[NET_PARAMS] = {&net->router, &net->w1, &net->w2};
+    int64_t shape[NET_PARAMS][3];
+    net_shapes(t, shape);
+    for (int i = 0; i < NET_PARAMS; i++) {
+        if (param_init(t, ps[i], (size_t)(shape[i][0] * shape[i][1] * shape[i][2]), trainable)) return -1;
+    }
     return 0;
 }
 
@@ -246,6 +264,55 @@ static int lib_ok(trainer *t, moex_status st, const char *what) {
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
+/* t->saved_bytes and t->ws_bytes (the larger of the forward's and backward's workspace),
+ * from the library's queries on placeholder buffers: known before anything is allocated. */
+static int trainer_query_sizes(trainer *t) {
+    trainer p = *t;
+    void *nd = cli_no_data();
+    param *ps[NET_PARAMS] = {&p.student.router, &p.student.w1, &p.student.w2};
+    p.dev_x = p.dev_y = p.dev_dy = p.student.saved = nd;
+    for (int i = 0; i < NET_PARAMS; i++) ps[i]->dev_w = ps[i]->dev_g = nd;
+    moex_moe_layer_args fa = layer_args(&p, &p.student);
+    if (lib_ok(t, moex_moe_layer_saved_size(t->ctx, &fa, &t->saved_bytes), "moex_moe_layer_saved_size")) return -1;
+    p.saved_bytes = t->saved_bytes;
+    fa = layer_args(&p, &p.student);
+    moex_moe_layer_grad_args ga = grad_args(&p);
+    size_t ws_f = 0, ws_b = 0;
+    if (lib_ok(t, moex_moe_layer_forward_workspace_size(t->ctx, &fa, &ws_f), "moex_moe_layer_forward_workspace_size") ||
+        lib_ok(t, moex_moe_layer_backward_workspace_size(t->ctx, &ga, &ws_b), "moex_moe_layer_backward_workspace_size"))
+        return -1;
+    t->ws_bytes = max_size(ws_f, ws_b);
+    return 0;
+}
+
+/* The memory of a run: every buffer trainer_setup allocates (after trainer_query_sizes),
+ * the largest temporary of param_upload and fill_experts, and the loss curve. */
+static cli_budget trainer_need(const trainer *t) {
+    const size_t es = moex_dtype_size(t->dt), f4 = sizeof(float);
+    cli_budget b = cli_budget_make(t->backend);
+    int64_t shape[NET_PARAMS][3];
+    net_shapes(t, shape);
+    size_t temp = 0;
+    for (int i = 0; i < NET_PARAMS; i++) {
+        const int64_t *d = shape[i];
+        const size_t f32 = cli_array_bytes(f4, d[0], d[1], d[2]), act = cli_array_bytes(es, d[0], d[1], d[2]);
+        cli_budget_host(&b, cli_size_mul(f32, 5));      /* w of both nets; m, v, g of the student */
+        cli_budget_backend(&b, cli_size_mul(act, 2));   /* dev_w of both nets */
+        cli_budget_backend(&b, f32);                    /* dev_g of the student */
+        temp = max_size(temp, max_size(act, cli_array_bytes(f4, d[1], d[2], 1)));   /* upload, common */
+    }
+    cli_budget_host(&b, temp);
+    const size_t x_act = cli_array_bytes(es, t->T, t->H, 1), x_f32 = cli_array_bytes(f4, t->T, t->H, 1);
+    cli_budget_backend(&b, cli_size_mul(x_act, 3));                     /* dev_x, dev_y, dev_dy */
+    cli_budget_host(&b, cli_size_add(cli_size_mul(x_f32, 4), x_act));  /* xf, yt, ys, dyf; stage */
+    cli_budget_host(&b, cli_size_mul(cli_size_add(x_act, x_f32), EVAL_BATCHES));   /* eval_x, eval_y */
+    cli_budget_backend(&b, cli_size_mul(t->saved_bytes, 2));            /* saved of both nets */
+    cli_budget_backend(&b, t->ws_bytes);
+    cli_budget_host(&b, cli_array_bytes(sizeof(double), t->o.steps, 1, 1));   /* the loss curve */
+    return b;
+}
+
+/* Allocates and initialises everything (after trainer_query_sizes). */
 static int trainer_setup(trainer *t) {
     size_t nx = (size_t)(t->T * t->H), es = moex_dtype_size(t->dt);
     if (net_init(t, &t->teacher, 0) || net_init(t, &t->student, 1)) goto oom;
@@ -276,18 +343,9 @@ static int trainer_setup(trainer *t) {
         goto oom;
     if (net_upload(t, &t->teacher) || net_upload(t, &t->student)) return -1;
 
-    moex_moe_layer_args fa = layer_args(t, &t->student);
-    size_t ws_f = 0, ws_b = 0;
-    if (lib_ok(t, moex_moe_layer_saved_size(t->ctx, &fa, &t->saved_bytes), "moex_moe_layer_saved_size")) return -1;
     t->teacher.saved = cli_mem_alloc(t->backend, t->saved_bytes);
     t->student.saved = cli_mem_alloc(t->backend, t->saved_bytes);
     if (t->saved_bytes && (!t->teacher.saved || !t->student.saved)) goto oom;
-    fa = layer_args(t, &t->student);
-    moex_moe_layer_grad_args ga = grad_args(t);
-    if (lib_ok(t, moex_moe_layer_forward_workspace_size(t->ctx, &fa, &ws_f), "moex_moe_layer_forward_workspace_size") ||
-        lib_ok(t, moex_moe_layer_backward_workspace_size(t->ctx, &ga, &ws_b), "moex_moe_layer_backward_workspace_size"))
-        return -1;
-    t->ws_bytes = max_size(ws_f, ws_b);
     t->ws = cli_mem_alloc(t->backend, t->ws_bytes);
     if (t->ws_bytes && !t->ws) goto oom;
     return 0;
@@ -452,6 +510,29 @@ static int make_dir(const char *dir) {
     return mkdir(dir, 0777);
 }
 
+/* Creates `dir` when missing and checks that a file can be created in it (a temporary
+ * one, removed at once), so that an unusable --out is refused before training. Prints a
+ * message and returns -1 when not. */
+static int check_out_dir(const char *dir) {
+    if (make_dir(dir) != 0) {
+        cli_error(CMD, "cannot create the output directory '%s': %s", dir, strerror(errno));
+        return -1;
+    }
+    char probe[4096];
+    if (snprintf(probe, sizeof probe, "%s/.moex-train-XXXXXX", dir) >= (int)sizeof probe) {
+        cli_error(CMD, "--out path is too long");
+        return -1;
+    }
+    int fd = mkstemp(probe);
+    if (fd < 0) {
+        cli_error(CMD, "cannot write in the output directory '%s': %s", dir, strerror(errno));
+        return -1;
+    }
+    close(fd);
+    unlink(probe);
+    return 0;
+}
+
 /* ---- the command -------------------------------------------------------------------- */
 
 int cli_cmd_train(int argc, char **argv) {
@@ -459,19 +540,20 @@ int cli_cmd_train(int argc, char **argv) {
     memset(&t, 0, sizeof t);
     t.o = default_opts;
     const cli_option opts[] = {
-        {"experts", CLI_OPT_INT, &t.o.experts, NULL, 1, 4096},
-        {"topk", CLI_OPT_INT, &t.o.topk, NULL, 1, 4096},
-        {"hidden", CLI_OPT_INT, &t.o.hidden, NULL, 1, 65536},
-        {"ffn", CLI_OPT_INT, &t.o.ffn, NULL, 1, 65536},
-        {"tokens", CLI_OPT_INT, &t.o.tokens, NULL, 1, 1 << 24},
-        {"steps", CLI_OPT_INT, &t.o.steps, NULL, 1, 1e9},
-        {"lr", CLI_OPT_DOUBLE, &t.o.lr, NULL, 1e-12, 10.0},
-        {"dtype", CLI_OPT_CHOICE, &t.o.dtype, dtype_words, 0, 0},
-        {"backend", CLI_OPT_CHOICE, &t.o.backend, backend_words, 0, 0},
-        {"threads", CLI_OPT_INT, &t.o.threads, NULL, 1, 1024},
-        {"seed", CLI_OPT_INT, &t.o.seed, NULL, 0, 9.007199254740992e15},
-        {"out", CLI_OPT_STRING, &t.o.out, NULL, 0, 0},
-        {"json", CLI_OPT_FLAG, &t.o.json, NULL, 0, 0},
+        {"experts", CLI_OPT_INT, &t.o.experts, .imin = 1, .imax = 4096},
+        {"topk", CLI_OPT_INT, &t.o.topk, .imin = 1, .imax = 4096},
+        {"hidden", CLI_OPT_INT, &t.o.hidden, .imin = 1, .imax = 65536},
+        {"ffn", CLI_OPT_INT, &t.o.ffn, .imin = 1, .imax = 65536},
+        {"tokens", CLI_OPT_INT, &t.o.tokens, .imin = 1, .imax = INT64_C(1) << 24},
+        {"steps", CLI_OPT_INT, &t.o.steps, .imin = 1, .imax = 1000000000},
+        {"lr", CLI_OPT_DOUBLE, &t.o.lr, .min = 1e-12, .max = 10.0},
+        {"dtype", CLI_OPT_CHOICE, &t.o.dtype, .choices = dtype_words},
+        {"backend", CLI_OPT_CHOICE, &t.o.backend, .choices = backend_words},
+        {"threads", CLI_OPT_INT, &t.o.threads, .imin = 1, .imax = 1024},
+        {"seed", CLI_OPT_INT, &t.o.seed, .imin = 0, .imax = INT64_C(1) << 53},
+        {"max-memory", CLI_OPT_BYTES, &t.o.max_memory, .imin = 1, .imax = INT64_MAX},
+        {"out", CLI_OPT_STRING, .value = &t.o.out},
+        {"json", CLI_OPT_FLAG, .value = &t.o.json},
     };
     int pr = cli_parse(CMD, argc, argv, opts, (int)(sizeof opts / sizeof opts[0]), usage);
     if (pr == CLI_PARSE_HELP) return CLI_EXIT_OK;
@@ -502,15 +584,18 @@ int cli_cmd_train(int argc, char **argv) {
         cli_error(CMD, "--out path is too long");
         return CLI_EXIT_USAGE;
     }
-    if (make_dir(t.o.out) != 0) {
-        cli_error(CMD, "cannot create the output directory '%s': %s", t.o.out, strerror(errno));
-        return CLI_EXIT_FAIL;
-    }
 
+    /* Before anything large is allocated: the memory the run needs, then --out. */
     t.ctx = cli_context(CMD, t.backend);
     if (!t.ctx) return CLI_EXIT_FAIL;
-    if (t.o.threads > 0 && t.backend == MOEX_BACKEND_CPU &&
-        lib_ok(&t, moex_context_set_num_threads(t.ctx, (int)t.o.threads), "moex_context_set_num_threads")) {
+    if ((t.o.threads > 0 && t.backend == MOEX_BACKEND_CPU &&
+         lib_ok(&t, moex_context_set_num_threads(t.ctx, (int)t.o.threads), "moex_context_set_num_threads")) ||
+        trainer_query_sizes(&t) != 0) {
+        trainer_free(&t);
+        return CLI_EXIT_FAIL;
+    }
+    cli_budget need = trainer_need(&t);
+    if (cli_budget_check(CMD, &need, t.o.max_memory) != 0 || check_out_dir(t.o.out) != 0) {
         trainer_free(&t);
         return CLI_EXIT_FAIL;
     }
