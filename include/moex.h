@@ -110,7 +110,8 @@ moex_status moex_context_create(moex_context **out, moex_backend backend, int de
 void        moex_context_destroy(moex_context *ctx);      /* accepts NULL */
 
 /* The message of the last failed call on ctx ("" when none), valid until the next call.
- * With ctx == NULL: the message of the last failed moex_context_create on this thread. */
+ * With ctx == NULL: the message of the last call on this thread that failed without a
+ * context to keep it (moex_context_create, or any call given ctx == NULL). */
 const char *moex_last_error(const moex_context *ctx);
 
 moex_backend moex_context_backend(const moex_context *ctx);

@@ -6,7 +6,8 @@
 #   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
 #   PyTorch baselines on the same shapes (bench/torch_baseline.py, both modes, and the grouped
 #   GEMMs of bench/gemm_bench.py), then a summary.
-# Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize check bench (default all)
+# Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize fuzz check bench (default all)
+#   fuzz: tests/fuzz's standalone driver, FUZZ_RUNS (default 20000) inputs on the CUDA backend
 # Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
 # sanitize.log check.log bench.log (portable GEMM runs appended) torch.log (torch baselines and
 # bench/gemm_bench.py) gemm_bench.jsonl summary.txt. Env: BUILD (build dir, default
@@ -23,7 +24,7 @@ BENCH_CONFIGS=${BENCH_CONFIGS:-dsv3-fc1,dsv3-fc2,qwen3-30b-fc1,qwen3-30b-fc2,mix
 OTHER_CONFIGS=${OTHER_CONFIGS:-dsv3-fc1,qwen3-30b-fc1}   # configs of `moex bench --ops other` and its torch baseline
 OTHER_OPS=' (glu|router|permute|unpermute|moe)_(fwd|bwd) '
 mkdir -p "$OUT"
-STAGES=${*:-build test sanitize check bench}
+STAGES=${*:-build test sanitize fuzz check bench}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -74,6 +75,14 @@ if has sanitize; then
            done | xargs -P 16 -L 1 bash -c 'san_one "$0" "$@"')
     for l in $logs; do cat "$l.block" >> "$OUT/sanitize.log"; sed 's/^/  /' "$l.line" | tee -a "$SUMMARY"; rm -f "$l" "$l.block" "$l.line"; done
     note "sanitize: $((SECONDS - t0)) s"
+fi
+
+if has fuzz; then   # the API fuzzer's standalone driver against the CUDA backend (device buffers)
+    t0=$SECONDS
+    { ninja -C "$BUILD" moex_fuzz_run &&
+      "$BUILD"/tests/fuzz/moex_fuzz_run --backend cuda --runs "${FUZZ_RUNS:-20000}" tests/fuzz/corpus; } \
+        > "$OUT/fuzz.log" 2>&1
+    note "fuzz (CUDA backend): rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/fuzz.log")"
 fi
 
 if has check; then

@@ -102,7 +102,7 @@ void moex_context_destroy(moex_context *ctx) {
 moex_backend moex_context_backend(const moex_context *ctx) { return ctx ? ctx->backend : MOEX_BACKEND_CPU; }
 
 moex_status moex_context_set_num_threads(moex_context *ctx, int n) {
-    if (!ctx) return MOEX_ERR_INVALID_ARG;
+    if (!ctx) return moex_fail(NULL, MOEX_ERR_INVALID_ARG, "moex_context_set_num_threads: ctx is NULL");
     ctx->msg[0] = '\0';
     if (n < 1)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "moex_context_set_num_threads: n = %d, must be >= 1", n);
@@ -111,7 +111,7 @@ moex_status moex_context_set_num_threads(moex_context *ctx, int n) {
 }
 
 moex_status moex_context_check_splits(moex_context *ctx, moex_stream stream) {
-    if (!ctx) return MOEX_ERR_INVALID_ARG;
+    if (!ctx) return moex_fail(NULL, MOEX_ERR_INVALID_ARG, "moex_context_check_splits: ctx is NULL");
     ctx->msg[0] = '\0';
     if (!ctx->ops->check_splits) return MOEX_OK;
     return ctx->ops->check_splits(ctx, stream);
