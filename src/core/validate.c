@@ -319,7 +319,7 @@ moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *n
                          strcmp(name, "saved") == 0 ? "moex_moe_layer_saved_size" : "the workspace-size query", need);
     uintptr_t p = ((uintptr_t)buf + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN;
     *aligned = (void *)p;
-    return moex_record_span(ctx, op, name, *aligned, backend_bytes, role);
+    return moex_record_span(ctx, op, name, buf, buf_bytes, role);
 }
 
 moex_status moex_enter(moex_context *ctx, const char *op, const void *args) {

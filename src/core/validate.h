@@ -79,7 +79,8 @@ moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mo
  * backend's plus alignment slack, and fails (INVALID_ARG) when the backend's size saturated
  * (MOEX_SIZE_OVERFLOW) or passes PTRDIFF_MAX. `prepare` fails when the caller's buffer is
  * NULL or smaller than the public size, else gives the aligned pointer and records the
- * bytes the backend uses as a span of `role`. `name` is "workspace" or "saved". */
+ * caller's whole buffer [buf, buf + buf_bytes) as a span of `role`. `name` is "workspace"
+ * or "saved". */
 moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
                                     size_t *bytes);
 moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
