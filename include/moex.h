@@ -48,9 +48,9 @@
  *     layer forward) may not overlap any other tensor, the workspace or `saved`; inputs
  *     may overlap each other. Breaking this is MOEX_ERR_INVALID_ARG naming the two, on
  *     both backends (docs/conventions.md, "The overlap rule").
- *   - Sizes never wrap: a tensor, or an intermediate an operation keeps, of more than
- *     2^60 elements, and a workspace or `saved` size past PTRDIFF_MAX, are
- *     MOEX_ERR_INVALID_ARG, from the size queries too.
+ *   - Sizes never wrap: a tensor, or an intermediate an operation keeps, of 2^60 or more
+ *     elements, and a workspace or `saved` size past PTRDIFF_MAX, are MOEX_ERR_INVALID_ARG,
+ *     from the size queries too.
  *   - Determinism: the same inputs give bitwise the same outputs, run after run.
  *   - Thread safety: a context may be used by one thread at a time.
  * ---------------------------------------------------------------------------------------

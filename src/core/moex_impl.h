@@ -146,7 +146,7 @@ moex_status moex_cuda_backend_init(moex_context *ctx);   /* only in CUDA builds 
  * keep it through further moex_sz_* steps, and the core refuses a backend size of
  * MOEX_SIZE_OVERFLOW (or anything past PTRDIFF_MAX) with MOEX_ERR_INVALID_ARG.            */
 
-#define MOEX_MAX_ELEMS (INT64_MAX / 8)   /* every byte offset of such a tensor fits an int64 */
+#define MOEX_MAX_ELEMS (INT64_MAX / 8)   /* 2^60 - 1: every byte offset of such a tensor fits an int64 */
 #define MOEX_SIZE_OVERFLOW SIZE_MAX
 
 /* *out = a * b for a, b >= 0; false (and *out untouched) when it would pass INT64_MAX. */

@@ -105,7 +105,7 @@ static moex_status check_shape(moex_context *ctx, const char *op, const char *na
     }
     for (int i = 0; i < ndim; i++)
         if (!moex_i64_mul(numel, t->shape[i], &numel) || numel > MOEX_MAX_ELEMS)
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements (more than 2^60)", op, name,
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements (2^60 or more)", op, name,
                              got);
     if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_I64 || !(dtypes & MOEX_DT(t->dtype))) {
         char dts[64];
@@ -196,7 +196,7 @@ moex_status moex_check_internal(moex_context *ctx, const char *op, const char *n
     int64_t n;
     if (!moex_i64_mul(rows, cols, &n) || n > MOEX_MAX_ELEMS)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
-                         "%s: the intermediate %s [%lld, %lld] would have too many elements (more than 2^60)", op, name,
+                         "%s: the intermediate %s [%lld, %lld] would have too many elements (2^60 or more)", op, name,
                          (long long)rows, (long long)cols);
     return MOEX_OK;
 }
