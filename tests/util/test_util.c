@@ -42,6 +42,16 @@ int tu_check_status(const moex_context *ctx, moex_status got, moex_status want, 
                      moex_status_string(got), moex_status_string(want), moex_last_error(ctx));
 }
 
+int tu_check_refused(const moex_context *ctx, moex_status got, const char *n1, const char *n2, const char *file,
+                     int line, const char *expr) {
+    const char *msg = moex_last_error(ctx);
+    int ok = tu_record(got == MOEX_ERR_INVALID_ARG, file, line, "%s: got %s, want MOEX_ERR_INVALID_ARG (\"%s\")",
+                       expr, moex_status_string(got), msg);
+    ok &= tu_record(!n1 || strstr(msg, n1), file, line, "%s: message \"%s\" does not name \"%s\"", expr, msg, n1);
+    ok &= tu_record(!n2 || strstr(msg, n2), file, line, "%s: message \"%s\" does not name \"%s\"", expr, msg, n2);
+    return ok;
+}
+
 /* ---- RNG ------------------------------------------------------------------------------ */
 
 tu_rng tu_rng_seed(uint64_t seed) {

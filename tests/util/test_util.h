@@ -42,6 +42,11 @@ int tu_failures(void);
 #define CHECK_STATUS(ctx, st, want) tu_check_status((ctx), (st), (want), __FILE__, __LINE__, #st)
 int tu_check_status(const moex_context *ctx, moex_status got, moex_status want, const char *file,
                     int line, const char *expr);
+/* A call was refused: MOEX_ERR_INVALID_ARG, and its message contains n1 and n2 (each may be
+ * NULL: not checked). */
+#define CHECK_REFUSED(ctx, st, n1, n2) tu_check_refused((ctx), (st), (n1), (n2), __FILE__, __LINE__, #st)
+int tu_check_refused(const moex_context *ctx, moex_status got, const char *n1, const char *n2, const char *file,
+                     int line, const char *expr);
 
 /* ---- RNG (splitmix64 seeding an xorshift64*) ---------------------------------------- */
 
