@@ -126,6 +126,16 @@ extern "C" {
 #define FZ_MAX_INTS ((int64_t)1 << 16)    /* integer contents (splits, ids) up to this many */
 #define FZ_MAX_ELEMS ((int64_t)1 << 60)   /* moex.h: more elements than this is refused     */
 
+/* Dtype shorthands of the argument builders: a dtype, and the bit of one in a valid set. */
+#define F32 MOEX_DTYPE_F32
+#define BF16 MOEX_DTYPE_BF16
+#define I32 MOEX_DTYPE_I32
+#define I64 MOEX_DTYPE_I64
+#define DT(d) (1u << (unsigned)(d))
+
+/* "f32", "bf16", ... ("?" for a value outside the enum), for case descriptions. */
+const char *fz_dtype_name(moex_dtype d);
+
 /* ---- the global harness state -------------------------------------------------------- */
 
 typedef struct fz_stats {

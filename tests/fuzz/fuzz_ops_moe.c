@@ -10,15 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#define DT(d) (1u << (unsigned)(d))
-#define F32 MOEX_DTYPE_F32
-#define I32 MOEX_DTYPE_I32
-#define I64 MOEX_DTYPE_I64
-
-static const char *dtn(moex_dtype d) {
-    return d == F32 ? "f32" : d == MOEX_DTYPE_BF16 ? "bf16" : d == MOEX_DTYPE_F16 ? "f16" : "?";
-}
-
 FZ_OPFNS(moef_fns, moe_layer_forward, moex_moe_layer_args);
 FZ_OPFNS(moeb_fns, moe_layer_backward, moex_moe_layer_grad_args);
 
@@ -191,7 +182,7 @@ void fz_op_moe(fz_case *c) {
     moe.T = T, moe.H = H, moe.E = E, moe.F = F, moe.k = k, moe.dt = dt, moe.any_dw = 0;
     const int64_t twoF = fz_mul_sat(F, 2), rows = fz_mul_sat(T, k);
     fz_note(c, "T=%lld H=%lld E=%lld F=%lld k=%lld %s score=%d norm=%d b1=%d b2_mode=%d glu kind %d layout %d",
-            (long long)T, (long long)H, (long long)E, (long long)F, (long long)k, dtn(dt), (int)f->score,
+            (long long)T, (long long)H, (long long)E, (long long)F, (long long)k, fz_dtype_name(dt), (int)f->score,
             (int)f->norm, b1, (int)f->b2_mode, (int)f->glu.kind, (int)f->glu.layout);
     /* moex.h: E <= INT32_MAX, T*k <= INT32_MAX, and no intermediate past 2^60 elements */
     if (E > INT32_MAX) fz_fault(c, FZ_STRUCT, "E = %lld > INT32_MAX", (long long)E);
@@ -287,7 +278,7 @@ void fz_op_moe(fz_case *c) {
     if (!db2 && f->b2_mode != MOEX_BIAS_NONE) g->db2.ndim = 0;
     fz_tensor_reg(c, "db2", &g->db2, FZ_OUT, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(F32));
     fz_note(c, " | backward dw_mode=%d dW %s dx=%d drouter_w=%d dw1=%d dw2=%d db1=%d db2=%d", (int)g->dw_mode,
-            dtn(wdt), dx, drw, dw1, dw2, db1, db2);
+            fz_dtype_name(wdt), dx, drw, dw1, dw2, db1, db2);
     fz_materialize(c);
     size_t bw = 0;
     if (fz_query(c, moeb_fns.qname, moeb_fns.query, g, &bw) != MOEX_OK) return;
