@@ -5,11 +5,11 @@
 # MOEX_SAN_HAVE_FUZZER=1 when clang can link a libFuzzer target. Sourced by scripts/test.sh
 # and scripts/fuzz.sh.
 
-san_cc_works() {   # compiler, extra flags: can it link a sanitized program?
+san_cc_works() {   # compiler: can it link a program with ASan + UBSan?
   local dir
   dir=$(mktemp -d)
   echo 'int main(void) { return 0; }' > "$dir/t.c"
-  "$1" -fsanitize=address,undefined $2 "$dir/t.c" -o "$dir/t" >/dev/null 2>&1
+  "$1" -fsanitize=address,undefined "$dir/t.c" -o "$dir/t" >/dev/null 2>&1
   local rc=$?
   rm -rf "$dir"
   return $rc
@@ -34,10 +34,10 @@ if ! { command -v clang >/dev/null && fuzzer_works; }; then
 fi
 
 MOEX_SAN_HAVE_FUZZER=0
-if command -v clang >/dev/null && san_cc_works clang ""; then
+if command -v clang >/dev/null && san_cc_works clang; then
   MOEX_SAN_CC=clang
   fuzzer_works && MOEX_SAN_HAVE_FUZZER=1
-elif command -v gcc >/dev/null && san_cc_works gcc ""; then
+elif command -v gcc >/dev/null && san_cc_works gcc; then
   MOEX_SAN_CC=gcc
   echo "setup_clang: no clang with sanitizers; the sanitizer build uses gcc" >&2
 else

@@ -2,7 +2,9 @@
  * test_robustness.c - hostile inputs that once broke the library (issue 13), each a case
  * that failed before its fix: size arithmetic that wrapped (the MoE layer's saved and
  * workspace sizes, signed overflow in size queries), outputs overlapping inputs, the
- * workspace or `saved`, and pointer arithmetic on the NULL data of empty tensors.
+ * workspace or `saved`, pointer arithmetic on the NULL data of empty tensors; and the
+ * other refusals of the size and overlap rules (a saved size past PTRDIFF_MAX, a byte
+ * range that wraps the address space).
  *
  * Every refused call must return MOEX_ERR_INVALID_ARG with a message naming the problem
  * and leave every buffer as it was (poison). Huge shapes are given to size queries and
@@ -107,6 +109,45 @@ static void size_queries_overflow(moex_context *ctx) {
         .y = moex_tensor_2d(stand_in, F32, P2(32), 1),
     };
     CHECK_REFUSED(ctx, moex_grouped_linear_forward_workspace_size(ctx, &l, &bytes), "x", "too many elements");
+    /* The MoE layer's logits [T, E] = [2^30, 2^31 - 1], every caller tensor small enough */
+    const int64_t T2 = P2(30), E2 = INT32_MAX;
+    moex_moe_layer_args c = {
+        .x = moex_tensor_2d(stand_in, F32, T2, 1), .router_w = moex_tensor_2d(stand_in, F32, E2, 1), .topk = 1,
+        .w1 = moex_weight_packed(moex_tensor_3d(stand_in, F32, E2, 2, 1)),
+        .w2 = moex_weight_packed(moex_tensor_3d(stand_in, F32, E2, 1, 1)),
+        .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(stand_in, F32, T2, 1)};
+    CHECK_REFUSED(ctx, moex_moe_layer_saved_size(ctx, &c, &bytes), "logits", "too many elements");
+    /* Every tensor and intermediate under 2^60 elements, but xp, h and z together need about
+     * 1.25 * 2^63 bytes of `saved`: past PTRDIFF_MAX, short of wrapping a size_t. */
+    const int64_t H3 = P2(30) - 1, F3 = P2(29) - 1;
+    moex_moe_layer_args s = {
+        .x = moex_tensor_2d(stand_in, F32, T2, H3), .router_w = moex_tensor_2d(stand_in, F32, 1, H3), .topk = 1,
+        .w1 = moex_weight_packed(moex_tensor_3d(stand_in, F32, 1, 2 * F3, H3)),
+        .w2 = moex_weight_packed(moex_tensor_3d(stand_in, F32, 1, H3, F3)),
+        .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(stand_in, F32, T2, H3)};
+    bytes = 12345;
+    CHECK_REFUSED(ctx, moex_moe_layer_saved_size(ctx, &s, &bytes), "saved", "PTRDIFF_MAX");
+    CHECK_EQ_I64(bytes, 12345);
+}
+
+/* Tensors whose byte range would wrap around the address space: a packed tensor, and a
+ * matrix of a discrete weight (checked on the CPU). Refused by the size queries too. */
+static void address_wraps(moex_context *ctx) {
+    enum { G = 2, T = 8, K = 4, N = 4 };
+    int64_t splits[G] = {3, 4};
+    float x[T * K] = {0}, w[G * N * K] = {0}, y[T * N];
+    void *top = (void *)(UINTPTR_MAX - 63);   /* 64 bytes below the top: y needs 128 */
+    moex_grouped_linear_args a = {
+        .x = moex_tensor_2d(x, F32, T, K), .w = moex_weight_packed(moex_tensor_3d(w, F32, G, N, K)),
+        .splits = moex_tensor_1d(splits, I64, G), .y = moex_tensor_2d(top, F32, T, N)};
+    size_t bytes;
+    CHECK_REFUSED(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), "y", "wraps around");
+    a.y.data = y;
+    void *ptrs[G] = {w, top};
+    a.w = (moex_weight){moex_tensor_3d(NULL, F32, G, N, K), ptrs};
+    CHECK_REFUSED(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), "w.ptrs[1]", "wraps around");
+    ptrs[1] = w + N * K;
+    CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
 }
 
 /* ---- 3: overlap ----------------------------------------------------------------------- */
@@ -304,6 +345,7 @@ int main(void) {
     moe_saved_wraps(ctx, P2(22), P2(40));
     moe_saved_wraps(ctx, P2(20), P2(42));
     size_queries_overflow(ctx);
+    address_wraps(ctx);
     unpermute_overlap(ctx);
     permute_overlap(ctx);
     grouped_linear_overlap(ctx);
