@@ -93,6 +93,7 @@ static void cuda_destroy(moex_context *ctx) {
     moex_cuda_device_guard g;
     if (moex_cuda_device_enter(ctx, "moex_context_destroy", &g) == MOEX_OK) {
         if (st->flag) cudaFree(st->flag);
+        moex_cuda_sm90_release(ctx);
         moex_cuda_device_leave(&g);
     }
     free(st);
@@ -117,6 +118,7 @@ static moex_status init_run(moex_context *ctx) {
                          "%s: cudaMalloc of the bad-splits flag failed: %s", op, cudaGetErrorString(err));
     CUDA_TRY(ctx, op, cudaMemset(st->flag, 0, sizeof(int)));
     MOEX_TRY(moex_cuda_gemm_prepare(ctx));
+    MOEX_TRY(moex_cuda_sm90_prepare(ctx));
     CUDA_TRY(ctx, op, cudaDeviceSynchronize());
     return MOEX_OK;
 }

@@ -14,26 +14,7 @@
  * (cuda_grouped_gemm_sm80.cu).
  */
 #include "cuda_ops.h"
-#include "sm90_grouped_gemm.h"
-
-/* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
- * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
- * whether it did. */
-static moex_status try_sm90(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
-                            const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
-    *ran = false;
-    if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
-    /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
-    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
-    if (!moex_sm90_epilogue_supported(ctx->device, &a, e)) return MOEX_OK;
-    const char *why = "";
-    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
-                           : moex_sm90_grouped_gemm_fwd_epi(&a, e, NULL, (moex_stream)stream, &why);
-    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
-    *ran = true;
-    return MOEX_OK;
-}
+#include "sm90_grouped_gemm.h"   /* moex_sm90_epilogue */
 
 moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
@@ -47,7 +28,7 @@ moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_c
         e.probs = bias_mode == MOEX_BIAS_SCALED ? probs : NULL;
     }
     bool ran;
-    MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, x, w, y, &e, false, stream, &ran));
+    MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, x, w, y, &e, false, stream, &ran));
     if (ran) return MOEX_OK;
     moex_cuda_gemm g = {};
     g.kind = MOEX_CUDA_GEMM_ROWS;
@@ -87,7 +68,7 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
     e.probs = probs;
     e.glu = glu;
     e.z = z;
-    return try_sm90(ctx, op, s, dt, K, 2 * F, x, w, h, &e, false, stream, ran);
+    return moex_cuda_sm90_rows(ctx, op, s, dt, K, 2 * F, x, w, h, &e, false, stream, ran);
 }
 
 moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
@@ -95,7 +76,7 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex
                                    const float *dbias_probs, float *dbias, float *partial,
                                    const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
     bool ran = false;
-    if (dx) MOEX_TRY(try_sm90(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
+    if (dx) MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
     if (dx && !ran) {
         moex_cuda_gemm g = {};
         g.kind = MOEX_CUDA_GEMM_ROWS;
@@ -120,28 +101,11 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex
     return MOEX_OK;
 }
 
-/* Runs dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions as
- * try_sm90 (packed dW, device splits, supported args); *ran says whether it did. */
-static moex_status try_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
-                                  moex_grad_mode mode, cudaStream_t stream, bool *ran) {
-    *ran = false;
-    if (!moex_cuda_st(ctx)->sm90 || !s->splits || dw->ptrs) return MOEX_OK;
-    const moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
-                                    mode == MOEX_GRAD_ACCUMULATE, s->splits};
-    if (!moex_sm90_wgrad_supported(ctx->device, &a)) return MOEX_OK;
-    const char *why = "";
-    moex_status st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)stream, &why);
-    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
-    *ran = true;
-    return MOEX_OK;
-}
-
 moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                    moex_grad_mode mode, cudaStream_t stream) {
     bool ran;
-    MOEX_TRY(try_sm90_wgrad(ctx, op, s, dt, K, N, x, dy, dw, mode, stream, &ran));
+    MOEX_TRY(moex_cuda_sm90_wgrad(ctx, op, s, dt, K, N, x, dy, dw, mode, stream, &ran));
     if (ran) return MOEX_OK;
     moex_cuda_gemm g = {};
     g.kind = MOEX_CUDA_GEMM_WGRAD;
@@ -163,12 +127,6 @@ moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex
 }
 
 /* ---- forward ------------------------------------------------------------------------ */
-
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c) {
-    if (!moex_cuda_st(ctx)->sm90) return NULL;
-    const size_t bytes = moex_sm90_gemm_workspace_bytes(ctx->device);
-    return bytes > 0 ? moex_cuda_take(c, bytes) : NULL;
-}
 
 /* The schedule; the forward's also the Hopper GEMM's stream-K workspace (gemm_ws). */
 static size_t sched_layout(moex_context *ctx, const moex_gl_dims *d, char *base, moex_cuda_sched *s, bool gemm_ws) {

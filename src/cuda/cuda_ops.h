@@ -56,6 +56,8 @@ typedef struct moex_cuda_state {
     int num_sms;
     int sm90;                   /* 1: the Hopper GEMMs (sm90_grouped_gemm.h) may run: a
                                    cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
+    struct moex_sm90_context *sm90_ctx;   /* the Hopper GEMMs' per-context state, owned by
+                                   cuda_gemm_sm90.cu (NULL: none)                       */
 } moex_cuda_state;
 
 static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
@@ -141,9 +143,6 @@ static inline moex_status moex_cuda_check_moe(moex_context *ctx, const char *op,
 /* Takes the schedule's arrays from the workspace (gemm_ws = NULL). */
 void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
 
-/* Takes the Hopper GEMMs' workspace (moex_sm90_gemm_workspace_bytes) when the context runs
- * them, else nothing (NULL). */
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c);
 
 /* Fills s from device splits [G] (NULL: one group of all T rows) and records them in
  * s->splits; bad values set the context flag with op_id. One small launch. */
@@ -196,6 +195,27 @@ moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cud
                                cudaStream_t stream);
 /* Once per context (device): kernel attributes the GEMM launches rely on. */
 moex_status moex_cuda_gemm_prepare(moex_context *ctx);
+
+/* ---- the Hopper grouped GEMMs' glue (cuda_gemm_sm90.cu) ------------------------------ */
+
+struct moex_sm90_epilogue;
+
+/* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
+ * Hopper kernel when the context allows it and the kernel supports the arguments (packed
+ * weights, device splits); *ran says whether it did (false: nothing launched). */
+moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                                const struct moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran);
+/* dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions; *ran as above. */
+moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                 int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                 moex_grad_mode mode, cudaStream_t stream, bool *ran);
+/* Takes the Hopper GEMMs' workspace from c when the context runs them, else nothing (NULL). */
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c);
+/* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
+ * (st->sm90_ctx); release frees it (accepts none). */
+moex_status moex_cuda_sm90_prepare(moex_context *ctx);
+void moex_cuda_sm90_release(moex_context *ctx);
 
 /* ---- grouped linear building blocks (cuda_grouped_linear.cu), on a built schedule ---- */
 

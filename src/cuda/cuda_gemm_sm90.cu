@@ -1,0 +1,53 @@
+/*
+ * cuda_gemm_sm90.cu - the CUDA backend's glue to the Hopper grouped GEMMs
+ * (sm90_grouped_gemm.h): whether they run a product, their launch, and their workspace.
+ */
+#include "cuda_ops.h"
+#include "sm90_grouped_gemm.h"
+
+/* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
+ * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
+ * whether it did. */
+moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                            const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
+    *ran = false;
+    if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
+    /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
+    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
+    if (!moex_sm90_epilogue_supported(ctx->device, &a, e)) return MOEX_OK;
+    const char *why = "";
+    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
+                           : moex_sm90_grouped_gemm_fwd_epi(&a, e, NULL, (moex_stream)stream, &why);
+    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
+    *ran = true;
+    return MOEX_OK;
+}
+
+/* Runs dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions as
+ * moex_cuda_sm90_rows (packed dW, device splits, supported args); *ran says whether it did. */
+moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                  moex_grad_mode mode, cudaStream_t stream, bool *ran) {
+    *ran = false;
+    if (!moex_cuda_st(ctx)->sm90 || !s->splits || dw->ptrs) return MOEX_OK;
+    const moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
+                                    mode == MOEX_GRAD_ACCUMULATE, s->splits};
+    if (!moex_sm90_wgrad_supported(ctx->device, &a)) return MOEX_OK;
+    const char *why = "";
+    moex_status st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)stream, &why);
+    if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
+    *ran = true;
+    return MOEX_OK;
+}
+
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c) {
+    if (!moex_cuda_st(ctx)->sm90) return NULL;
+    const size_t bytes = moex_sm90_gemm_workspace_bytes(ctx->device);
+    return bytes > 0 ? moex_cuda_take(c, bytes) : NULL;
+}
+
+
+moex_status moex_cuda_sm90_prepare(moex_context *ctx) { return MOEX_OK; }
+
+void moex_cuda_sm90_release(moex_context *ctx) { (void)ctx; }
