@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """gemm_bench.py - the three GEMMs of moex's grouped linear layer against PyTorch, in one run.
 
-What it measures (one H200, bf16, the configs of shared/DESIGN.md section 6, balanced and
+What it measures (one H200, bf16, the CUDA configs of tools/bench_configs.h, balanced and
 skewed splits), for every (config, splits, op):
 
   op         moex (public API, ctypes)            torch                                   dense ceiling
@@ -45,14 +45,9 @@ import statistics
 import sys
 import time
 
-CONFIGS = {  # name: G, T, K, N  (shared/DESIGN.md section 6)
-    "dsv3-fc1": (8, 32768, 7168, 4096),
-    "dsv3-fc2": (8, 32768, 2048, 7168),
-    "qwen3-30b-fc1": (128, 32768, 2048, 1536),
-    "qwen3-30b-fc2": (128, 32768, 768, 2048),
-    "mixtral-fc1": (8, 16384, 4096, 28672),
-    "gptoss-fc1": (32, 16384, 2880, 5760),
-}
+from configs import select   # tools/bench_configs.h, the one list of benchmark configs
+
+CONFIGS = {c.name: (c.G, c.T, c.K, c.N) for c in select("CUDA").values()}  # name: G, T, K, N
 OPS = ("fwd", "dgrad", "wgrad", "fwd_bias", "fwd_sbias")
 KINDS = ("balanced", "skewed")
 FUNCS = ("moex", "torch", "loop", "dense")

@@ -22,14 +22,9 @@ import json
 import torch
 import torch.nn.functional as F
 
-CONFIGS = {  # name: G, T, K, N, H, F (as tools/cmd_bench.c)
-    "dsv3-fc1": (8, 32768, 7168, 4096, 7168, 2048),
-    "dsv3-fc2": (8, 32768, 2048, 7168, 7168, 2048),
-    "qwen3-30b-fc1": (128, 32768, 2048, 1536, 2048, 768),
-    "qwen3-30b-fc2": (128, 32768, 768, 2048, 2048, 768),
-    "mixtral-fc1": (8, 16384, 4096, 28672, 4096, 14336),
-    "gptoss-fc1": (32, 16384, 2880, 5760, 2880, 2880),
-}
+from configs import select   # tools/bench_configs.h, the one list of benchmark configs
+
+CONFIGS = {c.name: (c.G, c.T, c.K, c.N, c.H, c.F) for c in select("CUDA").values()}  # name: G, T, K, N, H, F
 
 
 def median_ms(fn, iters):

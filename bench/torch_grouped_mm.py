@@ -1,9 +1,9 @@
 """torch_grouped_mm.py - the sm90 grouped GEMM entry points (forward, dgrad, wgrad) with their
 tuning knobs against torch._grouped_mm on the same shapes, split values and tensors, for
-kernel work (bench/gemm_bench.py is the benchmark of record, through the public API). DESIGN.md
-section 6 configs and two small-group ones, bf16; GPU time as in gemm_bench (the functions
-launched in rotating order, each behind a spin kernel that hides its host time, each timed by
-its own CUDA events), medians reported.
+kernel work (bench/gemm_bench.py is the benchmark of record, through the public API). The CUDA
+configs of tools/bench_configs.h and its two small-group STUDY ones, bf16; GPU time as in
+gemm_bench (the functions launched in rotating order, each behind a spin kernel that hides its
+host time, each timed by its own CUDA events), medians reported.
 
   python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP [VARIANT,VARIANT...]]]
       LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned
@@ -24,13 +24,10 @@ import sys
 
 from gemm_bench import Spinner, bench_interleaved, make_splits   # the same splits and timing as the benchmark of record
 
-CONFIGS = [
-    ("dsv3-fc1", 8, 32768, 7168, 4096), ("dsv3-fc2", 8, 32768, 2048, 7168),
-    ("qwen3-30b-fc1", 128, 32768, 2048, 1536), ("qwen3-30b-fc2", 128, 32768, 768, 2048),
-    ("mixtral-fc1", 8, 16384, 4096, 28672), ("gptoss-fc1", 32, 16384, 2880, 5760),
-    # small groups (not in DESIGN.md; T < 128 G picks 64-row tiles): 64 and 32 rows per group
-    ("qwen3-fc1-t8k", 128, 8192, 2048, 1536), ("g256-fc1-t8k", 256, 8192, 2048, 1536),
-]
+from configs import select   # tools/bench_configs.h, the one list of benchmark configs
+
+# the CUDA configs, then the STUDY ones: small groups (T < 128 G picks 64-row tiles), 64 and 32 rows a group
+CONFIGS = [(c.name, c.G, c.T, c.K, c.N) for c in select("CUDA", "STUDY").values()]
 
 # name -> (grid, band, epilogue_tma, cluster, grid_used, tile_rows, band_rows[, stream_k, l2_promotion]);
 # 0 = the library default

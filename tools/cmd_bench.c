@@ -15,11 +15,13 @@
  * and reports effective GB/s: the bytes an op must read and write at least once (--help
  * gives the formulas) over its time.
  *
- * Configurations marked [cuda] (sized for a GPU) run on the CUDA backend only. Before
+ * The configurations are the CPU and CUDA sets of bench_configs.h; those of the CUDA set
+ * (marked [cuda] in --help: sized for a GPU) run on the CUDA backend only. Before
  * allocating anything the command sums the memory of its largest configuration
  * (bench_need: the buffers, the workspace from the library's queries, host temporaries)
  * and refuses a run that needs more than is available or than --max-memory allows.
  */
+#include "bench_configs.h"
 #include "cli_util.h"
 
 #include <math.h>
@@ -40,22 +42,20 @@ typedef struct bench_config {
     const char *name;
     int64_t G, T, K, N, H, F;
     splits_kind splits;
-    int cuda;           /* 1: sized for a GPU (DESIGN.md section 6), not run by "all" on the CPU */
+    int cuda;           /* 1: sized for a GPU (the CUDA set), not run by "all" on the CPU */
     const char *what;
 } bench_config;
 
-static const bench_config configs[] = {
-    {"tiny", 4, 512, 256, 256, 256, 128, SPLITS_BALANCED, 0, "a quick smoke test"},
-    {"small", 8, 4096, 1024, 1024, 1024, 512, SPLITS_BALANCED, 0, "8 balanced groups (CPU default)"},
-    {"skewed", 8, 4096, 1024, 1024, 1024, 512, SPLITS_SKEWED, 0, "8 Dirichlet(0.5) groups, one empty"},
-    {"many", 128, 4096, 1024, 1024, 1024, 512, SPLITS_BALANCED, 0, "128 small groups"},
-    {"dsv3-fc1", 8, 32768, 7168, 4096, 7168, 2048, SPLITS_BALANCED, 1, "DeepSeek-V3 FC1"},
-    {"dsv3-fc2", 8, 32768, 2048, 7168, 7168, 2048, SPLITS_BALANCED, 1, "DeepSeek-V3 FC2"},
-    {"qwen3-30b-fc1", 128, 32768, 2048, 1536, 2048, 768, SPLITS_BALANCED, 1, "Qwen3-30B-A3B FC1"},
-    {"qwen3-30b-fc2", 128, 32768, 768, 2048, 2048, 768, SPLITS_BALANCED, 1, "Qwen3-30B-A3B FC2"},
-    {"mixtral-fc1", 8, 16384, 4096, 28672, 4096, 14336, SPLITS_BALANCED, 1, "Mixtral 8x7B FC1"},
-    {"gptoss-fc1", 32, 16384, 2880, 5760, 2880, 2880, SPLITS_BALANCED, 1, "GPT-OSS-120B FC1"},
-};
+/* The CPU and CUDA rows of bench_configs.h, in its order; its STUDY rows are not ours. */
+#define BENCH_ROW(name, G, T, K, N, H, F, splits, set, what) BENCH_ROW_##set(name, G, T, K, N, H, F, splits, what)
+#define BENCH_ROW_CPU(name, G, T, K, N, H, F, splits, what) {name, G, T, K, N, H, F, SPLITS_##splits, 0, what},
+#define BENCH_ROW_CUDA(name, G, T, K, N, H, F, splits, what) {name, G, T, K, N, H, F, SPLITS_##splits, 1, what},
+#define BENCH_ROW_STUDY(name, G, T, K, N, H, F, splits, what)
+static const bench_config configs[] = {MOEX_BENCH_CONFIGS(BENCH_ROW)};
+#undef BENCH_ROW
+#undef BENCH_ROW_CPU
+#undef BENCH_ROW_CUDA
+#undef BENCH_ROW_STUDY
 #define NUM_CONFIGS ((int)(sizeof configs / sizeof configs[0]))
 
 static const char *const backend_words[] = {"cpu", "cuda", NULL};
@@ -82,7 +82,7 @@ static void usage(FILE *out) {
             "options:\n"
             "  --backend B      cpu | cuda (required)\n"
             "  --config NAME    a configuration below, or 'all' (default: small on the CPU,\n"
-            "                   all of DESIGN.md section 6 on cuda)\n"
+            "                   all [cuda] ones on cuda)\n"
             "  --dtype D        f32 | bf16 (default: f32 on the CPU, bf16 on cuda)\n"
             "  --splits S       balanced | skewed: override the configuration's splits\n"
             "  --iters N        timed runs per operation, after one warm-up (default 5 on the\n"
