@@ -32,13 +32,24 @@ moex_last_error.
 Usage (GPU machine, repository root, libmoex.so built with CUDA):
     python3 bench/gemm_bench.py --lib build-gpu/libmoex.so --out $OUT
         [--configs dsv3-fc1,...] [--ops fwd,dgrad,wgrad,fwd_bias,fwd_sbias] [--iters N] [--json PATH]
+        [--lib-baseline OLD/libmoex.so]
+--lib-baseline adds a fifth function to every rotation: the same moex call through another
+build of the library (loaded beside --lib in the same process, writing its own output), as
+the columns "base TF" and "moex/base" (speed of --lib over the baseline) and the JSON fields
+moex_base_ms, moex_base_tflops, moex_over_base, relerr_base (scripts/compare_builds.sh).
+--cpu times only the moex column (and moex_base) on the CPU backend, f32, by the wall clock in
+the same rotation, on the CPU configs of tools/bench_configs.h (default tiny): the timing and
+the comparison without a GPU or torch (skewed splits need numpy; without it, balanced only).
 Checks without a GPU or torch (the CPU library, e.g. build-bench/libmoex.so):
     python3 bench/gemm_bench.py --abi          # struct sizes/offsets; diff with bench/test_gemm_bench_abi.c
     python3 bench/gemm_bench.py --selftest-cpu --lib build-bench/libmoex.so
+    python3 bench/gemm_bench.py --cpu --lib NEW/libmoex.so --lib-baseline OLD/libmoex.so --out DIR
 """
 import argparse
 import ctypes
+import importlib.util
 import json
+import math
 import os
 import random
 import statistics
@@ -48,9 +59,9 @@ import time
 from configs import select   # tools/bench_configs.h, the one list of benchmark configs
 
 CONFIGS = {c.name: (c.G, c.T, c.K, c.N) for c in select("CUDA").values()}  # name: G, T, K, N
+CPU_CONFIGS = {c.name: (c.G, c.T, c.K, c.N) for c in select("CPU").values()}   # --cpu
 OPS = ("fwd", "dgrad", "wgrad", "fwd_bias", "fwd_sbias")
 KINDS = ("balanced", "skewed")
-FUNCS = ("moex", "torch", "loop", "dense")
 RELERR_BAD = 2e-2
 
 # ---- moex.h mirrored with ctypes (enums are C ints) ---------------------------------------
@@ -97,6 +108,8 @@ ENUMS = ("moex_status", "moex_backend", "moex_dtype", "moex_bias_mode", "moex_gr
 MOEX_OPS = {"forward": ("moex_grouped_linear_forward", GroupedLinearArgs),
             "backward_data": ("moex_grouped_linear_backward_data", GroupedLinearDgradArgs),
             "backward_weight": ("moex_grouped_linear_backward_weight", GroupedLinearWgradArgs)}
+# op name -> the args field it writes
+MOEX_OUT = {"forward": "y", "backward_data": "dx", "backward_weight": "dw"}
 
 
 def mtensor(ptr, dtype, *shape):
@@ -401,8 +414,17 @@ def moex_fn(torch, mx, op, args, out):
     def run():
         mx.run(op, args, ptr, nbytes)
         return out
-    run.workspace, run.out = ws, out  # kept alive with the function
+    run.workspace, run.out, run.op, run.args = ws, out, op, args  # kept alive with the function
     return run
+
+
+def baseline_fn(torch, mxb, run):
+    """The call of moex_fn `run` through the baseline library mxb, writing its own output."""
+    out = torch.empty_like(run.out)
+    args = type(run.args).from_buffer_copy(run.args)
+    t = ttensor(out)
+    setattr(args, MOEX_OUT[run.op], packed(t) if run.op == "backward_weight" else t)
+    return moex_fn(torch, mxb, run.op, args, out)
 
 
 def forward_fns(torch, mx, d, sp, mode):
@@ -510,26 +532,50 @@ def relerr(a, b):
 
 
 def check_outputs(torch, mx, fns):
-    """relerr of moex (output poisoned with NaN first) and of the loop against torch."""
-    fns["moex"].out.fill_(float("nan"))
+    """relerr of moex (output poisoned with NaN first) and of the loop against torch; with a
+    baseline function, the third value is its relerr (else None)."""
+    base = fns.get("moex_base")
+    for f in ("moex", "moex_base"):
+        if f in fns:
+            fns[f].out.fill_(float("nan"))
     got, ref, loop = fns["moex"](), fns["torch"](), fns["loop"]()
+    got_base = base() if base else None
     torch.cuda.synchronize()
     mx.check_splits()
-    return relerr(got, ref), relerr(loop, ref)
+    return relerr(got, ref), relerr(loop, ref), relerr(got_base, ref) if base else None
+
+
+def is_bad(r):
+    return not (r["relerr"] <= RELERR_BAD and r.get("relerr_base", 0.0) <= RELERR_BAD)
 
 
 def row_line(r):
-    bad = "" if r["relerr"] <= RELERR_BAD else "  BAD"
+    """A table row; with a baseline, its TF and moex/base after the relerr."""
+    base = f" {r['moex_base_tflops']:>8.0f} {r['moex_over_base']:>9.3f}" if "moex_base_ms" in r else ""
+    bad = "  BAD" if is_bad(r) else ""
     return (f"{r['config']:<14} {r['splits']:<8} {r['op']:<9} {r['moex_tflops']:>8.0f} {r['torch_tflops']:>8.0f} "
             f"{r['loop_tflops']:>8.0f} {r['dense_tflops']:>8.0f} {r['moex_over_torch']:>10.3f} "
-            f"{r['relerr']:>8.1e}{bad}")
+            f"{r['relerr']:>8.1e}{base}{bad}")
 
 
 HEADER = (f"{'config':<14} {'splits':<8} {'op':<9} {'moex TF':>8} {'torch TF':>8} {'loop TF':>8} {'dense TF':>8} "
           f"{'moex/torch':>10} {'relerr':>8}")
+BASE_HEADER = f" {'base TF':>8} {'moex/base':>9}"   # with --lib-baseline
 
 
-def bench_config(torch, mx, spinner, name, ops, iters_opt, jf, rows):
+def add_times(r, ms, flops, hus=None):
+    """The <f>_ms, <f>_tflops (and <f>_host_us) fields of r for each function f in ms, and
+    moex_over_base (speed of moex over the baseline) when there is one."""
+    for f, m in ms.items():
+        r[f + "_ms"] = m
+        r[f + "_tflops"] = flops / m / 1e9
+        if hus is not None:
+            r[f + "_host_us"] = hus[f]
+    if "moex_base" in ms:
+        r["moex_over_base"] = ms["moex_base"] / ms["moex"]
+
+
+def bench_config(torch, mx, mxb, spinner, name, ops, iters_opt, jf, rows):
     G, T, K, N = CONFIGS[name]
     bf = torch.bfloat16
     d = {"x": torch.randn(T, K, device="cuda", dtype=bf),
@@ -545,17 +591,18 @@ def bench_config(torch, mx, spinner, name, ops, iters_opt, jf, rows):
         sp = Splits(torch, s)
         for op in ops:
             fns = op_fns(torch, mx, op, d, sp)
+            if mxb is not None:
+                fns["moex_base"] = baseline_fn(torch, mxb, fns["moex"])
             hus = {}
             ms = bench_interleaved(torch, spinner, fns, iters, host=hus)
-            err, err_loop = check_outputs(torch, mx, fns)
+            err, err_loop, err_base = check_outputs(torch, mx, fns)
             r = {"config": name, "splits": kind, "op": op, "G": G, "T": T, "K": K, "N": N, "iters": iters,
                  "empty_groups": s.count(0), "max_split": max(s), "min_split": min(s)}
-            for f in FUNCS:
-                r[f + "_ms"] = ms[f]
-                r[f + "_tflops"] = flops / ms[f] / 1e9
-                r[f + "_host_us"] = hus[f]
+            add_times(r, ms, flops, hus)
             r["moex_over_torch"] = ms["torch"] / ms["moex"]
             r["relerr"], r["relerr_loop_vs_torch"] = err, err_loop
+            if err_base is not None:
+                r["relerr_base"] = err_base
             jf.write(json.dumps(r) + "\n")
             jf.flush()
             rows.append(r)
@@ -578,6 +625,8 @@ def run_gpu(args):
     import torch
     torch.manual_seed(0)
     mx = Moex(args.lib, MOEX_BACKEND_CUDA, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    mxb = (Moex(args.lib_baseline, MOEX_BACKEND_CUDA, torch.cuda.current_device(),
+                torch.cuda.current_stream().cuda_stream) if args.lib_baseline else None)
     spinner = Spinner(torch)
     os.makedirs(args.out, exist_ok=True)
     json_path = args.json or os.path.join(args.out, "gemm_bench.jsonl")
@@ -585,25 +634,152 @@ def run_gpu(args):
     print(f"torch {torch.__version__} (CUDA {torch.version.cuda}) | {torch.cuda.get_device_name()} | "
           f"moex {mx.version()} ({args.lib}) | dense bf16 8192^3: {ceiling:.0f} TFLOP/s | "
           f"spin {spinner.cycles_per_us:.0f} cycles/us", flush=True)
-    print(HEADER, flush=True)
+    header = HEADER
+    meta = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": torch.cuda.get_device_name(),
+            "moex": mx.version(), "dense_8192_tflops": ceiling}
+    if mxb is not None:
+        print(f"baseline: moex {mxb.version()} ({args.lib_baseline}), timed in the same rotation", flush=True)
+        header += BASE_HEADER
+        meta.update({"lib": args.lib, "lib_baseline": args.lib_baseline, "moex_base": mxb.version()})
+    print(header, flush=True)
     rows = []
     with open(json_path, "w") as jf:
-        jf.write(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
-                             "device": torch.cuda.get_device_name(), "moex": mx.version(),
-                             "dense_8192_tflops": ceiling}) + "\n")
+        jf.write(json.dumps(meta) + "\n")
         for name in args.configs:
-            bench_config(torch, mx, spinner, name, args.ops, args.iters, jf, rows)
+            bench_config(torch, mx, mxb, spinner, name, args.ops, args.iters, jf, rows)
     mx.close()
+    if mxb is not None:
+        mxb.close()
     print(f"\nTF = TFLOP/s (2*T*K*N / median time of interleaved launches); moex/torch = speed ratio; "
           f"relerr = ||moex - torch||_F / ||torch||_F (0: bitwise equal; BAD above {RELERR_BAD:g}); "
           f"dense = cuBLAS mm of the same size in the same rotation; JSON: {json_path}")
-    print(HEADER)
+    if mxb is not None:
+        print(f"base = the same moex call through {args.lib_baseline}, in the same rotation; moex/base = speed "
+              f"ratio (BAD also when the baseline's relerr is above {RELERR_BAD:g})")
+    print(header)
     for r in rows:
         print(row_line(r))
-    bad = [r for r in rows if not r["relerr"] <= RELERR_BAD]
+    bad = [r for r in rows if is_bad(r)]
     if bad:
         print(f"{len(bad)} rows with relerr above {RELERR_BAD:g} (or NaN)")
     return 1 if bad else 0
+
+
+# ---- --cpu: the moex column (and moex_base) on the CPU backend, no torch ---------------------
+
+def host_op_args(op, t):
+    """(moex op, args struct) of gemm_bench op `op` on the moex tensors t (x, dy, w, bias, probs,
+    splits); host_fn sets the output."""
+    absent = MoexTensor()
+    if op == "dgrad":
+        return "backward_data", GroupedLinearDgradArgs(t["dy"], packed(t["w"]), MOEX_BIAS_NONE, absent, absent,
+                                                       t["splits"], absent, absent, absent)
+    if op == "wgrad":
+        return "backward_weight", GroupedLinearWgradArgs(t["x"], t["dy"], t["splits"], MOEX_GRAD_WRITE,
+                                                         packed(absent))
+    mode = {"fwd": MOEX_BIAS_NONE, "fwd_bias": MOEX_BIAS_ADD, "fwd_sbias": MOEX_BIAS_SCALED}[op]
+    return "forward", GroupedLinearArgs(t["x"], packed(t["w"]), mode, t["bias"] if mode != MOEX_BIAS_NONE else absent,
+                                        t["probs"] if mode == MOEX_BIAS_SCALED else absent, t["splits"], absent)
+
+
+def host_fn(mx, op, args, out_shape):
+    """A function that runs one moex op on the CPU into its own f32 host output of out_shape
+    (set into args here; the workspace allocated once); .out is that output, .n its size."""
+    n = math.prod(out_shape)
+    out = HostBuf(n)
+    t = mtensor(out.ptr, MOEX_DTYPE_F32, *out_shape)
+    setattr(args, MOEX_OUT[op], packed(t) if op == "backward_weight" else t)
+    nbytes = mx.workspace_size(op, args)
+    ws = HostBuf(nbytes // 4 + 1)
+
+    def run():
+        mx.run(op, args, ws.ptr, nbytes)
+    run.out, run.n, run.ws, run.args = out, n, ws, args  # kept alive with the function
+    return run
+
+
+def bench_rotating_cpu(fns, iters, warm=2):
+    """Median ms of each of fns by the wall clock, called in the rotating order of
+    bench_interleaved."""
+    names = list(fns)
+    for n in names:
+        for _ in range(warm):
+            fns[n]()
+    ts = {n: [] for n in names}
+    for i in range(iters):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            fns[n]()
+            ts[n].append((time.perf_counter() - t0) * 1e3)
+    return {n: statistics.median(v) for n, v in ts.items()}
+
+
+def host_inputs(G, T, K, N, rng):
+    """Random f32 host inputs of one config: {name: HostBuf} and {name: moex_tensor}."""
+    def rnd(n, s=1.0):
+        return [rng.uniform(-s, s) for _ in range(n)]
+    b = {"x": HostBuf(T * K, values=rnd(T * K)), "dy": HostBuf(T * N, values=rnd(T * N)),
+         "w": HostBuf(G * N * K, values=rnd(G * N * K, 0.05)), "bias": HostBuf(G * N, values=rnd(G * N)),
+         "probs": HostBuf(T, values=[rng.random() for _ in range(T)])}
+    shapes = {"x": (T, K), "dy": (T, N), "w": (G, N, K), "bias": (G, N), "probs": (T,)}
+    return b, {k: mtensor(b[k].ptr, MOEX_DTYPE_F32, *shapes[k]) for k in b}
+
+
+def run_cpu(args):
+    """--cpu: the moex column, and moex_base with --lib-baseline, on the CPU backend."""
+    mx = Moex(args.lib, MOEX_BACKEND_CPU)
+    mxb = Moex(args.lib_baseline, MOEX_BACKEND_CPU) if args.lib_baseline else None
+    libs = {"moex": mx, "moex_base": mxb} if mxb else {"moex": mx}
+    os.makedirs(args.out, exist_ok=True)
+    json_path = args.json or os.path.join(args.out, "gemm_bench.jsonl")
+    kinds = KINDS
+    if importlib.util.find_spec("numpy") is None:   # make_splits draws the skewed splits with numpy
+        kinds = ("balanced",)
+        print("no numpy: balanced splits only", flush=True)
+    meta = {"backend": "cpu", "moex": mx.version(), "lib": args.lib}
+    if mxb:
+        meta.update({"lib_baseline": args.lib_baseline, "moex_base": mxb.version()})
+    print(f"moex {mx.version()} ({args.lib}) on the CPU, f32, wall clock"
+          + (f"; baseline moex {mxb.version()} ({args.lib_baseline})" if mxb else ""), flush=True)
+    print(f"{'config':<14} {'splits':<8} {'op':<9} {'moex TF':>8}" + (f" {'base TF':>8} {'moex/base':>9}" if mxb else ""),
+          flush=True)
+    rng = random.Random(0)
+    iters = args.iters or 30
+    differ = 0
+    with open(json_path, "w") as jf:
+        jf.write(json.dumps(meta) + "\n")
+        for name in args.configs:
+            G, T, K, N = CPU_CONFIGS[name]
+            keep, t = host_inputs(G, T, K, N, rng)
+            flops = 2.0 * T * K * N
+            for kind in kinds:
+                bs = HostBuf(G, ctypes.c_int64, make_splits(G, T, kind))
+                t["splits"] = mtensor(bs.ptr, MOEX_DTYPE_I64, G)
+                for op in args.ops:
+                    out_shape = (G, N, K) if op == "wgrad" else (T, K) if op == "dgrad" else (T, N)
+                    fns = {f: host_fn(lib, *host_op_args(op, t), out_shape) for f, lib in libs.items()}
+                    ms = bench_rotating_cpu(fns, iters)
+                    r = {"config": name, "splits": kind, "op": op, "G": G, "T": T, "K": K, "N": N, "iters": iters,
+                         "backend": "cpu"}
+                    add_times(r, ms, flops)
+                    line = f"{name:<14} {kind:<8} {op:<9} {r['moex_tflops']:>8.4f}"
+                    if mxb:   # both libraries must compute the same values
+                        a, b = fns["moex"].out.list(fns["moex"].n), fns["moex_base"].out.list(fns["moex"].n)
+                        r["maxdiff_base"] = max(abs(u - v) for u, v in zip(a, b)) / max(1.0, max(map(abs, b)))
+                        bad = not r["maxdiff_base"] <= 1e-5
+                        differ += bad
+                        line += f" {r['moex_base_tflops']:>8.4f} {r['moex_over_base']:>9.3f}" + ("  DIFFERS" if bad else "")
+                    jf.write(json.dumps(r) + "\n")
+                    jf.flush()
+                    print(line, flush=True)
+            del keep
+    mx.close()
+    if mxb:
+        mxb.close()
+    print(f"\nTF = TFLOP/s (2*T*K*N / median wall time of {iters} calls in rotation); moex/base = speed ratio; "
+          f"DIFFERS: the outputs differ by more than 1e-5 of their largest value; JSON: {json_path}")
+    return 1 if differ else 0
 
 
 def parse_list(text, allowed, what):
@@ -617,22 +793,27 @@ def parse_list(text, allowed, what):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lib", default="build-gpu/libmoex.so")
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default=None, help="default: every CUDA config (--cpu: tiny)")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--iters", type=int, default=0, help="timed launches per function (default 30 big, 60 small)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--json", default=None, help="JSON lines path (default OUT/gemm_bench.jsonl)")
     ap.add_argument("--abi", action="store_true", help="print the ctypes struct layout and exit")
     ap.add_argument("--selftest-cpu", action="store_true", help="run all ops through the CPU backend and exit")
+    ap.add_argument("--lib-baseline", default=None, metavar="PATH",
+                    help="another libmoex.so, timed in the same rotation (columns base TF, moex/base)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="time moex (and the baseline) on the CPU backend, CPU configs, no torch")
     args = ap.parse_args()
     if args.abi:
         print_abi()
         return 0
     if args.selftest_cpu:
         return selftest_cpu(args.lib)
-    args.configs = parse_list(args.configs, list(CONFIGS), "config")
+    known = CPU_CONFIGS if args.cpu else CONFIGS
+    args.configs = parse_list(args.configs or ("tiny" if args.cpu else ",".join(CONFIGS)), list(known), "config")
     args.ops = parse_list(args.ops, OPS, "op")
-    return run_gpu(args)
+    return run_cpu(args) if args.cpu else run_gpu(args)
 
 
 if __name__ == "__main__":
