@@ -1,5 +1,5 @@
 /*
- * test_gpu_graph.c - CUDA graphs with device splits (DESIGN.md section 3, "graph-safe").
+ * test_gpu_graph.c - CUDA graphs with device splits (docs/conventions.md section 9, "CUDA graphs").
  *
  * One graph captures, on one stream, the forward and both backward calls of the grouped
  * linear layer, the grouped MLP forward and backward, and the MoE layer forward and
