@@ -1,7 +1,7 @@
 /*
  * context.c - version, status strings, the context and its error message.
  */
-#include "moex_impl.h"
+#include "backend.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,22 +67,11 @@ moex_status moex_context_create(moex_context **out, moex_backend backend, int de
                          "moex_context_create: the CPU backend has only device 0, got %d", device);
     if (device < 0)
         return moex_fail(NULL, MOEX_ERR_INVALID_ARG, "moex_context_create: device %d < 0", device);
-#ifndef MOEX_HAVE_CUDA
-    if (backend == MOEX_BACKEND_CUDA)
-        return moex_fail(NULL, MOEX_ERR_UNSUPPORTED,
-                         "moex_context_create: this moex was built without the CUDA backend "
-                         "(configure with a CUDA compiler and -DMOEX_CUDA=ON)");
-#endif
     moex_context *ctx = (moex_context *)calloc(1, sizeof *ctx);
     if (!ctx) return moex_fail(NULL, MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of host memory");
     ctx->backend = backend;
     ctx->device = device;
-    moex_status st;
-#ifdef MOEX_HAVE_CUDA
-    st = backend == MOEX_BACKEND_CUDA ? moex_cuda_backend_init(ctx) : moex_cpu_backend_init(ctx);
-#else
-    st = moex_cpu_backend_init(ctx);
-#endif
+    const moex_status st = moex_backend_init(ctx);
     if (st != MOEX_OK) {
         snprintf(create_msg, MOEX_MSG_LEN, "%s", ctx->msg);
         free(ctx);

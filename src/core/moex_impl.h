@@ -1,12 +1,13 @@
 /*
- * moex_impl.h - private: the context, error reporting, validated dimensions, and the
- * backend function table. Never installed.
+ * moex_impl.h - private: the context, error reporting, the op list, validated dimensions,
+ * checked size arithmetic and workspace carving. Never installed.
  *
- * Flow of every public call (src/core/api.c):
- *   1. validate the argument struct (src/core/validate.c): shapes, dtypes, pointers,
- *      options; on failure set the message and return without touching anything;
- *   2. fill the op's dims struct below;
- *   3. check the workspace against the backend's size, align it, and call the backend.
+ * Flow of every public call (src/core/op.c, moex_op_run):
+ *   1. validate the argument struct (the op's validate function in src/core/<op>.c, with
+ *      the checks of src/core/validate.c): shapes, dtypes, pointers, options; on failure
+ *      set the message and return without touching anything;
+ *   2. size the workspace, check the caller's, and check that no output overlaps anything;
+ *   3. run the op's composition of backend primitives (src/core/backend.h).
  * Backends may therefore assume well-formed arguments; they still own the checks of
  * split values (only they can read them) and must write nothing when those fail.
  */
@@ -14,6 +15,7 @@
 #define MOEX_IMPL_H
 
 #include "moex.h"
+#include "op_list.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -59,45 +61,21 @@ typedef struct moex_perm_dims {      /* permute and unpermute */
 typedef struct moex_moe_dims {       /* MoE layer */
     int64_t T, H, E, F, k;
     moex_dtype dt;
+    void *saved;                     /* the caller's `saved`, aligned (set when running) */
 } moex_moe_dims;
-
-/* ---- Backend function table --------------------------------------------------------
- * *_ws returns the workspace bytes the backend needs (before the core's alignment slack).
- * Run functions get a workspace aligned to MOEX_WS_ALIGN of at least that size.
- * A NULL entry means the backend does not implement the op (MOEX_ERR_UNSUPPORTED).     */
-
-#define MOEX_OP(name, args_t, dims_t)                                                       \
-    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);               \
-    moex_status (*name)(moex_context *ctx, const args_t *a, const dims_t *d, void *ws,      \
-                        size_t ws_bytes, moex_stream stream)
 
 typedef struct moex_splits_dims { int64_t G; } moex_splits_dims;
 
-typedef struct moex_backend_ops {
-    const char *name;
-    MOEX_OP(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);
-    MOEX_OP(grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims);
-    MOEX_OP(grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims);
-    MOEX_OP(grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims);
-    MOEX_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims);
-    MOEX_OP(scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims);
-    MOEX_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims);
-    MOEX_OP(grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims);
-    MOEX_OP(router_forward, moex_router_args, moex_router_dims);
-    MOEX_OP(router_backward, moex_router_grad_args, moex_router_dims);
-    MOEX_OP(permute_forward, moex_permute_args, moex_perm_dims);
-    MOEX_OP(permute_backward, moex_permute_grad_args, moex_perm_dims);
-    MOEX_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims);
-    MOEX_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims);
-    MOEX_OP(moe_layer_forward, moex_moe_layer_args, moex_moe_dims);
-    MOEX_OP(moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims);
-    size_t (*moe_layer_saved)(moex_context *ctx, const moex_moe_layer_args *a,
-                              const moex_moe_dims *d);
-    moex_status (*check_splits)(moex_context *ctx, moex_stream stream);
-    void (*destroy)(moex_context *ctx);   /* frees backend_state */
-} moex_backend_ops;
-
-#undef MOEX_OP
+/* The dims of any operation (the op table handles them as one type). */
+typedef union moex_dims {
+    moex_splits_dims splits;
+    moex_gl_dims gl;
+    moex_glu_dims glu;
+    moex_mlp_dims mlp;
+    moex_router_dims router;
+    moex_perm_dims perm;
+    moex_moe_dims moe;
+} moex_dims;
 
 /* ---- Context ------------------------------------------------------------------------ */
 
@@ -120,7 +98,7 @@ struct moex_context {
     moex_backend backend;
     int device;
     int num_threads;                 /* CPU backend */
-    const moex_backend_ops *ops;
+    const struct moex_backend_ops *ops;   /* backend.h */
     void *backend_state;             /* owned by the backend */
     char msg[MOEX_MSG_LEN];          /* last error, "" when none */
     moex_span spans[MOEX_MAX_SPANS]; /* the call in progress: its tensors, workspace, saved */
@@ -134,9 +112,15 @@ moex_status moex_fail(moex_context *ctx, moex_status status, const char *fmt, ..
 #endif
     ;
 
-/* Backend constructors: fill ctx->ops and ctx->backend_state, or fail with a message. */
-moex_status moex_cpu_backend_init(moex_context *ctx);
-moex_status moex_cuda_backend_init(moex_context *ctx);   /* only in CUDA builds */
+/* "f32", "bf16", ... for messages. */
+const char *moex_dtype_name(moex_dtype dt);
+
+/* Try a step; return its status on failure. */
+#define MOEX_TRY(expr)                        \
+    do {                                      \
+        moex_status st_ = (expr);             \
+        if (st_ != MOEX_OK) return st_;       \
+    } while (0)
 
 /* ---- Checked size arithmetic (docs/conventions.md, "Sizes never wrap") ----------------
  * Validation bounds every tensor a call touches, the caller's and the internal ones (the
@@ -189,6 +173,20 @@ static inline size_t moex_sz_take(size_t *pos, size_t bytes) {
     size_t at = *pos;
     *pos = moex_sz_add(at, moex_sz_align(bytes, MOEX_WS_ALIGN));
     return at;
+}
+
+/* ---- Workspace carving ---------------------------------------------------------------
+ * The same code computes a layout's size (base == NULL) and its pointers (base != NULL),
+ * so a size query and the run can never disagree. Every piece is aligned to MOEX_WS_ALIGN. */
+
+typedef struct moex_carver {
+    char *base;
+    size_t used;
+} moex_carver;
+
+static inline void *moex_take(moex_carver *c, size_t bytes) {
+    const size_t at = moex_sz_take(&c->used, bytes);   /* saturates: the core refuses it */
+    return c->base ? (void *)(c->base + at) : NULL;
 }
 
 /* Weight matrix g of a grouped weight (packed or discrete), as a byte pointer (packed

@@ -309,7 +309,7 @@ moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const cha
 
 moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
                                 void *buf, size_t buf_bytes, moex_span_role role, void **aligned) {
-    size_t need;
+    size_t need = 0;
     *aligned = NULL;
     MOEX_TRY(moex_buffer_public_size(ctx, op, name, backend_bytes, &need));
     if (need == 0) return MOEX_OK;
@@ -327,5 +327,64 @@ moex_status moex_enter(moex_context *ctx, const char *op, const void *args) {
     ctx->msg[0] = '\0';
     ctx->nspans = 0;
     if (!args) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: args is NULL", op);
+    return MOEX_OK;
+}
+
+/* ---- checks shared by several operations --------------------------------------------- */
+
+/* Feature dimensions must be >= 1 (row counts T may be 0). */
+moex_status moex_check_features(moex_context *ctx, const char *op, int64_t in, int64_t out) {
+    if (in < 1 || out < 1)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: feature dimensions must be >= 1, got in %lld, out %lld",
+                         op, (long long)in, (long long)out);
+    return MOEX_OK;
+}
+
+/* The bias and probs a bias mode needs: ADD/SCALED need bias [G,N]; SCALED needs probs [T]. */
+moex_status moex_check_bias(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *bias,
+                              const char *bias_name, const moex_tensor *probs, int64_t G, int64_t T, int64_t N,
+                              moex_dtype dt, bool bias_needed) {
+    MOEX_TRY(moex_check_bias_mode(ctx, op, mode));
+    const int64_t bshape[2] = {G, N}, pshape[1] = {T};
+    if (mode == MOEX_BIAS_NONE) {
+        if (moex_present(bias))
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s is given but the bias mode is MOEX_BIAS_NONE", op,
+                             bias_name);
+    } else if (bias_needed) {
+        MOEX_TRY(moex_check_tensor(ctx, op, bias_name, bias, 2, bshape, MOEX_DT_BIAS(dt)));
+    } else {
+        MOEX_TRY(moex_check_optional(ctx, op, bias_name, bias, 2, bshape, MOEX_DT_BIAS(dt)));
+    }
+    if (mode == MOEX_BIAS_SCALED) {
+        if (!moex_present(probs))
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: MOEX_BIAS_SCALED needs probs [%lld] f32", op,
+                             (long long)T);
+        MOEX_TRY(moex_check_tensor(ctx, op, "probs", probs, 1, pshape, MOEX_DT_F32));
+    }
+    return MOEX_OK;
+}
+
+/* dW: WRITE into f32 or the activation dtype, ACCUMULATE into f32 only. */
+moex_status moex_check_dw(moex_context *ctx, const char *op, const char *name, moex_grad_mode mode,
+                            const moex_weight *dw, int64_t G, int64_t R, int64_t C, moex_dtype dt) {
+    MOEX_TRY(moex_check_grad_mode(ctx, op, mode));
+    unsigned dts = mode == MOEX_GRAD_ACCUMULATE ? MOEX_DT_F32 : MOEX_DT_BIAS(dt);
+    if (mode == MOEX_GRAD_ACCUMULATE && dw->t.ndim == 3 && dw->t.dtype != MOEX_DTYPE_F32)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: %s is %s, but MOEX_GRAD_ACCUMULATE accumulates into an f32 main grad", op, name,
+                         moex_dtype_name(dw->t.dtype));
+    return moex_check_weight_output(ctx, op, name, dw, G, R, C, dts);
+}
+
+/* T*k rows are addressed by I32 row_map values: T*k must fit. */
+moex_status moex_check_rows_fit_i32(moex_context *ctx, const char *op, int64_t T, int64_t k) {
+    if (k > 0 && T > INT32_MAX / k)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: T*k = %lld*%lld rows do not fit the I32 row_map", op,
+                         (long long)T, (long long)k);
+    return MOEX_OK;
+}
+
+moex_status moex_check_hidden(moex_context *ctx, const char *op, int64_t H) {
+    if (H < 1) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: hidden size H = %lld, must be >= 1", op, (long long)H);
     return MOEX_OK;
 }

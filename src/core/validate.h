@@ -16,15 +16,10 @@
 #define MOEX_DT(d) (1u << (unsigned)(d))
 #define MOEX_DT_FLOAT (MOEX_DT(MOEX_DTYPE_F32) | MOEX_DT(MOEX_DTYPE_BF16) | MOEX_DT(MOEX_DTYPE_F16))
 #define MOEX_DT_OFFSETS (MOEX_DT(MOEX_DTYPE_I32) | MOEX_DT(MOEX_DTYPE_I64))
-
-/* Try a check; return its status on failure. */
-#define MOEX_TRY(expr)                        \
-    do {                                      \
-        moex_status st_ = (expr);             \
-        if (st_ != MOEX_OK) return st_;       \
-    } while (0)
-
-const char *moex_dtype_name(moex_dtype dt);
+#define MOEX_DT_F32 MOEX_DT(MOEX_DTYPE_F32)
+#define MOEX_DT_I32 MOEX_DT(MOEX_DTYPE_I32)
+#define MOEX_DT_I64 MOEX_DT(MOEX_DTYPE_I64)
+#define MOEX_DT_BIAS(dt) (MOEX_DT(dt) | MOEX_DT_F32)   /* a bias: the activation dtype or f32 */
 
 /* A required input: ndim and shape match, at most MOEX_MAX_ELEMS elements, dtype in
  * `dtypes`, data non-NULL unless empty, and its bytes do not wrap the address space. */
@@ -86,57 +81,26 @@ moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const cha
 moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
                                 void *buf, size_t buf_bytes, moex_span_role role, void **aligned);
 
+/* Feature dimensions in and out must be >= 1 (row counts may be 0). */
+moex_status moex_check_features(moex_context *ctx, const char *op, int64_t in, int64_t out);
+
+/* The bias and probs a bias mode needs: ADD/SCALED need bias [G, N] (the activation dtype
+ * or f32; optional when !bias_needed); SCALED needs probs [T] f32; NONE takes no bias. */
+moex_status moex_check_bias(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *bias,
+                            const char *bias_name, const moex_tensor *probs, int64_t G, int64_t T, int64_t N,
+                            moex_dtype dt, bool bias_needed);
+
+/* A weight gradient [G, R, C] written: WRITE into f32 or dt, ACCUMULATE into f32 only. */
+moex_status moex_check_dw(moex_context *ctx, const char *op, const char *name, moex_grad_mode mode,
+                          const moex_weight *dw, int64_t G, int64_t R, int64_t C, moex_dtype dt);
+
+/* T*k rows are addressed by I32 row_map values: T*k must fit. */
+moex_status moex_check_rows_fit_i32(moex_context *ctx, const char *op, int64_t T, int64_t k);
+
+/* The hidden size H must be >= 1. */
+moex_status moex_check_hidden(moex_context *ctx, const char *op, int64_t H);
+
 /* Common entry checks: ctx and args non-NULL; clears the message. */
 moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
-
-/* The two halves of every public operation, after its validate function has filled `d`:
- *   MOEX_WORKSPACE_SIZE: *bytes = the backend's size plus alignment slack;
- *   MOEX_DISPATCH:       checks the workspace and runs the backend's op.
- * `field` names the op in moex_backend_ops.                                             */
-#define MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field)                                           \
-    do {                                                                                      \
-        if (!(ctx)->ops->field)                                                               \
-            return moex_fail((ctx), MOEX_ERR_UNSUPPORTED, "%s: not implemented on the %s backend", \
-                             (op), (ctx)->ops->name);                                         \
-    } while (0)
-
-#define MOEX_WORKSPACE_SIZE(ctx, op, field, a, d, bytes)                                      \
-    do {                                                                                      \
-        MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
-        return moex_buffer_public_size((ctx), (op), "workspace",                              \
-                                       (ctx)->ops->field##_ws((ctx), (a), &(d)), (bytes));    \
-    } while (0)
-
-#define MOEX_DISPATCH(ctx, op, field, a, d, ws, ws_bytes, stream)                             \
-    do {                                                                                      \
-        MOEX_UNSUPPORTED_IF_MISSING(ctx, op, field);                                          \
-        size_t need_ = (ctx)->ops->field##_ws((ctx), (a), &(d));                              \
-        void *aligned_ = NULL;                                                                \
-        MOEX_TRY(moex_buffer_prepare((ctx), (op), "workspace", need_, (ws), (ws_bytes),       \
-                                     MOEX_SPAN_OUT, &aligned_));                              \
-        MOEX_TRY(moex_check_overlap((ctx), (op)));                                            \
-        return (ctx)->ops->field((ctx), (a), &(d), aligned_, need_, (stream));                \
-    } while (0)
-
-/* Defines the public pair moex_<name>_workspace_size and moex_<name> of an operation whose
- * validate function, `static moex_status validate(ctx, op, const args_t *, dims_t *)`,
- * checks the arguments and fills the dims; `name` is also its field in moex_backend_ops. */
-#define MOEX_DEFINE_OP(name, args_t, dims_t, validate)                                        \
-    moex_status moex_##name##_workspace_size(moex_context *ctx, const args_t *args, size_t *bytes) { \
-        static const char op[] = "moex_" #name "_workspace_size";                              \
-        MOEX_TRY(moex_enter(ctx, op, args));                                                  \
-        if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);     \
-        dims_t d;                                                                             \
-        MOEX_TRY(validate(ctx, op, args, &d));                                                \
-        MOEX_WORKSPACE_SIZE(ctx, op, name, args, d, bytes);                                   \
-    }                                                                                         \
-    moex_status moex_##name(moex_context *ctx, const args_t *args, void *workspace,           \
-                            size_t workspace_bytes, moex_stream stream) {                     \
-        static const char op[] = "moex_" #name;                                               \
-        MOEX_TRY(moex_enter(ctx, op, args));                                                  \
-        dims_t d;                                                                             \
-        MOEX_TRY(validate(ctx, op, args, &d));                                                \
-        MOEX_DISPATCH(ctx, op, name, args, d, workspace, workspace_bytes, stream);            \
-    }
 
 #endif /* MOEX_VALIDATE_H */

@@ -1,6 +1,5 @@
 /*
  * cpu_common.c - helpers shared by every CPU operation:
- *   moex_cpu_read_offsets   host splits -> checked offsets [G+1]
  *   moex_cpu_parallel_for   a range split over a persistent pool of worker threads
  *   moex_cpu_state_create / moex_cpu_state_destroy   the pool, kept in ctx->backend_state
  *
@@ -17,26 +16,6 @@
 
 #include <pthread.h>
 #include <stdlib.h>
-
-/* ---- offsets ------------------------------------------------------------------------- */
-
-moex_status moex_cpu_read_offsets(moex_context *ctx, const char *op, const moex_tensor *splits,
-                                  int64_t T, int64_t *off) {
-    const int64_t G = splits->shape[0];
-    const int64_t *s = (const int64_t *)splits->data;
-    off[0] = 0;
-    for (int64_t g = 0; g < G; g++) {
-        if (s[g] < 0)
-            return moex_fail(ctx, MOEX_ERR_BAD_SPLITS, "%s: splits[%lld] = %lld is negative", op, (long long)g,
-                             (long long)s[g]);
-        if (s[g] > T - off[g]) /* off[g] <= T, so this cannot overflow */
-            return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
-                             "%s: splits sum past T = %lld at group %lld (splits[%lld] = %lld after %lld rows)", op,
-                             (long long)T, (long long)g, (long long)g, (long long)s[g], (long long)off[g]);
-        off[g + 1] = off[g] + s[g];
-    }
-    return MOEX_OK;
-}
 
 /* ---- the pool ------------------------------------------------------------------------ */
 

@@ -1,23 +1,22 @@
 /*
- * cpu_glu.c - the CPU scaled GLU, forward and backward (math in cpu_glu_math.h).
+ * cpu_glu.c - the CPU scaled GLU, forward and backward (math in src/core/glu_math.h).
  *
  *   forward:  z[i, j] = p_i * act(a_ij) g(b_ij)                       z  [T, F]   =
  *   backward: (da_ij, db_ij) = d z[i, j] / d(a_ij, b_ij) * dz_ij       dh [T, 2F]  =
  *             dprobs_i += sum_j dz_ij act(a_ij) g(b_ij)                dprobs [T]  +=
- * with p_i = probs[i] (1 when probs is absent). The rows done are [0, sum(splits)) when
- * splits are given, else all T; the rest are neither read nor written. Everything is
+ * with p_i = probs[i] (1 when probs is absent). The rows done are [0, off[G]) of the
+ * prepared groups when given, else all T; the rest are neither read nor written. Everything is
  * computed in f32 and rounded once when stored; the dprobs sum of a row runs over j in
  * increasing order, so results do not depend on the number of threads.
  *
  * Inside the backend the backward also accepts an absent dh (the grouped MLP asks only
  * for dprobs that way); the public API always passes one.
  *
- * Workspace: (G + 1) int64 offsets when splits are given, else none.
+ * Workspace: none.
  */
-#include "cpu_glu_math.h"
+#include "glu_math.h"
 #include "cpu_ops.h"
 #include "cpu_convert.h"
-#include "validate.h"
 
 /* Elements per thread chunk worth the hand-off, and per f32 staging block of a row. */
 #define GLU_GRAIN_ELEMS 16384
@@ -26,7 +25,7 @@
 /* What a range of rows needs: the tensors as raw pointers (NULL when absent). */
 typedef struct glu_job {
     moex_glu_consts c;
-    int64_t F, L;               /* F, and the half-segment length (cpu_glu_math.h) */
+    int64_t F, L;               /* F, and the half-segment length (glu_math.h) */
     moex_dtype dt;
     const void *h;              /* [T, 2F] */
     const float *probs;         /* [T] or NULL */
@@ -85,17 +84,6 @@ static void glu_backward_rows(void *arg, int64_t begin, int64_t end) {
     }
 }
 
-/* The rows to do: sum(splits) after checking the split values, or T without splits. */
-static moex_status glu_rows(moex_context *ctx, const char *op, const moex_tensor *splits,
-                            const moex_glu_dims *d, void *ws, int64_t *rows) {
-    *rows = d->T;
-    if (d->G == 0) return MOEX_OK;
-    int64_t *off = (int64_t *)ws;
-    MOEX_TRY(moex_cpu_read_offsets(ctx, op, splits, d->T, off));
-    *rows = off[d->G];
-    return MOEX_OK;
-}
-
 static glu_job glu_job_of(const moex_glu_params *glu, const moex_glu_dims *d, const void *h,
                           const moex_tensor *probs) {
     glu_job jb = {0};
@@ -112,20 +100,14 @@ static int64_t glu_grain(int64_t F) {
     return F >= GLU_GRAIN_ELEMS ? 1 : GLU_GRAIN_ELEMS / (F > 0 ? F : 1);
 }
 
-static size_t glu_ws(const moex_glu_dims *d) {
-    return d->G > 0 ? moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)) : 0;
-}
-
 size_t moex_cpu_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a,
                                       const moex_glu_dims *d) {
-    return glu_ws(d);
+    return 0;
 }
 
-moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *a,
-                                        const moex_glu_dims *d, void *ws, size_t ws_bytes,
-                                        moex_stream stream) {
-    int64_t rows;
-    MOEX_TRY(glu_rows(ctx, "moex_scaled_glu_forward", &a->splits, d, ws, &rows));
+moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+                                        const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
+    const int64_t rows = grp ? grp->off[grp->G] : d->T;
     if (rows == 0 || d->F == 0) return MOEX_OK;
     glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
     jb.z = a->z.data;
@@ -135,14 +117,12 @@ moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu
 
 size_t moex_cpu_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
                                        const moex_glu_dims *d) {
-    return glu_ws(d);
+    return 0;
 }
 
-moex_status moex_cpu_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *a,
-                                         const moex_glu_dims *d, void *ws, size_t ws_bytes,
-                                         moex_stream stream) {
-    int64_t rows;
-    MOEX_TRY(glu_rows(ctx, "moex_scaled_glu_backward", &a->splits, d, ws, &rows));
+moex_status moex_cpu_scaled_glu_backward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+                                         const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws) {
+    const int64_t rows = grp ? grp->off[grp->G] : d->T;
     glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
     jb.dz = a->dz.data;
     jb.dh = moex_present(&a->dh) ? a->dh.data : NULL;

@@ -10,19 +10,18 @@
  * Every GEMM runs once per group on the group's contiguous rows (cpu_gemm.h), in f32.
  * When the output is f32 the GEMM writes it directly; otherwise it writes an f32 row tile
  * of the workspace, which is then finished (bias, probs) and rounded once into the output.
- * Rows past sum(splits) are neither read nor written. The splits are read and checked
- * before anything is written.
+ * Rows past sum(splits) are neither read nor written. The groups come prepared (their
+ * offsets read and checked by moex_cpu_groups_prepare before anything is written).
  *
  * Determinism: dbias sums the rows of a group in increasing order, column by column;
  * dprobs sums a row's products in eight fixed lanes; neither depends on the thread count.
  *
- * Workspace (from shapes and dtypes only): G+1 int64 offsets; an f32 row tile when the
- * output is not f32; the GEMM's scratch.
+ * Workspace (from shapes and dtypes only): an f32 row tile when the output is not f32; the
+ * GEMM's scratch.
  */
 #include "cpu_convert.h"
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
-#include "validate.h"
 
 #include <string.h>
 
@@ -66,22 +65,20 @@ static const float *as_f32(float *buf, const void *src, moex_dtype dt, int64_t n
 /* ---- workspace ------------------------------------------------------------------------ */
 
 typedef struct gl_ws {
-    int64_t *off;           /* [G+1] */
+    const int64_t *off;     /* [G+1], the prepared groups' */
     float *tile;            /* [tile_rows, cols] f32, or NULL */
     void *gemm;             /* GEMM scratch, or NULL */
 } gl_ws;
 
 /* Lays the workspace out (when ws != NULL) and returns its size. */
-static size_t gl_ws_layout(int64_t G, int64_t tile_floats, size_t gemm_bytes, void *ws, gl_ws *out) {
-    const size_t off_bytes = moex_sz_align(moex_sz_bytes(G + 1, 1, sizeof(int64_t)), 64);
+static size_t gl_ws_layout(int64_t tile_floats, size_t gemm_bytes, void *ws, gl_ws *out) {
     const size_t tile_bytes = moex_sz_align(moex_sz_bytes(tile_floats, 1, sizeof(float)), 64);
     if (ws) {
         char *p = (char *)ws;
-        out->off = (int64_t *)p;
-        out->tile = tile_floats > 0 ? (float *)(p + off_bytes) : NULL;
-        out->gemm = gemm_bytes > 0 ? (void *)(p + off_bytes + tile_bytes) : NULL;
+        out->tile = tile_floats > 0 ? (float *)p : NULL;
+        out->gemm = gemm_bytes > 0 ? (void *)(p + tile_bytes) : NULL;
     }
-    return moex_sz_add(moex_sz_add(off_bytes, tile_bytes), gemm_bytes);
+    return moex_sz_add(tile_bytes, gemm_bytes);
 }
 
 /* ---- finishing output rows: bias, probs, rounding ------------------------------------- */
@@ -138,7 +135,7 @@ static void finish(moex_context *ctx, finish_job *j, int64_t rows) {
 static size_t fwd_ws(const moex_gl_dims *d, void *ws, gl_ws *out) {
     const int f32 = d->dt == MOEX_DTYPE_F32;
     const int64_t rows = f32 ? d->T : min64(d->T, tile_rows(d->N));
-    return gl_ws_layout(d->G, f32 ? 0 : rows * d->N, moex_cpu_gemm_scratch_bytes(rows, d->N, d->K, d->dt, d->dt),
+    return gl_ws_layout(f32 ? 0 : rows * d->N, moex_cpu_gemm_scratch_bytes(rows, d->N, d->K, d->dt, d->dt),
                         ws, out);
 }
 
@@ -147,11 +144,11 @@ size_t moex_cpu_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_
     return fwd_ws(d, NULL, NULL);
 }
 
-moex_status moex_cpu_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *a,
-                                            const moex_gl_dims *d, void *ws, size_t ws_bytes, moex_stream stream) {
+moex_status moex_cpu_grouped_linear_forward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+                                            const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
     gl_ws w = {NULL, NULL, NULL};
     fwd_ws(d, ws, &w);
-    MOEX_TRY(moex_cpu_read_offsets(ctx, "moex_grouped_linear_forward", &a->splits, d->T, w.off));
+    w.off = grp->off;
     const int64_t G = d->G, K = d->K, N = d->N, rows = w.off[G];
     const moex_dtype dt = d->dt;
     finish_job fj = {NULL, 0, a->y.data, dt, N, a->bias_mode,
@@ -251,10 +248,10 @@ static void dprobs_rows(void *arg, int64_t begin, int64_t end) {
 }
 
 static size_t dgrad_ws(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws, gl_ws *out) {
-    if (!moex_present(&a->dx)) return gl_ws_layout(d->G, 0, 0, ws, out);
+    if (!moex_present(&a->dx)) return gl_ws_layout(0, 0, ws, out);
     const int f32 = d->dt == MOEX_DTYPE_F32;
     const int64_t rows = f32 ? d->T : min64(d->T, tile_rows(d->K));
-    return gl_ws_layout(d->G, f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->N, d->dt, d->dt),
+    return gl_ws_layout(f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->N, d->dt, d->dt),
                         ws, out);
 }
 
@@ -263,12 +260,12 @@ size_t moex_cpu_grouped_linear_backward_data_ws(moex_context *ctx, const moex_gr
     return dgrad_ws(a, d, NULL, NULL);
 }
 
-moex_status moex_cpu_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
-                                                  const moex_gl_dims *d, void *ws, size_t ws_bytes,
-                                                  moex_stream stream) {
+moex_status moex_cpu_grouped_linear_backward_data(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+                                                  const moex_grouped_linear_dgrad_args *a,
+                                                  const moex_gl_dims *d, void *ws) {
     gl_ws w = {NULL, NULL, NULL};
     dgrad_ws(a, d, ws, &w);
-    MOEX_TRY(moex_cpu_read_offsets(ctx, "moex_grouped_linear_backward_data", &a->splits, d->T, w.off));
+    w.off = grp->off;
     const int64_t G = d->G, K = d->K, N = d->N, rows = w.off[G];
     const moex_dtype dt = d->dt;
 
@@ -318,7 +315,7 @@ moex_status moex_cpu_grouped_linear_backward_data(moex_context *ctx, const moex_
 static size_t wgrad_ws(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws, gl_ws *out) {
     const int f32 = a->dw.t.dtype == MOEX_DTYPE_F32;
     const int64_t rows = f32 ? d->N : min64(d->N, tile_rows(d->K));
-    return gl_ws_layout(d->G, f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->T, d->dt, d->dt),
+    return gl_ws_layout(f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->T, d->dt, d->dt),
                         ws, out);
 }
 
@@ -341,12 +338,13 @@ static void store_rows(void *arg, int64_t begin, int64_t end) {
                             j->cols, end - begin, j->cols);
 }
 
-moex_status moex_cpu_grouped_linear_backward_weight(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
-                                                    const moex_gl_dims *d, void *ws, size_t ws_bytes,
-                                                    moex_stream stream) {
+moex_status moex_cpu_grouped_linear_backward_weight(moex_context *ctx, const moex_call *c,
+                                                    const moex_groups *grp,
+                                                    const moex_grouped_linear_wgrad_args *a,
+                                                    const moex_gl_dims *d, void *ws) {
     gl_ws w = {NULL, NULL, NULL};
     wgrad_ws(a, d, ws, &w);
-    MOEX_TRY(moex_cpu_read_offsets(ctx, "moex_grouped_linear_backward_weight", &a->splits, d->T, w.off));
+    w.off = grp->off;
     const int64_t G = d->G, K = d->K, N = d->N;
     const moex_dtype dt = d->dt, dw_dt = a->dw.t.dtype;
     const moex_cpu_gemm_mode mode =

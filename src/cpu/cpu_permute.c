@@ -113,14 +113,14 @@ size_t moex_cpu_permute_forward_ws(moex_context *ctx, const moex_permute_args *a
     return moex_sz_bytes(d->E, 1, sizeof(int64_t));
 }
 
-moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d,
-                                     void *ws, size_t ws_bytes, moex_stream stream) {
+moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                     const moex_perm_dims *d, void *ws) {
     const int64_t T = d->T, k = d->k, E = d->E, n = T * k;
     const int32_t *ids = (const int32_t *)a->ids.data;
     for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= E)
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
-                             "moex_permute_forward: ids[%lld, %lld] = %d is outside [0, num_experts = %lld)",
+                             "%s: ids[%lld, %lld] = %d is outside [0, num_experts = %lld)", c->op,
                              (long long)(i / k), (long long)(i % k), (int)ids[i], (long long)E);
 
     int64_t *splits = (int64_t *)a->splits.data, *next = (int64_t *)ws;
@@ -148,9 +148,9 @@ size_t moex_cpu_permute_backward_ws(moex_context *ctx, const moex_permute_grad_a
     return 0;
 }
 
-moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d,
-                                      void *ws, size_t ws_bytes, moex_stream stream) {
-    moex_status st = check_row_map(ctx, "moex_permute_backward", &a->row_map, d->T, d->k);
+moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                      const moex_perm_dims *d, void *ws) {
+    moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;
     const bool with_dx = moex_present(&a->dx), with_dprobs = moex_present(&a->dprobs_p);
@@ -169,9 +169,9 @@ size_t moex_cpu_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_arg
     return 0;
 }
 
-moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d,
-                                       void *ws, size_t ws_bytes, moex_stream stream) {
-    moex_status st = check_row_map(ctx, "moex_unpermute_forward", &a->row_map, d->T, d->k);
+moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                       const moex_perm_dims *d, void *ws) {
+    moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;
     perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = d->dt,
@@ -185,9 +185,9 @@ size_t moex_cpu_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_gr
     return moex_sz_bytes(d->T, d->k, 1);   /* one flag per row */
 }
 
-moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,
-                                        const moex_perm_dims *d, void *ws, size_t ws_bytes, moex_stream stream) {
-    static const char op[] = "moex_unpermute_backward";
+moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_call *c,
+                                        const moex_unpermute_grad_args *a, const moex_perm_dims *d, void *ws) {
+    const char *op = c->op;
     moex_status st = check_row_map(ctx, op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
     if (d->T == 0) return MOEX_OK;

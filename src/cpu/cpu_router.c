@@ -115,8 +115,8 @@ size_t moex_cpu_router_forward_ws(moex_context *ctx, const moex_router_args *a, 
     return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
-moex_status moex_cpu_router_forward(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d,
-                                    void *ws, size_t ws_bytes, moex_stream stream) {
+moex_status moex_cpu_router_forward(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                    const moex_router_dims *d, void *ws) {
     if (d->T == 0) return MOEX_OK;
     router_job jb = {.fa = a, .d = d, .n = num_chunks(d->T), .scratch = (float *)ws};
     moex_cpu_parallel_for(ctx, jb.n, chunk_grain(d->T, d->E, jb.n), router_forward_chunks, &jb);
@@ -166,13 +166,13 @@ size_t moex_cpu_router_backward_ws(moex_context *ctx, const moex_router_grad_arg
     return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
-moex_status moex_cpu_router_backward(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d,
-                                     void *ws, size_t ws_bytes, moex_stream stream) {
+moex_status moex_cpu_router_backward(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                     const moex_router_dims *d, void *ws) {
     const int32_t *ids = (const int32_t *)a->ids.data;
     for (int64_t i = 0; i < d->T * d->k; i++)
         if (ids[i] < 0 || ids[i] >= d->E)
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
-                             "moex_router_backward: ids[%lld, %lld] = %d is outside [0, E = %lld)",
+                             "%s: ids[%lld, %lld] = %d is outside [0, E = %lld)", c->op,
                              (long long)(i / d->k), (long long)(i % d->k), (int)ids[i], (long long)d->E);
     if (d->T == 0) return MOEX_OK;
     router_job jb = {.ba = a, .d = d, .n = num_chunks(d->T), .scratch = (float *)ws};

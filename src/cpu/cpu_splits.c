@@ -1,5 +1,8 @@
 /*
- * cpu_splits.c - the CPU splits_to_offsets: one pass over splits [G] fills up to
+ * cpu_splits.c - the CPU prepared groups (host splits -> checked offsets [G+1]) and
+ * splits_to_offsets.
+ *
+ * splits_to_offsets: one pass over splits [G] fills up to
  * MOEX_MAX_OFFSETS offset arrays, each I32 or I64, each with its own stride:
  *   LEADING_ZERO: out[0] = 0, out[g+1] = stride * (s0 + .. + sg)      [G+1]   =
  *   INCLUSIVE:    out[g]   = stride * (s0 + .. + sg)                  [G]     =
@@ -10,17 +13,15 @@
  */
 #include "cpu_ops.h"
 
-#include "validate.h"
-
-static const char op[] = "moex_splits_to_offsets";
-
 size_t moex_cpu_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
                                      const moex_splits_dims *d) {
     return 0;
 }
 
-moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                       const moex_splits_dims *d, void *ws, size_t ws_bytes, moex_stream stream) {
+moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_call *c,
+                                       const moex_splits_to_offsets_args *a, const moex_splits_dims *d,
+                                       void *ws) {
+    const char *op = c->op;
     const int64_t G = d->G;
     const int64_t *s = (const int64_t *)a->splits.data;
     int64_t total = 0;
@@ -61,5 +62,30 @@ moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_splits_to_o
             }
         }
     }
+    return MOEX_OK;
+}
+
+/* ---- the prepared groups ------------------------------------------------------------- */
+
+size_t moex_cpu_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use) {
+    return moex_sz_bytes(G + 1, 1, sizeof(int64_t));
+}
+
+moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                    int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
+    int64_t *off = (int64_t *)ws;
+    off[0] = 0;
+    for (int64_t i = 0; i < G; i++) {
+        const int64_t s = splits ? splits[i] : T;
+        if (s < 0)
+            return moex_fail(ctx, MOEX_ERR_BAD_SPLITS, "%s: splits[%lld] = %lld is negative", c->op, (long long)i,
+                             (long long)s);
+        if (s > T - off[i]) /* off[i] <= T, so this cannot overflow */
+            return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
+                             "%s: splits sum past T = %lld at group %lld (splits[%lld] = %lld after %lld rows)",
+                             c->op, (long long)T, (long long)i, (long long)i, (long long)s, (long long)off[i]);
+        off[i + 1] = off[i] + s;
+    }
+    *g = (moex_groups){.G = G, .T = T, .splits = splits, .off = off};
     return MOEX_OK;
 }

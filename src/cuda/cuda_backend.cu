@@ -1,67 +1,50 @@
 /*
- * cuda_backend.cu - the CUDA backend's function table, its construction and destruction,
- * the bad-input flag (allocated once here) and moex_context_check_splits.
+ * cuda_backend.cu - the CUDA backend's table of primitives (src/core/backend.h): entering a
+ * call (the context's device), the limits of its kernels, the bad-input flag (allocated
+ * once here) and moex_context_check_splits, construction and destruction.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "cuda_ops.h"
 
-#define OP(name) .name##_ws = moex_cuda_##name##_ws, .name = moex_cuda_##name
+/* ---- entering a call: ctx->device current, the caller's restored on leave ------------- */
 
-static moex_status cuda_check_splits(moex_context *ctx, moex_stream stream);
-static void cuda_destroy(moex_context *ctx);
-
-static const moex_backend_ops cuda_ops = {
-    .name = "cuda",
-    OP(splits_to_offsets),
-    OP(grouped_linear_forward),
-    OP(grouped_linear_backward_data),
-    OP(grouped_linear_backward_weight),
-    OP(scaled_glu_forward),
-    OP(scaled_glu_backward),
-    OP(grouped_mlp_forward),
-    OP(grouped_mlp_backward),
-    OP(router_forward),
-    OP(router_backward),
-    OP(permute_forward),
-    OP(permute_backward),
-    OP(unpermute_forward),
-    OP(unpermute_backward),
-    OP(moe_layer_forward),
-    OP(moe_layer_backward),
-    .moe_layer_saved = moex_cuda_moe_layer_saved,
-    .check_splits = cuda_check_splits,
-    .destroy = cuda_destroy,
-};
-
-moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, moex_cuda_device_guard *g) {
-    g->changed = 0;
-    CUDA_TRY(ctx, op, cudaGetDevice(&g->prev));
-    if (g->prev != ctx->device) {
-        CUDA_TRY(ctx, op, cudaSetDevice(ctx->device));
-        g->changed = 1;
-    }
+static moex_status device_enter(moex_context *ctx, const char *op, int *prev) {
+    CUDA_TRY(ctx, op, cudaGetDevice(prev));
+    if (*prev != ctx->device) CUDA_TRY(ctx, op, cudaSetDevice(ctx->device));
     return MOEX_OK;
 }
 
-void moex_cuda_device_leave(moex_cuda_device_guard *g) {
-    if (g->changed) cudaSetDevice(g->prev);
+static void device_leave(moex_context *ctx, int prev) {
+    if (prev != ctx->device) cudaSetDevice(prev);
 }
 
-static const char *op_name(int id) {
-    static const char *names[MOEX_CUDA_OP_COUNT] = {
-        "?", "moex_splits_to_offsets", "moex_grouped_linear_forward", "moex_grouped_linear_backward_data",
-        "moex_grouped_linear_backward_weight", "moex_scaled_glu_forward", "moex_scaled_glu_backward",
-        "moex_grouped_mlp_forward", "moex_grouped_mlp_backward", "moex_permute_forward",
-        "moex_permute_backward", "moex_unpermute_forward", "moex_unpermute_backward",
-        "moex_moe_layer_forward", "moex_moe_layer_backward", "moex_router_forward", "moex_router_backward"};
-    return id > 0 && id < MOEX_CUDA_OP_COUNT ? names[id] : "an unknown operation";
+static moex_status cuda_enter(moex_context *ctx, const moex_call *c, int *scope) {
+    return device_enter(ctx, c->op, scope);
 }
+
+/* ---- limits ---------------------------------------------------------------------------
+ * The grouped kernels' grids: ceil(rows / MOEX_CUDA_BM) + groups row tiles and `groups`
+ * groups, each at most MOEX_CUDA_MAX_GRID; the permute kernel's expert count. */
+
+static moex_status cuda_check_limits(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups,
+                                     int64_t experts) {
+    if (experts > MOEX_CUDA_MAX_EXPERTS)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the CUDA permute limit (%d)", c->op,
+                         (long long)experts, MOEX_CUDA_MAX_EXPERTS);
+    if (moex_cuda_max_tiles(rows, groups) > MOEX_CUDA_MAX_GRID || groups > MOEX_CUDA_MAX_GRID)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: %lld rows in %lld groups exceed the CUDA grid limits (ceil(T/%d) + G <= %d)", c->op,
+                         (long long)rows, (long long)groups, MOEX_CUDA_BM, MOEX_CUDA_MAX_GRID);
+    return MOEX_OK;
+}
+
+/* ---- the bad-input flag ---------------------------------------------------------------- */
 
 static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
     const char *op = "moex_context_check_splits";
-    moex_cuda_state *st = moex_cuda_st(ctx);
+    const moex_cuda_state *st = moex_cuda_st(ctx);
     int flag = 0;
     CUDA_TRY(ctx, op, cudaStreamSynchronize(stream));
     CUDA_TRY(ctx, op, cudaMemcpyAsync(&flag, st->flag, sizeof flag, cudaMemcpyDeviceToHost, stream));
@@ -72,33 +55,70 @@ static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
     if ((flag & 15) == MOEX_CUDA_BAD_IDS)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s saw a routing id outside [0, E); those entries were skipped", op,
-                         op_name(flag >> 4));
-    if ((flag >> 4) == MOEX_CUDA_OP_SPLITS_TO_OFFSETS)
+                         moex_op_name((moex_op_id)(flag >> 4)));
+    if ((flag >> 4) == MOEX_OP_SPLITS_TO_OFFSETS)
         return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                          "%s: moex_splits_to_offsets saw a negative split, or an offset too large for "
                          "its output dtype (I32 or I64); its outputs are not meaningful", op);
     return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                      "%s: %s saw bad split values (a negative split, or a sum past T); its kernels "
                      "clamped them to the T rows, so its outputs are not meaningful",
-                     op, op_name(flag >> 4));
+                     op, moex_op_name((moex_op_id)(flag >> 4)));
 }
 
 static moex_status cuda_check_splits(moex_context *ctx, moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_context_check_splits", check_splits_run(ctx, (cudaStream_t)stream));
+    int prev;
+    MOEX_TRY(device_enter(ctx, "moex_context_check_splits", &prev));
+    const moex_status s = check_splits_run(ctx, (cudaStream_t)stream);
+    device_leave(ctx, prev);
+    return s;
 }
 
 static void cuda_destroy(moex_context *ctx) {
     moex_cuda_state *st = moex_cuda_st(ctx);
     if (!st) return;
-    moex_cuda_device_guard g;
-    if (moex_cuda_device_enter(ctx, "moex_context_destroy", &g) == MOEX_OK) {
+    int prev;
+    if (device_enter(ctx, "moex_context_destroy", &prev) == MOEX_OK) {
         if (st->flag) cudaFree(st->flag);
         moex_cuda_sm90_release(ctx);
-        moex_cuda_device_leave(&g);
+        device_leave(ctx, prev);
     }
     free(st);
     ctx->backend_state = NULL;
 }
+
+/* ---- the table ------------------------------------------------------------------------- */
+
+#define PRIMITIVE(field, fn) .field##_ws = moex_cuda_##fn##_ws, .field = moex_cuda_##fn
+
+static const moex_backend_ops cuda_ops = {
+    .name = "cuda",
+    .host_memory = false,
+    .enter = cuda_enter,
+    .leave = device_leave,
+    .check_limits = cuda_check_limits,
+    .groups_ws = moex_cuda_groups_ws,
+    .groups_prepare = moex_cuda_groups_prepare,
+    PRIMITIVE(linear_fwd, linear_fwd),
+    PRIMITIVE(linear_dgrad, linear_dgrad),
+    PRIMITIVE(linear_wgrad, linear_wgrad),
+    .fc1_glu = moex_cuda_fc1_glu,
+    PRIMITIVE(glu_fwd, glu_fwd),
+    PRIMITIVE(glu_bwd, glu_bwd),
+    PRIMITIVE(splits_to_offsets, splits_to_offsets),
+    PRIMITIVE(router_fwd, router_fwd),
+    PRIMITIVE(router_bwd, router_bwd),
+    PRIMITIVE(permute_fwd, permute_fwd),
+    PRIMITIVE(permute_bwd, permute_bwd),
+    PRIMITIVE(unpermute_fwd, unpermute_fwd),
+    PRIMITIVE(unpermute_bwd, unpermute_bwd),
+    PRIMITIVE(gemm, dense_gemm),
+    .zero_f32 = moex_cuda_zero_f32,
+    .check_splits = cuda_check_splits,
+    .destroy = cuda_destroy,
+};
+
+/* ---- construction ---------------------------------------------------------------------- */
 
 static moex_status init_run(moex_context *ctx) {
     const char *op = "moex_context_create";
@@ -136,11 +156,11 @@ extern "C" moex_status moex_cuda_backend_init(moex_context *ctx) {
     if (!st) return moex_fail(ctx, MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of host memory");
     ctx->backend_state = st;
     ctx->ops = &cuda_ops;
-    moex_cuda_device_guard g;
-    moex_status s = moex_cuda_device_enter(ctx, "moex_context_create", &g);
+    int prev;
+    moex_status s = device_enter(ctx, "moex_context_create", &prev);
     if (s == MOEX_OK) {
         s = init_run(ctx);
-        moex_cuda_device_leave(&g);
+        device_leave(ctx, prev);
     }
     if (s != MOEX_OK) {
         cuda_destroy(ctx);

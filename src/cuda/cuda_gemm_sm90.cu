@@ -41,10 +41,10 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
     return MOEX_OK;
 }
 
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c) {
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c) {
     if (!moex_cuda_st(ctx)->sm90) return NULL;
     const size_t bytes = moex_sm90_gemm_workspace_bytes(ctx->device);
-    return bytes > 0 ? moex_cuda_take(c, bytes) : NULL;
+    return bytes > 0 ? moex_take(c, bytes) : NULL;
 }
 
 

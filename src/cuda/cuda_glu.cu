@@ -1,13 +1,13 @@
 /*
  * cuda_glu.cu - the scaled GLU on the GPU, forward and backward, and the scaled_glu ops.
- * The element math is src/cpu/cpu_glu_math.h (shared with the CPU, __host__ __device__).
+ * The element math is src/core/glu_math.h (shared with the CPU, __host__ __device__).
  *   forward:  z[r, j] = p_r act(a_rj) g(b_rj)                               (=)
  *   backward: dh = d z / d(a, b) * dz (=), dprobs[r] += sum_j dz act g      (+=)
  * One block per row (grid-stride over rows); the rows done are r < off[G] (read on the
  * device) when splits are given, else all T. The dprobs sum of a row is a fixed-order
  * block reduction, so it is bitwise reproducible.
  */
-#include "cpu_glu_math.h"
+#include "glu_math.h"
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -62,7 +62,7 @@ static unsigned glu_blocks(int64_t T) {
     return (unsigned)(T < GLU_MAX_BLOCKS ? T : GLU_MAX_BLOCKS);
 }
 
-moex_status moex_cuda_glu_fwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
                               const void *h, const float *probs, void *z, cudaStream_t stream) {
     if (T == 0 || F == 0) return MOEX_OK;
@@ -79,7 +79,7 @@ moex_status moex_cuda_glu_fwd(moex_context *ctx, const char *op, const moex_glu_
     return MOEX_OK;
 }
 
-moex_status moex_cuda_glu_bwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+moex_status moex_cuda_glu_bwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
                               const void *h, const float *probs, const void *dz, void *dh,
                               float *dprobs, cudaStream_t stream) {
@@ -100,68 +100,26 @@ moex_status moex_cuda_glu_bwd(moex_context *ctx, const char *op, const moex_glu_
     return MOEX_OK;
 }
 
-/* ---- the scaled_glu operations ---------------------------------------------------------
- * Workspace: the schedule when splits are given (for off[G]), else none.                 */
+/* ---- the GLU primitives: the rows [0, off[G]) of the groups, or all T rows ----------- */
 
-static size_t glu_layout(const moex_glu_dims *d, char *base, moex_cuda_sched *s) {
-    moex_cuda_carver c = {base, 0};
-    if (d->G > 0) moex_cuda_sched_take(&c, s, d->G, d->T);
-    return c.used;
-}
+size_t moex_cuda_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d) { return 0; }
 
-extern "C" size_t moex_cuda_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a,
-                                                  const moex_glu_dims *d) {
-    moex_cuda_sched s;
-    return glu_layout(d, NULL, &s);
-}
-
-static moex_status glu_fwd_run(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d,
-                               void *ws, cudaStream_t stream) {
-    const char *op = "moex_scaled_glu_forward";
-    moex_cuda_sched s = {};
-    glu_layout(d, (char *)ws, &s);
-    const int64_t *total = NULL;
-    if (d->G > 0) {
-        MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GLU_FORWARD, &s, (const int64_t *)a->splits.data,
-                                       stream));
-        total = s.off + d->G;
-    }
+moex_status moex_cuda_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
-    return moex_cuda_glu_fwd(ctx, op, &a->glu, total, d->T, d->F, d->dt, a->h.data, probs, a->z.data, stream);
+    return moex_cuda_glu_fwd_run(ctx, c->op, &a->glu, g ? g->off + g->G : NULL, d->T, d->F, d->dt, a->h.data, probs,
+                                 a->z.data, (cudaStream_t)c->stream);
 }
 
-extern "C" moex_status moex_cuda_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *a,
-                                                    const moex_glu_dims *d, void *ws, size_t ws_bytes,
-                                                    moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_scaled_glu_forward", glu_fwd_run(ctx, a, d, ws, (cudaStream_t)stream));
+size_t moex_cuda_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d) {
+    return 0;
 }
 
-extern "C" size_t moex_cuda_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
-                                                   const moex_glu_dims *d) {
-    moex_cuda_sched s;
-    return glu_layout(d, NULL, &s);
-}
-
-static moex_status glu_bwd_run(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d,
-                               void *ws, cudaStream_t stream) {
-    const char *op = "moex_scaled_glu_backward";
-    moex_cuda_sched s = {};
-    glu_layout(d, (char *)ws, &s);
-    const int64_t *total = NULL;
-    if (d->G > 0) {
-        MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GLU_BACKWARD, &s, (const int64_t *)a->splits.data,
-                                       stream));
-        total = s.off + d->G;
-    }
+moex_status moex_cuda_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws) {
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
     float *dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
     void *dh = moex_present(&a->dh) ? a->dh.data : NULL;
-    return moex_cuda_glu_bwd(ctx, op, &a->glu, total, d->T, d->F, d->dt, a->h.data, probs, a->dz.data, dh,
-                             dprobs, stream);
-}
-
-extern "C" moex_status moex_cuda_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *a,
-                                                     const moex_glu_dims *d, void *ws, size_t ws_bytes,
-                                                     moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_scaled_glu_backward", glu_bwd_run(ctx, a, d, ws, (cudaStream_t)stream));
+    return moex_cuda_glu_bwd_run(ctx, c->op, &a->glu, g ? g->off + g->G : NULL, d->T, d->F, d->dt, a->h.data, probs,
+                                 a->dz.data, dh, dprobs, (cudaStream_t)c->stream);
 }

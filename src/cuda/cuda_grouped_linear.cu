@@ -16,7 +16,7 @@
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"   /* moex_sm90_epilogue */
 
-moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream) {
@@ -71,7 +71,7 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
     return moex_cuda_sm90_rows(ctx, op, s, dt, K, 2 * F, x, w, h, &e, false, stream, ran);
 }
 
-moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
                                    const float *dbias_probs, float *dbias, float *partial,
                                    const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
@@ -101,7 +101,7 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex
     return MOEX_OK;
 }
 
-moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                    moex_grad_mode mode, cudaStream_t stream) {
     bool ran;
@@ -126,106 +126,47 @@ moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex
     return moex_cuda_gemm_run(ctx, op, &g, stream);
 }
 
-/* ---- forward ------------------------------------------------------------------------ */
+/* ---- the primitives: the building blocks above on prepared groups ------------------- */
 
-/* The schedule; the forward's also the Hopper GEMM's stream-K workspace (gemm_ws). */
-static size_t sched_layout(moex_context *ctx, const moex_gl_dims *d, char *base, moex_cuda_sched *s, bool gemm_ws) {
-    moex_cuda_carver c = {base, 0};
-    moex_cuda_sched_take(&c, s, d->G, d->T);
-    if (gemm_ws) s->gemm_ws = moex_cuda_gemm_ws_take(ctx, &c);
-    return c.used;
+size_t moex_cuda_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
+    return 0;
 }
 
-extern "C" size_t moex_cuda_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a,
-                                                      const moex_gl_dims *d) {
-    moex_cuda_sched s;
-    return sched_layout(ctx, d, NULL, &s, true);
+moex_status moex_cuda_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                 const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
+    return moex_cuda_linear_fwd_run(ctx, c->op, g, d->dt, d->K, d->N, a->x.data, &a->w, a->bias_mode, &a->bias,
+                                    (const float *)a->probs.data, a->y.data, (cudaStream_t)c->stream);
 }
 
-static moex_status fwd_run(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d,
-                           void *ws, cudaStream_t stream) {
-    const char *op = "moex_grouped_linear_forward";
-    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
-    moex_cuda_sched s;
-    sched_layout(ctx, d, (char *)ws, &s, true);
-    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_FORWARD, &s, (const int64_t *)a->splits.data, stream));
-    return moex_cuda_linear_fwd(ctx, op, &s, d->dt, d->K, d->N, a->x.data, &a->w, a->bias_mode, &a->bias,
-                                (const float *)a->probs.data, a->y.data, stream);
+moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
+                              const moex_gl_dims *d, bool *ran) {
+    const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+    return moex_cuda_linear_fwd_glu(ctx, c->op, g, d->dt, d->K, d->N / 2, a->fc1.x.data, &a->fc1.w, &a->fc1.bias,
+                                    &a->glu, probs, a->fc1.y.data, a->z.data, (cudaStream_t)c->stream, ran);
 }
 
-extern "C" moex_status moex_cuda_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *a,
-                                                        const moex_gl_dims *d, void *ws, size_t ws_bytes,
-                                                        moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_forward", fwd_run(ctx, a, d, ws, (cudaStream_t)stream));
+/* Workspace: the dbias partial sums when dbias is asked. */
+size_t moex_cuda_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
+    return moex_present(&a->dbias) ? moex_cuda_colsum_partial_bytes(d->T, d->G, d->N) : 0;
 }
 
-/* ---- backward data ------------------------------------------------------------------ */
-
-static size_t dgrad_layout(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
-                           char *base, moex_cuda_sched *s, float **partial) {
-    moex_cuda_carver c = {base, 0};
-    moex_cuda_sched_take(&c, s, d->G, d->T);   /* no stream-K workspace: the dgrad runs without */
-    *partial = NULL;
-    if (moex_present(&a->dbias))
-        *partial = (float *)moex_cuda_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));
-    return c.used;
-}
-
-extern "C" size_t moex_cuda_grouped_linear_backward_data_ws(moex_context *ctx,
-                                                            const moex_grouped_linear_dgrad_args *a,
-                                                            const moex_gl_dims *d) {
-    moex_cuda_sched s;
-    float *p;
-    return dgrad_layout(a, d, NULL, &s, &p);
-}
-
-static moex_status dgrad_run(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
-                             void *ws, cudaStream_t stream) {
-    const char *op = "moex_grouped_linear_backward_data";
-    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
-    moex_cuda_sched s;
-    float *partial;
-    dgrad_layout(a, d, (char *)ws, &s, &partial);
-    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_DGRAD, &s, (const int64_t *)a->splits.data, stream));
+moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws) {
     const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
     float *dbias = moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE ? (float *)a->dbias.data : NULL;
     float *dprobs = moex_present(&a->dprobs) && scaled ? (float *)a->dprobs.data : NULL;
-    return moex_cuda_linear_dgrad(ctx, op, &s, d->dt, d->K, d->N, a->dy.data, &a->w, dx,
-                                  scaled ? (const float *)a->probs.data : NULL, dbias, partial, &a->bias, dprobs,
-                                  stream);
+    return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, dx,
+                                      scaled ? (const float *)a->probs.data : NULL, dbias, (float *)ws, &a->bias,
+                                      dprobs, (cudaStream_t)c->stream);
 }
 
-extern "C" moex_status moex_cuda_grouped_linear_backward_data(moex_context *ctx,
-                                                              const moex_grouped_linear_dgrad_args *a,
-                                                              const moex_gl_dims *d, void *ws, size_t ws_bytes,
-                                                              moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_backward_data", dgrad_run(ctx, a, d, ws, (cudaStream_t)stream));
+size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {
+    return 0;
 }
 
-/* ---- backward weight ---------------------------------------------------------------- */
-
-extern "C" size_t moex_cuda_grouped_linear_backward_weight_ws(moex_context *ctx,
-                                                              const moex_grouped_linear_wgrad_args *a,
-                                                              const moex_gl_dims *d) {
-    moex_cuda_sched s;
-    return sched_layout(ctx, d, NULL, &s, false);
-}
-
-static moex_status wgrad_run(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                             void *ws, cudaStream_t stream) {
-    const char *op = "moex_grouped_linear_backward_weight";
-    MOEX_TRY(moex_cuda_check_grid(ctx, op, d->T, d->G));
-    moex_cuda_sched s;
-    sched_layout(ctx, d, (char *)ws, &s, false);
-    MOEX_TRY(moex_cuda_sched_build(ctx, op, MOEX_CUDA_OP_GL_WGRAD, &s, (const int64_t *)a->splits.data, stream));
-    return moex_cuda_linear_wgrad(ctx, op, &s, d->dt, d->K, d->N, a->x.data, a->dy.data, &a->dw, a->dw_mode,
-                                  stream);
-}
-
-extern "C" moex_status moex_cuda_grouped_linear_backward_weight(moex_context *ctx,
-                                                                const moex_grouped_linear_wgrad_args *a,
-                                                                const moex_gl_dims *d, void *ws, size_t ws_bytes,
-                                                                moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_grouped_linear_backward_weight", wgrad_run(ctx, a, d, ws, (cudaStream_t)stream));
+moex_status moex_cuda_linear_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws) {
+    return moex_cuda_linear_wgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->x.data, a->dy.data, &a->dw, a->dw_mode,
+                                      (cudaStream_t)c->stream);
 }

@@ -1,9 +1,9 @@
 /*
- * cuda_ops.h - private: the CUDA backend's operations (one file per kernel idea) and the
- * building blocks they share: the device-side group schedule, the grouped GEMM, the
- * deterministic reductions, and workspace carving.
+ * cuda_ops.h - private: the CUDA backend's primitives (src/core/backend.h; one file per
+ * kernel idea) and the building blocks they share: the device-side group schedule, the
+ * grouped GEMM, the deterministic reductions.
  *
- * Rules every file here keeps (DESIGN.md section 3):
+ * Rules every file here keeps (docs/conventions.md):
  *   - split values are read on the device only; the schedule kernel (cuda_splits.cu) turns
  *     splits into clamped row offsets and tile offsets in the workspace, and later kernels
  *     read those; nothing ever writes outside the T rows whatever the splits say;
@@ -18,34 +18,13 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cuda_check.h"
-#include "moex_impl.h"
-#include "validate.h"   /* MOEX_TRY */
 
 /* ---- backend state ----------------------------------------------------------------- */
 
-/* Operations that can record bad device-side input in the flag (the first one wins). */
-enum moex_cuda_op_id {
-    MOEX_CUDA_OP_SPLITS_TO_OFFSETS = 1,
-    MOEX_CUDA_OP_GL_FORWARD,
-    MOEX_CUDA_OP_GL_DGRAD,
-    MOEX_CUDA_OP_GL_WGRAD,
-    MOEX_CUDA_OP_GLU_FORWARD,
-    MOEX_CUDA_OP_GLU_BACKWARD,
-    MOEX_CUDA_OP_MLP_FORWARD,
-    MOEX_CUDA_OP_MLP_BACKWARD,
-    MOEX_CUDA_OP_PERMUTE_FORWARD,
-    MOEX_CUDA_OP_PERMUTE_BACKWARD,
-    MOEX_CUDA_OP_UNPERMUTE_FORWARD,
-    MOEX_CUDA_OP_UNPERMUTE_BACKWARD,
-    MOEX_CUDA_OP_MOE_FORWARD,
-    MOEX_CUDA_OP_MOE_BACKWARD,
-    MOEX_CUDA_OP_ROUTER_FORWARD,
-    MOEX_CUDA_OP_ROUTER_BACKWARD,
-    MOEX_CUDA_OP_COUNT
-};
-
-/* What the flag recorded: flag = (op_id << 4) | kind, 0 when nothing was seen. */
+/* What the flag recorded: flag = (op_id << 4) | kind, 0 when nothing was seen; op_id is
+ * the moex_op_id of the call (src/core/op_list.h). */
 enum moex_cuda_flag_kind {
     MOEX_CUDA_BAD_SPLITS = 1,   /* a negative split, or a sum past T          */
     MOEX_CUDA_BAD_IDS = 2       /* a routing id outside [0, E) (skipped)        */
@@ -64,91 +43,25 @@ static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
     return (moex_cuda_state *)ctx->backend_state;
 }
 
-/* Makes ctx->device current for the duration of an op (restores the caller's device). */
-typedef struct moex_cuda_device_guard {
-    int prev;
-    int changed;
-} moex_cuda_device_guard;
-moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, moex_cuda_device_guard *g);
-void moex_cuda_device_leave(moex_cuda_device_guard *g);
-
-/* Returns `call` (a moex_status expression) evaluated with ctx->device current. */
-#define MOEX_CUDA_GUARDED(ctx, op, call)                                   \
-    do {                                                                   \
-        moex_cuda_device_guard g_;                                         \
-        moex_status s_ = moex_cuda_device_enter((ctx), (op), &g_);         \
-        if (s_ != MOEX_OK) return s_;                                      \
-        s_ = (call);                                                       \
-        moex_cuda_device_leave(&g_);                                       \
-        return s_;                                                         \
-    } while (0)
-
-/* ---- workspace carving --------------------------------------------------------------
- * The same code computes the size (base == NULL) and the pointers (base != NULL), so the
- * *_ws query and the run can never disagree. Every piece is aligned to 256 bytes.      */
-
-typedef struct moex_cuda_carver {
-    char *base;
-    size_t used;
-} moex_cuda_carver;
-
-static inline void *moex_cuda_take(moex_cuda_carver *c, size_t bytes) {
-    const size_t at = moex_sz_take(&c->used, bytes);   /* saturates: the core refuses it */
-    return c->base ? (void *)(c->base + at) : NULL;
-}
-
-/* ---- the group schedule (cuda_splits.cu) --------------------------------------------
+/* ---- the group schedule (cuda_splits.cu): the prepared groups of backend.h -----------
  * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T).
  * tiles[G+1] (int32): tiles[g] = sum over groups before g of ceil(rows / MOEX_CUDA_BM).
  * A grid of moex_cuda_max_tiles(T, G) row tiles covers every schedule.                   */
 
 #define MOEX_CUDA_BM 128        /* row tile of the GEMMs and the row reductions */
 
-typedef struct moex_cuda_sched {
-    int64_t *off;
-    int32_t *tiles;
-    int64_t G, T;
-    const int64_t *splits;      /* the device splits it was built from (NULL: one group) */
-    void *gemm_ws;              /* the Hopper forward's stream-K workspace
-                                   (moex_cuda_gemm_ws_take; NULL: none)                  */
-} moex_cuda_sched;
+typedef moex_groups moex_cuda_sched;
 
 static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
     return (T + MOEX_CUDA_BM - 1) / MOEX_CUDA_BM + G;
 }
 
 /* The grid limits of the grouped kernels: ceil(T / MOEX_CUDA_BM) + G row tiles and G groups,
- * each at most 65535. Operations check them before their first launch, so that a refused
- * call has written nothing. */
-static inline moex_status moex_cuda_check_grid(moex_context *ctx, const char *op, int64_t T, int64_t G) {
-    if (moex_cuda_max_tiles(T, G) > 65535 || G > 65535)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                         "%s: %lld rows in %lld groups exceed the CUDA grid limits (ceil(T/%d) + G <= 65535)",
-                         op, (long long)T, (long long)G, MOEX_CUDA_BM);
-    return MOEX_OK;
-}
+ * each at most 65535. */
+#define MOEX_CUDA_MAX_GRID 65535
 
 /* The most experts the permute kernel counts in shared memory (48 KiB of int32). */
 #define MOEX_CUDA_MAX_EXPERTS 12288
-
-/* The MoE layer's limits, checked before its first launch: the permute kernel's expert
- * count, and the grid limits for its T*k expert rows in E groups. */
-static inline moex_status moex_cuda_check_moe(moex_context *ctx, const char *op, int64_t T, int64_t k, int64_t E) {
-    if (E > MOEX_CUDA_MAX_EXPERTS)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: E = %lld experts exceed the CUDA permute limit (%d)", op,
-                         (long long)E, MOEX_CUDA_MAX_EXPERTS);
-    return moex_cuda_check_grid(ctx, op, T * k, E);
-}
-
-/* Takes the schedule's arrays from the workspace (gemm_ws = NULL). */
-void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T);
-
-
-/* Fills s from device splits [G] (NULL: one group of all T rows) and records them in
- * s->splits; bad values set the context flag with op_id. One small launch. */
-moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
-                                  moex_cuda_sched *s, const int64_t *splits,
-                                  cudaStream_t stream);
 
 /* ---- the grouped GEMM (cuda_grouped_gemm_sm80.cu) ----------------------------------- */
 
@@ -211,7 +124,7 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                  moex_grad_mode mode, cudaStream_t stream, bool *ran);
 /* Takes the Hopper GEMMs' workspace from c when the context runs them, else nothing (NULL). */
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_cuda_carver *c);
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c);
 /* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
  * (st->sm90_ctx); release frees it (accepts none). */
 moex_status moex_cuda_sm90_prepare(moex_context *ctx);
@@ -220,7 +133,7 @@ void moex_cuda_sm90_release(moex_context *ctx);
 /* ---- grouped linear building blocks (cuda_grouped_linear.cu), on a built schedule ---- */
 
 /* y = x W_g^T (+ b_g | + p b_g); x [T, K], w [G, N, K], y [T, N]. */
-moex_status moex_cuda_linear_fwd(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream);
@@ -234,12 +147,12 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
                                      cudaStream_t stream, bool *ran);
 /* dx = dy W_g (dx != NULL); dbias = sum (p) dy (dbias != NULL, p = dbias_probs or 1, partial
  * from moex_cuda_colsum_partial_bytes); dprobs += dy . bias_g (dprobs != NULL). */
-moex_status moex_cuda_linear_dgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
                                    const float *dbias_probs, float *dbias, float *partial,
                                    const moex_tensor *bias, float *dprobs, cudaStream_t stream);
 /* dW_g = dy_g^T x_g, written (f32 or dt) or accumulated (f32). */
-moex_status moex_cuda_linear_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
+moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                    moex_grad_mode mode, cudaStream_t stream);
 
@@ -260,11 +173,11 @@ moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex
 /* ---- scaled GLU launchers (cuda_glu.cu), used by the GLU ops and the grouped MLP ----- */
 
 /* z[r] = p_r * glu(h[r]) for rows r < *total_rows (a device int64; NULL: all T rows). */
-moex_status moex_cuda_glu_fwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
                               const void *h, const float *probs, void *z, cudaStream_t stream);
 /* dh = glu'(h) dz (dh != NULL); dprobs[r] += sum_j dz act g (dprobs != NULL); same rows. */
-moex_status moex_cuda_glu_bwd(moex_context *ctx, const char *op, const moex_glu_params *glu,
+moex_status moex_cuda_glu_bwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
                               const void *h, const float *probs, const void *dz, void *dh,
                               float *dprobs, cudaStream_t stream);
@@ -301,41 +214,47 @@ moex_status moex_cuda_router_bwd_run(moex_context *ctx, const char *op, const vo
 
 /* ---- small kernels (cuda_reduce.cu) -------------------------------------------------- */
 
-/* Zeroes n floats (a kernel, so that it is the same in and out of graphs). */
-moex_status moex_cuda_zero_f32(moex_context *ctx, const char *op, float *p, int64_t n,
-                               cudaStream_t stream);
+/* Zeroes n floats (a kernel, so that it is the same in and out of graphs): the zero_f32
+ * primitive. */
+moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, int64_t n);
 
-/* ---- the operations ----------------------------------------------------------------- */
+/* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
 
-#define MOEX_CUDA_OP(name, args_t, dims_t)                                                    \
-    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);        \
-    moex_status moex_cuda_##name(moex_context *ctx, const args_t *a, const dims_t *d, void *ws, \
-                                 size_t ws_bytes, moex_stream stream)
+#define MOEX_CUDA_PRIMITIVE(name, args_t, dims_t)                                                   \
+    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);              \
+    moex_status moex_cuda_##name(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws)
+#define MOEX_CUDA_GROUPED(name, args_t, dims_t)                                                     \
+    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);              \
+    moex_status moex_cuda_##name(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, \
+                                 const dims_t *d, void *ws)
 
-#ifdef __cplusplus
-extern "C" {
-#endif
-MOEX_CUDA_OP(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);    /* cuda_splits.cu         */
-MOEX_CUDA_OP(grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims);      /* cuda_grouped_linear.cu */
-MOEX_CUDA_OP(grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims);
-MOEX_CUDA_OP(grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims);
-MOEX_CUDA_OP(scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims);             /* cuda_glu.cu            */
-MOEX_CUDA_OP(scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims);
-MOEX_CUDA_OP(grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims);           /* cuda_grouped_mlp.cu    */
-MOEX_CUDA_OP(grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims);
-MOEX_CUDA_OP(router_forward, moex_router_args, moex_router_dims);                  /* cuda_routing.cu        */
-MOEX_CUDA_OP(router_backward, moex_router_grad_args, moex_router_dims);
-MOEX_CUDA_OP(permute_forward, moex_permute_args, moex_perm_dims);
-MOEX_CUDA_OP(permute_backward, moex_permute_grad_args, moex_perm_dims);
-MOEX_CUDA_OP(unpermute_forward, moex_unpermute_args, moex_perm_dims);
-MOEX_CUDA_OP(unpermute_backward, moex_unpermute_grad_args, moex_perm_dims);
-MOEX_CUDA_OP(moe_layer_forward, moex_moe_layer_args, moex_moe_dims);               /* cuda_moe_layer.cu      */
-MOEX_CUDA_OP(moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims);
-size_t moex_cuda_moe_layer_saved(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d);
-#ifdef __cplusplus
-}
-#endif
+MOEX_CUDA_GROUPED(linear_fwd, moex_grouped_linear_args, moex_gl_dims);            /* cuda_grouped_linear.cu */
+MOEX_CUDA_GROUPED(linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims);
+MOEX_CUDA_GROUPED(linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims);
+moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
+                              const moex_gl_dims *d, bool *ran);
+MOEX_CUDA_GROUPED(glu_fwd, moex_scaled_glu_args, moex_glu_dims);                  /* cuda_glu.cu            */
+MOEX_CUDA_GROUPED(glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims);
+MOEX_CUDA_PRIMITIVE(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);   /* cuda_splits.cu */
+MOEX_CUDA_PRIMITIVE(router_fwd, moex_router_args, moex_router_dims);              /* cuda_routing.cu        */
+MOEX_CUDA_PRIMITIVE(router_bwd, moex_router_grad_args, moex_router_dims);
+MOEX_CUDA_PRIMITIVE(permute_fwd, moex_permute_args, moex_perm_dims);
+MOEX_CUDA_PRIMITIVE(permute_bwd, moex_permute_grad_args, moex_perm_dims);
+MOEX_CUDA_PRIMITIVE(unpermute_fwd, moex_unpermute_args, moex_perm_dims);
+MOEX_CUDA_PRIMITIVE(unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims);
 
-#undef MOEX_CUDA_OP
+#undef MOEX_CUDA_PRIMITIVE
+#undef MOEX_CUDA_GROUPED
+
+/* The prepared groups (cuda_splits.cu): the schedule's arrays (and, for
+ * MOEX_GROUPS_GEMM_WS, the Hopper GEMM's scratch) from ws, built by one launch. */
+size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);
+moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                     int64_t T, moex_groups_use use, void *ws, moex_groups *g);
+
+/* The router's dense GEMMs on the grouped GEMM with one group (cuda_dense_gemm.cu). */
+size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p);
+moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                                 const moex_dense_gemm *p, void *ws);
 
 #endif /* MOEX_CUDA_OPS_H */

@@ -114,10 +114,10 @@ static __global__ void zero_f32_kernel(float *p, int64_t n) {
         p[i] = 0.0f;
 }
 
-moex_status moex_cuda_zero_f32(moex_context *ctx, const char *op, float *p, int64_t n, cudaStream_t stream) {
+moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, int64_t n) {
     if (n <= 0) return MOEX_OK;
     int64_t blocks = (n + 255) / 256;
-    zero_f32_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, stream>>>(p, n);
-    CUDA_TRY_LAUNCH(ctx, op);
+    zero_f32_kernel<<<(unsigned)(blocks > 4096 ? 4096 : blocks), 256, 0, (cudaStream_t)c->stream>>>(p, n);
+    CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }

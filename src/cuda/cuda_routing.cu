@@ -149,7 +149,7 @@ static __global__ void router_bwd_kernel(const T *logits, int64_t T_rows, int64_
         float dp = norm == MOEX_ROUTER_RENORM ? (dqt[j] - dq_q) / ssum : dqt[j];
         dp_p += dp * score_of(to_f32(l[e]), score, m, sum);
     }
-    if (bad && lane == 0) flag_bad(flag, MOEX_CUDA_OP_ROUTER_BACKWARD, MOEX_CUDA_BAD_IDS);
+    if (bad && lane == 0) flag_bad(flag, MOEX_OP_ROUTER_BACKWARD, MOEX_CUDA_BAD_IDS);
     for (int64_t e = lane; e < E; e += 32) {
         float ds = 0.0f;
         for (int64_t j = 0; j < k; j++)
@@ -396,7 +396,7 @@ moex_status moex_cuda_permute_bwd_run(moex_context *ctx, const char *op, const i
                                       void *dx, moex_dtype dx_dt, float *dprobs, cudaStream_t stream) {
     if (T == 0 || (!dx && !dprobs)) return MOEX_OK;
     gather(row_map, dxp, dt, T, H, k, dx, dx_dt, dprobs_p, dprobs_p ? dprobs : NULL, moex_cuda_st(ctx)->flag,
-           MOEX_CUDA_OP_PERMUTE_BACKWARD, stream);
+           MOEX_OP_PERMUTE_BACKWARD, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
@@ -404,7 +404,7 @@ moex_status moex_cuda_permute_bwd_run(moex_context *ctx, const char *op, const i
 moex_status moex_cuda_unpermute_run(moex_context *ctx, const char *op, const int32_t *row_map, const void *yp,
                                     moex_dtype dt, int64_t T, int64_t H, int64_t k, void *y, cudaStream_t stream) {
     if (T == 0) return MOEX_OK;
-    gather(row_map, yp, dt, T, H, k, y, dt, NULL, NULL, moex_cuda_st(ctx)->flag, MOEX_CUDA_OP_UNPERMUTE_FORWARD,
+    gather(row_map, yp, dt, T, H, k, y, dt, NULL, NULL, moex_cuda_st(ctx)->flag, MOEX_OP_UNPERMUTE_FORWARD,
            stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
@@ -416,7 +416,7 @@ moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const
     if (T == 0) return MOEX_OK;
     unsigned nb = copy_blocks(T);
     int *flag = moex_cuda_st(ctx)->flag;
-    int id = MOEX_CUDA_OP_UNPERMUTE_BACKWARD;
+    int id = MOEX_OP_UNPERMUTE_BACKWARD;
     if (dt == MOEX_DTYPE_F32)
         scatter_copy_kernel<float><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const float *)dy, T, H, k, rows_p,
                                                                     (float *)dyp, flag, id);
@@ -430,94 +430,70 @@ moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const
     return MOEX_OK;
 }
 
-/* ---- the operations ------------------------------------------------------------------- */
+/* ---- the primitives ------------------------------------------------------------------- */
 
-extern "C" size_t moex_cuda_router_forward_ws(moex_context *ctx, const moex_router_args *a,
-                                              const moex_router_dims *d) {
+size_t moex_cuda_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) { return 0; }
+
+moex_status moex_cuda_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                 const moex_router_dims *d, void *ws) {
+    return moex_cuda_router_fwd_run(ctx, c->op, a->logits.data, d->dt, d->T, d->E, d->k, a->score, a->norm,
+                                    (float *)a->probs.data, (int32_t *)a->ids.data, (cudaStream_t)c->stream);
+}
+
+size_t moex_cuda_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
     return 0;
 }
 
-extern "C" moex_status moex_cuda_router_forward(moex_context *ctx, const moex_router_args *a,
-                                                const moex_router_dims *d, void *ws, size_t ws_bytes,
-                                                moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_router_forward",
-                      moex_cuda_router_fwd_run(ctx, "moex_router_forward", a->logits.data, d->dt, d->T, d->E, d->k,
-                                               a->score, a->norm, (float *)a->probs.data, (int32_t *)a->ids.data,
-                                               (cudaStream_t)stream));
+moex_status moex_cuda_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                 const moex_router_dims *d, void *ws) {
+    return moex_cuda_router_bwd_run(ctx, c->op, a->logits.data, d->dt, d->T, d->E, d->k, a->score, a->norm,
+                                    (const int32_t *)a->ids.data, (const float *)a->dprobs.data, a->dlogits.data,
+                                    (cudaStream_t)c->stream);
 }
 
-extern "C" size_t moex_cuda_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a,
-                                               const moex_router_dims *d) {
-    return 0;
-}
-
-extern "C" moex_status moex_cuda_router_backward(moex_context *ctx, const moex_router_grad_args *a,
-                                                 const moex_router_dims *d, void *ws, size_t ws_bytes,
-                                                 moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_router_backward",
-                      moex_cuda_router_bwd_run(ctx, "moex_router_backward", a->logits.data, d->dt, d->T, d->E, d->k,
-                                               a->score, a->norm, (const int32_t *)a->ids.data,
-                                               (const float *)a->dprobs.data, a->dlogits.data, (cudaStream_t)stream));
-}
-
-extern "C" size_t moex_cuda_permute_forward_ws(moex_context *ctx, const moex_permute_args *a,
-                                               const moex_perm_dims *d) {
+size_t moex_cuda_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
     return moex_cuda_permute_ws(d->T, d->k, d->E);
 }
 
-extern "C" moex_status moex_cuda_permute_forward(moex_context *ctx, const moex_permute_args *a,
-                                                 const moex_perm_dims *d, void *ws, size_t ws_bytes,
-                                                 moex_stream stream) {
+moex_status moex_cuda_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                  const moex_perm_dims *d, void *ws) {
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
     float *probs_p = moex_present(&a->probs_p) ? (float *)a->probs_p.data : NULL;
-    MOEX_CUDA_GUARDED(ctx, "moex_permute_forward",
-                      moex_cuda_permute_run(ctx, "moex_permute_forward", MOEX_CUDA_OP_PERMUTE_FORWARD, a->x.data,
-                                            d->dt, (const int32_t *)a->ids.data, probs_p ? probs : NULL, d->T, d->H,
-                                            d->k, d->E, a->xp.data, probs_p, (int64_t *)a->splits.data,
-                                            (int32_t *)a->row_map.data, ws, (cudaStream_t)stream));
+    return moex_cuda_permute_run(ctx, c->op, c->id, a->x.data, d->dt, (const int32_t *)a->ids.data,
+                                 probs_p ? probs : NULL, d->T, d->H, d->k, d->E, a->xp.data, probs_p,
+                                 (int64_t *)a->splits.data, (int32_t *)a->row_map.data, ws, (cudaStream_t)c->stream);
 }
 
-extern "C" size_t moex_cuda_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a,
-                                                const moex_perm_dims *d) {
+size_t moex_cuda_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
     return 0;
 }
 
-extern "C" moex_status moex_cuda_permute_backward(moex_context *ctx, const moex_permute_grad_args *a,
-                                                  const moex_perm_dims *d, void *ws, size_t ws_bytes,
-                                                  moex_stream stream) {
+moex_status moex_cuda_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                  const moex_perm_dims *d, void *ws) {
     const float *dprobs_p = moex_present(&a->dprobs_p) ? (const float *)a->dprobs_p.data : NULL;
     float *dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
-    moex_dtype dx_dt = moex_present(&a->dx) ? a->dx.dtype : d->dt;
-    MOEX_CUDA_GUARDED(ctx, "moex_permute_backward",
-                      moex_cuda_permute_bwd_run(ctx, "moex_permute_backward", (const int32_t *)a->row_map.data,
-                                                a->dxp.data, d->dt, dprobs_p, d->T, d->H, d->k, dx, dx_dt,
-                                                dprobs_p ? dprobs : NULL, (cudaStream_t)stream));
+    const moex_dtype dx_dt = moex_present(&a->dx) ? a->dx.dtype : d->dt;
+    return moex_cuda_permute_bwd_run(ctx, c->op, (const int32_t *)a->row_map.data, a->dxp.data, d->dt, dprobs_p, d->T,
+                                     d->H, d->k, dx, dx_dt, dprobs_p ? dprobs : NULL, (cudaStream_t)c->stream);
 }
 
-extern "C" size_t moex_cuda_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a,
-                                                 const moex_perm_dims *d) {
+size_t moex_cuda_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
     return 0;
 }
 
-extern "C" moex_status moex_cuda_unpermute_forward(moex_context *ctx, const moex_unpermute_args *a,
-                                                   const moex_perm_dims *d, void *ws, size_t ws_bytes,
-                                                   moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_unpermute_forward",
-                      moex_cuda_unpermute_run(ctx, "moex_unpermute_forward", (const int32_t *)a->row_map.data,
-                                              a->yp.data, d->dt, d->T, d->H, d->k, a->y.data, (cudaStream_t)stream));
+moex_status moex_cuda_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                    const moex_perm_dims *d, void *ws) {
+    return moex_cuda_unpermute_run(ctx, c->op, (const int32_t *)a->row_map.data, a->yp.data, d->dt, d->T, d->H, d->k,
+                                   a->y.data, (cudaStream_t)c->stream);
 }
 
-extern "C" size_t moex_cuda_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
-                                                  const moex_perm_dims *d) {
+size_t moex_cuda_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d) {
     return 0;
 }
 
-extern "C" moex_status moex_cuda_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *a,
-                                                    const moex_perm_dims *d, void *ws, size_t ws_bytes,
-                                                    moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_unpermute_backward",
-                      moex_cuda_unpermute_bwd_run(ctx, "moex_unpermute_backward", (const int32_t *)a->row_map.data,
-                                                  a->dy.data, d->dt, d->T, d->H, d->k, a->dyp.data, d->T * d->k,
-                                                  (cudaStream_t)stream));
+moex_status moex_cuda_unpermute_bwd(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                    const moex_perm_dims *d, void *ws) {
+    return moex_cuda_unpermute_bwd_run(ctx, c->op, (const int32_t *)a->row_map.data, a->dy.data, d->dt, d->T, d->H,
+                                       d->k, a->dyp.data, d->T * d->k, (cudaStream_t)c->stream);
 }

@@ -73,21 +73,31 @@ sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t 
     if (bad) flag_bad(flag, op_id, MOEX_CUDA_BAD_SPLITS);
 }
 
-void moex_cuda_sched_take(moex_cuda_carver *c, moex_cuda_sched *s, int64_t G, int64_t T) {
-    s->off = (int64_t *)moex_cuda_take(c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
-    s->tiles = (int32_t *)moex_cuda_take(c, moex_sz_bytes(G + 1, 1, sizeof(int32_t)));
-    s->G = G;
-    s->T = T;
-    s->gemm_ws = NULL;
+/* ---- the prepared groups ------------------------------------------------------------- */
+
+/* The schedule's arrays, then the Hopper GEMM's scratch for MOEX_GROUPS_GEMM_WS. */
+static size_t groups_layout(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
+    moex_carver c = {(char *)ws, 0};
+    g->G = G;
+    g->T = T;
+    g->off = (int64_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
+    g->tiles = (int32_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int32_t)));
+    g->gemm_ws = use == MOEX_GROUPS_GEMM_WS ? moex_cuda_gemm_ws_take(ctx, &c) : NULL;
+    return c.used;
 }
 
-moex_status moex_cuda_sched_build(moex_context *ctx, const char *op, int op_id,
-                                  moex_cuda_sched *s, const int64_t *splits,
-                                  cudaStream_t stream) {
-    s->splits = splits;
-    sched_kernel<<<1, SCAN_THREADS, 0, stream>>>(splits, s->G, s->T, s->off, s->tiles,
-                                                 moex_cuda_st(ctx)->flag, op_id);
-    CUDA_TRY_LAUNCH(ctx, op);
+size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use) {
+    moex_groups g;
+    return groups_layout(ctx, G, T, use, NULL, &g);
+}
+
+moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                     int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
+    groups_layout(ctx, G, T, use, ws, g);
+    g->splits = splits;
+    sched_kernel<<<1, SCAN_THREADS, 0, (cudaStream_t)c->stream>>>(splits, G, T, g->off, g->tiles,
+                                                                   moex_cuda_st(ctx)->flag, c->id);
+    CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
 
@@ -143,11 +153,16 @@ offsets_kernel(const int64_t *splits, int64_t G, offsets_outs o, int *flag) {
         carry += total;
         __syncthreads();
     }
-    if (bad) flag_bad(flag, MOEX_CUDA_OP_SPLITS_TO_OFFSETS, MOEX_CUDA_BAD_SPLITS);
+    if (bad) flag_bad(flag, MOEX_OP_SPLITS_TO_OFFSETS, MOEX_CUDA_BAD_SPLITS);
 }
 
-static moex_status offsets_run(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                               const moex_splits_dims *d, cudaStream_t stream) {
+size_t moex_cuda_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                      const moex_splits_dims *d) {
+    return 0;
+}
+
+moex_status moex_cuda_splits_to_offsets(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
+                                        const moex_splits_dims *d, void *ws) {
     offsets_outs o;
     o.n = a->num_outputs;
     for (int i = 0; i < MOEX_MAX_OFFSETS; i++) {
@@ -156,19 +171,8 @@ static moex_status offsets_run(moex_context *ctx, const moex_splits_to_offsets_a
         o.is_i64[i] = i < o.n && a->outputs[i].out.dtype == MOEX_DTYPE_I64;
         o.leading_zero[i] = i < o.n && a->outputs[i].start == MOEX_OFFSETS_LEADING_ZERO;
     }
-    offsets_kernel<<<1, SCAN_THREADS, 0, stream>>>((const int64_t *)a->splits.data, d->G, o,
-                                                   moex_cuda_st(ctx)->flag);
-    CUDA_TRY_LAUNCH(ctx, "moex_splits_to_offsets");
+    offsets_kernel<<<1, SCAN_THREADS, 0, (cudaStream_t)c->stream>>>((const int64_t *)a->splits.data, d->G, o,
+                                                                     moex_cuda_st(ctx)->flag);
+    CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
-}
-
-extern "C" size_t moex_cuda_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                                 const moex_splits_dims *d) {
-    return 0;
-}
-
-extern "C" moex_status moex_cuda_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                                   const moex_splits_dims *d, void *ws, size_t ws_bytes,
-                                                   moex_stream stream) {
-    MOEX_CUDA_GUARDED(ctx, "moex_splits_to_offsets", offsets_run(ctx, a, d, (cudaStream_t)stream));
 }

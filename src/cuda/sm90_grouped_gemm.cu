@@ -35,7 +35,7 @@
  */
 #include <atomic>
 
-#include "cpu_glu_math.h"
+#include "glu_math.h"
 #include "sm90_common.cuh"
 
 

@@ -1,5 +1,5 @@
 /*
- * cpu_glu_math.h - private: the element math of the scaled GLU, in f32, shared by every
+ * glu_math.h - private: the element math of the scaled GLU, in f32, shared by every
  * implementation (the CPU scaled GLU and grouped MLP, and the CUDA kernels: the functions
  * are __host__ __device__ under nvcc) so that all of them use the same formulas.
  *
@@ -17,8 +17,8 @@
  * segment k has a in columns [2Lk, 2Lk + L) and b in [2Lk + L, 2Lk + 2L), and its outputs
  * are z columns [Lk, Lk + L). CONTIGUOUS is one segment (L = F), INTERLEAVED_32 has L = 32.
  */
-#ifndef MOEX_CPU_GLU_MATH_H
-#define MOEX_CPU_GLU_MATH_H
+#ifndef MOEX_GLU_MATH_H
+#define MOEX_GLU_MATH_H
 
 #include "moex.h"
 
@@ -96,4 +96,4 @@ MOEX_GLU_FN void moex_glu_backward(moex_glu_consts c, float a, float b, float p,
     *dp_term = dz * (act * g);
 }
 
-#endif /* MOEX_CPU_GLU_MATH_H */
+#endif /* MOEX_GLU_MATH_H */

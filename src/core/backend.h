@@ -1,0 +1,162 @@
+/*
+ * backend.h - private: what a backend provides, and nothing more. The operations of the
+ * public API are composed once, above the backends (src/core/<operation>.c), from the
+ * primitives below; a backend implements each primitive for its memory and its hardware
+ * (src/cpu, src/cuda), and src/core/registry.c lists the backends' constructors.
+ *
+ * Every primitive receives validated arguments (src/core/validate.c), the call it runs for
+ * (moex_call: the public name for messages, the op id for the CUDA bad-input flag, the
+ * stream) and a workspace of at least what its *_ws query returned, aligned to
+ * MOEX_WS_ALIGN. The *_ws queries depend on shapes, dtypes and which optional tensors are
+ * present, never on split values. A grouped primitive runs on a prepared-splits handle
+ * (moex_groups) that the composition builds once per call.
+ */
+#ifndef MOEX_BACKEND_H
+#define MOEX_BACKEND_H
+
+#include "moex_impl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The public call a primitive runs for. */
+typedef struct moex_call {
+    const char *op;             /* "moex_<name>", for messages */
+    moex_op_id id;              /* recorded by the CUDA bad-input flag */
+    moex_stream stream;
+} moex_call;
+
+/* A prepared-splits handle: the row offsets of G groups over T rows, in the backend's
+ * memory. CPU: off[G+1] read from host splits and checked (bad splits fail the prepare).
+ * CUDA: the device schedule (off clamped to T, and row-tile offsets), built by one launch;
+ * bad splits are flagged on the device. */
+typedef struct moex_groups {
+    int64_t G, T;
+    const int64_t *splits;      /* the splits it was built from (NULL: one group of T rows) */
+    int64_t *off;               /* [G+1] row offsets, off[0] = 0 */
+    int32_t *tiles;             /* CUDA: [G+1] row-tile offsets; CPU: NULL */
+    void *gemm_ws;              /* CUDA: the Hopper forward's own scratch, or NULL */
+} moex_groups;
+
+/* What a prepared handle may carry besides the offsets. */
+typedef enum moex_groups_use {
+    MOEX_GROUPS_PLAIN = 0,
+    MOEX_GROUPS_GEMM_WS = 1     /* a grouped linear forward: room for the Hopper GEMM's scratch */
+} moex_groups_use;
+
+/* The FC1 of the grouped MLP with the scaled GLU fused into its epilogue:
+ * h = x W_g^T (+ b_g) [T, 2F] and z = p glu(h) [T, F]. */
+typedef struct moex_fc1_glu_args {
+    moex_grouped_linear_args fc1;   /* x, w, bias (ADD or NONE), splits, y = h */
+    moex_glu_params glu;
+    moex_tensor probs;              /* [T] f32, or absent (p = 1) */
+    moex_tensor z;
+} moex_fc1_glu_args;
+
+/* A dense GEMM of the MoE layer's router (one group of all rows, f32 accumulation):
+ *   MOEX_GEMM_NT:  C[M, N] = A[M, K] B[N, K]^T                     (logits = x Wr^T)
+ *   MOEX_GEMM_TN:  C[M, N] = A[K, M]^T B[K, N], "=" or "+="        (dWr = dlogits^T x)
+ *   MOEX_GEMM_NN:  C[M, N] = round(R[M, N] + A[M, K] B[K, N])      (dx = dx_perm + dlogits Wr)
+ * A and B of dtypes ta, tb; C of dtype tc ("+=": f32 only); R f32, which the backend may
+ * overwrite. The product runs in tb's precision (f32 inputs: exact f32). */
+typedef enum moex_gemm_kind { MOEX_GEMM_NT = 0, MOEX_GEMM_TN = 1, MOEX_GEMM_NN = 2 } moex_gemm_kind;
+
+typedef struct moex_dense_gemm {
+    moex_gemm_kind kind;
+    int64_t M, N, K;
+    const void *a;
+    moex_dtype ta;
+    const void *b;
+    moex_dtype tb;
+    void *c;
+    moex_dtype tc;
+    moex_grad_mode mode;        /* TN: WRITE or ACCUMULATE */
+    float *r;                   /* NN: the f32 addend */
+} moex_dense_gemm;
+
+/* A primitive and its workspace query. GROUPED ones run on a prepared handle. */
+#define MOEX_PRIMITIVE(name, args_t, dims_t)                                                      \
+    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);                     \
+    moex_status (*name)(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws)
+#define MOEX_GROUPED(name, args_t, dims_t)                                                        \
+    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);                     \
+    moex_status (*name)(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, \
+                        const dims_t *d, void *ws)
+
+typedef struct moex_backend_ops {
+    const char *name;
+    bool host_memory;           /* tensors are host memory: the core may read them */
+
+    /* Around every public call's primitives (CUDA: makes ctx->device current and restores
+     * the caller's device in leave). NULL: nothing to do. */
+    moex_status (*enter)(moex_context *ctx, const moex_call *c, int *scope);
+    void (*leave)(moex_context *ctx, int scope);
+
+    /* Limits of the backend's grouped kernels for `rows` rows in `groups` groups, and for
+     * `experts` experts of a permute (0: none), checked before a call's first launch.
+     * NULL: no limits. */
+    moex_status (*check_limits)(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups,
+                                int64_t experts);
+
+    /* The prepared-splits handle: its storage, and its build from splits [G] in the
+     * backend's memory (NULL: one group of all T rows). */
+    size_t (*groups_ws)(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);
+    moex_status (*groups_prepare)(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                  int64_t T, moex_groups_use use, void *ws, moex_groups *g);
+
+    /* Grouped linear (docs/ops.md): forward y = x W_g^T with its bias epilogue; backward
+     * data dx, dbias, dprobs (+=); backward weight dW (= or +=). The splits fields of the
+     * args are not read: the handle has them. */
+    MOEX_GROUPED(linear_fwd, moex_grouped_linear_args, moex_gl_dims);
+    MOEX_GROUPED(linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims);
+    MOEX_GROUPED(linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims);
+    /* FC1 with the GLU fused (no workspace). *ran = false, and nothing launched, when the
+     * backend cannot: the composition then runs linear_fwd and glu_fwd. NULL: never. */
+    moex_status (*fc1_glu)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                           const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
+
+    /* Scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows). The backward also
+     * takes an absent dh (dprobs only). */
+    MOEX_GROUPED(glu_fwd, moex_scaled_glu_args, moex_glu_dims);
+    MOEX_GROUPED(glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims);
+
+    MOEX_PRIMITIVE(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);
+    MOEX_PRIMITIVE(router_fwd, moex_router_args, moex_router_dims);
+    MOEX_PRIMITIVE(router_bwd, moex_router_grad_args, moex_router_dims);
+    MOEX_PRIMITIVE(permute_fwd, moex_permute_args, moex_perm_dims);
+    MOEX_PRIMITIVE(permute_bwd, moex_permute_grad_args, moex_perm_dims);
+    MOEX_PRIMITIVE(unpermute_fwd, moex_unpermute_args, moex_perm_dims);
+    MOEX_PRIMITIVE(unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims);
+
+    /* The router's dense GEMMs; `rows` is a handle of one group of T rows (M of NT and NN,
+     * K of TN). */
+    size_t (*gemm_ws)(moex_context *ctx, const moex_dense_gemm *p);
+    moex_status (*gemm)(moex_context *ctx, const moex_call *c, const moex_groups *rows, const moex_dense_gemm *p,
+                        void *ws);
+
+    /* p[0, n) = 0 (f32). */
+    moex_status (*zero_f32)(moex_context *ctx, const moex_call *c, float *p, int64_t n);
+
+    /* moex_context_check_splits (NULL: nothing is ever flagged), and the backend's
+     * destruction (frees ctx->backend_state). */
+    moex_status (*check_splits)(moex_context *ctx, moex_stream stream);
+    void (*destroy)(moex_context *ctx);
+} moex_backend_ops;
+
+#undef MOEX_PRIMITIVE
+#undef MOEX_GROUPED
+
+/* Backend constructors (src/cpu/cpu_backend.c, src/cuda/cuda_backend.cu): fill ctx->ops,
+ * ctx->backend_state and ctx->num_threads, or fail with a message. */
+moex_status moex_cpu_backend_init(moex_context *ctx);
+moex_status moex_cuda_backend_init(moex_context *ctx);
+
+/* The constructor of ctx->backend (registry.c); MOEX_ERR_UNSUPPORTED when this build lacks it. */
+moex_status moex_backend_init(moex_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEX_BACKEND_H */

@@ -1,0 +1,236 @@
+/*
+ * grouped_linear.c - moex_splits_to_offsets and the grouped linear layer: validation and
+ * composition (the math: docs/ops.md).
+ *
+ *   splits_to_offsets:  the backend's splits_to_offsets primitive
+ *   forward:            prepare the groups (with room for the Hopper GEMM's scratch), linear_fwd
+ *   backward_data:      prepare the groups, linear_dgrad (dx, dbias, dprobs)
+ *   backward_weight:    prepare the groups, linear_wgrad
+ * Workspace: the prepared handle, then the primitive's own region.
+ */
+#include "op.h"
+
+#include <stdio.h>
+
+/* ---- splits_to_offsets --------------------------------------------------------------- */
+
+moex_status moex_op_splits_to_offsets_validate(moex_context *ctx, const char *op,
+                                               const moex_splits_to_offsets_args *a, moex_purpose p,
+                                               moex_splits_dims *d) {
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    if (a->num_outputs < 1 || a->num_outputs > MOEX_MAX_OFFSETS)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: num_outputs = %d, must be 1..%d", op,
+                         (int)a->num_outputs, MOEX_MAX_OFFSETS);
+    for (int i = 0; i < a->num_outputs; i++) {
+        const moex_offsets_output *o = &a->outputs[i];
+        char name[32];
+        snprintf(name, sizeof name, "outputs[%d].out", i);
+        if (o->start != MOEX_OFFSETS_LEADING_ZERO && o->start != MOEX_OFFSETS_INCLUSIVE)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: outputs[%d].start is unknown (%d)", op, i,
+                             (int)o->start);
+        if (o->stride < 1)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: outputs[%d].stride = %lld, must be >= 1", op, i,
+                             (long long)o->stride);
+        const int64_t len[1] = {d->G + (o->start == MOEX_OFFSETS_LEADING_ZERO)};
+        MOEX_TRY(moex_check_output(ctx, op, name, &o->out, 1, len, MOEX_DT_OFFSETS));
+    }
+    return MOEX_OK;
+}
+
+
+moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_splits_to_offsets_args *args,
+                                                  size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, bytes);
+}
+
+size_t moex_op_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                    const moex_splits_dims *d) {
+    return moex_ops(ctx)->splits_to_offsets_ws(ctx, a, d);
+}
+
+moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
+                                          const moex_splits_dims *d, void *ws) {
+    return moex_ops(ctx)->splits_to_offsets(ctx, c, a, d, ws);
+}
+
+moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, workspace, workspace_bytes, stream);
+}
+
+/* ---- the composition ------------------------------------------------------------------ */
+
+/* A grouped linear call's workspace: the prepared handle, then the primitive's region
+ * (`sub` bytes). */
+typedef struct gl_layout {
+    void *groups, *sub;
+    size_t total;
+} gl_layout;
+
+static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, moex_groups_use use, size_t sub, void *ws) {
+    moex_carver c = {(char *)ws, 0};
+    gl_layout l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, use));
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
+
+/* Checks the backend's limits and prepares the groups of `splits`; *sub is the primitive's
+ * region. */
+static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_gl_dims *d,
+                         moex_groups_use use, size_t sub_bytes, void *ws, moex_groups *g, void **sub) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const gl_layout l = layout_of(ctx, d, use, sub_bytes, ws);
+    if (ops->check_limits) MOEX_TRY(ops->check_limits(ctx, c, d->T, d->G, 0));
+    MOEX_TRY(ops->groups_prepare(ctx, c, (const int64_t *)splits->data, d->G, d->T, use, l.groups, g));
+    *sub = l.sub;
+    return MOEX_OK;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
+                                                    const moex_grouped_linear_args *a, moex_purpose p,
+                                                    moex_gl_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->x.shape[0];
+    d->K = a->x.shape[1];
+    d->dt = a->x.dtype;
+    d->N = a->w.t.ndim == 3 ? a->w.t.shape[1] : -1;
+    MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, -1, d->K, MOEX_DT(d->dt)));
+    const int64_t yshape[2] = {d->T, d->N};
+    MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
+    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
+                         op);
+    return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true);
+}
+
+
+moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,
+                                                       size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, bytes);
+}
+
+size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
+    return layout_of(ctx, d, MOEX_GROUPS_GEMM_WS, moex_ops(ctx)->linear_fwd_ws(ctx, a, d), NULL).total;
+}
+
+moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
+                                               const moex_gl_dims *d, void *ws) {
+    const size_t sub_bytes = moex_ops(ctx)->linear_fwd_ws(ctx, a, d);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_GEMM_WS, sub_bytes, ws, &g, &sub));
+    return moex_ops(ctx)->linear_fwd(ctx, c, &g, a, d, sub);
+}
+
+moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args, void *workspace,
+                                        size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+/* ---- backward data ------------------------------------------------------------------- */
+
+moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
+                                                          const moex_grouped_linear_dgrad_args *a, moex_purpose p,
+                                                          moex_gl_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->dy.shape[0];
+    d->N = a->dy.shape[1];
+    d->dt = a->dy.dtype;
+    d->K = a->w.t.ndim == 3 ? a->w.t.shape[2] : -1;
+    MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, d->N, -1, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
+    const int64_t dxshape[2] = {d->T, d->K}, dbshape[2] = {d->G, d->N}, dpshape[1] = {d->T};
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, dxshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, MOEX_DT_F32));
+    if (a->bias_mode == MOEX_BIAS_NONE && moex_present(&a->dbias))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dbias is requested but the bias mode is MOEX_BIAS_NONE", op);
+    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->dprobs))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: dprobs is requested but the bias mode is not MOEX_BIAS_SCALED", op);
+    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
+                         op);
+    /* The bias values are needed only for dprobs. */
+    bool bias_needed = a->bias_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
+    return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, bias_needed);
+}
+
+
+moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
+                                                             size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, bytes);
+}
+
+size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
+                                               const moex_gl_dims *d) {
+    return layout_of(ctx, d, MOEX_GROUPS_PLAIN, moex_ops(ctx)->linear_dgrad_ws(ctx, a, d), NULL).total;
+}
+
+moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
+                                                     const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                                                     void *ws) {
+    const size_t sub_bytes = moex_ops(ctx)->linear_dgrad_ws(ctx, a, d);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_PLAIN, sub_bytes, ws, &g, &sub));
+    return moex_ops(ctx)->linear_dgrad(ctx, c, &g, a, d, sub);
+}
+
+moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
+                                              void *workspace, size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, workspace, workspace_bytes, stream);
+}
+
+/* ---- backward weight ----------------------------------------------------------------- */
+
+moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,
+                                                            const moex_grouped_linear_wgrad_args *a, moex_purpose p,
+                                                            moex_gl_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->x.shape[0];
+    d->K = a->x.shape[1];
+    d->dt = a->x.dtype;
+    const int64_t dyshape[2] = {d->T, -1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, dyshape, MOEX_DT(d->dt)));
+    d->N = a->dy.shape[1];
+    MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
+    return moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt);
+}
+
+
+moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
+                                                               size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, bytes);
+}
+
+size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
+                                                 const moex_gl_dims *d) {
+    return layout_of(ctx, d, MOEX_GROUPS_PLAIN, moex_ops(ctx)->linear_wgrad_ws(ctx, a, d), NULL).total;
+}
+
+moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
+                                                       const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                                                       void *ws) {
+    const size_t sub_bytes = moex_ops(ctx)->linear_wgrad_ws(ctx, a, d);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_PLAIN, sub_bytes, ws, &g, &sub));
+    return moex_ops(ctx)->linear_wgrad(ctx, c, &g, a, d, sub);
+}
+
+moex_status moex_grouped_linear_backward_weight(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
+                                                void *workspace, size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, workspace, workspace_bytes, stream);
+}

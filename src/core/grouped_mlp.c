@@ -1,0 +1,334 @@
+/*
+ * grouped_mlp.c - the grouped MLP, forward and backward: validation and its one composition
+ * from the backend primitives (the math: docs/ops.md).
+ *
+ * forward:   h = x W1_g^T (+ b1_g)                  FC1      h [T, 2F]  =
+ *            z = p * glu(h)                         GLU      z [T, F]   = (args->z or workspace)
+ *            (FC1 and the GLU in one launch where the backend fuses them: fc1_glu)
+ *            y = z W2_g^T (+ b2_g | + p b2_g)       FC2      y [T, H]   =
+ * backward:  z  = p * glu(h)           only when dw2 is asked and the forward did not save z
+ *            dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += sum_j dy_ij b2_gj (SCALED)
+ *            dW2 = dy^T z
+ *            dh = glu'(h) dz, dprobs += sum_j dz_ij act(a_ij) g(b_ij)
+ *            dx = dh W1_g, db1 = sum dh
+ *            dW1 = dh^T x
+ * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
+ * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
+ * dtype, as the saved h and z do. The groups are prepared once (split values checked before
+ * anything is written on the CPU) and every primitive runs on them.
+ *
+ * Workspace: the prepared handle, the intermediates the call needs, and one region shared by
+ * the primitives (they run one after the other). Its size depends on shapes, dtypes and
+ * which optional tensors are present, never on split values.
+ *
+ * The MoE layer (moe_layer.c) runs this composition on its permuted rows.
+ */
+#include "op.h"
+
+/* The tensors forward and backward share: x [T,H], w1 [G,2F,H], w2 [G,H,F], probs, glu,
+ * splits, b2 per b2_mode. Sets the dims. */
+static moex_status validate_mlp_common(moex_context *ctx, const char *op, const moex_tensor *x,
+                                       const moex_weight *w1, const moex_weight *w2, const moex_tensor *probs,
+                                       const moex_glu_params *glu, const moex_tensor *splits, moex_mlp_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, splits, &d->G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "x", x, 2, any2, MOEX_DT_FLOAT));
+    d->T = x->shape[0];
+    d->H = x->shape[1];
+    d->dt = x->dtype;
+    int64_t twoF = w1->t.ndim == 3 ? w1->t.shape[1] : -1;
+    MOEX_TRY(moex_check_weight(ctx, op, "w1", w1, d->G, twoF, d->H, MOEX_DT(d->dt)));
+    if (twoF % 2 != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w1 must be [G, 2F, H] with an even 2F, got %lld", op,
+                         (long long)twoF);
+    d->F = twoF / 2;
+    MOEX_TRY(moex_check_features(ctx, op, d->H, d->F));
+    MOEX_TRY(moex_check_weight(ctx, op, "w2", w2, d->G, d->H, d->F, MOEX_DT(d->dt)));
+    const int64_t pshape[1] = {d->T};
+    MOEX_TRY(moex_check_optional(ctx, op, "probs", probs, 1, pshape, MOEX_DT_F32));
+    return moex_check_glu(ctx, op, glu, d->F);
+}
+
+moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *op, const moex_grouped_mlp_args *a,
+                                                 moex_purpose p, moex_mlp_dims *d) {
+    MOEX_TRY(validate_mlp_common(ctx, op, &a->x, &a->w1, &a->w2, &a->probs, &a->glu, &a->splits, d));
+    const int64_t b1shape[2] = {d->G, 2 * d->F}, hshape[2] = {d->T, 2 * d->F}, zshape[2] = {d->T, d->F},
+                  yshape[2] = {d->T, d->H};
+    MOEX_TRY(moex_check_optional(ctx, op, "b1", &a->b1, 2, b1shape, MOEX_DT_BIAS(d->dt)));
+    MOEX_TRY(moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, true));
+    MOEX_TRY(moex_check_output(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
+    return moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt));
+}
+
+
+moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx, const moex_grouped_mlp_args *args,
+                                                    size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_MLP_FORWARD, args, bytes);
+}
+
+moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char *op,
+                                                  const moex_grouped_mlp_grad_args *a, moex_purpose p,
+                                                  moex_mlp_dims *d) {
+    MOEX_TRY(validate_mlp_common(ctx, op, &a->x, &a->w1, &a->w2, &a->probs, &a->glu, &a->splits, d));
+    const int64_t hshape[2] = {d->T, 2 * d->F}, zshape[2] = {d->T, d->F}, yshape[2] = {d->T, d->H},
+                  db1shape[2] = {d->G, 2 * d->F}, db2shape[2] = {d->G, d->H}, dpshape[1] = {d->T};
+    MOEX_TRY(moex_check_tensor(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, yshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, yshape, MOEX_DT(d->dt)));
+    if (moex_weight_present(&a->dw1))
+        MOEX_TRY(moex_check_dw(ctx, op, "dw1", a->dw_mode, &a->dw1, d->G, 2 * d->F, d->H, d->dt));
+    if (moex_weight_present(&a->dw2))
+        MOEX_TRY(moex_check_dw(ctx, op, "dw2", a->dw_mode, &a->dw2, d->G, d->H, d->F, d->dt));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, db2shape, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, MOEX_DT_F32));
+    if (a->b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
+    if (moex_present(&a->dprobs) && !moex_present(&a->probs))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but probs is absent", op);
+    bool b2_needed = a->b2_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
+    return moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, b2_needed);
+}
+
+
+moex_status moex_grouped_mlp_backward_workspace_size(moex_context *ctx, const moex_grouped_mlp_grad_args *args,
+                                                     size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_MLP_BACKWARD, args, bytes);
+}
+
+/* ---- the composition's pieces -------------------------------------------------------- */
+
+/* A [T, cols] tensor of the activation dtype (data NULL when only its shape matters). */
+static moex_tensor act_2d(void *data, const moex_mlp_dims *d, int64_t cols) {
+    return moex_tensor_2d(data, d->dt, d->T, cols);
+}
+
+static size_t act_bytes(const moex_mlp_dims *d, int64_t cols) {
+    return moex_sz_bytes(d->T, cols, moex_dtype_size(d->dt));
+}
+
+static moex_gl_dims fc1_dims(const moex_mlp_dims *d) {
+    moex_gl_dims g = {d->G, d->T, d->H, 2 * d->F, d->dt};
+    return g;
+}
+
+static moex_gl_dims fc2_dims(const moex_mlp_dims *d) {
+    moex_gl_dims g = {d->G, d->T, d->F, d->H, d->dt};
+    return g;
+}
+
+static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
+    moex_glu_dims g = {d->T, d->F, d->G, d->dt};
+    return g;
+}
+
+static const moex_tensor absent_tensor;
+
+/* The workspace: the handle, up to three intermediates (bytes 0: not taken, NULL), the
+ * primitives' shared region. */
+typedef struct mlp_layout {
+    void *groups;
+    void *buf[3];
+    void *sub;
+    size_t sub_bytes, total;
+} mlp_layout;
+
+static mlp_layout layout_of(moex_context *ctx, const moex_mlp_dims *d, const size_t bytes[3], size_t sub, void *ws) {
+    moex_carver c = {(char *)ws, 0};
+    mlp_layout l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, MOEX_GROUPS_PLAIN));
+    for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
+    l.sub = moex_take(&c, sub);
+    l.sub_bytes = sub;
+    l.total = c.used;
+    return l;
+}
+
+/* Checks the backend's limits and prepares the groups. */
+static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_mlp_dims *d,
+                         const mlp_layout *l, moex_groups *g) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    if (ops->check_limits) MOEX_TRY(ops->check_limits(ctx, c, d->T, d->G, 0));
+    return ops->groups_prepare(ctx, c, (const int64_t *)splits->data, d->G, d->T, MOEX_GROUPS_PLAIN, l->groups, g);
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+/* The primitives' arguments; z is where the GLU output goes. */
+typedef struct fwd_calls {
+    moex_grouped_linear_args fc1;
+    moex_scaled_glu_args glu;
+    moex_fc1_glu_args fc1_glu;
+    moex_grouped_linear_args fc2;
+} fwd_calls;
+
+static void fwd_calls_of(const moex_grouped_mlp_args *a, const moex_mlp_dims *d, void *z, fwd_calls *c) {
+    const moex_tensor zt = act_2d(z, d, d->F);
+    c->fc1 = (moex_grouped_linear_args){
+        .x = a->x, .w = a->w1, .bias_mode = moex_present(&a->b1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE,
+        .bias = a->b1, .splits = a->splits, .y = a->h};
+    c->glu = (moex_scaled_glu_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits, .z = zt};
+    c->fc1_glu = (moex_fc1_glu_args){.fc1 = c->fc1, .glu = a->glu, .probs = a->probs, .z = zt};
+    c->fc2 = (moex_grouped_linear_args){
+        .x = zt, .w = a->w2, .bias_mode = a->b2_mode, .bias = a->b2,
+        .probs = a->b2_mode == MOEX_BIAS_SCALED ? a->probs : absent_tensor, .splits = a->splits, .y = a->y};
+}
+
+static mlp_layout fwd_layout(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    fwd_calls c;
+    fwd_calls_of(a, d, NULL, &c);
+    const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
+    const moex_glu_dims dg = glu_dims(d);
+    size_t sub = ops->linear_fwd_ws(ctx, &c.fc1, &d1);
+    sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu, &dg));
+    sub = moex_sz_max(sub, ops->linear_fwd_ws(ctx, &c.fc2, &d2));
+    const size_t bytes[3] = {moex_present(&a->z) ? 0 : act_bytes(d, d->F), 0, 0};
+    return layout_of(ctx, d, bytes, sub, ws);
+}
+
+size_t moex_op_grouped_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d) {
+    return fwd_layout(ctx, a, d, NULL).total;
+}
+
+moex_status moex_op_grouped_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
+                                            const moex_mlp_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const mlp_layout l = fwd_layout(ctx, a, d, ws);
+    moex_groups g;
+    MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &g));
+    fwd_calls k;
+    fwd_calls_of(a, d, moex_present(&a->z) ? a->z.data : l.buf[0], &k);
+    const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
+    const moex_glu_dims dg = glu_dims(d);
+    bool fused = false;
+    if (ops->fc1_glu) MOEX_TRY(ops->fc1_glu(ctx, c, &g, &k.fc1_glu, &d1, &fused));
+    if (!fused) {
+        MOEX_TRY(ops->linear_fwd(ctx, c, &g, &k.fc1, &d1, l.sub));
+        MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu, &dg, l.sub));
+    }
+    return ops->linear_fwd(ctx, c, &g, &k.fc2, &d2, l.sub);
+}
+
+moex_status moex_grouped_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *args, void *workspace,
+                                     size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_MLP_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* Which steps the present outputs need. */
+typedef struct bwd_plan {
+    bool dprobs_bias;           /* dprobs gets the scaled-b2 term (FC2 dgrad) */
+    bool need_dh;               /* dx, dw1 or db1 asked */
+    bool need_dz;               /* dh or the GLU's dprobs term asked */
+    bool fc2_dgrad;             /* dz, db2 or the scaled-b2 dprobs term */
+    bool fc1_dgrad;             /* dx or db1 asked */
+    bool recompute_z;           /* dw2 asked and z not saved */
+} bwd_plan;
+
+static bwd_plan bwd_plan_of(const moex_grouped_mlp_grad_args *a) {
+    bwd_plan p;
+    const bool dprobs = moex_present(&a->dprobs);
+    const bool db2 = moex_present(&a->db2) && a->b2_mode != MOEX_BIAS_NONE;
+    p.dprobs_bias = dprobs && a->b2_mode == MOEX_BIAS_SCALED;
+    p.fc1_dgrad = moex_present(&a->dx) || moex_present(&a->db1);
+    p.need_dh = p.fc1_dgrad || moex_weight_present(&a->dw1);
+    p.need_dz = p.need_dh || dprobs;
+    p.fc2_dgrad = p.need_dz || db2 || p.dprobs_bias;
+    p.recompute_z = moex_weight_present(&a->dw2) && !moex_present(&a->z);
+    return p;
+}
+
+/* The primitives' arguments, given where z, dz and dh are. */
+typedef struct bwd_calls {
+    moex_scaled_glu_args glu_fwd;            /* recomputes z */
+    moex_grouped_linear_dgrad_args fc2_dgrad;
+    moex_grouped_linear_wgrad_args fc2_wgrad;
+    moex_scaled_glu_grad_args glu_bwd;
+    moex_grouped_linear_dgrad_args fc1_dgrad;
+    moex_grouped_linear_wgrad_args fc1_wgrad;
+} bwd_calls;
+
+static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, const bwd_plan *p, void *z,
+                         void *dz, void *dh, bwd_calls *c) {
+    const moex_tensor zt = moex_present(&a->z) ? a->z : act_2d(z, d, d->F);
+    const moex_tensor dzt = p->need_dz ? act_2d(dz, d, d->F) : absent_tensor;
+    const moex_tensor dht = p->need_dh ? act_2d(dh, d, 2 * d->F) : absent_tensor;
+    const bool scaled = a->b2_mode == MOEX_BIAS_SCALED;
+
+    c->glu_fwd = (moex_scaled_glu_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits, .z = zt};
+    c->fc2_dgrad = (moex_grouped_linear_dgrad_args){
+        .dy = a->dy, .w = a->w2, .bias_mode = a->b2_mode, .bias = p->dprobs_bias ? a->b2 : absent_tensor,
+        .probs = scaled ? a->probs : absent_tensor, .splits = a->splits, .dx = dzt,
+        .dbias = a->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor,
+        .dprobs = p->dprobs_bias ? a->dprobs : absent_tensor};
+    c->fc2_wgrad = (moex_grouped_linear_wgrad_args){
+        .x = zt, .dy = a->dy, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw2};
+    c->glu_bwd = (moex_scaled_glu_grad_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits,
+                                             .dz = dzt, .dh = dht, .dprobs = a->dprobs};
+    c->fc1_dgrad = (moex_grouped_linear_dgrad_args){
+        .dy = dht, .w = a->w1, .bias_mode = moex_present(&a->db1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE,
+        .splits = a->splits, .dx = a->dx, .dbias = a->db1};
+    c->fc1_wgrad = (moex_grouped_linear_wgrad_args){
+        .x = a->x, .dy = dht, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw1};
+}
+
+static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
+                             void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const bwd_plan p = bwd_plan_of(a);
+    bwd_calls c;
+    bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
+    const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
+    const moex_glu_dims dg = glu_dims(d);
+    size_t sub = 0;
+    if (p.recompute_z) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu_fwd, &dg));
+    if (p.fc2_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
+    if (moex_weight_present(&a->dw2)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc2_wgrad, &d2));
+    if (p.need_dz) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
+    if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
+    if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
+    const size_t bytes[3] = {p.recompute_z ? act_bytes(d, d->F) : 0, p.need_dz ? act_bytes(d, d->F) : 0,
+                             p.need_dh ? act_bytes(d, 2 * d->F) : 0};
+    return layout_of(ctx, d, bytes, sub, ws);
+}
+
+size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
+                                       const moex_mlp_dims *d) {
+    return bwd_layout(ctx, a, d, NULL).total;
+}
+
+moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call *c,
+                                             const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const mlp_layout l = bwd_layout(ctx, a, d, ws);
+    const bwd_plan p = bwd_plan_of(a);
+    moex_groups g;
+    MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &g));
+    bwd_calls k;
+    bwd_calls_of(a, d, &p, l.buf[0], l.buf[1], l.buf[2], &k);
+    const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
+    const moex_glu_dims dg = glu_dims(d);
+
+    /* FC2: dz, db2, the scaled-b2 dprobs term, then dW2 (z recomputed when not saved). */
+    if (p.fc2_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
+    if (moex_weight_present(&a->dw2)) {
+        if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
+        MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
+    }
+    /* GLU: dh (when needed) and the GLU dprobs term. */
+    if (p.need_dz) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
+    /* FC1: dx and db1, then dW1. */
+    if (p.fc1_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc1_dgrad, &d1, l.sub));
+    if (moex_weight_present(&a->dw1)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc1_wgrad, &d1, l.sub));
+    return MOEX_OK;
+}
+
+moex_status moex_grouped_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *args, void *workspace,
+                                      size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_MLP_BACKWARD, args, workspace, workspace_bytes, stream);
+}

@@ -1,0 +1,44 @@
+/*
+ * op.h - private: what each operation of op_list.h defines, and the two functions every
+ * public entry point calls. An op's file (src/core/<family>.c) defines, for each of its ops:
+ *
+ *   moex_op_<name>_validate(ctx, op, args, purpose, dims)
+ *       checks the argument struct (validate.h) and fills the dims; MOEX_FOR_RUN also checks
+ *       what only a run needs (the MoE layer's `saved`);
+ *   moex_op_<name>_ws(ctx, args, dims)
+ *       the workspace bytes its composition needs (before the core's alignment slack);
+ *   moex_op_<name>_run(ctx, call, args, dims, ws)
+ *       its composition of backend primitives (backend.h), ws aligned to MOEX_WS_ALIGN;
+ *
+ * and its public pair as plain definitions that return moex_op_workspace_size(...) and
+ * moex_op_run(...).
+ */
+#ifndef MOEX_OP_H
+#define MOEX_OP_H
+
+#include "backend.h"
+#include "validate.h"
+
+typedef enum moex_purpose { MOEX_FOR_SIZE = 0, MOEX_FOR_RUN = 1 } moex_purpose;
+
+#define MOEX_OP_DECLARE_(ID, name, args_t, dims_t)                                                      \
+    moex_status moex_op_##name##_validate(moex_context *ctx, const char *op, const args_t *a, moex_purpose p, \
+                                          dims_t *d);                                                   \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
+                                     void *ws);
+MOEX_OPS(MOEX_OP_DECLARE_)
+#undef MOEX_OP_DECLARE_
+
+/* moex_<name>_workspace_size: validate, then *bytes = the op's size plus alignment slack. */
+moex_status moex_op_workspace_size(moex_context *ctx, moex_op_id id, const void *args, size_t *bytes);
+
+/* moex_<name>: validate, check the workspace and the overlap rule, run the composition
+ * inside the backend's enter/leave. */
+moex_status moex_op_run(moex_context *ctx, moex_op_id id, const void *args, void *workspace,
+                        size_t workspace_bytes, moex_stream stream);
+
+/* The backend's primitives, for compositions. */
+static inline const moex_backend_ops *moex_ops(const moex_context *ctx) { return ctx->ops; }
+
+#endif /* MOEX_OP_H */

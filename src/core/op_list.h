@@ -1,0 +1,49 @@
+/*
+ * op_list.h - private: the list of public operations, written once. Each row is
+ * X(ID, name, args type, dims type): the op id MOEX_OP_<ID>, the public pair
+ * moex_<name>_workspace_size / moex_<name>, its argument struct, and the dims its
+ * validation fills (src/core/moex_impl.h). The ids, the names, the op table that runs them (src/core/op.c) and
+ * the declarations of each op's three functions come from this list; an op's file
+ * (src/core/<family>.c) defines those three functions and its public pair.
+ *
+ * Adding an operation: a row here, its declarations in include/moex.h, its three functions
+ * and public pair in src/core, and the primitives it needs in src/core/backend.h.
+ */
+#ifndef MOEX_OP_LIST_H
+#define MOEX_OP_LIST_H
+
+#define MOEX_OPS(X)                                                                               \
+    X(SPLITS_TO_OFFSETS, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                  \
+    X(GROUPED_LINEAR_FORWARD, grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims)               \
+    X(GROUPED_LINEAR_BACKWARD_DATA, grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims) \
+    X(GROUPED_LINEAR_BACKWARD_WEIGHT, grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims) \
+    X(SCALED_GLU_FORWARD, scaled_glu_forward, moex_scaled_glu_args, moex_glu_dims)                          \
+    X(SCALED_GLU_BACKWARD, scaled_glu_backward, moex_scaled_glu_grad_args, moex_glu_dims)                   \
+    X(GROUPED_MLP_FORWARD, grouped_mlp_forward, moex_grouped_mlp_args, moex_mlp_dims)                       \
+    X(GROUPED_MLP_BACKWARD, grouped_mlp_backward, moex_grouped_mlp_grad_args, moex_mlp_dims)                \
+    X(ROUTER_FORWARD, router_forward, moex_router_args, moex_router_dims)                                   \
+    X(ROUTER_BACKWARD, router_backward, moex_router_grad_args, moex_router_dims)                            \
+    X(PERMUTE_FORWARD, permute_forward, moex_permute_args, moex_perm_dims)                                  \
+    X(PERMUTE_BACKWARD, permute_backward, moex_permute_grad_args, moex_perm_dims)                           \
+    X(UNPERMUTE_FORWARD, unpermute_forward, moex_unpermute_args, moex_perm_dims)                            \
+    X(UNPERMUTE_BACKWARD, unpermute_backward, moex_unpermute_grad_args, moex_perm_dims)                     \
+    X(MOE_LAYER_FORWARD, moe_layer_forward, moex_moe_layer_args, moex_moe_dims)                             \
+    X(MOE_LAYER_BACKWARD, moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims)
+
+/* MOEX_OP_NONE (0) names no operation: the CUDA bad-input flag's "nothing seen". */
+#define MOEX_OP_ENUM_(ID, name, args_t, dims_t) MOEX_OP_##ID,
+typedef enum moex_op_id { MOEX_OP_NONE = 0, MOEX_OPS(MOEX_OP_ENUM_) MOEX_OP_COUNT } moex_op_id;
+#undef MOEX_OP_ENUM_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* "moex_<name>" of an op id ("an unknown operation" outside the list). */
+const char *moex_op_name(moex_op_id id);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MOEX_OP_LIST_H */

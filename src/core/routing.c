@@ -1,0 +1,239 @@
+/*
+ * routing.c - the router, permute and unpermute, forward and backward: validation, and a
+ * composition of one backend primitive each (the math: docs/ops.md). The MoE layer
+ * (moe_layer.c) runs the same primitives.
+ */
+#include "op.h"
+
+#define DT_LOGITS (MOEX_DT(MOEX_DTYPE_F32) | MOEX_DT(MOEX_DTYPE_BF16))
+
+/* An op that is one primitive: its workspace is the primitive's, its run the primitive. */
+#define ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                        \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d) {                    \
+        return moex_ops(ctx)->prim##_ws(ctx, a, d);                                                      \
+    }                                                                                                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
+                                     void *ws) {                                                         \
+        return moex_ops(ctx)->prim(ctx, c, a, d, ws);                                                    \
+    }
+
+/* ---- router -------------------------------------------------------------------------- */
+
+/* logits [T, E] f32 or bf16, topk 1..E, known score and norm; sets the dims. */
+static moex_status validate_router_common(moex_context *ctx, const char *op, const moex_tensor *logits,
+                                          int32_t topk, moex_router_score score, moex_router_norm norm,
+                                          moex_router_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "logits", logits, 2, any2, DT_LOGITS));
+    d->T = logits->shape[0];
+    d->E = logits->shape[1];
+    d->dt = logits->dtype;
+    if (d->E < 1 || d->E > INT32_MAX)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: logits must be [T, E] with 1 <= E <= INT32_MAX, got E = %lld",
+                         op, (long long)d->E);
+    if (topk < 1 || topk > d->E)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: topk = %d, must be 1..E (E = %lld)", op, (int)topk,
+                         (long long)d->E);
+    d->k = topk;
+    if (score != MOEX_ROUTER_SOFTMAX && score != MOEX_ROUTER_SIGMOID)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router score %d", op, (int)score);
+    if (norm != MOEX_ROUTER_NO_RENORM && norm != MOEX_ROUTER_RENORM)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router norm %d", op, (int)norm);
+    return MOEX_OK;
+}
+
+moex_status moex_op_router_forward_validate(moex_context *ctx, const char *op, const moex_router_args *a,
+                                            moex_purpose p, moex_router_dims *d) {
+    MOEX_TRY(validate_router_common(ctx, op, &a->logits, a->topk, a->score, a->norm, d));
+    const int64_t tk[2] = {d->T, d->k};
+    MOEX_TRY(moex_check_output(ctx, op, "probs", &a->probs, 2, tk, MOEX_DT_F32));
+    return moex_check_output(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32);
+}
+
+
+ONE_PRIMITIVE(router_forward, router_fwd, moex_router_args, moex_router_dims)
+
+moex_status moex_router_forward_workspace_size(moex_context *ctx, const moex_router_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_ROUTER_FORWARD, args, bytes);
+}
+
+moex_status moex_router_forward(moex_context *ctx, const moex_router_args *args, void *workspace,
+                                size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_ROUTER_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, const moex_router_grad_args *a,
+                                             moex_purpose p, moex_router_dims *d) {
+    MOEX_TRY(validate_router_common(ctx, op, &a->logits, a->topk, a->score, a->norm, d));
+    const int64_t tk[2] = {d->T, d->k}, te[2] = {d->T, d->E};
+    MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32));
+    MOEX_TRY(moex_check_tensor(ctx, op, "dprobs", &a->dprobs, 2, tk, MOEX_DT_F32));
+    return moex_check_output(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
+}
+
+
+ONE_PRIMITIVE(router_backward, router_bwd, moex_router_grad_args, moex_router_dims)
+
+moex_status moex_router_backward_workspace_size(moex_context *ctx, const moex_router_grad_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_ROUTER_BACKWARD, args, bytes);
+}
+
+moex_status moex_router_backward(moex_context *ctx, const moex_router_grad_args *args, void *workspace,
+                                 size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_ROUTER_BACKWARD, args, workspace, workspace_bytes, stream);
+}
+
+/* ---- permute and unpermute ----------------------------------------------------------- */
+
+/* k of a [T*k] row_map given T (from the [T, H] side): rows / T. With T == 0 the map must
+ * be empty and k is `k_hint` (>= 1). */
+static moex_status row_map_k(moex_context *ctx, const char *op, const moex_tensor *row_map, int64_t T,
+                             int64_t k_hint, int64_t *k) {
+    const int64_t any1[1] = {-1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "row_map", row_map, 1, any1, MOEX_DT_I32));
+    int64_t rows = row_map->shape[0];
+    if (T == 0) {
+        if (rows != 0)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: row_map has %lld rows but T = 0", op, (long long)rows);
+        *k = k_hint;
+        return MOEX_OK;
+    }
+    if (rows < T || rows % T != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: row_map must be [T*k] with k >= 1, got %lld rows for T = %lld", op, (long long)rows,
+                         (long long)T);
+    *k = rows / T;
+    return moex_check_rows_fit_i32(ctx, op, T, *k);
+}
+
+moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, const moex_permute_args *a,
+                                             moex_purpose p, moex_perm_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->x.shape[0];
+    d->H = a->x.shape[1];
+    d->dt = a->x.dtype;
+    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
+    const int64_t idshape[2] = {d->T, -1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, idshape, MOEX_DT_I32));
+    d->k = a->ids.shape[1];
+    if (d->k < 1) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: ids must be [T, k] with k >= 1", op);
+    MOEX_TRY(moex_check_rows_fit_i32(ctx, op, d->T, d->k));
+    if (a->num_experts < 1)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: num_experts = %d, must be >= 1", op, (int)a->num_experts);
+    d->E = a->num_experts;
+    const int64_t tk[2] = {d->T, d->k}, rows[1] = {d->T * d->k}, xpshape[2] = {d->T * d->k, d->H},
+                  eshape[1] = {d->E};
+    MOEX_TRY(moex_check_optional(ctx, op, "probs", &a->probs, 2, tk, MOEX_DT_F32));
+    MOEX_TRY(moex_check_output(ctx, op, "xp", &a->xp, 2, xpshape, MOEX_DT(d->dt)));
+    if (moex_present(&a->probs))
+        MOEX_TRY(moex_check_output(ctx, op, "probs_p", &a->probs_p, 1, rows, MOEX_DT_F32));
+    else if (moex_present(&a->probs_p))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs_p is given but probs is absent", op);
+    MOEX_TRY(moex_check_output(ctx, op, "splits", &a->splits, 1, eshape, MOEX_DT_I64));
+    return moex_check_output(ctx, op, "row_map", &a->row_map, 1, rows, MOEX_DT_I32);
+}
+
+
+ONE_PRIMITIVE(permute_forward, permute_fwd, moex_permute_args, moex_perm_dims)
+
+moex_status moex_permute_forward_workspace_size(moex_context *ctx, const moex_permute_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_PERMUTE_FORWARD, args, bytes);
+}
+
+moex_status moex_permute_forward(moex_context *ctx, const moex_permute_args *args, void *workspace,
+                                 size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_PERMUTE_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
+                                              moex_purpose p, moex_perm_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_output(ctx, op, "dx", &a->dx, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->dx.shape[0];
+    d->H = a->dx.shape[1];
+    d->dt = a->dx.dtype;
+    d->E = 0;
+    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
+    /* With T == 0, dprobs [0, k] (if any) names k; it is otherwise irrelevant. */
+    int64_t k_hint = a->dprobs.ndim == 2 && a->dprobs.shape[1] >= 1 ? a->dprobs.shape[1] : 1;
+    MOEX_TRY(row_map_k(ctx, op, &a->row_map, d->T, k_hint, &d->k));
+    const int64_t tk[2] = {d->T, d->k}, rows[1] = {d->T * d->k}, dxpshape[2] = {d->T * d->k, d->H};
+    MOEX_TRY(moex_check_tensor(ctx, op, "dxp", &a->dxp, 2, dxpshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_optional(ctx, op, "dprobs_p", &a->dprobs_p, 1, rows, MOEX_DT_F32));
+    if (moex_present(&a->dprobs_p))
+        MOEX_TRY(moex_check_output(ctx, op, "dprobs", &a->dprobs, 2, tk, MOEX_DT_F32));
+    else if (moex_present(&a->dprobs))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but dprobs_p is absent", op);
+    return MOEX_OK;
+}
+
+
+ONE_PRIMITIVE(permute_backward, permute_bwd, moex_permute_grad_args, moex_perm_dims)
+
+moex_status moex_permute_backward_workspace_size(moex_context *ctx, const moex_permute_grad_args *args,
+                                                 size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_PERMUTE_BACKWARD, args, bytes);
+}
+
+moex_status moex_permute_backward(moex_context *ctx, const moex_permute_grad_args *args, void *workspace,
+                                  size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_PERMUTE_BACKWARD, args, workspace, workspace_bytes, stream);
+}
+
+typedef moex_status (*check_fn)(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                                int ndim, const int64_t *shape, unsigned dtypes);
+
+/* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward (tok is the
+ * output) or backward (rowsd is). */
+static moex_status validate_unpermute_common(moex_context *ctx, const char *op, const moex_tensor *row_map,
+                                             const char *tok_name, const moex_tensor *tok, const char *rows_name,
+                                             const moex_tensor *rowsd, moex_span_role tok_role, moex_perm_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    const check_fn check_tok = tok_role == MOEX_SPAN_OUT ? moex_check_output : moex_check_tensor;
+    const check_fn check_rows = tok_role == MOEX_SPAN_OUT ? moex_check_tensor : moex_check_output;
+    MOEX_TRY(check_tok(ctx, op, tok_name, tok, 2, any2, MOEX_DT_FLOAT));
+    d->T = tok->shape[0];
+    d->H = tok->shape[1];
+    d->dt = tok->dtype;
+    d->E = 0;
+    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
+    MOEX_TRY(row_map_k(ctx, op, row_map, d->T, 1, &d->k));
+    const int64_t rshape[2] = {d->T * d->k, d->H};
+    return check_rows(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
+}
+
+moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op, const moex_unpermute_args *a,
+                                               moex_purpose p, moex_perm_dims *d) {
+    return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, MOEX_SPAN_OUT, d);
+}
+
+
+ONE_PRIMITIVE(unpermute_forward, unpermute_fwd, moex_unpermute_args, moex_perm_dims)
+
+moex_status moex_unpermute_forward_workspace_size(moex_context *ctx, const moex_unpermute_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_UNPERMUTE_FORWARD, args, bytes);
+}
+
+moex_status moex_unpermute_forward(moex_context *ctx, const moex_unpermute_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_UNPERMUTE_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_op_unpermute_backward_validate(moex_context *ctx, const char *op, const moex_unpermute_grad_args *a,
+                                                moex_purpose p, moex_perm_dims *d) {
+    return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, MOEX_SPAN_IN, d);
+}
+
+
+ONE_PRIMITIVE(unpermute_backward, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
+
+moex_status moex_unpermute_backward_workspace_size(moex_context *ctx, const moex_unpermute_grad_args *args,
+                                                   size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_UNPERMUTE_BACKWARD, args, bytes);
+}
+
+moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *args, void *workspace,
+                                    size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_UNPERMUTE_BACKWARD, args, workspace, workspace_bytes, stream);
+}

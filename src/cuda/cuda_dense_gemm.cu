@@ -1,0 +1,49 @@
+/*
+ * cuda_dense_gemm.cu - the CUDA `gemm` primitive (src/core/backend.h, moex_dense_gemm): the
+ * MoE layer's router GEMMs on the portable grouped GEMM (cuda_grouped_gemm_sm80.cu) with one
+ * group of all rows. The product runs in B's dtype (A is rounded to it on the way in; f32
+ * inputs: exact f32). No workspace.
+ */
+#include "cuda_ops.h"
+
+size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) { return 0; }
+
+moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                                 const moex_dense_gemm *p, void *ws) {
+    moex_cuda_gemm g = {};
+    g.sched = rows;
+    g.ta = p->ta;
+    g.tb = g.tc = p->tb;
+    g.to = p->tc;
+    g.a = p->a;
+    g.b = p->b;
+    g.c = p->c;
+    g.n_dim = p->N;
+    g.ldc = p->N;
+    switch (p->kind) {
+    case MOEX_GEMM_NT:   /* C[m, n] = sum_k A[m, k] B[n, k] */
+        g.kind = MOEX_CUDA_GEMM_ROWS;
+        g.k_dim = p->K;
+        g.lda = p->K;
+        g.ldb = p->K;
+        g.b_kc = 1;
+        break;
+    case MOEX_GEMM_TN:   /* C[m, n] = sum_k A[k, m] B[k, n] */
+        g.kind = MOEX_CUDA_GEMM_WGRAD;
+        g.m_dim = p->M;
+        g.lda = p->M;
+        g.ldb = p->N;
+        g.accumulate = p->mode == MOEX_GRAD_ACCUMULATE;
+        break;
+    case MOEX_GEMM_NN:   /* C[m, n] = R[m, n] + sum_k A[m, k] B[k, n] */
+        g.kind = MOEX_CUDA_GEMM_ROWS;
+        g.k_dim = p->K;
+        g.lda = p->K;
+        g.ldb = p->N;
+        g.b_kc = 0;
+        g.residual = p->r;
+        g.ldr = p->N;
+        break;
+    }
+    return moex_cuda_gemm_run(ctx, c->op, &g, (cudaStream_t)c->stream);
+}
