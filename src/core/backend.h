@@ -75,14 +75,63 @@ typedef struct moex_dense_gemm {
     float *r;                   /* NN: the f32 addend */
 } moex_dense_gemm;
 
-/* A primitive and its workspace query. GROUPED ones run on a prepared handle. */
-#define MOEX_PRIMITIVE(name, args_t, dims_t)                                                      \
-    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);                     \
-    moex_status (*name)(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws)
-#define MOEX_GROUPED(name, args_t, dims_t)                                                        \
-    size_t (*name##_ws)(moex_context *ctx, const args_t *a, const dims_t *d);                     \
-    moex_status (*name)(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, \
-                        const dims_t *d, void *ws)
+/* The primitives with a workspace query, written once: X(field, args type, dims type).
+ * GROUPED ones run on a prepared handle (moex_groups); the others need none. A backend
+ * implements each as <prefix>_<field> and <prefix>_<field>_ws (MOEX_DECLARE_PRIMITIVES) and
+ * fills its table with MOEX_PRIMITIVE_FIELDS.
+ *   linear_fwd     grouped linear forward y = x W_g^T with its bias epilogue
+ *   linear_dgrad   its backward data: dx, dbias, dprobs (+=)
+ *   linear_wgrad   its backward weight: dW (= or +=)
+ *   glu_fwd/bwd    the scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows); the
+ *                  backward also takes an absent dh (dprobs only)
+ * The splits fields of the args are not read by grouped primitives: the handle has them. */
+#define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
+    X(p, linear_fwd, moex_grouped_linear_args, moex_gl_dims)                                      \
+    X(p, linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims)                              \
+    X(p, linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims)                              \
+    X(p, glu_fwd, moex_scaled_glu_args, moex_glu_dims)                                            \
+    X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)
+#define MOEX_PLAIN_PRIMITIVES(X, p)                                                               \
+    X(p, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                        \
+    X(p, router_fwd, moex_router_args, moex_router_dims)                                          \
+    X(p, router_bwd, moex_router_grad_args, moex_router_dims)                                     \
+    X(p, permute_fwd, moex_permute_args, moex_perm_dims)                                          \
+    X(p, permute_bwd, moex_permute_grad_args, moex_perm_dims)                                     \
+    X(p, unpermute_fwd, moex_unpermute_args, moex_perm_dims)                                      \
+    X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
+
+/* The signatures: `name` is a table field, or a backend's function (MOEX_FN_). */
+#define MOEX_GROUPED_SIG_(ws_name, name, args_t, dims_t)                                           \
+    size_t ws_name(moex_context *ctx, const args_t *a, const dims_t *d);                          \
+    moex_status name(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, const dims_t *d, \
+                     void *ws);
+#define MOEX_PLAIN_SIG_(ws_name, name, args_t, dims_t)                                             \
+    size_t ws_name(moex_context *ctx, const args_t *a, const dims_t *d);                          \
+    moex_status name(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws);
+#define MOEX_GROUPED_FIELD_(p, f, args_t, dims_t) MOEX_GROUPED_SIG_((*f##_ws), (*f), args_t, dims_t)
+#define MOEX_PLAIN_FIELD_(p, f, args_t, dims_t) MOEX_PLAIN_SIG_((*f##_ws), (*f), args_t, dims_t)
+#define MOEX_GROUPED_DECL_(p, f, args_t, dims_t) MOEX_GROUPED_SIG_(p##_##f##_ws, p##_##f, args_t, dims_t)
+#define MOEX_PLAIN_DECL_(p, f, args_t, dims_t) MOEX_PLAIN_SIG_(p##_##f##_ws, p##_##f, args_t, dims_t)
+#define MOEX_INIT_(p, f, args_t, dims_t) .f##_ws = p##_##f##_ws, .f = p##_##f,
+
+/* A backend declares its primitives with MOEX_DECLARE_PRIMITIVES(prefix) (then defines
+ * <prefix>_<field> and <prefix>_<field>_ws, plus <prefix>_groups_ws, <prefix>_groups_prepare,
+ * <prefix>_dense_gemm_ws and <prefix>_dense_gemm), and fills its table with
+ * MOEX_PRIMITIVE_FIELDS(prefix) (in the order of the fields, as C++ wants). */
+#define MOEX_DECLARE_PRIMITIVES(p)                                                                \
+    MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_DECL_, p)                                                \
+    MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_DECL_, p)                                                    \
+    size_t p##_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);           \
+    moex_status p##_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G, \
+                                   int64_t T, moex_groups_use use, void *ws, moex_groups *g);     \
+    size_t p##_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);                     \
+    moex_status p##_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,    \
+                               const moex_dense_gemm *gemm, void *ws);
+#define MOEX_PRIMITIVE_FIELDS(p)                                                                  \
+    .groups_ws = p##_groups_ws, .groups_prepare = p##_groups_prepare,                             \
+    MOEX_GROUPED_PRIMITIVES(MOEX_INIT_, p)                                                        \
+    MOEX_PLAIN_PRIMITIVES(MOEX_INIT_, p)                                                          \
+    .dense_gemm_ws = p##_dense_gemm_ws, .dense_gemm = p##_dense_gemm
 
 typedef struct moex_backend_ops {
     const char *name;
@@ -105,35 +154,20 @@ typedef struct moex_backend_ops {
     moex_status (*groups_prepare)(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
                                   int64_t T, moex_groups_use use, void *ws, moex_groups *g);
 
-    /* Grouped linear (docs/ops.md): forward y = x W_g^T with its bias epilogue; backward
-     * data dx, dbias, dprobs (+=); backward weight dW (= or +=). The splits fields of the
-     * args are not read: the handle has them. */
-    MOEX_GROUPED(linear_fwd, moex_grouped_linear_args, moex_gl_dims);
-    MOEX_GROUPED(linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims);
-    MOEX_GROUPED(linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims);
-    /* FC1 with the GLU fused (no workspace). *ran = false, and nothing launched, when the
-     * backend cannot: the composition then runs linear_fwd and glu_fwd. NULL: never. */
-    moex_status (*fc1_glu)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                           const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
-
-    /* Scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows). The backward also
-     * takes an absent dh (dprobs only). */
-    MOEX_GROUPED(glu_fwd, moex_scaled_glu_args, moex_glu_dims);
-    MOEX_GROUPED(glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims);
-
-    MOEX_PRIMITIVE(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);
-    MOEX_PRIMITIVE(router_fwd, moex_router_args, moex_router_dims);
-    MOEX_PRIMITIVE(router_bwd, moex_router_grad_args, moex_router_dims);
-    MOEX_PRIMITIVE(permute_fwd, moex_permute_args, moex_perm_dims);
-    MOEX_PRIMITIVE(permute_bwd, moex_permute_grad_args, moex_perm_dims);
-    MOEX_PRIMITIVE(unpermute_fwd, moex_unpermute_args, moex_perm_dims);
-    MOEX_PRIMITIVE(unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims);
+    MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_FIELD_, _)
+    MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_FIELD_, _)
 
     /* The router's dense GEMMs; `rows` is a handle of one group of T rows (M of NT and NN,
      * K of TN). */
-    size_t (*gemm_ws)(moex_context *ctx, const moex_dense_gemm *p);
-    moex_status (*gemm)(moex_context *ctx, const moex_call *c, const moex_groups *rows, const moex_dense_gemm *p,
-                        void *ws);
+    size_t (*dense_gemm_ws)(moex_context *ctx, const moex_dense_gemm *p);
+    moex_status (*dense_gemm)(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                              const moex_dense_gemm *p, void *ws);
+
+    /* The grouped MLP's FC1 with the GLU fused (no workspace). *ran = false, and nothing
+     * launched, when the backend cannot: the composition then runs linear_fwd and glu_fwd.
+     * NULL: never. */
+    moex_status (*fc1_glu)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                           const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
 
     /* p[0, n) = 0 (f32). */
     moex_status (*zero_f32)(moex_context *ctx, const moex_call *c, float *p, int64_t n);
@@ -144,8 +178,6 @@ typedef struct moex_backend_ops {
     void (*destroy)(moex_context *ctx);
 } moex_backend_ops;
 
-#undef MOEX_PRIMITIVE
-#undef MOEX_GROUPED
 
 /* Backend constructors (src/cpu/cpu_backend.c, src/cuda/cuda_backend.cu): fill ctx->ops,
  * ctx->backend_state and ctx->num_threads, or fail with a message. */

@@ -15,7 +15,7 @@
  *            dRw = dlogits^T x                         [E, H]    = or +=
  *            dx = dx_perm + dlogits Wr                 [T, H]    =, rounded once
  * The router path (dprobs, dlogits) runs only when dx or drouter_w is asked for. The
- * router's GEMMs are the backend's dense `gemm` primitive, on a handle of one group of T rows.
+ * router's GEMMs are the backend's `dense_gemm` primitive, on a handle of one group of T rows.
  *
  * The saved buffer (aligned by the core) starts with a header naming the forward's shapes
  * and routing options. Where the backend's memory is host memory (the CPU), the forward
@@ -297,7 +297,7 @@ static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a,
     const moex_router_dims rd = router_dims(d);
     const moex_perm_dims pd = perm_dims(d, d->E), ud = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
-    size_t sub = ops->gemm_ws(ctx, &c.logits);
+    size_t sub = ops->dense_gemm_ws(ctx, &c.logits);
     sub = moex_sz_max(sub, ops->router_fwd_ws(ctx, &c.router, &rd));
     sub = moex_sz_max(sub, ops->permute_fwd_ws(ctx, &c.permute, &pd));
     sub = moex_sz_max(sub, moex_op_grouped_mlp_forward_ws(ctx, &c.mlp, &md));
@@ -333,7 +333,7 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     if (ops->host_memory) memset(v.header, 0, sizeof(saved_header));
     moex_groups rows;
     MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, MOEX_GROUPS_PLAIN, l.rows, &rows));
-    MOEX_TRY(ops->gemm(ctx, c, &rows, &k.logits, l.sub));
+    MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.logits, l.sub));
     MOEX_TRY(ops->router_fwd(ctx, c, &k.router, &rd, l.sub));
     MOEX_TRY(ops->permute_fwd(ctx, c, &k.permute, &pd, l.sub));
     MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &k.mlp, &md, l.sub));
@@ -439,8 +439,8 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_arg
     if (p.router) {
         sub = moex_sz_max(sub, ops->permute_bwd_ws(ctx, &c.permute, &pd));
         sub = moex_sz_max(sub, ops->router_bwd_ws(ctx, &c.router, &rd));
-        if (moex_present(&a->drouter_w)) sub = moex_sz_max(sub, ops->gemm_ws(ctx, &c.drouter_w));
-        if (p.dx) sub = moex_sz_max(sub, ops->gemm_ws(ctx, &c.dx));
+        if (moex_present(&a->drouter_w)) sub = moex_sz_max(sub, ops->dense_gemm_ws(ctx, &c.drouter_w));
+        if (p.dx) sub = moex_sz_max(sub, ops->dense_gemm_ws(ctx, &c.dx));
     }
     l.sub = moex_take(&k, sub);
     l.sub_bytes = sub;
@@ -477,8 +477,8 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     MOEX_TRY(ops->router_bwd(ctx, c, &k.router, &rd, l.sub));
     moex_groups rows;
     MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, MOEX_GROUPS_PLAIN, l.rows, &rows));
-    if (moex_present(&a->drouter_w)) MOEX_TRY(ops->gemm(ctx, c, &rows, &k.drouter_w, l.sub));
-    if (p.dx) MOEX_TRY(ops->gemm(ctx, c, &rows, &k.dx, l.sub));
+    if (moex_present(&a->drouter_w)) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.drouter_w, l.sub));
+    if (p.dx) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.dx, l.sub));
     return MOEX_OK;
 }
 

@@ -100,12 +100,12 @@ static int64_t glu_grain(int64_t F) {
     return F >= GLU_GRAIN_ELEMS ? 1 : GLU_GRAIN_ELEMS / (F > 0 ? F : 1);
 }
 
-size_t moex_cpu_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a,
+size_t moex_cpu_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a,
                                       const moex_glu_dims *d) {
     return 0;
 }
 
-moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+moex_status moex_cpu_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                         const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
     const int64_t rows = grp ? grp->off[grp->G] : d->T;
     if (rows == 0 || d->F == 0) return MOEX_OK;
@@ -115,12 +115,12 @@ moex_status moex_cpu_scaled_glu_forward(moex_context *ctx, const moex_call *c, c
     return MOEX_OK;
 }
 
-size_t moex_cpu_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
+size_t moex_cpu_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
                                        const moex_glu_dims *d) {
     return 0;
 }
 
-moex_status moex_cpu_scaled_glu_backward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+moex_status moex_cpu_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                          const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws) {
     const int64_t rows = grp ? grp->off[grp->G] : d->T;
     glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);

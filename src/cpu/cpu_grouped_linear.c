@@ -139,12 +139,12 @@ static size_t fwd_ws(const moex_gl_dims *d, void *ws, gl_ws *out) {
                         ws, out);
 }
 
-size_t moex_cpu_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a,
+size_t moex_cpu_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a,
                                           const moex_gl_dims *d) {
     return fwd_ws(d, NULL, NULL);
 }
 
-moex_status moex_cpu_grouped_linear_forward(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+moex_status moex_cpu_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                             const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
     gl_ws w = {NULL, NULL, NULL};
     fwd_ws(d, ws, &w);
@@ -255,12 +255,12 @@ static size_t dgrad_ws(const moex_grouped_linear_dgrad_args *a, const moex_gl_di
                         ws, out);
 }
 
-size_t moex_cpu_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
+size_t moex_cpu_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
                                                 const moex_gl_dims *d) {
     return dgrad_ws(a, d, NULL, NULL);
 }
 
-moex_status moex_cpu_grouped_linear_backward_data(moex_context *ctx, const moex_call *c, const moex_groups *grp,
+moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                                   const moex_grouped_linear_dgrad_args *a,
                                                   const moex_gl_dims *d, void *ws) {
     gl_ws w = {NULL, NULL, NULL};
@@ -319,7 +319,7 @@ static size_t wgrad_ws(const moex_grouped_linear_wgrad_args *a, const moex_gl_di
                         ws, out);
 }
 
-size_t moex_cpu_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
+size_t moex_cpu_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
                                                   const moex_gl_dims *d) {
     return wgrad_ws(a, d, NULL, NULL);
 }
@@ -338,7 +338,7 @@ static void store_rows(void *arg, int64_t begin, int64_t end) {
                             j->cols, end - begin, j->cols);
 }
 
-moex_status moex_cpu_grouped_linear_backward_weight(moex_context *ctx, const moex_call *c,
+moex_status moex_cpu_linear_wgrad(moex_context *ctx, const moex_call *c,
                                                     const moex_groups *grp,
                                                     const moex_grouped_linear_wgrad_args *a,
                                                     const moex_gl_dims *d, void *ws) {

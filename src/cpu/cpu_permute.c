@@ -109,11 +109,11 @@ static void scatter_tokens(void *arg, int64_t begin, int64_t end) {
 
 /* ---- permute ------------------------------------------------------------------------- */
 
-size_t moex_cpu_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
+size_t moex_cpu_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
     return moex_sz_bytes(d->E, 1, sizeof(int64_t));
 }
 
-moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+moex_status moex_cpu_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
                                      const moex_perm_dims *d, void *ws) {
     const int64_t T = d->T, k = d->k, E = d->E, n = T * k;
     const int32_t *ids = (const int32_t *)a->ids.data;
@@ -144,11 +144,11 @@ moex_status moex_cpu_permute_forward(moex_context *ctx, const moex_call *c, cons
     return MOEX_OK;
 }
 
-size_t moex_cpu_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
+size_t moex_cpu_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
     return 0;
 }
 
-moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+moex_status moex_cpu_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
                                       const moex_perm_dims *d, void *ws) {
     moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
@@ -165,11 +165,11 @@ moex_status moex_cpu_permute_backward(moex_context *ctx, const moex_call *c, con
 
 /* ---- unpermute ----------------------------------------------------------------------- */
 
-size_t moex_cpu_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
+size_t moex_cpu_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
     return 0;
 }
 
-moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+moex_status moex_cpu_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
                                        const moex_perm_dims *d, void *ws) {
     moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
     if (st != MOEX_OK) return st;
@@ -180,12 +180,12 @@ moex_status moex_cpu_unpermute_forward(moex_context *ctx, const moex_call *c, co
     return MOEX_OK;
 }
 
-size_t moex_cpu_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
+size_t moex_cpu_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a,
                                       const moex_perm_dims *d) {
     return moex_sz_bytes(d->T, d->k, 1);   /* one flag per row */
 }
 
-moex_status moex_cpu_unpermute_backward(moex_context *ctx, const moex_call *c,
+moex_status moex_cpu_unpermute_bwd(moex_context *ctx, const moex_call *c,
                                         const moex_unpermute_grad_args *a, const moex_perm_dims *d, void *ws) {
     const char *op = c->op;
     moex_status st = check_row_map(ctx, op, &a->row_map, d->T, d->k);

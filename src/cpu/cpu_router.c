@@ -111,11 +111,11 @@ static void router_forward_chunks(void *arg, int64_t cbegin, int64_t cend) {
     }
 }
 
-size_t moex_cpu_router_forward_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) {
+size_t moex_cpu_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) {
     return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
-moex_status moex_cpu_router_forward(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+moex_status moex_cpu_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
                                     const moex_router_dims *d, void *ws) {
     if (d->T == 0) return MOEX_OK;
     router_job jb = {.fa = a, .d = d, .n = num_chunks(d->T), .scratch = (float *)ws};
@@ -162,11 +162,11 @@ static void router_backward_chunks(void *arg, int64_t cbegin, int64_t cend) {
     }
 }
 
-size_t moex_cpu_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
+size_t moex_cpu_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
     return moex_sz_bytes(num_chunks(d->T), 2 * d->E, sizeof(float));
 }
 
-moex_status moex_cpu_router_backward(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+moex_status moex_cpu_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
                                      const moex_router_dims *d, void *ws) {
     const int32_t *ids = (const int32_t *)a->ids.data;
     for (int64_t i = 0; i < d->T * d->k; i++)

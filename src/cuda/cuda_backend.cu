@@ -89,30 +89,14 @@ static void cuda_destroy(moex_context *ctx) {
 
 /* ---- the table ------------------------------------------------------------------------- */
 
-#define PRIMITIVE(field, fn) .field##_ws = moex_cuda_##fn##_ws, .field = moex_cuda_##fn
-
 static const moex_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = false,
     .enter = cuda_enter,
     .leave = device_leave,
     .check_limits = cuda_check_limits,
-    .groups_ws = moex_cuda_groups_ws,
-    .groups_prepare = moex_cuda_groups_prepare,
-    PRIMITIVE(linear_fwd, linear_fwd),
-    PRIMITIVE(linear_dgrad, linear_dgrad),
-    PRIMITIVE(linear_wgrad, linear_wgrad),
+    MOEX_PRIMITIVE_FIELDS(moex_cuda),
     .fc1_glu = moex_cuda_fc1_glu,
-    PRIMITIVE(glu_fwd, glu_fwd),
-    PRIMITIVE(glu_bwd, glu_bwd),
-    PRIMITIVE(splits_to_offsets, splits_to_offsets),
-    PRIMITIVE(router_fwd, router_fwd),
-    PRIMITIVE(router_bwd, router_bwd),
-    PRIMITIVE(permute_fwd, permute_fwd),
-    PRIMITIVE(permute_bwd, permute_bwd),
-    PRIMITIVE(unpermute_fwd, unpermute_fwd),
-    PRIMITIVE(unpermute_bwd, unpermute_bwd),
-    PRIMITIVE(gemm, dense_gemm),
     .zero_f32 = moex_cuda_zero_f32,
     .check_splits = cuda_check_splits,
     .destroy = cuda_destroy,

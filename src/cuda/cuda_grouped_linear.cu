@@ -1,13 +1,13 @@
 /*
- * cuda_grouped_linear.cu - grouped linear forward, backward-data and backward-weight on
- * the GPU: the device schedule from the splits, then the grouped GEMM (with the bias
- * fused in its epilogue), and the deterministic dbias / dprobs reductions.
+ * cuda_grouped_linear.cu - the grouped linear primitives on the GPU (linear_fwd,
+ * linear_dgrad, linear_wgrad and the MLP's fused fc1_glu; src/core/backend.h), on a prepared
+ * device schedule: the grouped GEMM (with the bias fused in its epilogue), and the
+ * deterministic dbias / dprobs reductions.
  *   forward:         y_g = x_g W_g^T (+ b_g | + p_i b_g)                       (=)
  *   backward_data:   dx_g = dy_g W_g (=), dbias_g = sum (p_i) dy_i (=),
  *                    dprobs_i += dy_i . b_g (scaled bias only)
  *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
- * The moex_cuda_linear_* building blocks take an already built schedule, so the grouped
- * MLP and the MoE layer build it once per call. On Hopper the forward (with its bias, and
+ * On Hopper the forward (with its bias, and
  * for the MLP's FC1 with the scaled GLU fused), the backward-data product dx = dy W and the
  * weight gradient run on the sm_90a kernels (sm90_grouped_gemm.h) when they support the
  * shapes and packed weights; everything else runs on the portable kernel

@@ -220,41 +220,13 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
 
-#define MOEX_CUDA_PRIMITIVE(name, args_t, dims_t)                                                   \
-    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);              \
-    moex_status moex_cuda_##name(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws)
-#define MOEX_CUDA_GROUPED(name, args_t, dims_t)                                                     \
-    size_t moex_cuda_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);              \
-    moex_status moex_cuda_##name(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, \
-                                 const dims_t *d, void *ws)
-
-MOEX_CUDA_GROUPED(linear_fwd, moex_grouped_linear_args, moex_gl_dims);            /* cuda_grouped_linear.cu */
-MOEX_CUDA_GROUPED(linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims);
-MOEX_CUDA_GROUPED(linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims);
+/* linear_* and fc1_glu in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, router_*,
+ * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
+ * cuda_splits.cu (the schedule's arrays, and for MOEX_GROUPS_GEMM_WS the Hopper GEMM's
+ * scratch, from ws; built by one launch), dense_gemm in cuda_dense_gemm.cu (the router's
+ * GEMMs on the grouped GEMM with one group). */
+MOEX_DECLARE_PRIMITIVES(moex_cuda)
 moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
                               const moex_gl_dims *d, bool *ran);
-MOEX_CUDA_GROUPED(glu_fwd, moex_scaled_glu_args, moex_glu_dims);                  /* cuda_glu.cu            */
-MOEX_CUDA_GROUPED(glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims);
-MOEX_CUDA_PRIMITIVE(splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims);   /* cuda_splits.cu */
-MOEX_CUDA_PRIMITIVE(router_fwd, moex_router_args, moex_router_dims);              /* cuda_routing.cu        */
-MOEX_CUDA_PRIMITIVE(router_bwd, moex_router_grad_args, moex_router_dims);
-MOEX_CUDA_PRIMITIVE(permute_fwd, moex_permute_args, moex_perm_dims);
-MOEX_CUDA_PRIMITIVE(permute_bwd, moex_permute_grad_args, moex_perm_dims);
-MOEX_CUDA_PRIMITIVE(unpermute_fwd, moex_unpermute_args, moex_perm_dims);
-MOEX_CUDA_PRIMITIVE(unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims);
-
-#undef MOEX_CUDA_PRIMITIVE
-#undef MOEX_CUDA_GROUPED
-
-/* The prepared groups (cuda_splits.cu): the schedule's arrays (and, for
- * MOEX_GROUPS_GEMM_WS, the Hopper GEMM's scratch) from ws, built by one launch. */
-size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);
-moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                     int64_t T, moex_groups_use use, void *ws, moex_groups *g);
-
-/* The router's dense GEMMs on the grouped GEMM with one group (cuda_dense_gemm.cu). */
-size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p);
-moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
-                                 const moex_dense_gemm *p, void *ws);
 
 #endif /* MOEX_CUDA_OPS_H */
