@@ -84,7 +84,8 @@ typedef struct moex_dense_gemm {
  *   linear_wgrad   its backward weight: dW (= or +=)
  *   glu_fwd/bwd    the scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows); the
  *                  backward also takes an absent dh (dprobs only)
- * The splits fields of the args are not read by grouped primitives: the handle has them. */
+ * The splits fields of the args are not read by grouped primitives: the handle has them.
+ * (The rows look like op_list.h's, but primitives are not public operations.) */
 #define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
     X(p, linear_fwd, moex_grouped_linear_args, moex_gl_dims)                                      \
     X(p, linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims)                              \

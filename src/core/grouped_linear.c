@@ -3,10 +3,9 @@
  * composition (the math: docs/ops.md).
  *
  *   splits_to_offsets:  the backend's splits_to_offsets primitive
- *   forward:            prepare the groups (with room for the Hopper GEMM's scratch), linear_fwd
+ *   forward:            prepare the groups, linear_fwd
  *   backward_data:      prepare the groups, linear_dgrad (dx, dbias, dprobs)
  *   backward_weight:    prepare the groups, linear_wgrad
- * Workspace: the prepared handle, then the primitive's own region.
  */
 #include "op.h"
 
@@ -37,12 +36,6 @@ moex_status moex_op_splits_to_offsets_validate(moex_context *ctx, const char *op
     return MOEX_OK;
 }
 
-
-moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_splits_to_offsets_args *args,
-                                                  size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, bytes);
-}
-
 size_t moex_op_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
                                     const moex_splits_dims *d) {
     return moex_ops(ctx)->splits_to_offsets_ws(ctx, a, d);
@@ -53,15 +46,10 @@ moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c,
     return moex_ops(ctx)->splits_to_offsets(ctx, c, a, d, ws);
 }
 
-moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, workspace, workspace_bytes, stream);
-}
+/* ---- the composition ------------------------------------------------------------------
+ * Workspace: the prepared handle, then the primitive's region. The forward's handle has
+ * room for the Hopper GEMM's scratch. */
 
-/* ---- the composition ------------------------------------------------------------------ */
-
-/* A grouped linear call's workspace: the prepared handle, then the primitive's region
- * (`sub` bytes). */
 typedef struct gl_layout {
     void *groups, *sub;
     size_t total;
@@ -76,29 +64,27 @@ static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, moex_groups
     return l;
 }
 
-/* Checks the backend's limits and prepares the groups of `splits`; *sub is the primitive's
- * region. */
-static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_gl_dims *d,
-                         moex_groups_use use, size_t sub_bytes, void *ws, moex_groups *g, void **sub) {
-    const moex_backend_ops *ops = moex_ops(ctx);
-    const gl_layout l = layout_of(ctx, d, use, sub_bytes, ws);
-    if (ops->check_limits) MOEX_TRY(ops->check_limits(ctx, c, d->T, d->G, 0));
-    MOEX_TRY(ops->groups_prepare(ctx, c, (const int64_t *)splits->data, d->G, d->T, use, l.groups, g));
-    *sub = l.sub;
-    return MOEX_OK;
-}
+/* The workspace query and the run of a grouped linear op: the backend's limits, the groups,
+ * then the primitive `prim`. */
+#define GROUPED_LINEAR_OP(name, prim, args_t, use)                                                       \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_gl_dims *d) {              \
+        return layout_of(ctx, d, use, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                  \
+    }                                                                                                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
+                                     const moex_gl_dims *d, void *ws) {                                  \
+        const gl_layout l = layout_of(ctx, d, use, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);             \
+        moex_groups g;                                                                                   \
+        MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));                                              \
+        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, use, l.groups, &g));                      \
+        return moex_ops(ctx)->prim(ctx, c, &g, a, d, l.sub);                                             \
+    }
 
 /* ---- forward ------------------------------------------------------------------------- */
 
 moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
                                                     const moex_grouped_linear_args *a, moex_purpose p,
                                                     moex_gl_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
-    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->x.shape[0];
-    d->K = a->x.shape[1];
-    d->dt = a->x.dtype;
+    MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "x", &a->x, &d->G, &d->T, &d->K, &d->dt));
     d->N = a->w.t.ndim == 3 ? a->w.t.shape[1] : -1;
     MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, -1, d->K, MOEX_DT(d->dt)));
     const int64_t yshape[2] = {d->T, d->N};
@@ -110,41 +96,14 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true);
 }
 
-
-moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,
-                                                       size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, bytes);
-}
-
-size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
-    return layout_of(ctx, d, MOEX_GROUPS_GEMM_WS, moex_ops(ctx)->linear_fwd_ws(ctx, a, d), NULL).total;
-}
-
-moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
-                                               const moex_gl_dims *d, void *ws) {
-    const size_t sub_bytes = moex_ops(ctx)->linear_fwd_ws(ctx, a, d);
-    moex_groups g;
-    void *sub;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_GEMM_WS, sub_bytes, ws, &g, &sub));
-    return moex_ops(ctx)->linear_fwd(ctx, c, &g, a, d, sub);
-}
-
-moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args, void *workspace,
-                                        size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, workspace, workspace_bytes, stream);
-}
+GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, MOEX_GROUPS_GEMM_WS)
 
 /* ---- backward data ------------------------------------------------------------------- */
 
 moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
                                                           const moex_grouped_linear_dgrad_args *a, moex_purpose p,
                                                           moex_gl_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
-    MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->dy.shape[0];
-    d->N = a->dy.shape[1];
-    d->dt = a->dy.dtype;
+    MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "dy", &a->dy, &d->G, &d->T, &d->N, &d->dt));
     d->K = a->w.t.ndim == 3 ? a->w.t.shape[2] : -1;
     MOEX_TRY(moex_check_weight(ctx, op, "w", &a->w, d->G, d->N, -1, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
@@ -165,43 +124,14 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, bias_needed);
 }
 
-
-moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
-                                                             size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, bytes);
-}
-
-size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
-                                               const moex_gl_dims *d) {
-    return layout_of(ctx, d, MOEX_GROUPS_PLAIN, moex_ops(ctx)->linear_dgrad_ws(ctx, a, d), NULL).total;
-}
-
-moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
-                                                     const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
-                                                     void *ws) {
-    const size_t sub_bytes = moex_ops(ctx)->linear_dgrad_ws(ctx, a, d);
-    moex_groups g;
-    void *sub;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_PLAIN, sub_bytes, ws, &g, &sub));
-    return moex_ops(ctx)->linear_dgrad(ctx, c, &g, a, d, sub);
-}
-
-moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
-                                              void *workspace, size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, workspace, workspace_bytes, stream);
-}
+GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, MOEX_GROUPS_PLAIN)
 
 /* ---- backward weight ----------------------------------------------------------------- */
 
 moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,
                                                             const moex_grouped_linear_wgrad_args *a, moex_purpose p,
                                                             moex_gl_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
-    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->x.shape[0];
-    d->K = a->x.shape[1];
-    d->dt = a->x.dtype;
+    MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "x", &a->x, &d->G, &d->T, &d->K, &d->dt));
     const int64_t dyshape[2] = {d->T, -1};
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, dyshape, MOEX_DT(d->dt)));
     d->N = a->dy.shape[1];
@@ -209,25 +139,45 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
     return moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt);
 }
 
+GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, MOEX_GROUPS_PLAIN)
+
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
+
+moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_splits_to_offsets_args *args,
+                                                  size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, bytes);
+}
+
+moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,
+                                                       size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, bytes);
+}
+
+moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args, void *workspace,
+                                        size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
+                                                             size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, bytes);
+}
+
+moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
+                                              void *workspace, size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, workspace, workspace_bytes, stream);
+}
 
 moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
                                                                size_t *bytes) {
     return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, bytes);
-}
-
-size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
-                                                 const moex_gl_dims *d) {
-    return layout_of(ctx, d, MOEX_GROUPS_PLAIN, moex_ops(ctx)->linear_wgrad_ws(ctx, a, d), NULL).total;
-}
-
-moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
-                                                       const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                                                       void *ws) {
-    const size_t sub_bytes = moex_ops(ctx)->linear_wgrad_ws(ctx, a, d);
-    moex_groups g;
-    void *sub;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, MOEX_GROUPS_PLAIN, sub_bytes, ws, &g, &sub));
-    return moex_ops(ctx)->linear_wgrad(ctx, c, &g, a, d, sub);
 }
 
 moex_status moex_grouped_linear_backward_weight(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,

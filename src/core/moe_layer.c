@@ -149,15 +149,9 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
     if (d->E < 1 || d->E > INT32_MAX)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: router_w must be [E, H] with 1 <= E <= INT32_MAX, got E = %lld",
                          op, (long long)d->E);
-    if (a->topk < 1 || a->topk > d->E)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: topk = %d, must be 1..E (E = %lld)", op, (int)a->topk,
-                         (long long)d->E);
+    MOEX_TRY(moex_check_router_options(ctx, op, a->topk, d->E, a->score, a->norm));
     d->k = a->topk;
     MOEX_TRY(moex_check_rows_fit_i32(ctx, op, d->T, d->k));
-    if (a->score != MOEX_ROUTER_SOFTMAX && a->score != MOEX_ROUTER_SIGMOID)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router score %d", op, (int)a->score);
-    if (a->norm != MOEX_ROUTER_NO_RENORM && a->norm != MOEX_ROUTER_RENORM)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router norm %d", op, (int)a->norm);
 
     int64_t twoF = a->w1.t.ndim == 3 ? a->w1.t.shape[1] : -1;
     MOEX_TRY(moex_check_weight(ctx, op, "w1", &a->w1, d->E, twoF, d->H, MOEX_DT(d->dt)));
@@ -201,10 +195,6 @@ moex_status moex_op_moe_layer_forward_validate(moex_context *ctx, const char *op
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, a, MOEX_SPAN_OUT, d) : MOEX_OK;
 }
 
-moex_status moex_moe_layer_forward_workspace_size(moex_context *ctx, const moex_moe_layer_args *args, size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_MOE_LAYER_FORWARD, args, bytes);
-}
-
 moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
                                               moex_purpose p, moex_moe_dims *d) {
     MOEX_TRY(validate_moe_layer(ctx, op, &a->fwd, 0, d));
@@ -225,11 +215,6 @@ moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *o
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;
 }
 
-moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx, const moex_moe_layer_grad_args *args,
-                                                   size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_MOE_LAYER_BACKWARD, args, bytes);
-}
-
 /* ---- the primitives' dims -------------------------------------------------------------- */
 
 static moex_router_dims router_dims(const moex_moe_dims *d) {
@@ -245,12 +230,6 @@ static moex_perm_dims perm_dims(const moex_moe_dims *d, int64_t E) {
 static moex_mlp_dims mlp_dims(const moex_moe_dims *d) {
     moex_mlp_dims m = {d->E, d->T * d->k, d->H, d->F, d->dt};
     return m;
-}
-
-/* The backend's limits for the layer's T*k expert rows in E groups, before any launch. */
-static moex_status check_limits(moex_context *ctx, const moex_call *c, const moex_moe_dims *d) {
-    const moex_backend_ops *ops = moex_ops(ctx);
-    return ops->check_limits ? ops->check_limits(ctx, c, d->T * d->k, d->E, d->E) : MOEX_OK;
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
@@ -285,7 +264,7 @@ static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, c
  * primitives and the grouped MLP (they run one after the other). */
 typedef struct fwd_layout {
     void *rows, *yp, *sub;
-    size_t sub_bytes, total;
+    size_t total;
 } fwd_layout;
 
 static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d, void *ws) {
@@ -307,19 +286,14 @@ static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a,
     l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, MOEX_GROUPS_PLAIN));
     l.yp = moex_take(&k, moex_sz_bytes(d->T * d->k, d->H, moex_dtype_size(d->dt)));
     l.sub = moex_take(&k, sub);
-    l.sub_bytes = sub;
     l.total = k.used;
     return l;
-}
-
-size_t moex_op_moe_layer_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d) {
-    return fwd_layout_of(ctx, a, d, NULL).total;
 }
 
 moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c, const moex_moe_layer_args *a,
                                           const moex_moe_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    MOEX_TRY(check_limits(ctx, c, d));
+    MOEX_TRY(moex_check_limits(ctx, c, d->T * d->k, d->E, d->E));   /* before any launch */
     const fwd_layout l = fwd_layout_of(ctx, a, d, ws);
     saved_views v;
     saved_layout(d, d->saved, &v);
@@ -345,9 +319,8 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     return MOEX_OK;
 }
 
-moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_layer_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_MOE_LAYER_FORWARD, args, workspace, workspace_bytes, stream);
+size_t moex_op_moe_layer_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d) {
+    return fwd_layout_of(ctx, a, d, NULL).total;
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -369,7 +342,7 @@ static bwd_plan bwd_plan_of(const moex_moe_layer_grad_args *a) {
  * and one region shared by the primitives and the grouped MLP. */
 typedef struct bwd_layout {
     void *rows, *dyp, *dxp, *dprobs_p, *dprobs, *dlogits, *dxf, *sub;
-    size_t sub_bytes, total;
+    size_t total;
 } bwd_layout;
 
 typedef struct bwd_calls {
@@ -443,7 +416,6 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_arg
         if (p.dx) sub = moex_sz_max(sub, ops->dense_gemm_ws(ctx, &c.dx));
     }
     l.sub = moex_take(&k, sub);
-    l.sub_bytes = sub;
     l.total = k.used;
     return l;
 }
@@ -460,7 +432,7 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     saved_views v;
     saved_layout(d, d->saved, &v);
     if (ops->host_memory) MOEX_TRY(check_saved(ctx, c->op, f, d, &v));
-    MOEX_TRY(check_limits(ctx, c, d));
+    MOEX_TRY(moex_check_limits(ctx, c, d->T * d->k, d->E, d->E));   /* before any launch */
     const bwd_layout l = bwd_layout_of(ctx, a, d, ws);
     bwd_calls k;
     bwd_calls_of(a, d, &p, &v, &l, &k);
@@ -480,6 +452,24 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     if (moex_present(&a->drouter_w)) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.drouter_w, l.sub));
     if (p.dx) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.dx, l.sub));
     return MOEX_OK;
+}
+
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
+
+moex_status moex_moe_layer_forward_workspace_size(moex_context *ctx, const moex_moe_layer_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_MOE_LAYER_FORWARD, args, bytes);
+}
+
+moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_layer_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_MOE_LAYER_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx, const moex_moe_layer_grad_args *args,
+                                                   size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_MOE_LAYER_BACKWARD, args, bytes);
 }
 
 moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad_args *args, void *workspace,

@@ -1,6 +1,6 @@
 /*
- * op.c - the op table built from op_list.h, and the two functions behind every public
- * entry point: the workspace size query and the run.
+ * op.c - the op table built from op_list.h, the two functions behind every public entry
+ * point (the workspace size query and the run), and two steps the compositions share.
  */
 #include "op.h"
 
@@ -68,4 +68,14 @@ moex_status moex_op_run(moex_context *ctx, moex_op_id id, const void *args, void
     const moex_status st = o->run(ctx, &c, args, &d, ws);
     if (ops->leave) ops->leave(ctx, scope);
     return st;
+}
+
+moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups, int64_t experts) {
+    const moex_backend_ops *ops = ctx->ops;
+    return ops->check_limits ? ops->check_limits(ctx, c, rows, groups, experts) : MOEX_OK;
+}
+
+moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
+                                moex_groups_use use, void *storage, moex_groups *g) {
+    return ctx->ops->groups_prepare(ctx, c, (const int64_t *)splits->data, splits->shape[0], T, use, storage, g);
 }

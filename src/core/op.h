@@ -41,4 +41,13 @@ moex_status moex_op_run(moex_context *ctx, moex_op_id id, const void *args, void
 /* The backend's primitives, for compositions. */
 static inline const moex_backend_ops *moex_ops(const moex_context *ctx) { return ctx->ops; }
 
+/* The backend's limits for `rows` rows in `groups` groups and a permute of `experts`
+ * experts (0: none), before a call's first launch. */
+moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups, int64_t experts);
+
+/* Prepares the groups of `splits` (a validated [G] I64 tensor) over T rows in `storage`
+ * (groups_ws bytes). */
+moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
+                                moex_groups_use use, void *storage, moex_groups *g);
+
 #endif /* MOEX_OP_H */

@@ -26,7 +26,6 @@ static moex_status validate_glu_common(moex_context *ctx, const char *op, const 
     return moex_check_glu(ctx, op, glu, d->F);
 }
 
-
 /* The workspace: the handle's storage when splits are given, then the primitive's region
  * of `sub` bytes. */
 typedef struct glu_layout {
@@ -43,16 +42,19 @@ static glu_layout layout_of(moex_context *ctx, const moex_glu_dims *d, size_t su
     return l;
 }
 
-/* Prepares the groups of `splits` when given (*g = storage), else *g = NULL (all T rows). */
-static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_glu_dims *d,
-                         const glu_layout *l, moex_groups *storage, const moex_groups **g) {
-    *g = NULL;
-    if (d->G == 0) return MOEX_OK;
-    MOEX_TRY(moex_ops(ctx)->groups_prepare(ctx, c, (const int64_t *)splits->data, d->G, d->T, MOEX_GROUPS_PLAIN,
-                                           l->groups, storage));
-    *g = storage;
-    return MOEX_OK;
-}
+/* The workspace query and the run of a GLU op: the groups when splits are given, then the
+ * primitive `prim` on them (g NULL: all T rows). */
+#define GLU_OP(name, prim, args_t)                                                                       \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_glu_dims *d) {             \
+        return layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                       \
+    }                                                                                                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
+                                     const moex_glu_dims *d, void *ws) {                                 \
+        const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);                 \
+        moex_groups g;                                                                                   \
+        if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, MOEX_GROUPS_PLAIN, l.groups, &g)); \
+        return moex_ops(ctx)->prim(ctx, c, d->G > 0 ? &g : NULL, a, d, l.sub);                           \
+    }
 
 /* ---- forward ------------------------------------------------------------------------- */
 
@@ -63,29 +65,7 @@ moex_status moex_op_scaled_glu_forward_validate(moex_context *ctx, const char *o
     return moex_check_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt));
 }
 
-
-moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx, const moex_scaled_glu_args *args,
-                                                   size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, bytes);
-}
-
-size_t moex_op_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d) {
-    return layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), NULL).total;
-}
-
-moex_status moex_op_scaled_glu_forward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_args *a,
-                                           const moex_glu_dims *d, void *ws) {
-    const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), ws);
-    moex_groups storage;
-    const moex_groups *g;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &storage, &g));
-    return moex_ops(ctx)->glu_fwd(ctx, c, g, a, d, l.sub);
-}
-
-moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args, void *workspace,
-                                    size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, workspace, workspace_bytes, stream);
-}
+GLU_OP(scaled_glu_forward, glu_fwd, moex_scaled_glu_args)
 
 /* ---- backward ------------------------------------------------------------------------ */
 
@@ -102,23 +82,25 @@ moex_status moex_op_scaled_glu_backward_validate(moex_context *ctx, const char *
     return MOEX_OK;
 }
 
+GLU_OP(scaled_glu_backward, glu_bwd, moex_scaled_glu_grad_args)
+
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
+
+moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx, const moex_scaled_glu_args *args,
+                                                   size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, bytes);
+}
+
+moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args, void *workspace,
+                                    size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, workspace, workspace_bytes, stream);
+}
 
 moex_status moex_scaled_glu_backward_workspace_size(moex_context *ctx, const moex_scaled_glu_grad_args *args,
                                                     size_t *bytes) {
     return moex_op_workspace_size(ctx, MOEX_OP_SCALED_GLU_BACKWARD, args, bytes);
-}
-
-size_t moex_op_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d) {
-    return layout_of(ctx, d, moex_ops(ctx)->glu_bwd_ws(ctx, a, d), NULL).total;
-}
-
-moex_status moex_op_scaled_glu_backward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_grad_args *a,
-                                            const moex_glu_dims *d, void *ws) {
-    const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->glu_bwd_ws(ctx, a, d), ws);
-    moex_groups storage;
-    const moex_groups *g;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &storage, &g));
-    return moex_ops(ctx)->glu_bwd(ctx, c, g, a, d, l.sub);
 }
 
 moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *args, void *workspace,

@@ -388,3 +388,26 @@ moex_status moex_check_hidden(moex_context *ctx, const char *op, int64_t H) {
     if (H < 1) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: hidden size H = %lld, must be >= 1", op, (long long)H);
     return MOEX_OK;
 }
+
+moex_status moex_check_router_options(moex_context *ctx, const char *op, int32_t topk, int64_t E,
+                                      moex_router_score score, moex_router_norm norm) {
+    if (topk < 1 || topk > E)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: topk = %d, must be 1..E (E = %lld)", op, (int)topk,
+                         (long long)E);
+    if (score != MOEX_ROUTER_SOFTMAX && score != MOEX_ROUTER_SIGMOID)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router score %d", op, (int)score);
+    if (norm != MOEX_ROUTER_NO_RENORM && norm != MOEX_ROUTER_RENORM)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown router norm %d", op, (int)norm);
+    return MOEX_OK;
+}
+
+moex_status moex_check_grouped_rows(moex_context *ctx, const char *op, const moex_tensor *splits, const char *name,
+                                    const moex_tensor *t, int64_t *G, int64_t *T, int64_t *cols, moex_dtype *dt) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, splits, G));
+    MOEX_TRY(moex_check_tensor(ctx, op, name, t, 2, any2, MOEX_DT_FLOAT));
+    *T = t->shape[0];
+    *cols = t->shape[1];
+    *dt = t->dtype;
+    return MOEX_OK;
+}

@@ -34,7 +34,8 @@ moex_status moex_check_optional(moex_context *ctx, const char *op, const char *n
 moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
                               int64_t G, int64_t R, int64_t C, unsigned dtypes);
 
-/* The same three for outputs (written: "=" or "+="). */
+/* The same three for outputs (written: "=" or "+="): the same checks, recorded as written,
+ * so the two declaration groups repeat by design. */
 moex_status moex_check_output(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
                               int ndim, const int64_t *shape, unsigned dtypes);
 moex_status moex_check_optional_output(moex_context *ctx, const char *op, const char *name,
@@ -99,6 +100,15 @@ moex_status moex_check_rows_fit_i32(moex_context *ctx, const char *op, int64_t T
 
 /* The hidden size H must be >= 1. */
 moex_status moex_check_hidden(moex_context *ctx, const char *op, int64_t H);
+
+/* A grouped op's rows: splits [G] I64 (G >= 1) and the [T, cols] f32/bf16/f16 input `name`
+ * that sets T, cols and the activation dtype. */
+moex_status moex_check_grouped_rows(moex_context *ctx, const char *op, const moex_tensor *splits, const char *name,
+                                    const moex_tensor *t, int64_t *G, int64_t *T, int64_t *cols, moex_dtype *dt);
+
+/* The router's options: topk 1..E, a known score and norm. */
+moex_status moex_check_router_options(moex_context *ctx, const char *op, int32_t topk, int64_t E,
+                                      moex_router_score score, moex_router_norm norm);
 
 /* Common entry checks: ctx and args non-NULL; clears the message. */
 moex_status moex_enter(moex_context *ctx, const char *op, const void *args);
