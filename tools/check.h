@@ -58,6 +58,12 @@ moex_tensor cb_3d(const cbuf *b, int64_t d0, int64_t d1, int64_t d2);
 void c_compare(checker *c, crow *r, const char *name, cbuf *got, const double *ref, const double *bound,
                int64_t nvalid, const ref_tol_model *m);
 
+/* c_compare of an output that started from init[0..got->n) (a "+=" output): the expected
+ * values are init + ref on the first `valid` elements and init after, the bound grows by
+ * |init|, and every element is compared. With init NULL (a "=" output): c_compare. */
+void c_compare_from(checker *c, crow *r, const char *name, cbuf *got, const double *init, const double *ref,
+                    const double *bound, int64_t valid, const ref_tol_model *m);
+
 /* Records a failed library call (or a failed copy when st == MOEX_OK) in r. */
 void c_call_failed(checker *c, crow *r, const char *what, moex_status st);
 
@@ -65,9 +71,11 @@ void c_call_failed(checker *c, crow *r, const char *what, moex_status st);
 void c_row(checker *c, const char *op, moex_dtype dt, const char *shape, const crow *r);
 
 /* Runs one operation: its workspace query `wsfn`, a backend workspace, then `fn` on the
- * args pointer `a`. Sets `done` to 1 on success; otherwise records the failure in r
- * (`ok` == 0: an earlier setup step failed, the op is not run). */
-#define C_RUN(c, r, ok, wsfn, fn, a, done)                                                  \
+ * args pointer `a`. Sets `done` to 1 on success; otherwise records the failure in r under
+ * the name of fn (`ok` == 0: an earlier setup step failed, the op is not run). C_RUN_AS:
+ * the same, the failure recorded under `name`. */
+#define C_RUN(c, r, ok, wsfn, fn, a, done) C_RUN_AS(c, r, ok, #fn, wsfn, fn, a, done)
+#define C_RUN_AS(c, r, ok, name, wsfn, fn, a, done)                                         \
     do {                                                                                    \
         size_t wsb_ = 0;                                                                    \
         void *ws_ = NULL;                                                                   \
@@ -82,13 +90,27 @@ void c_row(checker *c, const char *op, moex_dtype dt, const char *shape, const c
         if (ok_ && st_ == MOEX_OK && cli_mem_sync((c)->be) != 0) ok_ = 0;                   \
         cli_mem_free((c)->be, ws_);                                                         \
         (done) = ok_ && st_ == MOEX_OK;                                                     \
-        if (!(done)) c_call_failed((c), (r), #fn, st_);                                     \
+        if (!(done)) c_call_failed((c), (r), (name), st_);                                  \
     } while (0)
+
+/* Every check is a block of the same steps: outputs from cb_out, the op's argument struct,
+ * C_RUN or C_RUN_AS, the fp64 reference, c_compare (c_compare_from for "+="), c_row, the
+ * frees; and every case function starts with its sizes, splits and shape string. So the
+ * blocks and case functions of different ops look alike line by line (`duplicates` pairs
+ * some of them, shape only), but each names its own argument struct type, buffers and
+ * reference function, which a C helper could take only through a macro hiding what the
+ * check passes. What they share is in the helpers here; the rest stays written out, one
+ * block per op, so that each check reads on its own. */
 
 /* ---- data --------------------------------------------------------------------------- */
 
 double *c_doubles(int64_t n);                                  /* zeroed, exits on OOM */
 void    c_uniform(checker *c, double *v, int64_t n, double lo, double hi);
+double *c_random(checker *c, int64_t n, double lo, double hi); /* c_doubles, then c_uniform */
+
+/* The GLU parameters of a case (kind's defaults, the layout) and the kind's name in shapes. */
+moex_glu_params c_glu(moex_glu_kind kind, moex_glu_layout layout);
+const char *c_glu_name(moex_glu_kind kind);   /* "swiglu", "clamped-i32" */
 
 typedef enum c_splits_kind {
     C_SPLITS_BALANCED = 0,   /* as equal as possible               */
@@ -98,8 +120,8 @@ typedef enum c_splits_kind {
 } c_splits_kind;
 
 const char *c_splits_name(c_splits_kind k);
-/* splits[0..G) >= 0 summing to S. */
-void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits);
+/* splits[0..G) >= 0 summing to S, and the same values in sd[0..G) (for cb_in). */
+void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits, double *sd);
 
 /* The op families (each prints its rows). */
 void check_splits_to_offsets(checker *c);

@@ -16,24 +16,6 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
     return m > c ? m : c;
 }
 
-/* A workspace in backend memory of `bytes` (NULL when 0); *ok = 0 when allocation fails. */
-static void *workspace(checker *c, size_t bytes, int *ok) {
-    if (!bytes) return NULL;
-    void *p = cli_mem_alloc(c->be, bytes);
-    if (!p) *ok = 0;
-    return p;
-}
-
-/* Expected values of a "+=" output: init + ref on the first `valid` elements, init after;
- * the bound grows by |init|. */
-static void plus_init(int64_t n, int64_t valid, const double *init, const double *ref, const double *bound,
-                      double *want, double *want_b) {
-    for (int64_t i = 0; i < n; i++) {
-        want[i] = init[i] + (i < valid ? ref[i] : 0.0);
-        want_b[i] = fabs(init[i]) + (i < valid && bound ? bound[i] : 0.0);
-    }
-}
-
 /* ---- splits_to_offsets ---------------------------------------------------------------- */
 
 void check_splits_to_offsets(checker *c) {
@@ -43,9 +25,8 @@ void check_splits_to_offsets(checker *c) {
         const int64_t G = cases[ci].G;
         crow r = {0};
         int64_t splits[16];
-        c_make_splits(c, cases[ci].sk, G, 100, splits);
         double sd[16];
-        for (int64_t g = 0; g < G; g++) sd[g] = (double)splits[g];
+        c_make_splits(c, cases[ci].sk, G, 100, splits, sd);
         /* three outputs: I32 leading zero stride 1, I64 inclusive stride 48, I32 inclusive stride 3 */
         const moex_dtype odt[3] = {MOEX_DTYPE_I32, MOEX_DTYPE_I64, MOEX_DTYPE_I32};
         const int64_t stride[3] = {1, 48, 3};
@@ -62,15 +43,10 @@ void check_splits_to_offsets(checker *c) {
             a.outputs[o].stride = stride[o];
             a.outputs[o].start = lead[o] ? MOEX_OFFSETS_LEADING_ZERO : MOEX_OFFSETS_INCLUSIVE;
         }
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        if (ok) st = moex_splits_to_offsets_workspace_size(c->ctx, &a, &wsb);
-        if (ok && st == MOEX_OK) ws = workspace(c, wsb, &ok);
-        if (ok && st == MOEX_OK) st = moex_splits_to_offsets(c->ctx, &a, ws, wsb, NULL);
-        if (!ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "splits_to_offsets", st);
-        } else {
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "splits_to_offsets", moex_splits_to_offsets_workspace_size,
+                 moex_splits_to_offsets, &a, done);
+        if (done) {
             ref_tol_model exact;
             memset(&exact, 0, sizeof exact);   /* integers: exact */
             for (int o = 0; o < 3; o++) {
@@ -85,7 +61,6 @@ void check_splits_to_offsets(checker *c) {
         char shape[96];
         snprintf(shape, sizeof shape, "G=%lld sum=100 %s, 3 outputs", (long long)G, c_splits_name(cases[ci].sk));
         c_row(c, "splits_to_offsets", MOEX_DTYPE_I64, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &sp);
         for (int o = 0; o < 3; o++) cb_free(c, &out[o]);
     }
@@ -114,14 +89,13 @@ static const char *bias_name(moex_bias_mode m) {
     return m == MOEX_BIAS_ADD ? "bias" : m == MOEX_BIAS_SCALED ? "scaled-bias" : "no-bias";
 }
 
-static void check_linear_case(checker *c, const lin_case *lc) {
+static void check_linear_case(checker *c, const lin_case *lc) {   /* the steps of every case: check.h */
     const int64_t G = lc->G, T = lc->T, S = lc->S, K = lc->K, N = lc->N;
     const moex_dtype dt = lc->dt;
     const int has_bias = lc->bm != MOEX_BIAS_NONE, scaled = lc->bm == MOEX_BIAS_SCALED;
     int64_t splits[16];
-    c_make_splits(c, lc->sk, G, S, splits);
     double sd[16];
-    for (int64_t g = 0; g < G; g++) sd[g] = (double)splits[g];
+    c_make_splits(c, lc->sk, G, S, splits, sd);
     char shape[96];
     snprintf(shape, sizeof shape, "G=%lld T=%lld S=%lld K=%lld N=%lld %s %s", (long long)G, (long long)T,
              (long long)S, (long long)K, (long long)N, c_splits_name(lc->sk), bias_name(lc->bm));
@@ -139,31 +113,20 @@ static void check_linear_case(checker *c, const lin_case *lc) {
              cb_in(c, &bs, MOEX_DTYPE_I64, sd, G) == 0 && cb_in(c, &bdy, dt, dy, T * N) == 0;
     moex_tensor t_bias = has_bias ? cb_2d(&bb, G, N) : (moex_tensor){0};
     moex_tensor t_probs = scaled ? cb_1d(&bp, T) : (moex_tensor){0};
+    moex_tensor t_splits = cb_1d(&bs, G);
+    moex_weight t_w = moex_weight_packed(cb_3d(&bw, G, N, K));
 
-    /* forward */
+    /* forward (one block per op, alike by design: check.h) */
     {
         crow r = {0};
         cbuf by = {0};
         ok &= cb_out(c, &by, dt, T * N, NULL) == 0;
-        moex_grouped_linear_args a;
-        memset(&a, 0, sizeof a);
-        a.x = cb_2d(&bx, T, K);
-        a.w = moex_weight_packed(cb_3d(&bw, G, N, K));
-        a.bias_mode = lc->bm;
-        a.bias = t_bias;
-        a.probs = t_probs;
-        a.splits = cb_1d(&bs, G);
-        a.y = cb_2d(&by, T, N);
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_grouped_linear_forward_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_linear_forward(c->ctx, &a, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "forward", st);
-        } else {
+        moex_grouped_linear_args a = {.x = cb_2d(&bx, T, K), .w = t_w, .bias_mode = lc->bm, .bias = t_bias,
+                                      .probs = t_probs, .splits = t_splits, .y = cb_2d(&by, T, N)};
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "forward", moex_grouped_linear_forward_workspace_size,
+                 moex_grouped_linear_forward, &a, done);
+        if (done) {
             double *y = c_doubles(T * N), *yb = c_doubles(T * N);
             ref_grouped_linear_forward(G, T, K, N, splits, x, w, lc->bm, bias, probs, y, yb);
             ref_tol_model m = ref_tol_for(dt, dt, 0, K);
@@ -172,7 +135,6 @@ static void check_linear_case(checker *c, const lin_case *lc) {
             free(yb);
         }
         c_row(c, "grouped_linear_fwd", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &by);
     }
 
@@ -180,33 +142,19 @@ static void check_linear_case(checker *c, const lin_case *lc) {
     {
         crow r = {0};
         cbuf bdx = {0}, bdb = {0}, bdp = {0};
-        double *dp0 = c_doubles(T);
-        c_uniform(c, dp0, T, -1, 1);
+        double *dp0 = c_random(c, T, -1, 1);
         ok &= cb_out(c, &bdx, dt, T * K, NULL) == 0 && cb_out(c, &bdb, MOEX_DTYPE_F32, G * N, NULL) == 0 &&
               cb_out(c, &bdp, MOEX_DTYPE_F32, T, dp0) == 0;
-        moex_grouped_linear_dgrad_args a;
-        memset(&a, 0, sizeof a);
-        a.dy = cb_2d(&bdy, T, N);
-        a.w = moex_weight_packed(cb_3d(&bw, G, N, K));
-        a.bias_mode = lc->bm;
-        a.bias = t_bias;
-        a.probs = t_probs;
-        a.splits = cb_1d(&bs, G);
-        a.dx = cb_2d(&bdx, T, K);
+        moex_grouped_linear_dgrad_args a = {.dy = cb_2d(&bdy, T, N), .w = t_w, .bias_mode = lc->bm, .bias = t_bias,
+                                            .probs = t_probs, .splits = t_splits, .dx = cb_2d(&bdx, T, K)};
         if (has_bias) a.dbias = cb_2d(&bdb, G, N);
         if (scaled) a.dprobs = cb_1d(&bdp, T);
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_grouped_linear_backward_data_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_linear_backward_data(c->ctx, &a, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "backward_data", st);
-        } else {
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "backward_data", moex_grouped_linear_backward_data_workspace_size,
+                 moex_grouped_linear_backward_data, &a, done);
+        if (done) {
             double *dx = c_doubles(T * K), *dxb = c_doubles(T * K), *db = c_doubles(G * N), *dbb = c_doubles(G * N);
-            double *dpr = c_doubles(T), *dprb = c_doubles(T), *want = c_doubles(T), *want_b = c_doubles(T);
+            double *dpr = c_doubles(T), *dprb = c_doubles(T);
             ref_grouped_linear_backward_data(G, T, K, N, splits, dy, w, lc->bm, bias, probs, dx, dxb,
                                              has_bias ? db : NULL, has_bias ? dbb : NULL, scaled ? dpr : NULL,
                                              scaled ? dprb : NULL);
@@ -217,14 +165,12 @@ static void check_linear_case(checker *c, const lin_case *lc) {
                 c_compare(c, &r, "dbias", &bdb, db, dbb, G * N, &mdb);
             }
             if (scaled) {
-                plus_init(T, S, dp0, dpr, dprb, want, want_b);
                 ref_tol_model mdp = ref_tol_for(MOEX_DTYPE_F32, dt, 0, N);
-                c_compare(c, &r, "dprobs", &bdp, want, want_b, T, &mdp);
+                c_compare_from(c, &r, "dprobs", &bdp, dp0, dpr, dprb, S, &mdp);
             }
-            free(dx); free(dxb); free(db); free(dbb); free(dpr); free(dprb); free(want); free(want_b);
+            free(dx); free(dxb); free(db); free(dbb); free(dpr); free(dprb);
         }
         c_row(c, "grouped_linear_dgrad", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &bdx);
         cb_free(c, &bdb);
         cb_free(c, &bdp);
@@ -235,43 +181,29 @@ static void check_linear_case(checker *c, const lin_case *lc) {
     {
         crow r = {0};
         cbuf bw1 = {0}, bw2 = {0};
-        double *acc0 = c_doubles(G * N * K);
-        c_uniform(c, acc0, G * N * K, -1, 1);
+        double *acc0 = c_random(c, G * N * K, -1, 1);
         ok &= cb_out(c, &bw1, dt, G * N * K, NULL) == 0 && cb_out(c, &bw2, MOEX_DTYPE_F32, G * N * K, acc0) == 0;
-        moex_grouped_linear_wgrad_args a;
-        memset(&a, 0, sizeof a);
-        a.x = cb_2d(&bx, T, K);
-        a.dy = cb_2d(&bdy, T, N);
-        a.splits = cb_1d(&bs, G);
-        a.dw_mode = MOEX_GRAD_WRITE;
-        a.dw = moex_weight_packed(cb_3d(&bw1, G, N, K));
+        moex_grouped_linear_wgrad_args a = {.x = cb_2d(&bx, T, K), .dy = cb_2d(&bdy, T, N), .splits = t_splits,
+                                            .dw_mode = MOEX_GRAD_WRITE,
+                                            .dw = moex_weight_packed(cb_3d(&bw1, G, N, K))};
         moex_grouped_linear_wgrad_args a2 = a;
         a2.dw_mode = MOEX_GRAD_ACCUMULATE;
         a2.dw = moex_weight_packed(cb_3d(&bw2, G, N, K));
-        size_t wsb = 0, wsb2 = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_grouped_linear_backward_weight_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_linear_backward_weight_workspace_size(c->ctx, &a2, &wsb2);
-        if (wsb2 > wsb) wsb = wsb2;
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_linear_backward_weight(c->ctx, &a, ws, wsb, NULL);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_linear_backward_weight(c->ctx, &a2, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "backward_weight", st);
-        } else {
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "backward_weight", moex_grouped_linear_backward_weight_workspace_size,
+                 moex_grouped_linear_backward_weight, &a, done);
+        if (done)
+            C_RUN_AS(c, &r, ok, "backward_weight", moex_grouped_linear_backward_weight_workspace_size,
+                     moex_grouped_linear_backward_weight, &a2, done);
+        if (done) {
             double *dw = c_doubles(G * N * K), *dwb = c_doubles(G * N * K);
-            double *want = c_doubles(G * N * K), *want_b = c_doubles(G * N * K);
             ref_grouped_linear_backward_weight(G, T, K, N, splits, x, dy, dw, dwb);
             ref_tol_model m1 = ref_tol_for(dt, dt, 0, T), m2 = ref_tol_for(MOEX_DTYPE_F32, dt, 0, T);
             c_compare(c, &r, "dw (write)", &bw1, dw, dwb, G * N * K, &m1);
-            plus_init(G * N * K, G * N * K, acc0, dw, dwb, want, want_b);
-            c_compare(c, &r, "dw (accumulate f32)", &bw2, want, want_b, G * N * K, &m2);
-            free(dw); free(dwb); free(want); free(want_b);
+            c_compare_from(c, &r, "dw (accumulate f32)", &bw2, acc0, dw, dwb, G * N * K, &m2);
+            free(dw); free(dwb);
         }
         c_row(c, "grouped_linear_wgrad", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &bw1);
         cb_free(c, &bw2);
         free(acc0);
@@ -319,12 +251,10 @@ static void glu_inputs(checker *c, const moex_glu_params *glu, double *h, int64_
 static void check_glu_case(checker *c, const glu_case *gc) {
     const int64_t T = gc->T, F = gc->F, G = gc->G;
     const moex_dtype dt = gc->dt;
-    moex_glu_params glu = moex_glu_params_default(gc->kind);
-    glu.layout = gc->layout;
+    moex_glu_params glu = c_glu(gc->kind, gc->layout);
     int64_t splits[8];
     double sd[8];
-    c_make_splits(c, C_SPLITS_EMPTY_ENDS, G > 0 ? G : 1, gc->S, splits);
-    for (int64_t g = 0; g < G; g++) sd[g] = (double)splits[g];
+    c_make_splits(c, C_SPLITS_EMPTY_ENDS, G > 0 ? G : 1, gc->S, splits, sd);
     const int64_t rows = G > 0 ? gc->S : T;
     char shape[96];
     snprintf(shape, sizeof shape, "%s %s T=%lld F=%lld %s%s", gc->kind == MOEX_GLU_SWIGLU ? "swiglu" : "clamped",
@@ -342,27 +272,16 @@ static void check_glu_case(checker *c, const glu_case *gc) {
     moex_tensor t_splits = G > 0 ? cb_1d(&bs, G) : (moex_tensor){0};
     const double *ref_probs = gc->probs ? probs : NULL;
 
-    {
+    {   /* forward (one block per op, alike by design: check.h) */
         crow r = {0};
         cbuf bz = {0};
         ok &= cb_out(c, &bz, dt, T * F, NULL) == 0;
-        moex_scaled_glu_args a;
-        memset(&a, 0, sizeof a);
-        a.glu = glu;
-        a.h = cb_2d(&bh, T, 2 * F);
-        a.probs = t_probs;
-        a.splits = t_splits;
-        a.z = cb_2d(&bz, T, F);
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_scaled_glu_forward_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_scaled_glu_forward(c->ctx, &a, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "scaled_glu_forward", st);
-        } else {
+        moex_scaled_glu_args a = {.glu = glu, .h = cb_2d(&bh, T, 2 * F), .probs = t_probs, .splits = t_splits,
+                                  .z = cb_2d(&bz, T, F)};
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "scaled_glu_forward", moex_scaled_glu_forward_workspace_size,
+                 moex_scaled_glu_forward, &a, done);
+        if (done) {
             double *z = c_doubles(T * F), *zb = c_doubles(T * F);
             ref_scaled_glu_forward(&glu, rows, F, h, NULL, ref_probs, z, zb);
             /* k = 8: the f32 evaluation of exp and the products, a few roundings each */
@@ -372,49 +291,33 @@ static void check_glu_case(checker *c, const glu_case *gc) {
             free(zb);
         }
         c_row(c, "scaled_glu_fwd", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &bz);
     }
     {
         crow r = {0};
         cbuf bdh = {0}, bdp = {0};
-        double *dp0 = c_doubles(T);
-        c_uniform(c, dp0, T, -1, 1);
+        double *dp0 = c_random(c, T, -1, 1);
         ok &= cb_out(c, &bdh, dt, T * 2 * F, NULL) == 0 && cb_out(c, &bdp, MOEX_DTYPE_F32, T, dp0) == 0;
-        moex_scaled_glu_grad_args a;
-        memset(&a, 0, sizeof a);
-        a.glu = glu;
-        a.h = cb_2d(&bh, T, 2 * F);
-        a.probs = t_probs;
-        a.splits = t_splits;
-        a.dz = cb_2d(&bdz, T, F);
-        a.dh = cb_2d(&bdh, T, 2 * F);
+        moex_scaled_glu_grad_args a = {.glu = glu, .h = cb_2d(&bh, T, 2 * F), .probs = t_probs, .splits = t_splits,
+                                       .dz = cb_2d(&bdz, T, F), .dh = cb_2d(&bdh, T, 2 * F)};
         if (gc->probs) a.dprobs = cb_1d(&bdp, T);
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_scaled_glu_backward_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_scaled_glu_backward(c->ctx, &a, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "scaled_glu_backward", st);
-        } else {
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "scaled_glu_backward", moex_scaled_glu_backward_workspace_size,
+                 moex_scaled_glu_backward, &a, done);
+        if (done) {
             double *dh = c_doubles(T * 2 * F), *dhb = c_doubles(T * 2 * F), *dpr = c_doubles(T);
-            double *dprb = c_doubles(T), *want = c_doubles(T), *want_b = c_doubles(T);
+            double *dprb = c_doubles(T);
             ref_scaled_glu_backward(&glu, rows, F, h, NULL, ref_probs, dz, NULL, dh, dhb, gc->probs ? dpr : NULL,
                                     gc->probs ? dprb : NULL);
             ref_tol_model m = ref_tol_for(dt, dt, 0, 8);
             c_compare(c, &r, "dh", &bdh, dh, dhb, rows * 2 * F, &m);
             if (gc->probs) {
-                plus_init(T, rows, dp0, dpr, dprb, want, want_b);
                 ref_tol_model mp = ref_tol_for(MOEX_DTYPE_F32, dt, 0, F + 8);
-                c_compare(c, &r, "dprobs", &bdp, want, want_b, T, &mp);
+                c_compare_from(c, &r, "dprobs", &bdp, dp0, dpr, dprb, rows, &mp);
             }
-            free(dh); free(dhb); free(dpr); free(dprb); free(want); free(want_b);
+            free(dh); free(dhb); free(dpr); free(dprb);
         }
         c_row(c, "scaled_glu_bwd", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &bdh);
         cb_free(c, &bdp);
         free(dp0);
@@ -429,6 +332,9 @@ void check_scaled_glu(checker *c) {
 
 /* ---- grouped MLP ----------------------------------------------------------------------- */
 
+/* moe_case (check_routing.c) has the fields kind .. dw_dt too, and check_moe_case follows
+ * check_mlp_case step by step: the MoE layer's experts are a grouped MLP. They stay apart
+ * because their shapes, references (ref_mlp_grads, ref_moe_grads) and buffers differ. */
 typedef struct mlp_case {
     int64_t G, T, S, H, F;
     c_splits_kind sk;
@@ -452,20 +358,17 @@ static const mlp_case mlp_cases[] = {
      MOEX_BIAS_SCALED, MOEX_GRAD_ACCUMULATE, MOEX_DTYPE_F32},
 };
 
-static void check_mlp_case(checker *c, const mlp_case *mc) {
+static void check_mlp_case(checker *c, const mlp_case *mc) {   /* as check_moe_case: see mlp_case */
     const int64_t G = mc->G, T = mc->T, S = mc->S, H = mc->H, F = mc->F;
     const moex_dtype dt = mc->dt;
     const int has_b2 = mc->b2_mode != MOEX_BIAS_NONE, acc = mc->dw_mode == MOEX_GRAD_ACCUMULATE;
-    moex_glu_params glu = moex_glu_params_default(mc->kind);
-    glu.layout = mc->layout;
+    moex_glu_params glu = c_glu(mc->kind, mc->layout);
     int64_t splits[16];
     double sd[16];
-    c_make_splits(c, mc->sk, G, S, splits);
-    for (int64_t g = 0; g < G; g++) sd[g] = (double)splits[g];
+    c_make_splits(c, mc->sk, G, S, splits, sd);
     char shape[96];
     snprintf(shape, sizeof shape, "G=%lld T=%lld S=%lld H=%lld F=%lld %s %s", (long long)G, (long long)T,
-             (long long)S, (long long)H, (long long)F, c_splits_name(mc->sk),
-             mc->kind == MOEX_GLU_SWIGLU ? "swiglu" : "clamped-i32");
+             (long long)S, (long long)H, (long long)F, c_splits_name(mc->sk), c_glu_name(mc->kind));
 
     double *x = c_doubles(T * H), *w1 = c_doubles(G * 2 * F * H), *b1 = c_doubles(G * 2 * F);
     double *w2 = c_doubles(G * H * F), *b2 = c_doubles(G * H), *probs = c_doubles(T), *dy = c_doubles(T * H);
@@ -509,16 +412,10 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
     int fwd_ok = 0;
     {
         crow r = {0};
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        int run_ok = ok;
-        if (run_ok) st = moex_grouped_mlp_forward_workspace_size(c->ctx, &a, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_mlp_forward(c->ctx, &a, ws, wsb, NULL);
-        if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "grouped_mlp_forward", st);
-        } else {
+        int done = 0;
+        C_RUN_AS(c, &r, ok, "grouped_mlp_forward", moex_grouped_mlp_forward_workspace_size,
+                 moex_grouped_mlp_forward, &a, done);
+        if (done) {
             double *h = c_doubles(T * 2 * F), *hb = c_doubles(T * 2 * F), *z = c_doubles(T * F);
             double *zb = c_doubles(T * F), *y = c_doubles(T * H), *yb = c_doubles(T * H);
             ref_grouped_mlp_forward(&p, h, hb, z, zb, y, yb);
@@ -535,15 +432,12 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
             free(h); free(hb); free(z); free(zb); free(y); free(yb);
         }
         c_row(c, "grouped_mlp_fwd", dt, shape, &r);
-        cli_mem_free(c->be, ws);
     }
     {
         crow r = {0};
         cbuf bdx = {0}, bdw1 = {0}, bdw2 = {0}, bdb1 = {0}, bdb2 = {0}, bdp = {0};
-        double *w10 = c_doubles(G * 2 * F * H), *w20 = c_doubles(G * H * F), *dp0 = c_doubles(T);
-        c_uniform(c, w10, G * 2 * F * H, -1, 1);
-        c_uniform(c, w20, G * H * F, -1, 1);
-        c_uniform(c, dp0, T, -1, 1);
+        double *w10 = c_random(c, G * 2 * F * H, -1, 1), *w20 = c_random(c, G * H * F, -1, 1);
+        double *dp0 = c_random(c, T, -1, 1);
         int run_ok = ok && fwd_ok && cb_out(c, &bdx, dt, T * H, NULL) == 0 &&
                      cb_out(c, &bdw1, mc->dw_dt, G * 2 * F * H, acc ? w10 : NULL) == 0 &&
                      cb_out(c, &bdw2, mc->dw_dt, G * H * F, acc ? w20 : NULL) == 0 &&
@@ -570,18 +464,15 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
         if (mc->b1) g.db1 = cb_2d(&bdb1, G, 2 * F);
         if (has_b2) g.db2 = cb_2d(&bdb2, G, H);
         if (mc->probs) g.dprobs = cb_1d(&bdp, T);
-        size_t wsb = 0;
-        void *ws = NULL;
-        moex_status st = MOEX_OK;
-        if (run_ok) st = moex_grouped_mlp_backward_workspace_size(c->ctx, &g, &wsb);
-        if (run_ok && st == MOEX_OK) ws = workspace(c, wsb, &run_ok);
-        if (run_ok && st == MOEX_OK) st = moex_grouped_mlp_backward(c->ctx, &g, ws, wsb, NULL);
+        int done = 0;
         if (ok && !fwd_ok) {
             r.bad++;
             snprintf(r.note, sizeof r.note, "not run: the forward failed");
-        } else if (!run_ok || st != MOEX_OK) {
-            c_call_failed(c, &r, "grouped_mlp_backward", st);
         } else {
+            C_RUN_AS(c, &r, run_ok, "grouped_mlp_backward", moex_grouped_mlp_backward_workspace_size,
+                     moex_grouped_mlp_backward, &g, done);
+        }
+        if (done) {
             ref_mlp_grads o;
             memset(&o, 0, sizeof o);
             o.dx = c_doubles(T * H); o.dxb = c_doubles(T * H);
@@ -600,32 +491,17 @@ static void check_mlp_case(checker *c, const mlp_case *mc) {
             ref_tol_model mb = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
             ref_tol_model mp = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
             c_compare(c, &r, "dx", &bdx, o.dx, o.dxb, S * H, &mx);
-            if (acc) {
-                double *want = c_doubles(G * 2 * F * H), *want_b = c_doubles(G * 2 * F * H);
-                plus_init(G * 2 * F * H, G * 2 * F * H, w10, o.dw1, o.dw1b, want, want_b);
-                c_compare(c, &r, "dw1 (accumulate)", &bdw1, want, want_b, G * 2 * F * H, &mw);
-                plus_init(G * H * F, G * H * F, w20, o.dw2, o.dw2b, want, want_b);
-                c_compare(c, &r, "dw2 (accumulate)", &bdw2, want, want_b, G * H * F, &mw);
-                free(want);
-                free(want_b);
-            } else {
-                c_compare(c, &r, "dw1", &bdw1, o.dw1, o.dw1b, G * 2 * F * H, &mw);
-                c_compare(c, &r, "dw2", &bdw2, o.dw2, o.dw2b, G * H * F, &mw);
-            }
+            c_compare_from(c, &r, acc ? "dw1 (accumulate)" : "dw1", &bdw1, acc ? w10 : NULL, o.dw1, o.dw1b,
+                           G * 2 * F * H, &mw);
+            c_compare_from(c, &r, acc ? "dw2 (accumulate)" : "dw2", &bdw2, acc ? w20 : NULL, o.dw2, o.dw2b,
+                           G * H * F, &mw);
             if (mc->b1) c_compare(c, &r, "db1", &bdb1, o.db1, o.db1b, G * 2 * F, &mb);
             if (has_b2) c_compare(c, &r, "db2", &bdb2, o.db2, o.db2b, G * H, &mb);
-            if (mc->probs) {
-                double *want = c_doubles(T), *want_b = c_doubles(T);
-                plus_init(T, S, dp0, o.dprobs, o.dprobsb, want, want_b);
-                c_compare(c, &r, "dprobs", &bdp, want, want_b, T, &mp);
-                free(want);
-                free(want_b);
-            }
+            if (mc->probs) c_compare_from(c, &r, "dprobs", &bdp, dp0, o.dprobs, o.dprobsb, S, &mp);
             free(o.dx); free(o.dxb); free(o.dw1); free(o.dw1b); free(o.dw2); free(o.dw2b);
             free(o.db1); free(o.db1b); free(o.db2); free(o.db2b); free(o.dprobs); free(o.dprobsb);
         }
         c_row(c, "grouped_mlp_bwd", dt, shape, &r);
-        cli_mem_free(c->be, ws);
         cb_free(c, &bdx); cb_free(c, &bdw1); cb_free(c, &bdw2); cb_free(c, &bdb1); cb_free(c, &bdb2);
         cb_free(c, &bdp);
         free(w10); free(w20); free(dp0);

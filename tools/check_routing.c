@@ -224,7 +224,7 @@ static void check_perm_case(checker *c, const perm_case *pc) {
         c_row(c, "permute_bwd", dt, shape, &r);
         cb_free(c, &bdx); cb_free(c, &bdp);
     }
-    {   /* unpermute forward: y sums k rows (dxp serves as yp) */
+    {   /* unpermute forward: y sums k rows (dxp serves as yp); one block per op, alike: check.h */
         crow r = {0};
         int done = 0;
         cbuf by = {0};
@@ -241,7 +241,7 @@ static void check_perm_case(checker *c, const perm_case *pc) {
         c_row(c, "unpermute_fwd", dt, shape, &r);
         cb_free(c, &by);
     }
-    {   /* unpermute backward: a scatter (exact) */
+    {   /* unpermute backward: a scatter (exact); one block per op, alike: check.h */
         crow r = {0};
         int done = 0;
         cbuf bdyp = {0};
@@ -270,6 +270,8 @@ void check_routing(checker *c) {
 
 /* ---- MoE layer ------------------------------------------------------------------------------ */
 
+/* The fields kind .. dw_dt are mlp_case's (check_ops.c), and check_moe_case follows
+ * check_mlp_case step by step: see the note there. */
 typedef struct moe_case {
     int64_t T, H, E, F, k;
     moex_router_score score;
@@ -322,16 +324,15 @@ static void clear_topk_ties(checker *c, const moe_case *mc, double *x, const dou
     }
 }
 
-static void check_moe_case(checker *c, const moe_case *mc) {
+static void check_moe_case(checker *c, const moe_case *mc) {   /* as check_mlp_case: see mlp_case */
     const int64_t T = mc->T, H = mc->H, E = mc->E, F = mc->F, k = mc->k;
     const moex_dtype dt = mc->dt;
     const int has_b2 = mc->b2_mode != MOEX_BIAS_NONE, acc = mc->dw_mode == MOEX_GRAD_ACCUMULATE;
-    moex_glu_params glu = moex_glu_params_default(mc->kind);
-    glu.layout = mc->layout;
+    moex_glu_params glu = c_glu(mc->kind, mc->layout);
     char shape[96];
     snprintf(shape, sizeof shape, "T=%lld H=%lld E=%lld F=%lld k=%lld %s %s", (long long)T, (long long)H,
              (long long)E, (long long)F, (long long)k, mc->score == MOEX_ROUTER_SOFTMAX ? "softmax" : "sigmoid",
-             mc->kind == MOEX_GLU_SWIGLU ? "swiglu" : "clamped-i32");
+             c_glu_name(mc->kind));
 
     double *x = c_doubles(T * H), *rw = c_doubles(E * H), *w1 = c_doubles(E * 2 * F * H), *b1 = c_doubles(E * 2 * F);
     double *w2 = c_doubles(E * H * F), *b2 = c_doubles(E * H), *dy = c_doubles(T * H);
@@ -401,10 +402,8 @@ static void check_moe_case(checker *c, const moe_case *mc) {
     {
         crow r = {0};
         cbuf bdx = {0}, bdrw = {0}, bdw1 = {0}, bdw2 = {0}, bdb1 = {0}, bdb2 = {0};
-        double *rw0 = c_doubles(E * H), *w10 = c_doubles(E * 2 * F * H), *w20 = c_doubles(E * H * F);
-        c_uniform(c, rw0, E * H, -1, 1);
-        c_uniform(c, w10, E * 2 * F * H, -1, 1);
-        c_uniform(c, w20, E * H * F, -1, 1);
+        double *rw0 = c_random(c, E * H, -1, 1), *w10 = c_random(c, E * 2 * F * H, -1, 1);
+        double *w20 = c_random(c, E * H * F, -1, 1);
         int run_ok = ok && fwd_ok && cb_out(c, &bdx, dt, T * H, NULL) == 0 &&
                      cb_out(c, &bdrw, mc->dw_dt, E * H, acc ? rw0 : NULL) == 0 &&
                      cb_out(c, &bdw1, mc->dw_dt, E * 2 * F * H, acc ? w10 : NULL) == 0 &&
@@ -448,26 +447,11 @@ static void check_moe_case(checker *c, const moe_case *mc) {
             ref_tol_model mw = ref_tol_for(mc->dw_dt, dt, 1, kb);
             ref_tol_model mb = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
             c_compare(c, &r, "dx", &bdx, o.dx, o.dxb, T * H, &mx);
-            double *want = c_doubles(E * 2 * F * H), *want_b = c_doubles(E * 2 * F * H);
-            struct { const char *name; cbuf *b; const double *ref, *bound, *init; int64_t n; } dws[3] = {
-                {"drouter_w", &bdrw, o.drouter_w, o.drouter_wb, rw0, E * H},
-                {"dw1", &bdw1, o.dw1, o.dw1b, w10, E * 2 * F * H},
-                {"dw2", &bdw2, o.dw2, o.dw2b, w20, E * H * F},
-            };
-            for (int i = 0; i < 3; i++) {
-                if (acc) {
-                    for (int64_t j = 0; j < dws[i].n; j++) {
-                        want[j] = dws[i].init[j] + dws[i].ref[j];
-                        want_b[j] = fabs(dws[i].init[j]) + dws[i].bound[j];
-                    }
-                    c_compare(c, &r, dws[i].name, dws[i].b, want, want_b, dws[i].n, &mw);
-                } else {
-                    c_compare(c, &r, dws[i].name, dws[i].b, dws[i].ref, dws[i].bound, dws[i].n, &mw);
-                }
-            }
+            c_compare_from(c, &r, "drouter_w", &bdrw, acc ? rw0 : NULL, o.drouter_w, o.drouter_wb, E * H, &mw);
+            c_compare_from(c, &r, "dw1", &bdw1, acc ? w10 : NULL, o.dw1, o.dw1b, E * 2 * F * H, &mw);
+            c_compare_from(c, &r, "dw2", &bdw2, acc ? w20 : NULL, o.dw2, o.dw2b, E * H * F, &mw);
             if (mc->b1) c_compare(c, &r, "db1", &bdb1, o.db1, o.db1b, E * 2 * F, &mb);
             if (has_b2) c_compare(c, &r, "db2", &bdb2, o.db2, o.db2b, E * H, &mb);
-            free(want); free(want_b);
             free(o.dx); free(o.dxb); free(o.drouter_w); free(o.drouter_wb); free(o.dw1); free(o.dw1b);
             free(o.dw2); free(o.dw2b); free(o.db1); free(o.db1b); free(o.db2); free(o.db2b);
         }

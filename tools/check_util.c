@@ -24,26 +24,23 @@ static int cb_alloc(checker *c, cbuf *b, moex_dtype dt, int64_t n) {
     return 0;
 }
 
-int cb_in(checker *c, cbuf *b, moex_dtype dt, double *v, int64_t n) {
+/* Allocates b and uploads its host copy: v[0..n) rounded to dt IN PLACE, or, when v is
+ * NULL, every byte set to `byte`. */
+static int cb_upload(checker *c, cbuf *b, moex_dtype dt, double *v, int64_t n, int byte) {
     if (cb_alloc(c, b, dt, n)) return -1;
     if (v) {
         ref_round_array(dt, v, n);
         ref_fill(dt, b->host, v, n);
     } else {
-        memset(b->host, 0, (size_t)n * moex_dtype_size(dt));
+        memset(b->host, byte, (size_t)n * moex_dtype_size(dt));
     }
     return cli_mem_upload(c->be, b->dev, b->host, (size_t)n * moex_dtype_size(dt));
 }
 
+int cb_in(checker *c, cbuf *b, moex_dtype dt, double *v, int64_t n) { return cb_upload(c, b, dt, v, n, 0); }
+
 int cb_out(checker *c, cbuf *b, moex_dtype dt, int64_t n, double *init) {
-    if (cb_alloc(c, b, dt, n)) return -1;
-    if (init) {
-        ref_round_array(dt, init, n);
-        ref_fill(dt, b->host, init, n);
-    } else {
-        memset(b->host, 0xFF, (size_t)n * moex_dtype_size(dt));
-    }
-    return cli_mem_upload(c->be, b->dev, b->host, (size_t)n * moex_dtype_size(dt));
+    return cb_upload(c, b, dt, init, n, 0xFF);   /* poison: NaN in float dtypes, -1 in integers */
 }
 
 int cb_get(checker *c, cbuf *b) {
@@ -116,6 +113,23 @@ void c_compare(checker *c, crow *r, const char *name, cbuf *got, const double *r
     }
 }
 
+void c_compare_from(checker *c, crow *r, const char *name, cbuf *got, const double *init, const double *ref,
+                    const double *bound, int64_t valid, const ref_tol_model *m) {
+    if (!init) {
+        c_compare(c, r, name, got, ref, bound, valid, m);
+        return;
+    }
+    const int64_t n = got->n;
+    double *want = c_doubles(n), *want_b = c_doubles(n);
+    for (int64_t i = 0; i < n; i++) {
+        want[i] = init[i] + (i < valid ? ref[i] : 0.0);
+        want_b[i] = fabs(init[i]) + (i < valid && bound ? bound[i] : 0.0);
+    }
+    c_compare(c, r, name, got, want, want_b, n, m);
+    free(want);
+    free(want_b);
+}
+
 void c_call_failed(checker *c, crow *r, const char *what, moex_status st) {
     r->bad++;
     if (st == MOEX_OK)
@@ -149,6 +163,20 @@ void c_uniform(checker *c, double *v, int64_t n, double lo, double hi) {
     for (int64_t i = 0; i < n; i++) v[i] = lo + (hi - lo) * cli_rng_uniform(&c->rng);
 }
 
+double *c_random(checker *c, int64_t n, double lo, double hi) {
+    double *v = c_doubles(n);
+    c_uniform(c, v, n, lo, hi);
+    return v;
+}
+
+moex_glu_params c_glu(moex_glu_kind kind, moex_glu_layout layout) {
+    moex_glu_params glu = moex_glu_params_default(kind);
+    glu.layout = layout;
+    return glu;
+}
+
+const char *c_glu_name(moex_glu_kind kind) { return kind == MOEX_GLU_SWIGLU ? "swiglu" : "clamped-i32"; }
+
 const char *c_splits_name(c_splits_kind k) {
     switch (k) {
     case C_SPLITS_BALANCED: return "balanced";
@@ -159,7 +187,7 @@ const char *c_splits_name(c_splits_kind k) {
     return "?";
 }
 
-void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits) {
+static void make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits) {
     for (int64_t g = 0; g < G; g++) splits[g] = 0;
     switch (k) {
     case C_SPLITS_BALANCED:
@@ -201,4 +229,9 @@ void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *s
         return;
     }
     }
+}
+
+void c_make_splits(checker *c, c_splits_kind k, int64_t G, int64_t S, int64_t *splits, double *sd) {
+    make_splits(c, k, G, S, splits);
+    for (int64_t g = 0; g < G; g++) sd[g] = (double)splits[g];
 }

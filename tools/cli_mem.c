@@ -45,24 +45,27 @@ void cli_mem_free(moex_backend b, void *p) {
     free(p);
 }
 
-int cli_mem_upload(moex_backend b, void *dst, const void *src, size_t bytes) {
+/* A copy between host and backend memory: cudaMemcpy to or from the device on CUDA,
+ * memcpy on the CPU. */
+static int mem_copy(moex_backend b, void *dst, const void *src, size_t bytes, int to_device) {
     if (bytes == 0) return 0;
 #ifdef MOEX_HAVE_CUDA
-    if (b == MOEX_BACKEND_CUDA) return cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    if (b == MOEX_BACKEND_CUDA)
+        return cuda_ok(cudaMemcpy(dst, src, bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost),
+                       "cudaMemcpy");
 #endif
     (void)b;
+    (void)to_device;
     memcpy(dst, src, bytes);
     return 0;
 }
 
+int cli_mem_upload(moex_backend b, void *dst, const void *src, size_t bytes) {
+    return mem_copy(b, dst, src, bytes, 1);
+}
+
 int cli_mem_download(moex_backend b, void *dst, const void *src, size_t bytes) {
-    if (bytes == 0) return 0;
-#ifdef MOEX_HAVE_CUDA
-    if (b == MOEX_BACKEND_CUDA) return cuda_ok(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
-#endif
-    (void)b;
-    memcpy(dst, src, bytes);
-    return 0;
+    return mem_copy(b, dst, src, bytes, 0);
 }
 
 int cli_mem_zero(moex_backend b, void *dst, size_t bytes) {

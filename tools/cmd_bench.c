@@ -192,6 +192,7 @@ static int fill_random(moex_backend b, void *dst, moex_dtype dt, size_t n, doubl
 /* ---- timing ------------------------------------------------------------------------- */
 
 typedef moex_status (*bench_fn)(moex_context *ctx, void *arg);
+typedef moex_status (*bench_ws_fn)(moex_context *ctx, void *arg, size_t *bytes);
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -202,6 +203,7 @@ typedef struct bench_op {
     const char *what;
     bench_fn fn;
     void *arg;
+    bench_ws_fn ws;   /* the workspace query of fn (NULL: none) */
 } bench_op;
 
 /* Times each of ops[0..n) `iters` times after one warm-up each, interleaved (op 0, op 1,
@@ -268,27 +270,31 @@ typedef struct mlp_bench {
     bench_ws *ws;
 } mlp_bench;
 
-static moex_status run_fwd(moex_context *ctx, void *a) {
-    gl_bench *b = a;
-    return moex_grouped_linear_forward(ctx, &b->fwd, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_dgrad(moex_context *ctx, void *a) {
-    gl_bench *b = a;
-    return moex_grouped_linear_backward_data(ctx, &b->dgrad, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_wgrad(moex_context *ctx, void *a) {
-    gl_bench *b = a;
-    return moex_grouped_linear_backward_weight(ctx, &b->wgrad, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_mlp_fwd(moex_context *ctx, void *a) {
-    mlp_bench *b = a;
-    return moex_grouped_mlp_forward(ctx, &b->fwd, b->ws->ptr, b->ws->bytes, NULL);
-}
+/* BENCH_CALL(name, type, field, op) defines run_<name>, a bench_fn that calls moex_<op> on
+ * the args ((type *)arg)->field with the shared workspace, and ws_<name>, a bench_ws_fn
+ * that calls its workspace query moex_<op>_workspace_size. */
+#define BENCH_CALL(name, type, field, op)                                                  \
+    static moex_status run_##name(moex_context *ctx, void *arg) {                          \
+        type *b = arg;                                                                     \
+        return moex_##op(ctx, &b->field, b->ws->ptr, b->ws->bytes, NULL);                  \
+    }                                                                                      \
+    static moex_status ws_##name(moex_context *ctx, void *arg, size_t *bytes) {           \
+        return moex_##op##_workspace_size(ctx, &((type *)arg)->field, bytes);              \
+    }
+
+/* A bench_op of the functions BENCH_CALL defined for `name`. */
+#define BENCH_OP(what, name, arg) {what, run_##name, arg, ws_##name}
+
+BENCH_CALL(fwd, gl_bench, fwd, grouped_linear_forward)
+BENCH_CALL(dgrad, gl_bench, dgrad, grouped_linear_backward_data)
+BENCH_CALL(wgrad, gl_bench, wgrad, grouped_linear_backward_weight)
+BENCH_CALL(mlp_fwd, mlp_bench, fwd, grouped_mlp_forward)
+BENCH_CALL(mlp_bwd, mlp_bench, bwd, grouped_mlp_backward)
+
+/* The grouped MLP forward, then its backward. */
 static moex_status run_mlp(moex_context *ctx, void *a) {
-    mlp_bench *b = a;
     moex_status st = run_mlp_fwd(ctx, a);
-    if (st != MOEX_OK) return st;
-    return moex_grouped_mlp_backward(ctx, &b->bwd, b->ws->ptr, b->ws->bytes, NULL);
+    return st != MOEX_OK ? st : run_mlp_bwd(ctx, a);
 }
 
 #ifdef MOEX_HAVE_OPENBLAS
@@ -316,18 +322,53 @@ typedef struct bench_row {
 
 #define MAX_ROWS 6
 
-/* *ws = max(*ws, *bytes) after a successful query. `bytes` is read here, after the query
- * (an argument of this call) has written it. */
-static void grow(size_t *ws, moex_status st, const size_t *bytes) {
-    if (st == MOEX_OK && *bytes > *ws) *ws = *bytes;
+/* The largest workspace the queries of ops[0..n) ask for. A failed query counts 0: its op
+ * reports the error when it runs. */
+static size_t ops_workspace(moex_context *ctx, const bench_op *ops, int n) {
+    size_t ws = 0;
+    for (int i = 0; i < n; i++) {
+        size_t b = 0;
+        if (ops[i].ws && ops[i].ws(ctx, ops[i].arg, &b) == MOEX_OK && b > ws) ws = b;
+    }
+    return ws;
 }
 
-/* Host memory a run of config c takes besides its buffers: the splits (the caller's
- * array and make_splits' shares), fill_random's block at most, time_ops' samples of nops. */
-static size_t run_host_bytes(const bench_config *c, moex_dtype dt, const bench_opts *o, int nops) {
+/* Adds to *plan what a run of config c takes besides its buffers: the workspace of ws_bytes
+ * and host memory for the splits (the caller's array and make_splits' shares), fill_random's
+ * block at most and time_ops' samples of nops. */
+static void plan_run(cli_budget *plan, size_t ws_bytes, const bench_config *c, moex_dtype dt, const bench_opts *o,
+                     int nops) {
     size_t b = cli_array_bytes(2 * sizeof(int64_t), c->G, 1, 1);
     b = cli_size_add(b, cli_array_bytes(sizeof(float) + moex_dtype_size(dt), (int64_t)FILL_BLOCK, 1, 1));
-    return cli_size_add(b, cli_array_bytes(sizeof(double), nops, o->iters, 1));
+    cli_budget_backend(plan, ws_bytes);
+    cli_budget_host(plan, cli_size_add(b, cli_array_bytes(sizeof(double), nops, o->iters, 1)));
+}
+
+/* The splits of a run: make_splits into splits_out, their sum in *S. Nothing with `plan`
+ * (sizes only: *S = 0). Returns -1 when make_splits fails. */
+static int run_splits(splits_kind sk, int64_t G, int64_t T, cli_rng *r, int64_t *splits_out, const cli_budget *plan,
+                      int64_t *S) {
+    *S = 0;
+    if (plan) return 0;
+    if (make_splits(sk, G, T, r, splits_out) != 0) return -1;
+    for (int64_t g = 0; g < G; g++) *S += splits_out[g];
+    return 0;
+}
+
+/* The shared workspace of ws->bytes in backend memory (none for 0 bytes). Returns -1 with a
+ * message when the allocation fails. */
+static int alloc_ws(moex_backend be, const bench_config *c, bench_ws *ws) {
+    if (!ws->bytes) return 0;
+    ws->ptr = cli_mem_alloc(be, ws->bytes);
+    if (ws->ptr) return 0;
+    cli_error(CMD, "%s: cannot allocate a workspace of %zu bytes", c->name, ws->bytes);
+    return -1;
+}
+
+/* Frees the workspace and buf[0..n) (not allocated with `plan`). */
+static void free_run(moex_backend be, bench_ws *ws, void **buf, int n, const cli_budget *plan) {
+    cli_mem_free(be, ws->ptr);
+    for (int i = 0; i < n && !plan; i++) cli_mem_free(be, buf[i]);
 }
 
 /* Points buf[i] at bytes[i] of backend memory for each i in [0, n) but `skip` (-1: none);
@@ -360,11 +401,8 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     const int64_t G = c->G, T = c->T, K = c->K, N = c->N, H = c->H, F = c->F;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    int64_t S = 0;
-    if (!plan) {
-        if (make_splits(sk, G, T, &r, splits_out) != 0) return -1;
-        for (int64_t g = 0; g < G; g++) S += splits_out[g];
-    }
+    int64_t S;
+    if (run_splits(sk, G, T, &r, splits_out, plan, &S) != 0) return -1;
 
     /* buffers: linear x [T,K], w [G,N,K], y/dy [T,N], dx [T,K], dw [G,N,K];
      * MLP x [T,H], w1 [G,2F,H], w2 [G,H,F], probs [T], h [T,2F], z [T,F], y/dy/dx [T,H],
@@ -433,15 +471,16 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     mlp.bwd.dw1 = moex_weight_packed(moex_tensor_3d(buf[DW1], dt, G, 2 * F, H));
     mlp.bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[DW2], dt, G, H, F));
 
-    size_t b = 0;
-    grow(&ws.bytes, moex_grouped_linear_forward_workspace_size(ctx, &gl.fwd, &b), &b);
-    grow(&ws.bytes, moex_grouped_linear_backward_data_workspace_size(ctx, &gl.dgrad, &b), &b);
-    grow(&ws.bytes, moex_grouped_linear_backward_weight_workspace_size(ctx, &gl.wgrad, &b), &b);
-    grow(&ws.bytes, moex_grouped_mlp_forward_workspace_size(ctx, &mlp.fwd, &b), &b);
-    grow(&ws.bytes, moex_grouped_mlp_backward_workspace_size(ctx, &mlp.bwd, &b), &b);
+    /* the MLP forward+backward runs both: its query is the backward's, the forward's is op 3 */
+    bench_op ops[MAX_ROWS] = {
+        BENCH_OP("forward", fwd, &gl), BENCH_OP("backward_data", dgrad, &gl),
+        BENCH_OP("backward_weight", wgrad, &gl), BENCH_OP("grouped MLP forward", mlp_fwd, &mlp),
+        {"grouped MLP forward+backward", run_mlp, &mlp, ws_mlp_bwd},
+    };
+    int nops = 5;
+    ws.bytes = ops_workspace(ctx, ops, nops);
     if (plan) {
-        cli_budget_backend(plan, ws.bytes);
-        cli_budget_host(plan, run_host_bytes(c, dt, o, MAX_ROWS));
+        plan_run(plan, ws.bytes, c, dt, o, MAX_ROWS);
 #ifdef MOEX_HAVE_OPENBLAS
         if (be == MOEX_BACKEND_CPU)   /* the cblas_sgemm baseline's a, w, c */
             cli_budget_host(plan, cli_size_add(cli_array_bytes(sizeof(float), T, K, 1),
@@ -457,31 +496,16 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
         fill_random(be, buf[W2], dt, (size_t)(G * H * F), 1.0 / sqrt((double)F), &r) ||
         fill_random(be, buf[MDX], dt, (size_t)(T * H), 1.0, &r) ||   /* dy of the MLP, see above */
         fill_random(be, buf[PR], MOEX_DTYPE_F32, (size_t)T, 1.0, &r) ||
-        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]))
+        cli_mem_upload(be, buf[SPL], splits_out, bytes[SPL]) || alloc_ws(be, c, &ws))
         goto done;
-    if (ws.bytes) {
-        ws.ptr = cli_mem_alloc(be, ws.bytes);
-        if (!ws.ptr) {
-            cli_error(CMD, "%s: cannot allocate a workspace of %zu bytes", c->name, ws.bytes);
-            goto done;
-        }
-    }
 
     const double lin = 2.0 * (double)S * (double)K * (double)N;
-    bench_op ops[MAX_ROWS] = {
-        {"forward", run_fwd, &gl},
-        {"backward_data", run_dgrad, &gl},
-        {"backward_weight", run_wgrad, &gl},
-        {"grouped MLP forward", run_mlp_fwd, &mlp},
-        {"grouped MLP forward+backward", run_mlp, &mlp},
-    };
     rows[0] = (bench_row){"forward", lin, -1.0};
     rows[1] = (bench_row){"backward_data", lin, -1.0};
     rows[2] = (bench_row){"backward_weight", lin, -1.0};
     rows[3] = (bench_row){"mlp_fwd", 6.0 * (double)S * (double)H * (double)F, -1.0};
     rows[4] = (bench_row){"mlp_fwd_bwd", 18.0 * (double)S * (double)H * (double)F, -1.0};
     rows[5] = (bench_row){"sgemm", 2.0 * (double)T * (double)K * (double)N, -1.0};
-    int nops = 5;
     double med[MAX_ROWS];
 #ifdef MOEX_HAVE_OPENBLAS
     /* the dense baseline: one cblas_sgemm of M = T rows, timed between the grouped ops */
@@ -495,7 +519,7 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
             for (int64_t i = 0; i < T * K; i++) sa[i] = (float)(2.0 * cli_rng_uniform(&r) - 1.0);
             for (int64_t i = 0; i < N * K; i++) sw[i] = (float)((2.0 * cli_rng_uniform(&r) - 1.0) / sqrt((double)K));
             sb = (sgemm_bench){T, N, K, sa, sw, sc};
-            ops[nops++] = (bench_op){"cblas_sgemm", run_sgemm, &sb};
+            ops[nops++] = (bench_op){"cblas_sgemm", run_sgemm, &sb, NULL};
         }
     }
 #endif
@@ -509,8 +533,7 @@ static int bench_one(moex_context *ctx, moex_backend be, moex_dtype dt, const be
     n = MAX_ROWS;
     rc = n;
 done:
-    cli_mem_free(be, ws.ptr);
-    for (int i = 0; i < NBUF && !plan; i++) cli_mem_free(be, buf[i]);
+    free_run(be, &ws, buf, NBUF, plan);
     return rc;
 }
 
@@ -532,46 +555,16 @@ typedef struct other_bench {
     bench_ws *ws;
 } other_bench;
 
-static moex_status run_glu_fwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_scaled_glu_forward(ctx, &b->glu, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_glu_bwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_scaled_glu_backward(ctx, &b->glu_bwd, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_router_fwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_router_forward(ctx, &b->router, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_router_bwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_router_backward(ctx, &b->router_bwd, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_perm_fwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_permute_forward(ctx, &b->perm, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_perm_bwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_permute_backward(ctx, &b->perm_bwd, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_unperm_fwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_unpermute_forward(ctx, &b->unperm, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_unperm_bwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_unpermute_backward(ctx, &b->unperm_bwd, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_moe_fwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_moe_layer_forward(ctx, &b->moe, b->ws->ptr, b->ws->bytes, NULL);
-}
-static moex_status run_moe_bwd(moex_context *ctx, void *a) {
-    other_bench *b = a;
-    return moex_moe_layer_backward(ctx, &b->moe_bwd, b->ws->ptr, b->ws->bytes, NULL);
-}
+BENCH_CALL(glu_fwd, other_bench, glu, scaled_glu_forward)
+BENCH_CALL(glu_bwd, other_bench, glu_bwd, scaled_glu_backward)
+BENCH_CALL(router_fwd, other_bench, router, router_forward)
+BENCH_CALL(router_bwd, other_bench, router_bwd, router_backward)
+BENCH_CALL(perm_fwd, other_bench, perm, permute_forward)
+BENCH_CALL(perm_bwd, other_bench, perm_bwd, permute_backward)
+BENCH_CALL(unperm_fwd, other_bench, unperm, unpermute_forward)
+BENCH_CALL(unperm_bwd, other_bench, unperm_bwd, unpermute_backward)
+BENCH_CALL(moe_fwd, other_bench, moe, moe_layer_forward)
+BENCH_CALL(moe_bwd, other_bench, moe_bwd, moe_layer_backward)
 
 typedef struct other_row {
     const char *op;
@@ -592,11 +585,8 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     const int64_t E = c->G, T = c->T, H = c->H, F = c->F, k = other_topk(c), Tk = T * k;
     const size_t es = moex_dtype_size(dt);
     cli_rng r = cli_rng_make((uint64_t)o->seed);
-    int64_t S = 0;
-    if (!plan) {
-        if (make_splits(sk, E, T, &r, splits_out) != 0) return -1;
-        for (int64_t g = 0; g < E; g++) S += splits_out[g];
-    }
+    int64_t S;
+    if (run_splits(sk, E, T, &r, splits_out, plan, &S) != 0) return -1;
 
     /* GLU: h [T,2F], probs [T], z [T,F], dz [T,F], dh [T,2F], dprobs [T], splits [E].
      * router: logits [T,E] f32, probs [T,k], ids [T,k], dprobs [T,k], dlogits [T,E].
@@ -714,20 +704,16 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     ob.moe_bwd.dw1 = moex_weight_packed(moex_tensor_3d(buf[MDW1], dt, E, 2 * F, H));
     ob.moe_bwd.dw2 = moex_weight_packed(moex_tensor_3d(buf[MDW2], dt, E, H, F));
 
-    size_t b = 0;
-    grow(&ws.bytes, moex_scaled_glu_forward_workspace_size(ctx, &ob.glu, &b), &b);
-    grow(&ws.bytes, moex_scaled_glu_backward_workspace_size(ctx, &ob.glu_bwd, &b), &b);
-    grow(&ws.bytes, moex_router_forward_workspace_size(ctx, &ob.router, &b), &b);
-    grow(&ws.bytes, moex_router_backward_workspace_size(ctx, &ob.router_bwd, &b), &b);
-    grow(&ws.bytes, moex_permute_forward_workspace_size(ctx, &ob.perm, &b), &b);
-    grow(&ws.bytes, moex_permute_backward_workspace_size(ctx, &ob.perm_bwd, &b), &b);
-    grow(&ws.bytes, moex_unpermute_forward_workspace_size(ctx, &ob.unperm, &b), &b);
-    grow(&ws.bytes, moex_unpermute_backward_workspace_size(ctx, &ob.unperm_bwd, &b), &b);
-    grow(&ws.bytes, moex_moe_layer_forward_workspace_size(ctx, &ob.moe, &b), &b);
-    grow(&ws.bytes, moex_moe_layer_backward_workspace_size(ctx, &ob.moe_bwd, &b), &b);
+    bench_op ops[OTHER_ROWS] = {
+        BENCH_OP("glu_fwd", glu_fwd, &ob),         BENCH_OP("glu_bwd", glu_bwd, &ob),
+        BENCH_OP("router_fwd", router_fwd, &ob),   BENCH_OP("router_bwd", router_bwd, &ob),
+        BENCH_OP("permute_fwd", perm_fwd, &ob),    BENCH_OP("permute_bwd", perm_bwd, &ob),
+        BENCH_OP("unpermute_fwd", unperm_fwd, &ob), BENCH_OP("unpermute_bwd", unperm_bwd, &ob),
+        BENCH_OP("moe_fwd", moe_fwd, &ob),         BENCH_OP("moe_bwd", moe_bwd, &ob),
+    };
+    ws.bytes = ops_workspace(ctx, ops, OTHER_ROWS);
     if (plan) {
-        cli_budget_backend(plan, ws.bytes);
-        cli_budget_host(plan, run_host_bytes(c, dt, o, OTHER_ROWS));
+        plan_run(plan, ws.bytes, c, dt, o, OTHER_ROWS);
         return 0;
     }
     /* random inputs; the ids, probs and row maps come from the router and permute runs */
@@ -744,15 +730,8 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
         fill_random(be, buf[UDY], dt, (size_t)(T * H), 1.0, &r) ||
         fill_random(be, buf[MRW], dt, (size_t)(E * H), 1.0 / sqrt((double)H), &r) ||
         fill_random(be, buf[MW1], dt, (size_t)(E * 2 * F * H), 1.0 / sqrt((double)H), &r) ||
-        fill_random(be, buf[MW2], dt, (size_t)(E * H * F), 1.0 / sqrt((double)F), &r))
+        fill_random(be, buf[MW2], dt, (size_t)(E * H * F), 1.0 / sqrt((double)F), &r) || alloc_ws(be, c, &ws))
         goto done;
-    if (ws.bytes) {
-        ws.ptr = cli_mem_alloc(be, ws.bytes);
-        if (!ws.ptr) {
-            cli_error(CMD, "%s: cannot allocate a workspace of %zu bytes", c->name, ws.bytes);
-            goto done;
-        }
-    }
 
     /* Effective bytes: what each op must read and write at least once (see --help). */
     const double t = (double)T, tk = (double)Tk, e = (double)E, h = (double)H, f = (double)F, s = (double)S,
@@ -769,13 +748,6 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
         {"unpermute_bwd", th * (1.0 + (double)k) + 4.0 * tk, 0.0, -1.0},
         {"moe_fwd", w * (2.0 * t * h + e * h + 3.0 * e * f * h), moe_flops, -1.0},
         {"moe_bwd", w * (3.0 * t * h + 2.0 * e * h + 6.0 * e * f * h), 2.0 * moe_flops, -1.0},
-    };
-    bench_op ops[OTHER_ROWS] = {
-        {"glu_fwd", run_glu_fwd, &ob},       {"glu_bwd", run_glu_bwd, &ob},
-        {"router_fwd", run_router_fwd, &ob}, {"router_bwd", run_router_bwd, &ob},
-        {"permute_fwd", run_perm_fwd, &ob},  {"permute_bwd", run_perm_bwd, &ob},
-        {"unpermute_fwd", run_unperm_fwd, &ob}, {"unpermute_bwd", run_unperm_bwd, &ob},
-        {"moe_fwd", run_moe_fwd, &ob},       {"moe_bwd", run_moe_bwd, &ob},
     };
     /* the producers once, in order, so every consumer's first (warm-up) run reads real data */
     const int producers[] = {2, 4, 8};
@@ -795,8 +767,7 @@ static int bench_other(moex_context *ctx, moex_backend be, moex_dtype dt, const 
     }
     rc = OTHER_ROWS;
 done:
-    cli_mem_free(be, ws.ptr);
-    for (int i = 0; i < NBUF && !plan; i++) cli_mem_free(be, buf[i]);
+    free_run(be, &ws, buf, NBUF, plan);
     return rc;
 }
 
