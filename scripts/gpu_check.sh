@@ -11,7 +11,8 @@
 # Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
 # sanitize.log check.log bench.log (portable GEMM runs appended) torch.log (torch baselines and
 # bench/gemm_bench.py) gemm_bench.jsonl summary.txt. Env: BUILD (build dir, default
-# build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default all),
+# build-gpu), SAN_TIMEOUT (seconds per sanitizer run, default 300), BENCH_CONFIGS (default the
+# CUDA set of tools/bench_configs.h),
 # OTHER_CONFIGS (default dsv3-fc1,qwen3-30b-fc1),
 # COMMIT (recorded in the summary; default `git rev-parse --short HEAD`).
 set -u
@@ -20,7 +21,8 @@ BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-$PWD/$BUILD/gpu_out}
 COMMIT=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 SAN_TIMEOUT=${SAN_TIMEOUT:-300}
-BENCH_CONFIGS=${BENCH_CONFIGS:-dsv3-fc1,dsv3-fc2,qwen3-30b-fc1,qwen3-30b-fc2,mixtral-fc1,gptoss-fc1}
+# default: the CUDA set of tools/bench_configs.h (through bench/configs.py)
+BENCH_CONFIGS=${BENCH_CONFIGS:-$(python3 -c 'import sys; sys.path.insert(0, "bench"); import configs; print(",".join(configs.select("CUDA")))')}
 OTHER_CONFIGS=${OTHER_CONFIGS:-dsv3-fc1,qwen3-30b-fc1}   # configs of `moex bench --ops other` and its torch baseline
 OTHER_OPS=' (glu|router|permute|unpermute|moe)_(fwd|bwd) '
 mkdir -p "$OUT"
