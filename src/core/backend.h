@@ -75,7 +75,8 @@ typedef struct moex_dense_gemm {
     float *r;                   /* NN: the f32 addend */
 } moex_dense_gemm;
 
-/* The primitives with a workspace query, written once: X(field, args type, dims type).
+/* The primitives with a workspace query, written once: X(p, field, args type, dims type),
+ * p passed through (a backend's prefix).
  * GROUPED ones run on a prepared handle (moex_groups); the others need none. A backend
  * implements each as <prefix>_<field> and <prefix>_<field>_ws (MOEX_DECLARE_PRIMITIVES) and
  * fills its table with MOEX_PRIMITIVE_FIELDS.
@@ -101,7 +102,7 @@ typedef struct moex_dense_gemm {
     X(p, unpermute_fwd, moex_unpermute_args, moex_perm_dims)                                      \
     X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
 
-/* The signatures: `name` is a table field, or a backend's function (MOEX_FN_). */
+/* The signatures: of a table field (*_FIELD_), or of a backend's function (*_DECL_). */
 #define MOEX_GROUPED_SIG_(ws_name, name, args_t, dims_t)                                           \
     size_t ws_name(moex_context *ctx, const args_t *a, const dims_t *d);                          \
     moex_status name(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, const dims_t *d, \
