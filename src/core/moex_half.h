@@ -8,16 +8,23 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float moex_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
+/* The bits of an f32, and the f32 of given bits. */
+static inline uint32_t moex_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float moex_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;
 }
 
+static inline float moex_bf16_to_f32(uint16_t h) { return moex_bits_f32((uint32_t)h << 16); }
+
 static inline uint16_t moex_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    uint32_t u = moex_f32_bits(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
     u += 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)(u >> 16);
@@ -36,14 +43,11 @@ static inline float moex_f16_to_f32(uint16_t h) {
         do { man <<= 1; e++; } while (!(man & 0x400u));
         u = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13);
     }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
+    return moex_bits_f32(u);
 }
 
 static inline uint16_t moex_f32_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
+    const uint32_t u = moex_f32_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
     if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);            /* NaN */
     if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u);           /* rounds to inf */

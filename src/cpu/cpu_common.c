@@ -2,6 +2,7 @@
  * cpu_common.c - helpers shared by every CPU operation:
  *   moex_cpu_parallel_for   a range split over a persistent pool of worker threads
  *   moex_cpu_state_create / moex_cpu_state_destroy   the pool, kept in ctx->backend_state
+ *   moex_cpu_store_f32_rows  f32 rows rounded into an output, in parallel over the rows
  *
  * The pool: workers are started lazily, the first time a call wants them, up to
  * ctx->num_threads - 1 (the caller's thread is the last one), so that
@@ -13,6 +14,8 @@
  * (nesting) runs inline on the calling thread.
  */
 #include "cpu_ops.h"
+
+#include "cpu_convert.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -166,4 +169,28 @@ void moex_cpu_parallel_for(moex_context *ctx, int64_t n, int64_t grain, moex_cpu
     p->helpers_wanted = 0;
     p->busy = 0;
     pthread_mutex_unlock(&p->mu);
+}
+
+/* ---- rounding f32 rows into an output ------------------------------------------------- */
+
+#define STORE_GRAIN_ELEMS 16384   /* elements of a chunk worth a thread */
+
+typedef struct store_job {
+    const float *src;
+    void *dst;
+    moex_dtype dt;
+    int64_t cols;
+} store_job;
+
+static void store_rows(void *arg, int64_t begin, int64_t end) {
+    const store_job *j = (const store_job *)arg;
+    moex_cpu_store_f32(moex_cpu_at(j->dst, j->dt, begin * j->cols), j->dt, j->src + begin * j->cols,
+                       (end - begin) * j->cols);
+}
+
+void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const float *src, int64_t rows,
+                             int64_t cols) {
+    if (rows <= 0 || cols <= 0) return;
+    store_job j = {src, dst, dt, cols};
+    moex_cpu_parallel_for(ctx, rows, 1 + STORE_GRAIN_ELEMS / cols, store_rows, &j);
 }

@@ -6,7 +6,6 @@
  *   NN:  R += A B in place, then C = round(R)
  * Workspace: the f32 buffer [M, N] when C is not f32 (NT, TN), then the GEMM's scratch.
  */
-#include "cpu_convert.h"
 #include "cpu_gemm.h"
 #include "cpu_ops.h"
 
@@ -29,27 +28,6 @@ static dense_ws layout_of(const moex_dense_gemm *p, void *ws) {
 
 size_t moex_cpu_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) { return layout_of(p, NULL).total; }
 
-/* Rounds f32 rows [rows, cols] into dst of dtype dt, in parallel over rows. */
-typedef struct store_job {
-    const float *src;
-    void *dst;
-    moex_dtype dt;
-    int64_t cols;
-} store_job;
-
-static void store_rows(void *arg, int64_t begin, int64_t end) {
-    const store_job *jb = (const store_job *)arg;
-    moex_cpu_store_f32(moex_cpu_at(jb->dst, jb->dt, begin * jb->cols), jb->dt, jb->src + begin * jb->cols,
-                       (end - begin) * jb->cols);
-}
-
-static void store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const float *src, int64_t rows,
-                           int64_t cols) {
-    store_job jb = {src, dst, dt, cols};
-    const int64_t grain = 16384 / cols;
-    moex_cpu_parallel_for(ctx, rows, grain < 1 ? 1 : grain, store_rows, &jb);
-}
-
 moex_status moex_cpu_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
                                 const moex_dense_gemm *p, void *ws) {
     const dense_ws l = layout_of(p, ws);
@@ -69,9 +47,9 @@ moex_status moex_cpu_dense_gemm(moex_context *ctx, const moex_call *c, const moe
         moex_cpu_gemm(ctx, M, N, K, moex_cpu_matrix_of(p->a, p->ta, K, MOEX_CPU_NOTRANS),
                       moex_cpu_matrix_of(p->b, p->tb, N, MOEX_CPU_NOTRANS), p->r, N, MOEX_CPU_GEMM_ACCUMULATE,
                       l.scratch);
-        store_f32_rows(ctx, p->c, p->tc, p->r, M, N);
+        moex_cpu_store_f32_rows(ctx, p->c, p->tc, p->r, M, N);
         return MOEX_OK;
     }
-    if (l.tmp) store_f32_rows(ctx, p->c, p->tc, l.tmp, M, N);
+    if (l.tmp) moex_cpu_store_f32_rows(ctx, p->c, p->tc, l.tmp, M, N);
     return MOEX_OK;
 }

@@ -51,60 +51,47 @@ typedef struct c_block {
     int write;              /* C = tile (first K-block of a WRITE) rather than C += tile */
 } c_block;
 
-static void pack_a_tiles(void *arg, int64_t q0, int64_t q1) {
-    const c_block *blk = (const c_block *)arg;
-    const moex_cpu_matrix *a = &blk->a;
-    const int64_t kc = blk->kc;
-    float row[C_KC];
-    for (int64_t q = q0; q < q1; q++) {
-        float *d = blk->ap + q * kc * MR;
-        const int64_t rows = min64(MR, blk->mc - q * MR);
-        if (a->trans == MOEX_CPU_NOTRANS) {          /* op(A) row i is stored row i */
-            for (int64_t r = 0; r < MR; r++) {
-                if (r < rows) {
-                    const int64_t i = blk->m0 + q * MR + r;
-                    moex_cpu_load_f32(row, moex_cpu_cat(a->data, a->dtype, i * a->ld + blk->k0), a->dtype, kc);
-                    for (int64_t k = 0; k < kc; k++) d[k * MR + r] = row[k];
+/* Packs panels p0..p1 of width W (MR for A, NR for B) of the block of op(X) whose lines
+ * (rows of op(A), columns of op(B)) start at x0 (len of them) and whose depth starts at
+ * k0 (kc of it): panel p holds lines x0 + W p .. as dst[(p kc + k) W + l], zeros past len.
+ * by_line: each line is a stored row (contiguous in k), else each depth k is a stored row.
+ * Both operands pack alike: A's rows and B's columns play the same part. */
+static inline void pack_panels(const moex_cpu_matrix *x, int by_line, int64_t x0, int64_t len, int64_t k0,
+                               int64_t kc, int64_t W, float *dst, int64_t p0, int64_t p1) {
+    float line[C_KC];
+    for (int64_t p = p0; p < p1; p++) {
+        float *d = dst + p * kc * W;
+        const int64_t lines = min64(W, len - p * W);
+        if (by_line) {
+            for (int64_t l = 0; l < W; l++) {
+                if (l < lines) {
+                    const int64_t i = x0 + p * W + l;
+                    moex_cpu_load_f32(line, moex_cpu_cat(x->data, x->dtype, i * x->ld + k0), x->dtype, kc);
+                    for (int64_t k = 0; k < kc; k++) d[k * W + l] = line[k];
                 } else {
-                    for (int64_t k = 0; k < kc; k++) d[k * MR + r] = 0.0f;
+                    for (int64_t k = 0; k < kc; k++) d[k * W + l] = 0.0f;
                 }
             }
-        } else {                                     /* op(A) column k is stored row k */
+        } else {
             for (int64_t k = 0; k < kc; k++) {
-                const int64_t src = (blk->k0 + k) * a->ld + blk->m0 + q * MR;
-                moex_cpu_load_f32(d + k * MR, moex_cpu_cat(a->data, a->dtype, src), a->dtype, rows);
-                for (int64_t r = rows; r < MR; r++) d[k * MR + r] = 0.0f;
+                const int64_t src = (k0 + k) * x->ld + x0 + p * W;
+                moex_cpu_load_f32(d + k * W, moex_cpu_cat(x->data, x->dtype, src), x->dtype, lines);
+                for (int64_t l = lines; l < W; l++) d[k * W + l] = 0.0f;
             }
         }
     }
 }
 
+/* A: op(A) row i is stored row i unless A is transposed. */
+static void pack_a_tiles(void *arg, int64_t q0, int64_t q1) {
+    const c_block *blk = (const c_block *)arg;
+    pack_panels(&blk->a, blk->a.trans == MOEX_CPU_NOTRANS, blk->m0, blk->mc, blk->k0, blk->kc, MR, blk->ap, q0, q1);
+}
+
+/* B: op(B) column n is stored row n when B is transposed. */
 static void pack_b_panels(void *arg, int64_t p0, int64_t p1) {
     const c_block *blk = (const c_block *)arg;
-    const moex_cpu_matrix *b = &blk->b;
-    const int64_t kc = blk->kc;
-    float col[C_KC];
-    for (int64_t p = p0; p < p1; p++) {
-        float *d = blk->bp + p * kc * NR;
-        const int64_t cols = min64(NR, blk->nc - p * NR);
-        if (b->trans == MOEX_CPU_NOTRANS) {          /* op(B) row k is stored row k */
-            for (int64_t k = 0; k < kc; k++) {
-                const int64_t src = (blk->k0 + k) * b->ld + blk->n0 + p * NR;
-                moex_cpu_load_f32(d + k * NR, moex_cpu_cat(b->data, b->dtype, src), b->dtype, cols);
-                for (int64_t j = cols; j < NR; j++) d[k * NR + j] = 0.0f;
-            }
-        } else {                                     /* op(B) column n is stored row n */
-            for (int64_t j = 0; j < NR; j++) {
-                if (j < cols) {
-                    const int64_t n = blk->n0 + p * NR + j;
-                    moex_cpu_load_f32(col, moex_cpu_cat(b->data, b->dtype, n * b->ld + blk->k0), b->dtype, kc);
-                    for (int64_t k = 0; k < kc; k++) d[k * NR + j] = col[k];
-                } else {
-                    for (int64_t k = 0; k < kc; k++) d[k * NR + j] = 0.0f;
-                }
-            }
-        }
-    }
+    pack_panels(&blk->b, blk->b.trans == MOEX_CPU_TRANS, blk->n0, blk->nc, blk->k0, blk->kc, NR, blk->bp, p0, p1);
 }
 
 /* One register tile: c[r, j] (= or +=) sum_k a[k MR + r] b[k NR + j], for r < rows, j < cols.

@@ -100,34 +100,36 @@ static int64_t glu_grain(int64_t F) {
     return F >= GLU_GRAIN_ELEMS ? 1 : GLU_GRAIN_ELEMS / (F > 0 ? F : 1);
 }
 
-size_t moex_cpu_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a,
-                                      const moex_glu_dims *d) {
+/* Runs fn over the rows done: [0, off[G]) of the prepared groups when given, else all T. */
+static moex_status glu_run(moex_context *ctx, const moex_groups *grp, const moex_glu_dims *d, moex_cpu_range_fn fn,
+                           glu_job *jb) {
+    const int64_t rows = grp ? grp->off[grp->G] : d->T;
+    if (rows > 0 && d->F > 0) moex_cpu_parallel_for(ctx, rows, glu_grain(d->F), fn, jb);
+    return MOEX_OK;
+}
+
+/* The GLU needs no workspace. */
+size_t moex_cpu_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d) {
+    return 0;
+}
+
+size_t moex_cpu_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d) {
     return 0;
 }
 
 moex_status moex_cpu_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                         const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
-    const int64_t rows = grp ? grp->off[grp->G] : d->T;
-    if (rows == 0 || d->F == 0) return MOEX_OK;
     glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
     jb.z = a->z.data;
-    moex_cpu_parallel_for(ctx, rows, glu_grain(d->F), glu_forward_rows, &jb);
-    return MOEX_OK;
-}
-
-size_t moex_cpu_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a,
-                                       const moex_glu_dims *d) {
-    return 0;
+    return glu_run(ctx, grp, d, glu_forward_rows, &jb);
 }
 
 moex_status moex_cpu_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                          const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws) {
-    const int64_t rows = grp ? grp->off[grp->G] : d->T;
     glu_job jb = glu_job_of(&a->glu, d, a->h.data, &a->probs);
     jb.dz = a->dz.data;
     jb.dh = moex_present(&a->dh) ? a->dh.data : NULL;
     jb.dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
-    if (rows == 0 || d->F == 0 || (!jb.dh && !jb.dprobs)) return MOEX_OK;
-    moex_cpu_parallel_for(ctx, rows, glu_grain(d->F), glu_backward_rows, &jb);
-    return MOEX_OK;
+    if (!jb.dh && !jb.dprobs) return MOEX_OK;   /* nothing asked */
+    return glu_run(ctx, grp, d, glu_backward_rows, &jb);
 }

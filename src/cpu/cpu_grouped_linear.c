@@ -81,6 +81,14 @@ static size_t gl_ws_layout(int64_t tile_floats, size_t gemm_bytes, void *ws, gl_
     return moex_sz_add(tile_bytes, gemm_bytes);
 }
 
+/* The workspace of the products C[M, cols] (= A B over `depth`, operands of dtype dt) of a
+ * direction: through the f32 row tile unless the output is f32 (f32_out). */
+static size_t product_ws(int f32_out, int64_t M, int64_t cols, int64_t depth, moex_dtype dt, void *ws,
+                         gl_ws *out) {
+    const int64_t rows = f32_out ? M : min64(M, tile_rows(cols));
+    return gl_ws_layout(f32_out ? 0 : rows * cols, moex_cpu_gemm_scratch_bytes(rows, cols, depth, dt, dt), ws, out);
+}
+
 /* ---- finishing output rows: bias, probs, rounding ------------------------------------- */
 
 /* dst row r = round(src row r (+ b_g | + p_r b_g)) for the rows [row0, row0 + rows) of
@@ -130,13 +138,44 @@ static void finish(moex_context *ctx, finish_job *j, int64_t rows) {
     moex_cpu_parallel_for(ctx, rows, row_grain(j->cols), finish_rows, j);
 }
 
+/* The per-group products of the forward and the backward data: out_g = in_g op(W_g) for
+ * every group g, with in [T, depth] of the output's dtype, op(W_g) [depth, cols] the stored
+ * W_g (ld w_ld) transposed or not (w_trans), and the output out [T, cols] of dtype dt as fj
+ * gives them (fj->dst, fj->cols, fj->dt). An f32 output is written in place (its bias is the
+ * caller's); any other goes through the workspace's f32 row tile, each tile finished by fj
+ * (bias, probs; fj->src and fj->row0 are set here) and rounded into out. */
+static void group_products(moex_context *ctx, const gl_ws *w, const void *in, int64_t depth, const moex_weight *wt,
+                           int64_t w_ld, moex_cpu_trans w_trans, finish_job *fj) {
+    const int64_t cols = fj->cols, tr = tile_rows(cols);
+    const moex_dtype dt = fj->dt;
+    float *const out = (float *)fj->dst;   /* read as f32 only when dt is f32 */
+    for (int64_t g = 0; g < fj->G; g++) {
+        const int64_t m = w->off[g + 1] - w->off[g];
+        if (m == 0) continue;
+        const moex_cpu_matrix wg = moex_cpu_matrix_of(moex_weight_ptr(wt, g), dt, w_ld, w_trans);
+        if (dt == MOEX_DTYPE_F32) {
+            const moex_cpu_matrix ing = moex_cpu_matrix_of(moex_cpu_cat(in, dt, w->off[g] * depth), dt, depth,
+                                                           MOEX_CPU_NOTRANS);
+            moex_cpu_gemm(ctx, m, cols, depth, ing, wg, out + w->off[g] * cols, cols, MOEX_CPU_GEMM_WRITE,
+                          w->gemm);
+            continue;
+        }
+        for (int64_t r0 = 0; r0 < m; r0 += tr) {
+            const int64_t row0 = w->off[g] + r0, n = min64(tr, m - r0);
+            const moex_cpu_matrix it = moex_cpu_matrix_of(moex_cpu_cat(in, dt, row0 * depth), dt, depth,
+                                                          MOEX_CPU_NOTRANS);
+            moex_cpu_gemm(ctx, n, cols, depth, it, wg, w->tile, cols, MOEX_CPU_GEMM_WRITE, w->gemm);
+            fj->src = w->tile;
+            fj->row0 = row0;
+            finish(ctx, fj, n);
+        }
+    }
+}
+
 /* ---- forward -------------------------------------------------------------------------- */
 
 static size_t fwd_ws(const moex_gl_dims *d, void *ws, gl_ws *out) {
-    const int f32 = d->dt == MOEX_DTYPE_F32;
-    const int64_t rows = f32 ? d->T : min64(d->T, tile_rows(d->N));
-    return gl_ws_layout(f32 ? 0 : rows * d->N, moex_cpu_gemm_scratch_bytes(rows, d->N, d->K, d->dt, d->dt),
-                        ws, out);
+    return product_ws(d->dt == MOEX_DTYPE_F32, d->T, d->N, d->K, d->dt, ws, out);
 }
 
 size_t moex_cpu_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a,
@@ -154,27 +193,7 @@ moex_status moex_cpu_linear_fwd(moex_context *ctx, const moex_call *c, const moe
     finish_job fj = {NULL, 0, a->y.data, dt, N, a->bias_mode,
                      a->bias_mode != MOEX_BIAS_NONE ? a->bias.data : NULL, a->bias.dtype,
                      a->bias_mode == MOEX_BIAS_SCALED ? (const float *)a->probs.data : NULL, w.off, G};
-    const int64_t tr = tile_rows(N);
-    for (int64_t g = 0; g < G; g++) {
-        const int64_t m = w.off[g + 1] - w.off[g];
-        if (m == 0) continue;
-        const moex_cpu_matrix wg = moex_cpu_matrix_of(moex_weight_ptr(&a->w, g), dt, K, MOEX_CPU_TRANS);
-        if (dt == MOEX_DTYPE_F32) {
-            const moex_cpu_matrix xg = moex_cpu_matrix_of(moex_cpu_cat(a->x.data, dt, w.off[g] * K), dt, K,
-                                                          MOEX_CPU_NOTRANS);
-            moex_cpu_gemm(ctx, m, N, K, xg, wg, (float *)a->y.data + w.off[g] * N, N, MOEX_CPU_GEMM_WRITE, w.gemm);
-            continue;
-        }
-        for (int64_t r0 = 0; r0 < m; r0 += tr) {
-            const int64_t row0 = w.off[g] + r0, n = min64(tr, m - r0);
-            const moex_cpu_matrix xt = moex_cpu_matrix_of(moex_cpu_cat(a->x.data, dt, row0 * K), dt, K,
-                                                          MOEX_CPU_NOTRANS);
-            moex_cpu_gemm(ctx, n, N, K, xt, wg, w.tile, N, MOEX_CPU_GEMM_WRITE, w.gemm);
-            fj.src = w.tile;
-            fj.row0 = row0;
-            finish(ctx, &fj, n);
-        }
-    }
+    group_products(ctx, &w, a->x.data, K, &a->w, K, MOEX_CPU_TRANS, &fj);   /* y_g = x_g W_g^T */
     if (dt == MOEX_DTYPE_F32 && a->bias_mode != MOEX_BIAS_NONE) { /* the bias, in place, in one pass */
         fj.src = (const float *)a->y.data;
         fj.row0 = 0;
@@ -249,10 +268,7 @@ static void dprobs_rows(void *arg, int64_t begin, int64_t end) {
 
 static size_t dgrad_ws(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws, gl_ws *out) {
     if (!moex_present(&a->dx)) return gl_ws_layout(0, 0, ws, out);
-    const int f32 = d->dt == MOEX_DTYPE_F32;
-    const int64_t rows = f32 ? d->T : min64(d->T, tile_rows(d->K));
-    return gl_ws_layout(f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->N, d->dt, d->dt),
-                        ws, out);
+    return product_ws(d->dt == MOEX_DTYPE_F32, d->T, d->K, d->N, d->dt, ws, out);
 }
 
 size_t moex_cpu_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
@@ -271,28 +287,7 @@ moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const m
 
     if (moex_present(&a->dx)) { /* dx_g = dy_g W_g */
         finish_job fj = {NULL, 0, a->dx.data, dt, K, MOEX_BIAS_NONE, NULL, dt, NULL, w.off, G};
-        const int64_t tr = tile_rows(K);
-        for (int64_t g = 0; g < G; g++) {
-            const int64_t m = w.off[g + 1] - w.off[g];
-            if (m == 0) continue;
-            const moex_cpu_matrix wg = moex_cpu_matrix_of(moex_weight_ptr(&a->w, g), dt, K, MOEX_CPU_NOTRANS);
-            if (dt == MOEX_DTYPE_F32) {
-                const moex_cpu_matrix dyg = moex_cpu_matrix_of(moex_cpu_cat(a->dy.data, dt, w.off[g] * N), dt, N,
-                                                               MOEX_CPU_NOTRANS);
-                moex_cpu_gemm(ctx, m, K, N, dyg, wg, (float *)a->dx.data + w.off[g] * K, K, MOEX_CPU_GEMM_WRITE,
-                              w.gemm);
-                continue;
-            }
-            for (int64_t r0 = 0; r0 < m; r0 += tr) {
-                const int64_t row0 = w.off[g] + r0, n = min64(tr, m - r0);
-                const moex_cpu_matrix dyt = moex_cpu_matrix_of(moex_cpu_cat(a->dy.data, dt, row0 * N), dt, N,
-                                                               MOEX_CPU_NOTRANS);
-                moex_cpu_gemm(ctx, n, K, N, dyt, wg, w.tile, K, MOEX_CPU_GEMM_WRITE, w.gemm);
-                fj.src = w.tile;
-                fj.row0 = row0;
-                finish(ctx, &fj, n);
-            }
-        }
+        group_products(ctx, &w, a->dy.data, N, &a->w, K, MOEX_CPU_NOTRANS, &fj);
     }
 
     if (moex_present(&a->dbias)) {
@@ -313,29 +308,12 @@ moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const m
 /* ---- backward weight ------------------------------------------------------------------ */
 
 static size_t wgrad_ws(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws, gl_ws *out) {
-    const int f32 = a->dw.t.dtype == MOEX_DTYPE_F32;
-    const int64_t rows = f32 ? d->N : min64(d->N, tile_rows(d->K));
-    return gl_ws_layout(f32 ? 0 : rows * d->K, moex_cpu_gemm_scratch_bytes(rows, d->K, d->T, d->dt, d->dt),
-                        ws, out);
+    return product_ws(a->dw.t.dtype == MOEX_DTYPE_F32, d->N, d->K, d->T, d->dt, ws, out);
 }
 
 size_t moex_cpu_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
                                                   const moex_gl_dims *d) {
     return wgrad_ws(a, d, NULL, NULL);
-}
-
-/* Rounds an f32 tile [rows, cols] into a dense output of dtype dt, in parallel over rows. */
-typedef struct store_job {
-    const float *src;
-    void *dst;
-    moex_dtype dt;
-    int64_t cols;
-} store_job;
-
-static void store_rows(void *arg, int64_t begin, int64_t end) {
-    const store_job *j = (const store_job *)arg;
-    moex_cpu_store_tile_f32(moex_cpu_at(j->dst, j->dt, begin * j->cols), j->dt, j->cols, j->src + begin * j->cols,
-                            j->cols, end - begin, j->cols);
 }
 
 moex_status moex_cpu_linear_wgrad(moex_context *ctx, const moex_call *c,
@@ -366,8 +344,7 @@ moex_status moex_cpu_linear_wgrad(moex_context *ctx, const moex_call *c,
             const moex_cpu_matrix dyt = moex_cpu_matrix_of(moex_cpu_cat(a->dy.data, dt, w.off[g] * N + n0), dt, N,
                                                            MOEX_CPU_TRANS);
             moex_cpu_gemm(ctx, n, K, m, dyt, xg, w.tile, K, MOEX_CPU_GEMM_WRITE, w.gemm);
-            store_job sj = {w.tile, moex_cpu_at(dwg, dw_dt, n0 * K), dw_dt, K};
-            moex_cpu_parallel_for(ctx, n, row_grain(K), store_rows, &sj);
+            moex_cpu_store_f32_rows(ctx, moex_cpu_at(dwg, dw_dt, n0 * K), dw_dt, w.tile, n, K);
         }
     }
     return MOEX_OK;

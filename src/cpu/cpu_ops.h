@@ -25,6 +25,11 @@ MOEX_DECLARE_PRIMITIVES(moex_cpu)
 typedef void (*moex_cpu_range_fn)(void *arg, int64_t begin, int64_t end);
 void moex_cpu_parallel_for(moex_context *ctx, int64_t n, int64_t grain, moex_cpu_range_fn fn, void *arg);
 
+/* dst[r, c] = dt(src[r, c]) for r < rows, c < cols, rounded once (cpu_convert.h): dense f32
+ * rows rounded into a dense output of dtype dt, in parallel over the rows (cpu_common.c). */
+void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const float *src, int64_t rows,
+                             int64_t cols);
+
 /* The pool behind moex_cpu_parallel_for, kept in ctx->backend_state: created by
  * moex_cpu_backend_init, freed by the backend's destroy (accepts a NULL state). */
 moex_status moex_cpu_state_create(moex_context *ctx);

@@ -107,6 +107,20 @@ static void scatter_tokens(void *arg, int64_t begin, int64_t end) {
     }
 }
 
+/* The gathers (permute backward, unpermute forward): row_map checked, then gather_tokens
+ * over the T tokens; jb's H, k and row_map are set here. */
+static moex_status gather(moex_context *ctx, const char *op, const moex_tensor *row_map, const moex_perm_dims *d,
+                          perm_job *jb) {
+    moex_status st = check_row_map(ctx, op, row_map, d->T, d->k);
+    if (st != MOEX_OK) return st;
+    if (d->T == 0) return MOEX_OK;
+    jb->H = d->H;
+    jb->k = d->k;
+    jb->row_map = (const int32_t *)row_map->data;
+    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, jb);
+    return MOEX_OK;
+}
+
 /* ---- permute ------------------------------------------------------------------------- */
 
 size_t moex_cpu_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
@@ -150,17 +164,12 @@ size_t moex_cpu_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *
 
 moex_status moex_cpu_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
                                       const moex_perm_dims *d, void *ws) {
-    moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
-    if (st != MOEX_OK) return st;
-    if (d->T == 0) return MOEX_OK;
     const bool with_dx = moex_present(&a->dx), with_dprobs = moex_present(&a->dprobs_p);
-    perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = a->dxp.dtype,
-                   .dst_dt = with_dx ? a->dx.dtype : a->dxp.dtype, .src = a->dxp.data,
+    perm_job jb = {.src_dt = a->dxp.dtype, .dst_dt = with_dx ? a->dx.dtype : a->dxp.dtype, .src = a->dxp.data,
                    .dst = with_dx ? a->dx.data : NULL,
                    .vsrc = with_dprobs ? (const float *)a->dprobs_p.data : NULL,
                    .vdst = with_dprobs ? (float *)a->dprobs.data : NULL};
-    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
-    return MOEX_OK;
+    return gather(ctx, c->op, &a->row_map, d, &jb);
 }
 
 /* ---- unpermute ----------------------------------------------------------------------- */
@@ -171,13 +180,8 @@ size_t moex_cpu_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a
 
 moex_status moex_cpu_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
                                        const moex_perm_dims *d, void *ws) {
-    moex_status st = check_row_map(ctx, c->op, &a->row_map, d->T, d->k);
-    if (st != MOEX_OK) return st;
-    if (d->T == 0) return MOEX_OK;
-    perm_job jb = {.H = d->H, .k = d->k, .row_map = (const int32_t *)a->row_map.data, .src_dt = d->dt,
-                   .dst_dt = d->dt, .src = a->yp.data, .dst = a->y.data};
-    moex_cpu_parallel_for(ctx, d->T, token_grain(d->k, d->H), gather_tokens, &jb);
-    return MOEX_OK;
+    perm_job jb = {.src_dt = d->dt, .dst_dt = d->dt, .src = a->yp.data, .dst = a->y.data};
+    return gather(ctx, c->op, &a->row_map, d, &jb);
 }
 
 size_t moex_cpu_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a,

@@ -1,7 +1,7 @@
 /*
  * cuda_common.cuh - private device helpers shared by the CUDA kernels: f32 <-> storage
- * conversions for f32/bf16/f16, fixed-order warp and block reductions, the bad-input
- * flag, and the group lookup in the schedule.
+ * conversions for f32/bf16/f16, fixed-order warp and block reductions, the int64 block
+ * scan, the bad-input flag, and the group lookup in the schedule.
  */
 #ifndef MOEX_CUDA_COMMON_CUH
 #define MOEX_CUDA_COMMON_CUH
@@ -45,6 +45,31 @@ static __device__ __forceinline__ float block_sum(float v, float *red) {
     __syncthreads();
     float t = lane < nw ? red[lane] : 0.0f;
     return warp_sum(t);
+}
+
+/* Inclusive block scan of one int64 per thread (blockDim.x == 1024). `sh` holds 32
+ * int64. Returns the thread's inclusive prefix; *total gets the chunk's sum. */
+static __device__ __forceinline__ int64_t block_scan_i64(int64_t v, int64_t *sh, int64_t *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int o = 1; o < 32; o <<= 1) {
+        int64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    __syncthreads();
+    if (lane == 31) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        int64_t w = sh[lane];
+        for (int o = 1; o < 32; o <<= 1) {
+            int64_t u = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += u;
+        }
+        sh[lane] = w;
+    }
+    __syncthreads();
+    if (warp > 0) v += sh[warp - 1];
+    *total = sh[31];
+    return v;
 }
 
 /* Records bad device input (first op wins; see moex_cuda_flag_kind). */

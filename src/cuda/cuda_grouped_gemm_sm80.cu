@@ -117,6 +117,22 @@ template <typename TS, typename TC> struct tile_loader {
         }
     }
 
+    /* Vector i of the tile at k0: sets its place (row, kk) in the tile, returns its k. */
+    __device__ __forceinline__ int64_t locate(int i, int64_t k0, int &row, int &kk) const {
+        coords(i, row, kk);
+        return k0 + kk;
+    }
+
+    /* Whether all VEC elements of the vector at (row, k) lie inside `rows` and `kvalid`. */
+    __device__ __forceinline__ bool whole(int row, int64_t k, int64_t kvalid) const {
+        return kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
+    }
+
+    /* The source address of the vector at (row, k). */
+    __device__ __forceinline__ const TS *src_at(int row, int64_t k) const {
+        return kc ? base + row * ld + k : base + k * ld + row;
+    }
+
     /* RAW only: the VEC 16-bit elements of one vector at (row, k) gathered one by one,
      * zero where they fall past `rows` or `kvalid` (a tile edge, or an unaligned source). */
     __device__ __forceinline__ uint4 gather16(int row, int64_t k, int64_t kvalid) const {
@@ -140,11 +156,10 @@ template <typename TS, typename TC> struct tile_loader {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             int row, kk;
-            coords(i, row, kk);
-            int64_t k = k0 + kk;
-            bool full = kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
+            int64_t k = locate(i, k0, row, kk);
+            bool full = whole(row, k, kvalid);
             if (full && vec_ok) {
-                uint4 r = __ldg((const uint4 *)(kc ? base + row * ld + k : base + k * ld + row));
+                uint4 r = __ldg((const uint4 *)src_at(row, k));
                 if constexpr (RAW) {
                     raw[i] = r;
                 } else {
@@ -169,12 +184,11 @@ template <typename TS, typename TC> struct tile_loader {
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             int row, kk;
-            coords(i, row, kk);
-            int64_t k = k0 + kk;
-            bool full = kc ? (row < rows && k + VEC <= kvalid) : (k < kvalid && row + VEC <= rows);
+            int64_t k = locate(i, k0, row, kk);
+            bool full = whole(row, k, kvalid);
             TC *dst = kc ? &sm[row * SK + kk] : &sm[kk * SR + row];
             if (full && vec_ok) {
-                const TS *src = kc ? base + row * ld + k : base + k * ld + row;
+                const TS *src = src_at(row, k);
                 uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
                 asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
             } else {

@@ -16,6 +16,29 @@
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"   /* moex_sm90_epilogue */
 
+/* The portable kernel's product of the rows with the weights W_g [N, K] (packed or
+ * discrete), in dt throughout: with b_kc, y = x W_g^T ([T, N] from x [T, K], the forward);
+ * without, dx = dy W_g ([T, K] from dy [T, N], the backward data). */
+static moex_cuda_gemm rows_gemm(const moex_cuda_sched *s, moex_dtype dt, int64_t K, int64_t N, const void *a,
+                                const moex_weight *w, void *c, int b_kc) {
+    moex_cuda_gemm g = {};
+    g.kind = MOEX_CUDA_GEMM_ROWS;
+    g.sched = s;
+    g.ta = g.tb = g.tc = g.to = dt;
+    g.n_dim = b_kc ? N : K;
+    g.k_dim = b_kc ? K : N;
+    g.a = a;
+    g.lda = g.k_dim;
+    g.b = w->t.data;
+    g.b_ptrs = w->ptrs;
+    g.b_gstride = N * K;
+    g.ldb = K;
+    g.b_kc = b_kc;
+    g.c = c;
+    g.ldc = g.n_dim;
+    return g;
+}
+
 moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const moex_weight *w,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
@@ -30,21 +53,7 @@ moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const mo
     bool ran;
     MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, x, w, y, &e, false, stream, &ran));
     if (ran) return MOEX_OK;
-    moex_cuda_gemm g = {};
-    g.kind = MOEX_CUDA_GEMM_ROWS;
-    g.sched = s;
-    g.ta = g.tb = g.tc = g.to = dt;
-    g.n_dim = N;
-    g.k_dim = K;
-    g.a = x;
-    g.lda = K;
-    g.b = w->t.data;
-    g.b_ptrs = w->ptrs;
-    g.b_gstride = N * K;
-    g.ldb = K;
-    g.b_kc = 1;
-    g.c = y;
-    g.ldc = N;
+    moex_cuda_gemm g = rows_gemm(s, dt, K, N, x, w, y, 1);
     if (bias_mode != MOEX_BIAS_NONE) {
         g.bias = bias->data;
         g.bias_dt = bias->dtype;
@@ -78,21 +87,7 @@ moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const 
     bool ran = false;
     if (dx) MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
     if (dx && !ran) {
-        moex_cuda_gemm g = {};
-        g.kind = MOEX_CUDA_GEMM_ROWS;
-        g.sched = s;
-        g.ta = g.tb = g.tc = g.to = dt;
-        g.n_dim = K;
-        g.k_dim = N;
-        g.a = dy;
-        g.lda = N;
-        g.b = w->t.data;
-        g.b_ptrs = w->ptrs;
-        g.b_gstride = N * K;
-        g.ldb = K;
-        g.b_kc = 0;
-        g.c = dx;
-        g.ldc = K;
+        const moex_cuda_gemm g = rows_gemm(s, dt, K, N, dy, w, dx, 0);
         MOEX_TRY(moex_cuda_gemm_run(ctx, op, &g, stream));
     }
     if (dbias) MOEX_TRY(moex_cuda_group_colsum(ctx, op, s, dy, dt, N, dbias_probs, partial, dbias, stream));

@@ -215,7 +215,6 @@ static __global__ void perm_count_kernel(const int32_t *ids, int64_t n, int64_t 
 static __global__ void __launch_bounds__(1024) perm_scan_kernel(int32_t *counts, int64_t nc, int64_t E,
                                                                 int64_t *splits) {
     __shared__ int64_t wsum[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int64_t carry = 0;
     for (int64_t e0 = 0; e0 < E; e0 += 1024) {
         int64_t e = e0 + threadIdx.x;
@@ -227,30 +226,14 @@ static __global__ void __launch_bounds__(1024) perm_scan_kernel(int32_t *counts,
                 tot += v;
             }
         /* exclusive scan of tot over the experts of this chunk */
-        int64_t v = tot;
-        for (int o = 1; o < 32; o <<= 1) {
-            int64_t u = __shfl_up_sync(0xffffffffu, v, o);
-            if (lane >= o) v += u;
-        }
-        __syncthreads();
-        if (lane == 31) wsum[warp] = v;
-        __syncthreads();
-        if (warp == 0) {
-            int64_t w = wsum[lane];
-            for (int o = 1; o < 32; o <<= 1) {
-                int64_t u = __shfl_up_sync(0xffffffffu, w, o);
-                if (lane >= o) w += u;
-            }
-            wsum[lane] = w;
-        }
-        __syncthreads();
-        int64_t incl = v + (warp > 0 ? wsum[warp - 1] : 0);
+        int64_t total;
+        int64_t incl = block_scan_i64(tot, wsum, &total);
         int64_t first = carry + incl - tot;
         if (e < E) {
             splits[e] = tot;
             for (int64_t c = 0; c < nc; c++) counts[c * E + e] += (int32_t)first;
         }
-        carry += wsum[31];
+        carry += total;
         __syncthreads();
     }
 }

@@ -7,32 +7,7 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
-#define SCAN_THREADS 1024
-
-/* Inclusive block scan of one int64 per thread (blockDim.x == SCAN_THREADS). `sh` holds 32
- * int64. Returns the thread's inclusive prefix; *total gets the chunk's sum. */
-static __device__ int64_t block_scan_i64(int64_t v, int64_t *sh, int64_t *total) {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    for (int o = 1; o < 32; o <<= 1) {
-        int64_t u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-    }
-    __syncthreads();
-    if (lane == 31) sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        int64_t w = sh[lane];
-        for (int o = 1; o < 32; o <<= 1) {
-            int64_t u = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += u;
-        }
-        sh[lane] = w;
-    }
-    __syncthreads();
-    if (warp > 0) v += sh[warp - 1];
-    *total = sh[31];
-    return v;
-}
+#define SCAN_THREADS 1024   /* the block of block_scan_i64 (cuda_common.cuh) */
 
 /* off[g+1] = min(off[g] + max(s_g, 0), T); tiles[g+1] = tiles[g] + ceil(rows_g / BM).
  * splits == NULL: one group of T rows. */
