@@ -61,6 +61,20 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* MOEX_API marks the public functions: the only symbols libmoex.so exports (the library
+ * is compiled with hidden visibility). With GCC and Clang it is visibility("default"),
+ * for building and for using the shared library; elsewhere, or when MOEX_STATIC is
+ * defined before this header, it is empty. A build may define MOEX_API itself. */
+#ifndef MOEX_API
+#  if defined(MOEX_STATIC)
+#    define MOEX_API
+#  elif defined(__GNUC__) && __GNUC__ >= 4
+#    define MOEX_API __attribute__((visibility("default")))
+#  else
+#    define MOEX_API
+#  endif
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -74,8 +88,8 @@ extern "C" {
 
 /* The version of the library that is loaded, as MOEX_VERSION_NUMBER and as "0.1.0".
  * A program can compare moex_version() with the MOEX_VERSION_NUMBER it was built with. */
-unsigned    moex_version(void);
-const char *moex_version_string(void);
+MOEX_API unsigned    moex_version(void);
+MOEX_API const char *moex_version_string(void);
 
 /* ---- Status -------------------------------------------------------------------------- */
 
@@ -90,7 +104,7 @@ typedef enum moex_status {
 } moex_status;
 
 /* A static string naming the status, e.g. "MOEX_ERR_INVALID_ARG". */
-const char *moex_status_string(moex_status status);
+MOEX_API const char *moex_status_string(moex_status status);
 
 /* ---- Context ------------------------------------------------------------------------- */
 
@@ -106,25 +120,25 @@ typedef struct CUstream_st *moex_stream;    /* the same type as cudaStream_t    
  * The CPU backend uses as many threads as the machine has cores, or MOEX_NUM_THREADS
  * from the environment. On failure *out is NULL; there is no context to hold the
  * message, so moex_last_error(NULL) returns it (per thread). */
-moex_status moex_context_create(moex_context **out, moex_backend backend, int device);
-void        moex_context_destroy(moex_context *ctx);      /* accepts NULL */
+MOEX_API moex_status moex_context_create(moex_context **out, moex_backend backend, int device);
+MOEX_API void        moex_context_destroy(moex_context *ctx);      /* accepts NULL */
 
 /* The message of the last failed call on ctx ("" when none), valid until the next call.
  * With ctx == NULL: the message of the last call on this thread that failed without a
  * context to keep it (moex_context_create, or any call given ctx == NULL). */
-const char *moex_last_error(const moex_context *ctx);
+MOEX_API const char *moex_last_error(const moex_context *ctx);
 
-moex_backend moex_context_backend(const moex_context *ctx);
+MOEX_API moex_backend moex_context_backend(const moex_context *ctx);
 
 /* CPU backend: the number of threads element-wise work and GEMMs may use (n >= 1). */
-moex_status moex_context_set_num_threads(moex_context *ctx, int n);
+MOEX_API moex_status moex_context_set_num_threads(moex_context *ctx, int n);
 
 /* Reports device-side values that kernels found bad since the last call and clears the
  * record: split values (a negative split, or a sum past T) give MOEX_ERR_BAD_SPLITS,
  * routing ids or row maps out of range MOEX_ERR_INVALID_ARG, with a message naming them.
  * CUDA: synchronises `stream`. CPU: such values are reported by the call itself, so this
  * returns MOEX_OK. */
-moex_status moex_context_check_splits(moex_context *ctx, moex_stream stream);
+MOEX_API moex_status moex_context_check_splits(moex_context *ctx, moex_stream stream);
 
 /* ---- Tensors ------------------------------------------------------------------------- */
 
@@ -138,7 +152,7 @@ typedef enum moex_dtype {       /* values are stable: append only */
 } moex_dtype;
 
 /* Bytes per element (0 for an unknown dtype). */
-size_t moex_dtype_size(moex_dtype dtype);
+MOEX_API size_t moex_dtype_size(moex_dtype dtype);
 
 #define MOEX_MAX_DIMS 4
 
@@ -215,9 +229,9 @@ typedef struct moex_splits_to_offsets_args {
     moex_offsets_output outputs[MOEX_MAX_OFFSETS];
 } moex_splits_to_offsets_args;
 
-moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx,
         const moex_splits_to_offsets_args *args, size_t *bytes);
-moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args,
+MOEX_API moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 /* ---- Grouped linear ------------------------------------------------------------------ *
@@ -257,20 +271,20 @@ typedef struct moex_grouped_linear_wgrad_args {
     moex_weight dw;             /* [G, N, K]: WRITE f32 or dtype of x (=); ACCUMULATE f32 (+=) */
 } moex_grouped_linear_wgrad_args;
 
-moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx,
         const moex_grouped_linear_args *args, size_t *bytes);
-moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args,
+MOEX_API moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
-moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx,
         const moex_grouped_linear_dgrad_args *args, size_t *bytes);
-moex_status moex_grouped_linear_backward_data(moex_context *ctx,
+MOEX_API moex_status moex_grouped_linear_backward_data(moex_context *ctx,
         const moex_grouped_linear_dgrad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
-moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx,
         const moex_grouped_linear_wgrad_args *args, size_t *bytes);
-moex_status moex_grouped_linear_backward_weight(moex_context *ctx,
+MOEX_API moex_status moex_grouped_linear_backward_weight(moex_context *ctx,
         const moex_grouped_linear_wgrad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
@@ -302,7 +316,7 @@ typedef struct moex_glu_params {
 } moex_glu_params;
 
 /* {kind, CONTIGUOUS, limit 7, alpha 1.702, offset 1}: the GPT-OSS constants. */
-moex_glu_params moex_glu_params_default(moex_glu_kind kind);
+MOEX_API moex_glu_params moex_glu_params_default(moex_glu_kind kind);
 
 typedef struct moex_scaled_glu_args {
     moex_glu_params glu;
@@ -322,13 +336,13 @@ typedef struct moex_scaled_glu_grad_args {
     moex_tensor dprobs;         /* [T] f32; optional, needs probs           +=            */
 } moex_scaled_glu_grad_args;
 
-moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx,
         const moex_scaled_glu_args *args, size_t *bytes);
-moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args,
+MOEX_API moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_scaled_glu_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_scaled_glu_backward_workspace_size(moex_context *ctx,
         const moex_scaled_glu_grad_args *args, size_t *bytes);
-moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *args,
+MOEX_API moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 /* ---- Grouped MLP --------------------------------------------------------------------- *
@@ -381,13 +395,13 @@ typedef struct moex_grouped_mlp_grad_args {
     moex_tensor dprobs;         /* [T] f32; needs probs                     +=            */
 } moex_grouped_mlp_grad_args;
 
-moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx,
         const moex_grouped_mlp_args *args, size_t *bytes);
-moex_status moex_grouped_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *args,
+MOEX_API moex_status moex_grouped_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_grouped_mlp_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_grouped_mlp_backward_workspace_size(moex_context *ctx,
         const moex_grouped_mlp_grad_args *args, size_t *bytes);
-moex_status moex_grouped_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *args,
+MOEX_API moex_status moex_grouped_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 /* ---- Routing ------------------------------------------------------------------------- *
@@ -459,31 +473,31 @@ typedef struct moex_unpermute_grad_args {
     moex_tensor dyp;            /* [T*k, H], dtype of dy                    =             */
 } moex_unpermute_grad_args;
 
-moex_status moex_router_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_router_forward_workspace_size(moex_context *ctx,
         const moex_router_args *args, size_t *bytes);
-moex_status moex_router_forward(moex_context *ctx, const moex_router_args *args,
+MOEX_API moex_status moex_router_forward(moex_context *ctx, const moex_router_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_router_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_router_backward_workspace_size(moex_context *ctx,
         const moex_router_grad_args *args, size_t *bytes);
-moex_status moex_router_backward(moex_context *ctx, const moex_router_grad_args *args,
+MOEX_API moex_status moex_router_backward(moex_context *ctx, const moex_router_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
-moex_status moex_permute_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_permute_forward_workspace_size(moex_context *ctx,
         const moex_permute_args *args, size_t *bytes);
-moex_status moex_permute_forward(moex_context *ctx, const moex_permute_args *args,
+MOEX_API moex_status moex_permute_forward(moex_context *ctx, const moex_permute_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_permute_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_permute_backward_workspace_size(moex_context *ctx,
         const moex_permute_grad_args *args, size_t *bytes);
-moex_status moex_permute_backward(moex_context *ctx, const moex_permute_grad_args *args,
+MOEX_API moex_status moex_permute_backward(moex_context *ctx, const moex_permute_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
-moex_status moex_unpermute_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_unpermute_forward_workspace_size(moex_context *ctx,
         const moex_unpermute_args *args, size_t *bytes);
-moex_status moex_unpermute_forward(moex_context *ctx, const moex_unpermute_args *args,
+MOEX_API moex_status moex_unpermute_forward(moex_context *ctx, const moex_unpermute_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_unpermute_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_unpermute_backward_workspace_size(moex_context *ctx,
         const moex_unpermute_grad_args *args, size_t *bytes);
-moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *args,
+MOEX_API moex_status moex_unpermute_backward(moex_context *ctx, const moex_unpermute_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 /* ---- MoE layer ----------------------------------------------------------------------- *
@@ -525,15 +539,15 @@ typedef struct moex_moe_layer_grad_args {
     moex_tensor db2;            /* [E, H] f32                               =             */
 } moex_moe_layer_grad_args;
 
-moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args,
+MOEX_API moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args,
         size_t *bytes);
-moex_status moex_moe_layer_forward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_moe_layer_forward_workspace_size(moex_context *ctx,
         const moex_moe_layer_args *args, size_t *bytes);
-moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_layer_args *args,
+MOEX_API moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_layer_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
-moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx,
+MOEX_API moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx,
         const moex_moe_layer_grad_args *args, size_t *bytes);
-moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad_args *args,
+MOEX_API moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 #ifdef __cplusplus

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what the build needs when it is missing (cmake, a C compiler, OpenBLAS) and
-# builds moex into build/ (or $MOEX_BUILD_DIR). Sourced by scripts/test.sh and scripts/run.sh.
+# Installs what the build needs when it is missing (cmake, a C compiler, OpenBLAS, and
+# pkg-config for tests/install) and builds moex into build/ (or $MOEX_BUILD_DIR). Sourced by
+# scripts/test.sh and scripts/run.sh.
 # Without root or apt-get it says what is missing and builds without OpenBLAS.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -10,6 +11,7 @@ missing=()
 command -v cmake >/dev/null || missing+=(cmake)
 command -v cc >/dev/null || missing+=(build-essential)
 command -v python3 >/dev/null || missing+=(python3)
+command -v pkg-config >/dev/null || missing+=(pkg-config)
 if ! ls /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h >/dev/null 2>&1; then
   missing+=(libopenblas-dev)
 fi

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test, in three stages (MOEX_TEST_STAGES, default "unit sanitize fuzz"):
 #   unit      builds build/ (installing what is missing, scripts/setup.sh) and runs CTest;
-#             GPU tests report skipped where there is no GPU;
+#             GPU tests report skipped where there is no GPU; then tests/install/test_install.sh:
+#             installs build/ into a temporary prefix and builds and runs a user's program
+#             against it (find_package(moex), pkg-config);
 #   sanitize  builds build-asan/ with every C target under AddressSanitizer and
 #             UndefinedBehaviorSanitizer (clang, installed through apt-get when missing;
 #             gcc when it cannot be) and runs the CPU tests again: any report fails them;
@@ -15,6 +17,7 @@ STAGES=" ${MOEX_TEST_STAGES:-unit sanitize fuzz} "
 if [[ $STAGES == *" unit "* ]]; then
   source scripts/setup.sh
   ctest --test-dir "${MOEX_BUILD_DIR:-build}" --output-on-failure -j 2 "$@"
+  bash tests/install/test_install.sh "${MOEX_BUILD_DIR:-build}"
 fi
 
 if [[ $STAGES == *" sanitize "* ]]; then

@@ -1,6 +1,6 @@
 /*
  * test_grouped_linear.c - moex_grouped_linear_forward / backward_data / backward_weight on
- * the CPU backend against the fp64 reference, under the tolerance model of tests/ref/ref.h.
+ * the CPU backend against the fp64 reference, under the tolerance model of tools/ref/ref.h.
  *
  * Coverage: f32, bf16, f16; G = 1, 3, 5 and 128 (G = 3 with K, N and rows past the CPU
  * GEMM's block sizes); every splits kind (balanced, skewed, empty

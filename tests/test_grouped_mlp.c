@@ -1,6 +1,6 @@
 /*
  * test_grouped_mlp.c - moex_grouped_mlp_forward / backward on the CPU backend against the
- * fp64 reference, under the tolerance model of tests/ref/ref.h (with bounds propagated
+ * fp64 reference, under the tolerance model of tools/ref/ref.h (with bounds propagated
  * through h, z, dz and dh, which the library stores in the activation dtype).
  *
  * Coverage: f32, bf16, f16; G = 1, 3 (H, 2F past the CPU GEMM's blocks), 5 and 128 with

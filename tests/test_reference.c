@@ -1,5 +1,5 @@
 /*
- * test_reference.c - proves the fp64 reference (tests/ref) before anything is compared
+ * test_reference.c - proves the fp64 reference (tools/ref) before anything is compared
  * with it:
  *   - dtype helpers: every finite bf16 / f16 bit pattern round-trips, midpoints between
  *     neighbours round to the even one, just above / below go to the nearer one, overflow

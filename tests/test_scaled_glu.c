@@ -1,6 +1,6 @@
 /*
  * test_scaled_glu.c - moex_scaled_glu_forward / backward on the CPU backend against the
- * fp64 reference, under the tolerance model of tests/ref/ref.h.
+ * fp64 reference, under the tolerance model of tools/ref/ref.h.
  *
  * Coverage: f32, bf16, f16; SwiGLU and clamped SwiGLU (default GPT-OSS constants and a
  * custom set), inputs spanning past the clamp limits but never exactly on a kink;

@@ -1,6 +1,6 @@
 /*
  * check.h - the harness of `moex check`: buffers that live in backend memory with a host
- * copy, comparison of a library output with the fp64 reference (tests/ref/ref.h) under
+ * copy, comparison of a library output with the fp64 reference (tools/ref/ref.h) under
  * its tolerance model, untouched-tail checks, and one table row per (op, backend, dtype,
  * shape). The op families are in check_ops.c (splits, grouped linear, GLU, grouped MLP)
  * and check_routing.c (router, permute, unpermute, MoE layer).

@@ -2,7 +2,7 @@
  * check_ops.c - `moex check` for the foundation ops: splits_to_offsets, grouped linear
  * forward / backward data / backward weight, scaled GLU forward/backward (SwiGLU and
  * clamped SwiGLU, both layouts) and the grouped MLP forward/backward. Each case runs on
- * the checker's backend and is compared with the fp64 reference (tests/ref/ref.h) under
+ * the checker's backend and is compared with the fp64 reference (tools/ref/ref.h) under
  * its tolerance model; outputs start poisoned and rows past sum(splits) must stay so;
  * "+=" outputs start from random values.
  */

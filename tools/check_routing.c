@@ -1,7 +1,7 @@
 /*
  * check_routing.c - `moex check` for routing and the whole layer: the top-k router,
  * permute and unpermute (each forward and backward) and the MoE layer forward/backward,
- * compared with the fp64 reference of tests/ref/ref_routing.h. Index outputs (ids,
+ * compared with the fp64 reference of tools/ref/ref_routing.h. Index outputs (ids,
  * row_map, splits) and pure copies must match exactly; sums use the tolerance model.
  * Inputs keep the top-k choice clear of ties (a near-tie could flip between f32 and fp64
  * and then no answer is "right").

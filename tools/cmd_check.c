@@ -20,7 +20,7 @@ static void usage(FILE *out) {
             "GLU forward/backward, grouped MLP forward/backward, router, permute, unpermute, MoE\n"
             "layer forward/backward) on small shapes (empty groups, skewed splits, f32 and bf16)\n"
             "and compares each output with the fp64 reference under its tolerance model\n"
-            "(tests/ref/ref.h). Outputs start poisoned; rows past sum(splits) must stay so.\n"
+            "(tools/ref/ref.h). Outputs start poisoned; rows past sum(splits) must stay so.\n"
             "A row shows the worst |error| / tolerance (PASS when <= 1). Exit status 1 on any FAIL.\n"
             "\n"
             "options:\n"

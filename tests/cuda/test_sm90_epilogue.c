@@ -1,7 +1,7 @@
 /*
  * test_sm90_epilogue.c - the Hopper forward's fused epilogues and its 64-row tiles
  * (moex_sm90_grouped_gemm_fwd_epi, src/cuda/sm90_grouped_gemm.h) against the fp64
- * reference (tests/ref):
+ * reference (tools/ref):
  *   - bias ADD (bias in the input dtype and in f32) and the probs-scaled bias;
  *   - FC1 of the grouped MLP with the scaled GLU: CONTIGUOUS and INTERLEAVED_32, SwiGLU and
  *     clamped SwiGLU, with and without b1 and probs: h against the reference product, z

@@ -1,7 +1,7 @@
 /*
  * test_util.h - the tiny test harness shared by every moex test: CHECK macros that count
  * passes and failures, a seeded RNG, poison fills and untouched checks, split generators,
- * and comparison of a library output with the fp64 reference (tests/ref/ref.h) under its
+ * and comparison of a library output with the fp64 reference (tools/ref/ref.h) under its
  * tolerance model. Each test's main ends with `return tu_finish();`, which prints
  * "N passed, N failed" on its own line and returns 1 when anything failed.
  */
