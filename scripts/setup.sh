@@ -12,9 +12,12 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v cc >/dev/null || missing+=(build-essential)
 command -v python3 >/dev/null || missing+=(python3)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
-if ! ls /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h >/dev/null 2>&1; then
-  missing+=(libopenblas-dev)
-fi
+# (any one of the places will do: `ls` of both fails when one of them is absent)
+have_cblas=0
+for f in /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h; do
+  [ -f "$f" ] && have_cblas=1
+done
+[ $have_cblas = 1 ] || missing+=(libopenblas-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "setup: installing ${missing[*]}" >&2
