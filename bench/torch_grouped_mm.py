@@ -6,8 +6,8 @@ gemm_bench (the functions launched in rotating order, each behind a spin kernel 
 host time, each timed by its own CUDA events), medians reported.
 
   python3 torch_grouped_mm.py compare LIB OUT_DIR [CFG,CFG... [OP [VARIANT,VARIANT...]]]
-      LIB: a shared library with moex_sm90_grouped_gemm_{fwd,dgrad,wgrad}_tuned
-      (build-gpu/libmoex.so); OP: fwd, dgrad or wgrad (default all three; wgrad against
+      LIB: libmoex_sm90_bench.so (bench/CMakeLists.txt: build-gpu/bench/libmoex_sm90_bench.so),
+      the tuned entry points of src/cuda/sm90_tuning.h; OP: fwd, dgrad or wgrad (default all three; wgrad against
       torch._grouped_mm(dy^T, x), 2d-2d, bf16 dW). Writes OUT_DIR/compare.jsonl and prints one
       table: per config, op, splits kind and variant, TFLOP/s of both sides, their ratio, and
       the relative error of the sm90 output against torch's. VARIANT: names of TUNES (default:
@@ -91,19 +91,25 @@ def bench(torch, fn, iters, warm=5):
 
 
 def load_entries(lib_path):
-    """The three tuned sm90 entry points of the library at lib_path, typed for ctypes."""
+    """The three tuned sm90 entry points of libmoex_sm90_bench.so at lib_path (bench/sm90_bench_shim.c),
+    typed for ctypes and bound to a Hopper context of device 0, and the stream-K workspace size."""
     lib = ctypes.CDLL(lib_path)
-    entry = {"fwd": lib.moex_sm90_grouped_gemm_fwd_tuned, "dgrad": lib.moex_sm90_grouped_gemm_dgrad_tuned,
-             "wgrad": lib.moex_sm90_grouped_gemm_wgrad_tuned}
-    for op, f in entry.items():
+    lib.moex_sm90_bench_context_create.restype = ctypes.c_int
+    lib.moex_sm90_bench_context_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                                   ctypes.POINTER(ctypes.c_char_p)]
+    ctx, why = ctypes.c_void_p(), ctypes.c_char_p()
+    if lib.moex_sm90_bench_context_create(0, ctypes.byref(ctx), ctypes.byref(why)) != 0:
+        raise RuntimeError(f"sm90 context: {why.value}")
+    entry = {}
+    for op, f in (("fwd", lib.moex_sm90_bench_fwd), ("dgrad", lib.moex_sm90_bench_dgrad),
+                  ("wgrad", lib.moex_sm90_bench_wgrad)):
         f.restype = ctypes.c_int
-        f.argtypes = [ctypes.POINTER(WArgs if op == "wgrad" else Args), ctypes.POINTER(Tune), ctypes.c_void_p,
-                      ctypes.POINTER(ctypes.c_char_p)]
-    # the forward's and dgrad's workspace (stream-K); libraries before it have none
-    ws = getattr(lib, "moex_sm90_gemm_workspace_bytes", None)
-    if ws is not None:
-        ws.restype, ws.argtypes = ctypes.c_size_t, [ctypes.c_int]
-    entry["ws_bytes"] = (lambda: ws(0)) if ws is not None else (lambda: 0)
+        f.argtypes = [ctypes.c_void_p, ctypes.POINTER(WArgs if op == "wgrad" else Args), ctypes.POINTER(Tune),
+                      ctypes.c_void_p, ctypes.POINTER(ctypes.c_char_p)]
+        entry[op] = lambda *a, f=f: f(ctx, *a)
+    ws = lib.moex_sm90_bench_workspace_bytes
+    ws.restype, ws.argtypes = ctypes.c_size_t, [ctypes.c_void_p]
+    entry["ws_bytes"] = lambda: ws(ctx)
     return entry
 
 

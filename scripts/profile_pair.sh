@@ -20,7 +20,7 @@ for spec in ${*:-"dsv3-fc2:wgrad:balanced"}; do
     log="$LOGS/pair_${cfg}_${op}_${kind}${variants:+_${variants//,/_}}.log"
     timeout 300 ncu --nvtx --nvtx-include "profile/" --section LaunchStats --section SpeedOfLight \
         --section WarpStateStats ${NCU_EXTRA:-} --metrics "$METRICS" \
-        python3 bench/torch_grouped_mm.py pair "$BUILD/libmoex.so" "$cfg" "$op" "$kind" ${variants:+"$variants"} > "$log" 2>&1
+        python3 bench/torch_grouped_mm.py pair "$BUILD/bench/libmoex_sm90_bench.so" "$cfg" "$op" "$kind" ${variants:+"$variants"} > "$log" 2>&1
     echo "=== $spec rc=$?"
     grep -E "^  [a-zA-Z_].*\(|^    (Duration|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|Grid Size|Cluster Size|Registers Per|Warp Cycles Per Issued|Dynamic Shared)|gmma|lts__|dram__bytes|cycles_elapsed|Stall" "$log" | cut -c1-200 | head -${SHOW:-40}
 done

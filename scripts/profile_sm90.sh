@@ -11,9 +11,11 @@ BUILD=${BUILD:-build-gpu}
 OUT=${OUT:-$PWD/$BUILD/prof_out}
 mkdir -p "$OUT"
 SPECS=${*:-"qwen3-30b-fc2:balanced:FWD dsv3-fc1:balanced:FWD qwen3-30b-fc1:balanced:sm90_wgrad_kernel dsv3-fc1:balanced:sm90_wgrad_kernel"}
-# FWD and DGRAD stand for the regexes of the two instances of sm90_grouped_kernel
-FWD="sm90_grouped_kernel<.int.0, .int.1, .int.1, .int.0>"
-DGRAD="sm90_grouped_kernel<.int.0, .int.1, .int.1, .int.1>"
+# FWD and DGRAD stand for the regexes of the default bf16 instances of sm90_rows_kernel
+# <IS_F16, BM, CM, OP, SK, EPI_TMA> (src/cuda/sm90_grouped_gemm.cu): 128 rows, 2-CTA clusters,
+# OP 0 (plain forward) or 4 (dgrad), any stream-K
+FWD="sm90_rows_kernel<.int.0, .int.128, .int.2, .int.0,"
+DGRAD="sm90_rows_kernel<.int.0, .int.128, .int.2, .int.4,"
 METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
 lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct
 IFS=$'\n'

@@ -31,6 +31,6 @@ for c in $COMPARE; do   # CFG,CFG:OP[:VARIANT,VARIANT]
     IFS=: read -r cfgs op variants <<< "$c"
     d="$LOGS/compare_${cfgs}_${op}"
     mkdir -p "$d"
-    python3 bench/torch_grouped_mm.py compare build-gpu/libmoex.so "$d" "$cfgs" "$op" ${variants:+"$variants"} \
+    python3 bench/torch_grouped_mm.py compare build-gpu/bench/libmoex_sm90_bench.so "$d" "$cfgs" "$op" ${variants:+"$variants"} \
         2>&1 | tee "$d/log" | grep -E "^(dsv3|qwen3|mixtral|gptoss|g256)"
 done

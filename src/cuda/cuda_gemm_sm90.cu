@@ -1,6 +1,7 @@
 /*
  * cuda_gemm_sm90.cu - the CUDA backend's glue to the Hopper grouped GEMMs
- * (sm90_grouped_gemm.h): whether they run a product, their launch, and their workspace.
+ * (sm90_grouped_gemm.h): the per-context state they read (made once, at context creation),
+ * whether they run a product, their launch, and their workspace.
  */
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"
@@ -9,16 +10,17 @@
  * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
  * whether it did. */
 moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                            int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
-                            const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
+                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                                const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
     *ran = false;
-    if (!moex_cuda_st(ctx)->sm90 || !s->splits || w->ptrs) return MOEX_OK;
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (sc == NULL || !s->splits || w->ptrs) return MOEX_OK;
     /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
     const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
-    if (!moex_sm90_epilogue_supported(ctx->device, &a, e)) return MOEX_OK;
+    if (!moex_sm90_epilogue_supported(sc, &a, e)) return MOEX_OK;
     const char *why = "";
-    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(&a, (moex_stream)stream, &why)
-                           : moex_sm90_grouped_gemm_fwd_epi(&a, e, NULL, (moex_stream)stream, &why);
+    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(sc, &a, (moex_stream)stream, &why)
+                           : moex_sm90_grouped_gemm_fwd(sc, &a, e, (moex_stream)stream, &why);
     if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
     *ran = true;
     return MOEX_OK;
@@ -27,27 +29,46 @@ moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cu
 /* Runs dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions as
  * moex_cuda_sm90_rows (packed dW, device splits, supported args); *ran says whether it did. */
 moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
-                                  moex_grad_mode mode, cudaStream_t stream, bool *ran) {
+                                 int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
+                                 moex_grad_mode mode, cudaStream_t stream, bool *ran) {
     *ran = false;
-    if (!moex_cuda_st(ctx)->sm90 || !s->splits || dw->ptrs) return MOEX_OK;
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (sc == NULL || !s->splits || dw->ptrs) return MOEX_OK;
     const moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
                                     mode == MOEX_GRAD_ACCUMULATE, s->splits};
-    if (!moex_sm90_wgrad_supported(ctx->device, &a)) return MOEX_OK;
+    if (!moex_sm90_wgrad_supported(sc, &a)) return MOEX_OK;
     const char *why = "";
-    moex_status st = moex_sm90_grouped_gemm_wgrad(&a, (moex_stream)stream, &why);
+    moex_status st = moex_sm90_grouped_gemm_wgrad(sc, &a, (moex_stream)stream, &why);
     if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
     *ran = true;
     return MOEX_OK;
 }
 
+/* The caller does not pass the shapes here, so this takes the most any forward on the
+ * device uses (moex_sm90_gemm_workspace_bytes with the shapes is nonzero only where the
+ * heuristic runs stream-K). */
 void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c) {
-    if (!moex_cuda_st(ctx)->sm90) return NULL;
-    const size_t bytes = moex_sm90_gemm_workspace_bytes(ctx->device);
+    const size_t bytes = moex_sm90_gemm_workspace_bytes(moex_cuda_st(ctx)->sm90_ctx, NULL, NULL);
     return bytes > 0 ? moex_take(c, bytes) : NULL;
 }
 
+/* The Hopper state of a context whose device may run the kernels (st->sm90): kernel
+ * attributes and resident clusters, found once. A device or binary without them leaves
+ * sm90_ctx NULL, and every product runs on the portable kernel. */
+moex_status moex_cuda_sm90_prepare(moex_context *ctx) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    st->sm90_ctx = NULL;
+    if (!st->sm90) return MOEX_OK;
+    const char *why = "";
+    const moex_status s = moex_sm90_context_create(ctx->device, &st->sm90_ctx, &why);
+    if (s == MOEX_ERR_UNSUPPORTED) return MOEX_OK;
+    if (s != MOEX_OK) return moex_fail(ctx, s, "moex_context_create: %s", why);
+    return MOEX_OK;
+}
 
-moex_status moex_cuda_sm90_prepare(moex_context *ctx) { return MOEX_OK; }
-
-void moex_cuda_sm90_release(moex_context *ctx) { (void)ctx; }
+void moex_cuda_sm90_release(moex_context *ctx) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    if (st == NULL) return;
+    moex_sm90_context_destroy(st->sm90_ctx);
+    st->sm90_ctx = NULL;
+}

@@ -1,9 +1,11 @@
 /*
- * sm90_common.cuh - private: what the Hopper (sm_90a) grouped GEMM kernels share: the CTA
- * shape (one TMA producer warpgroup and two wgmma consumer warpgroups, 128x256x64 tiles,
- * a 4-stage ring) and the setup of its barriers, packing of f32 pairs into bf16/f16, and the
- * host helpers (tensor-map encoding, the device check). Used by sm90_grouped_gemm.cu and
- * sm90_grouped_wgrad.cu.
+ * sm90_common.cuh - private: what both Hopper (sm_90a) grouped GEMM kernels and their host
+ * sides share: the CTA shape (one TMA producer warpgroup and two wgmma consumer warpgroups,
+ * 128x256x64 tiles, a 4-stage ring, the dynamic shared memory both kernels ask for), the
+ * warpgroup index, the per-device context (struct moex_sm90_context, made once by
+ * sm90_context.cu) and the host helpers of a launch (tensor maps, launch configuration,
+ * errors). Included by sm90_grouped_gemm.cu, sm90_grouped_wgrad.cu and sm90_context.cu,
+ * through sm90_scheduler.cuh, sm90_pipeline.cuh and sm90_epilogue.cuh.
  */
 #ifndef MOEX_SM90_COMMON_CUH
 #define MOEX_SM90_COMMON_CUH
@@ -17,32 +19,26 @@
 #include <string.h>
 
 #include "sm90_grouped_gemm.h"
-#include "sm90_ptx.cuh"
+#include "sm90_heuristics.h"
+#include "sm90_ptx_cp_async.cuh"
+#include "sm90_ptx_mbarrier.cuh"
+#include "sm90_ptx_sync.cuh"
+#include "sm90_ptx_tma.cuh"
+#include "sm90_ptx_wgmma.cuh"
 
-#define SM90_BM 128                 /* output rows per tile (2 consumers x 64)        */
-#define SM90_BN 256                 /* output columns per tile                        */
-#define SM90_BK 64                  /* k per stage: one 128-byte swizzle row of bf16   */
+#define SM90_BM MOEX_SM90_TILE_M    /* output rows per tile at most (2 consumers x 64) */
+#define SM90_BN MOEX_SM90_TILE_N    /* output columns per tile                        */
+#define SM90_BK MOEX_SM90_TILE_K    /* k per stage: one 128-byte swizzle row of bf16   */
 #define SM90_STAGES 4
-#define SM90_BAND 8                 /* column tiles per band of the tile order         */
-#define SM90_BAND_ROWS 2048         /* input rows per block of a band                   */
 #define SM90_THREADS 384
 
-#if MOEX_SM90_DEVICE
-/* f32 pair -> two packed 16-bit values of the input dtype (round to nearest even) */
-template <int IS_F16> struct sm90_io;
-template <> struct sm90_io<0> {
-    static __device__ __forceinline__ uint32_t pack(float a, float b) {
-        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-        return *(uint32_t *)&v;
-    }
-};
-template <> struct sm90_io<1> {
-    static __device__ __forceinline__ uint32_t pack(float a, float b) {
-        __half2 v = __floats2half2_rn(a, b);
-        return *(uint32_t *)&v;
-    }
-};
+/* The dynamic shared memory of a kernel with tiles of bm rows: 4 stages of (bm + 256) x 64
+ * 16-bit elements (M-grouped: bm input rows and 256 weight rows by 64 k; K-grouped, bm = 128:
+ * two dy and four x boxes of 64 x 64), 32 KB of output staging (2 consumers x two 8 KB
+ * halves), the ring's barriers and the slack to align the start to 1024 bytes. */
+#define SM90_SMEM_BYTES(bm) ((size_t)SM90_STAGES * ((bm) + SM90_BN) * SM90_BK * 2 + 4 * 8192 + 2 * SM90_STAGES * 8 + 1024)
 
+#if MOEX_SM90_DEVICE
 /* This thread's warpgroup (0: producer, 1 and 2: consumers), through a shuffle: the compiler
  * then knows it is warp-uniform and keeps the values derived from it (the consumers' wgmma
  * descriptors) in uniform registers. */
@@ -50,117 +46,119 @@ static __device__ __forceinline__ int sm90_warpgroup(void) {
     return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0);
 }
 
-/* Group schedule, by a whole warp (all 32 lanes call it with the same arguments): lane i
- * reads the split value of group g0 + i, clipped to [0, T] (0 for groups past G), into *s,
- * and returns the inclusive prefix sum of those values over lanes 0..i (at most 32 T: no
- * overflow). The consumers seek their next group 32 groups per step this way; one group per
- * step costs a dependent load each (at G = 128 about 9% of the consumers' stall samples). */
-static __device__ __forceinline__ int64_t sm90_warp_split_scan(const int64_t *splits, int64_t g0, int64_t G, int64_t T,
-                                                               int64_t *s) {
-    const int lane = threadIdx.x % 32;
-    int64_t v = g0 + lane < G ? __ldg(splits + g0 + lane) : 0;
-    v = v < 0 ? 0 : v > T ? T : v;
-    *s = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int64_t u = __shfl_up_sync(0xffffffffu, v, o);
-        if (lane >= o) v += u;
-    }
-    return v;
-}
-
-/* A consumer warpgroup hands a stage back: with clusters, thread `cta` arrives on CTA cta's
- * empty barrier of that stage (the peer's producer multicasts into this CTA too). */
-template <int CM> static __device__ __forceinline__ void sm90_release_stage(uint64_t *bar, int cta) {
-    if (CM > 1)
-        sm90_mbar_arrive_cluster(bar, (uint32_t)cta);
-    else
-        sm90_mbar_arrive(bar);
-}
-
-/* Sets up the stage ring's mbarriers (full: the producer's arrival plus the TMA bytes; empty:
- * one arrival per consumer warpgroup of each of the CM CTAs of the cluster) and waits until
- * every thread of the CTA, and of the peer CTA with clusters, can use them: the peer's
- * barriers must exist before anything multicasts into them. */
-template <int CM> static __device__ __forceinline__ void sm90_ring_init(uint64_t *full, uint64_t *empty) {
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < SM90_STAGES; s++) {
-            sm90_mbar_init(&full[s], 1);
-            sm90_mbar_init(&empty[s], 2 * CM);
-        }
-        sm90_mbar_init_fence();
-    }
-    if (CM > 1)
-        sm90_cluster_sync();
-    else
-        __syncthreads();
-}
 #endif /* MOEX_SM90_DEVICE */
 
-/* ---- host helpers ------------------------------------------------------------------- */
+/* ---- host side ---------------------------------------------------------------------- */
 
-static inline PFN_cuTensorMapEncodeTiled_v12000 sm90_encode_fn(void) {
-    static PFN_cuTensorMapEncodeTiled_v12000 fn = NULL;
-    if (fn == NULL) {
-        void *p = NULL;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
-            fn = (PFN_cuTensorMapEncodeTiled_v12000)p;
+/* The per-device state every launch reads (sm90_grouped_gemm.h), made once. */
+struct moex_sm90_context {
+    int device;
+    moex_sm90_device dev;                       /* the plans' device facts      */
+    PFN_cuTensorMapEncodeTiled_v12000 encode;   /* the driver's map encoder     */
+};
+
+/* Once per context (sm90_context.cu): each kernel file raises the dynamic shared-memory
+ * limit of every instantiation it launches and counts its 2-CTA clusters that fit at once
+ * into *slots (the fewest over its cluster instances). 0, or a CUDA error with *why set. */
+cudaError_t sm90_rows_prepare(int sms, int *slots, const char **why);
+cudaError_t sm90_wgrad_prepare(int sms, int *slots, const char **why);
+/* The attributes of one M-grouped kernel: its binaryVersion says whether this binary has the
+ * sm_90a image (a JIT of the sm_80 PTX would compile the guarded kernel bodies out). */
+cudaError_t sm90_rows_probe(cudaFuncAttributes *fa);
+
+/* The attribute (smem bytes of dynamic shared memory) and the cluster count of one kernel
+ * (cm CTAs per cluster; with cm = 1 the slots are left alone). */
+static inline cudaError_t sm90_prepare_kernel(const void *fn, size_t smem, int cm, int sms, int *slots,
+                                              const char **why) {
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) {
+        *why = "sm90: cudaFuncSetAttribute (dynamic shared memory) failed";
+        return e;
     }
-    return fn;
+    if (cm < 2) return cudaSuccess;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = dim3((unsigned)(sms / cm * cm), 1, 1);
+    cfg.blockDim = dim3(SM90_THREADS, 1, 1);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = (unsigned)cm;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    int n = 0;
+    e = cudaOccupancyMaxActiveClusters(&n, fn, &cfg);
+    if (e == cudaSuccess && n < 1) e = cudaErrorInvalidConfiguration;
+    if (e != cudaSuccess) {
+        *why = "sm90: cudaOccupancyMaxActiveClusters failed";
+        return e;
+    }
+    if (*slots == 0 || n < *slots) *slots = n;
+    return cudaSuccess;
+}
+
+/* The launch configuration of `grid` CTAs of SM90_THREADS with smem bytes of dynamic shared
+ * memory on `stream`; the cluster dimension attribute (cm CTAs) is set when cm > 1 or
+ * cluster_attr (the M-grouped launches carry it always, cm = 1 included). attr outlives
+ * cfg's use. */
+static inline void sm90_launch_config(cudaLaunchConfig_t *cfg, cudaLaunchAttribute *attr, int grid, size_t smem,
+                                      int cm, bool cluster_attr, moex_stream stream) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->gridDim = dim3((unsigned)grid, 1, 1);
+    cfg->blockDim = dim3(SM90_THREADS, 1, 1);
+    cfg->dynamicSmemBytes = smem;
+    cfg->stream = (cudaStream_t)stream;
+    if (cm > 1 || cluster_attr) {
+        cfg->attrs = attr;
+        cfg->numAttrs = 1;
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = (unsigned)cm;
+        attr[0].val.clusterDim.y = 1;
+        attr[0].val.clusterDim.z = 1;
+    }
 }
 
 static inline bool sm90_aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
-/* Whether `device` is a compute capability 9.0 GPU, `kernel` has its sm_90a image in this
- * binary (a JIT of the sm_80 PTX would compile the guarded PTX out), and the driver gives
- * the tensor-map encoder. Reads no device memory; clears any error it provoked. */
-static inline bool sm90_device_ok(int device, const void *kernel) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    if (major != 9 || minor != 0) return false;
-    cudaFuncAttributes fa;
-    if (cudaFuncGetAttributes(&fa, kernel) != cudaSuccess) {
-        cudaGetLastError();
-        return false;
-    }
-    return fa.binaryVersion == 90 && sm90_encode_fn() != NULL;
-}
-/* The L2 promotion of the tensor maps: tune->l2_promotion (0: 256 bytes; 1: none; 64, 128
- * or 256 bytes). */
-static inline CUtensorMapL2promotion sm90_l2_promotion(const moex_sm90_tuning *tune) {
-    switch (tune != NULL ? tune->l2_promotion : 0) {
-    case 1: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
+/* The tensor maps' L2 promotion for a plan's l2_promotion bytes (0: none). */
+static inline CUtensorMapL2promotion sm90_l2_promotion(int bytes) {
+    switch (bytes) {
+    case 0: return CU_TENSOR_MAP_L2_PROMOTION_NONE;
     case 64: return CU_TENSOR_MAP_L2_PROMOTION_L2_64B;
     case 128: return CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
     default: return CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
     }
 }
 
-/* A 2-D or 3-D row-major bf16/f16/f32 tensor map: dims innermost first, box as given (its
- * inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the tensor, L2
- * promotion `promo`. */
-static inline bool sm90_make_map(CUtensorMap *m, moex_dtype dt, const void *base, int rank, const cuuint64_t *dims,
-                                 const cuuint32_t *box, CUtensorMapL2promotion promo) {
+/* A 2-D or 3-D row-major bf16/f16/f32 tensor map through c's encoder: dims innermost first,
+ * box as given (its inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the
+ * tensor, L2 promotion `promo`. */
+static inline bool sm90_make_map(const moex_sm90_context *c, CUtensorMap *m, moex_dtype dt, const void *base,
+                                 int rank, const cuuint64_t *dims, const cuuint32_t *box,
+                                 CUtensorMapL2promotion promo) {
     if (!sm90_aligned16(base)) return false;
     const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : 2;
     cuuint64_t strides[2];
     strides[0] = dims[0] * es;
     if (rank == 3) strides[1] = dims[0] * dims[1] * es;
     const cuuint32_t estr[3] = {1, 1, 1};
-    CUresult r = sm90_encode_fn()(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                                     : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                                  (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
-                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                  promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    CUresult r = c->encode(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                              : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                           (cuuint32_t)rank, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                           CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS;
+}
+
+/* Whether the common shape limits hold: G in [1, 2^31), T in [0, 2^31 - 128), K and N
+ * multiples of 8 in [8, 2^30], splits 8-byte aligned. */
+static inline bool sm90_shape_ok(int64_t G, int64_t T, int64_t K, int64_t N, const int64_t *splits) {
+    if (G < 1 || G > INT32_MAX || T < 0 || T > (int64_t)INT32_MAX - SM90_BM) return false;
+    if (K < 8 || N < 8 || K % 8 != 0 || N % 8 != 0) return false;
+    if (K > INT32_MAX / 2 || N > INT32_MAX / 2) return false;
+    return splits != NULL && ((uintptr_t)splits & 7u) == 0;
 }
 
 #define SM90_FAIL(st, msg)               \

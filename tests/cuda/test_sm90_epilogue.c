@@ -1,6 +1,6 @@
 /*
  * test_sm90_epilogue.c - the Hopper forward's fused epilogues and its 64-row tiles
- * (moex_sm90_grouped_gemm_fwd_epi, src/cuda/sm90_grouped_gemm.h) against the fp64
+ * (moex_sm90_grouped_gemm_fwd and _fwd_tuned, src/cuda/sm90_tuning.h) against the fp64
  * reference (tools/ref):
  *   - bias ADD (bias in the input dtype and in f32) and the probs-scaled bias;
  *   - FC1 of the grouped MLP with the scaled GLU: CONTIGUOUS and INTERLEAVED_32, SwiGLU and
@@ -24,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../src/cuda/sm90_grouped_gemm.h"
+#include "../../src/cuda/sm90_tuning.h"
 #include "moex.h"
 #include "ref.h"
 #include "test_util.h"
@@ -55,6 +55,7 @@ typedef struct ecase {
     int grid;                         /* CTAs (0: one per SM)                            */
 } ecase;
 
+static moex_sm90_context *g_ctx;      /* the device state every launch reads              */
 static void *g_ws;                    /* the forward's workspace (stream-K)              */
 static size_t g_ws_bytes;
 static long g_sk_pieces;              /* stream-K partials handed over, over all cases    */
@@ -139,8 +140,8 @@ static void run_case(tu_rng *r, const ecase *c) {
     tune.grid = c->grid;
     tune.stream_k = c->grid > 0 ? 2 : 0;   /* forced: whenever a last round is left */
     const char *why = "";
-    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(&a, &tune, NULL, &why)
-                           : moex_sm90_grouped_gemm_fwd_epi(&a, &e, &tune, NULL, &why);
+    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(g_ctx, &a, &tune, NULL, &why)
+                           : moex_sm90_grouped_gemm_fwd_tuned(g_ctx, &a, &e, &tune, NULL, &why);
     CK(cudaDeviceSynchronize());
     CHECK_MSG(st == MOEX_OK, "%s: status %d (%s)", what, (int)st, why);
     int flags[2 * 1024], pieces = 0;   /* the workspace's first 2 ints per CTA: stream-K flags */
@@ -227,7 +228,7 @@ static void graph_case(tu_rng *r, moex_dtype dt) {
     CK(cudaStreamCreate(&s));
     CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     const char *why = "";
-    moex_status st = moex_sm90_grouped_gemm_fwd_epi(&a, &e, NULL, (moex_stream)s, &why);
+    moex_status st = moex_sm90_grouped_gemm_fwd(g_ctx, &a, &e, (moex_stream)s, &why);
     CK(cudaStreamEndCapture(s, &graph));
     CHECK_MSG(st == MOEX_OK, "graph capture: status %d (%s)", (int)st, why);
     CK(cudaGraphInstantiate(&exec, graph, 0));
@@ -236,7 +237,7 @@ static void graph_case(tu_rng *r, moex_dtype dt) {
     CK(cudaStreamSynchronize(s));
     a.y = h2;
     e.z = z2;
-    st = moex_sm90_grouped_gemm_fwd_epi(&a, &e, NULL, NULL, &why);
+    st = moex_sm90_grouped_gemm_fwd(g_ctx, &a, &e, NULL, &why);
     CK(cudaDeviceSynchronize());
     CHECK_MSG(st == MOEX_OK, "graph reference launch: status %d (%s)", (int)st, why);
     uint16_t *a1 = host_of(h1, T * N), *a2 = host_of(h2, T * N), *b1 = host_of(z1, T * F), *b2 = host_of(z2, T * F);
@@ -284,8 +285,8 @@ static void refusal_cases(void) {
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         moex_sm90_gemm_args a = {MOEX_DTYPE_BF16, G, T, K, bad[i].n, dx, dw, dy, ds, NULL, 0};
         const char *why = NULL;
-        CHECK_MSG(!moex_sm90_epilogue_supported(0, &a, &bad[i].e), "%s: reported supported", bad[i].what);
-        moex_status st = moex_sm90_grouped_gemm_fwd_epi(&a, &bad[i].e, NULL, NULL, &why);
+        CHECK_MSG(!moex_sm90_epilogue_supported(g_ctx, &a, &bad[i].e), "%s: reported supported", bad[i].what);
+        moex_status st = moex_sm90_grouped_gemm_fwd(g_ctx, &a, &bad[i].e, NULL, &why);
         CK(cudaDeviceSynchronize());
         CHECK_MSG(st == MOEX_ERR_UNSUPPORTED && why != NULL, "%s: status %d, want MOEX_ERR_UNSUPPORTED", bad[i].what,
                   (int)st);
@@ -300,12 +301,14 @@ static void refusal_cases(void) {
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) CK(cudaFree(bufs[i]));
 }
 
+/* Makes g_ctx; 0 where the Hopper kernels cannot run (no GPU, not sm_90, no sm_90a build). */
 static int hopper_available(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return 0;
-    static char dummy[64] __attribute__((aligned(16)));
-    moex_sm90_gemm_args a = {MOEX_DTYPE_BF16, 1, 1, 8, 8, dummy, dummy, dummy, (const int64_t *)dummy, NULL, 0};
-    return moex_sm90_supported(0, &a);
+    const char *why = "";
+    const moex_status st = moex_sm90_context_create(0, &g_ctx, &why);
+    CHECK_MSG(st == MOEX_OK || st == MOEX_ERR_UNSUPPORTED, "moex_sm90_context_create: status %d (%s)", (int)st, why);
+    return st == MOEX_OK;
 }
 
 int main(void) {
@@ -313,7 +316,7 @@ int main(void) {
         printf("no Hopper (sm_90a) GPU: skipped\n");
         return 77;
     }
-    g_ws_bytes = moex_sm90_gemm_workspace_bytes(0);
+    g_ws_bytes = moex_sm90_gemm_workspace_bytes(g_ctx, NULL, NULL);   /* stream-K is forced below */
     CHECK_MSG(g_ws_bytes > 0, "moex_sm90_gemm_workspace_bytes is 0");
     CK(cudaMalloc(&g_ws, g_ws_bytes ? g_ws_bytes : 16));
     tu_rng r = tu_rng_seed(7);
@@ -366,5 +369,6 @@ int main(void) {
     CHECK_MSG(g_sk_pieces > 0, "the 7-CTA cases never ran stream-K");
     printf("stream-K partials over all cases: %ld\n", g_sk_pieces);
     CK(cudaFree(g_ws));
+    moex_sm90_context_destroy(g_ctx);
     return tu_finish();
 }

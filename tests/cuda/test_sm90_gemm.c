@@ -1,5 +1,6 @@
 /*
- * test_sm90_gemm.c - the Hopper grouped GEMMs (src/cuda/sm90_grouped_gemm.h), forward
+ * test_sm90_gemm.c - the Hopper grouped GEMMs (src/cuda/sm90_grouped_gemm.h, with the knobs
+ * of src/cuda/sm90_tuning.h), forward
  * y = x W_g^T and dgrad dx = dy W_g, against an fp64 host reference, on awkward shapes: group sizes 0, 1, 63, 64, 65, 129;
  * K and N multiples of 8 but not of the 64 / 256 tiles; G = 1 and G = 256; everything in
  * one group; bad splits (negative, sum past T: clamped, flag set); bf16 and f16.
@@ -24,13 +25,14 @@
 #include <string.h>
 
 #include "../../src/core/moex_half.h"
-#include "../../src/cuda/sm90_grouped_gemm.h"
+#include "../../src/cuda/sm90_tuning.h"
 #include "moex.h"
 
 #define GUARD_ROWS 136
 #define POISON_Y 0xFFFFu
 
 static int g_failures;
+static moex_sm90_context *g_ctx; /* the device state every launch reads */
 static moex_sm90_tuning g_tune;   /* the forward and dgrad variant under test (argv) */
 static void *g_ws;                /* the forward's and dgrad's workspace */
 static size_t g_ws_bytes;
@@ -134,8 +136,8 @@ static void check_output(const tcase *c, const char *what, const uint16_t *hx, c
 
 static moex_status sm90_call(const tcase *c, const moex_sm90_gemm_args *a, moex_stream s, const char **why) {
     moex_sm90_tuning t = g_tune;
-    moex_status st = c->dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(a, &t, s, why)
-                              : moex_sm90_grouped_gemm_fwd_tuned(a, &t, s, why);
+    moex_status st = c->dgrad ? moex_sm90_grouped_gemm_dgrad_tuned(g_ctx, a, &t, s, why)
+                              : moex_sm90_grouped_gemm_fwd_tuned(g_ctx, a, NULL, &t, s, why);
     g_grid_used = t.grid_used;
     return st;
 }
@@ -475,10 +477,10 @@ static moex_sm90_wgrad_args w_args(moex_dtype dt, int mode, int64_t G, int64_t T
  * least one cluster, a whole number of clusters, at most the grid asked for). */
 static moex_status w_call(const wcase *c, const wvariant *v, const moex_sm90_wgrad_args *a, moex_stream s,
                           const char **why) {
-    if (!v->tuned) return moex_sm90_grouped_gemm_wgrad(a, s, why);
+    if (!v->tuned) return moex_sm90_grouped_gemm_wgrad(g_ctx, a, s, why);
     moex_sm90_tuning t = v->t;
     t.grid_used = -1;
-    const moex_status st = moex_sm90_grouped_gemm_wgrad_tuned(a, &t, s, why);
+    const moex_status st = moex_sm90_grouped_gemm_wgrad_tuned(g_ctx, a, &t, s, why);
     const int cm = t.cluster == 2 ? 2 : 1;
     const int ok = a->T == 0 ? t.grid_used == 0
                              : t.grid_used >= cm && t.grid_used % cm == 0 && (t.grid <= 0 || t.grid_used <= t.grid);
@@ -686,8 +688,18 @@ int main(int argc, char **argv) {
         return 77;
     }
     CK(cudaSetDevice(dev));
+    const char *why = "";
+    const moex_status cst = moex_sm90_context_create(dev, &g_ctx, &why);
+    if (cst == MOEX_ERR_UNSUPPORTED) {
+        printf("device is not sm_90 or the sm_90a kernel is not in this build (%s): skipped\n", why);
+        return 77;
+    }
+    if (cst != MOEX_OK) {
+        printf("FAIL: moex_sm90_context_create: status %d (%s)\n", (int)cst, why);
+        return 1;
+    }
     {
-        /* probe with aligned fake pointers: only device and build are in question here */
+        /* aligned fake pointers: the forward, the dgrad and the wgrad accept the shapes */
         int64_t *ds;
         CK(cudaMalloc((void **)&ds, 64));
         moex_sm90_gemm_args p;
@@ -699,7 +711,6 @@ int main(int argc, char **argv) {
         p.N = 8;
         p.x = p.w = p.y = ds;
         p.splits = ds;
-        int ok = moex_sm90_supported(dev, &p);
         moex_sm90_wgrad_args wp;
         memset(&wp, 0, sizeof wp);
         wp.dtype = MOEX_DTYPE_BF16;
@@ -710,17 +721,14 @@ int main(int argc, char **argv) {
         wp.dy = wp.x = wp.dw = ds;
         wp.dw_dtype = MOEX_DTYPE_F32;
         wp.splits = ds;
-        if (ok && !moex_sm90_wgrad_supported(dev, &wp)) {
-            printf("FAIL: the forward is supported but the wgrad is not\n");
+        if (!moex_sm90_supported(g_ctx, &p) || !moex_sm90_wgrad_supported(g_ctx, &wp)) {
+            printf("FAIL: the forward or the wgrad refuses a plain shape\n");
             g_failures++;
         }
         CK(cudaFree(ds));
-        if (!ok) {
-            printf("device is not sm_90 or the sm_90a kernel is not in this build: skipped\n");
-            return 77;
-        }
     }
-    g_ws_bytes = moex_sm90_gemm_workspace_bytes(dev);
+    /* the most any launch uses: stream-K is forced (argv) on shapes the heuristic leaves whole */
+    g_ws_bytes = moex_sm90_gemm_workspace_bytes(g_ctx, NULL, NULL);
     if (g_ws_bytes == 0) {
         printf("FAIL: moex_sm90_gemm_workspace_bytes is 0\n");
         return 1;
@@ -777,6 +785,7 @@ int main(int argc, char **argv) {
 
     run_wgrad_cases();
 
+    moex_sm90_context_destroy(g_ctx);
     printf("%s: %d failure(s)\n", g_failures ? "FAILED" : "PASSED", g_failures);
     return g_failures ? 1 : 0;
 }

@@ -1,0 +1,80 @@
+/*
+ * sm90_context.cu - the per-device state of the Hopper grouped GEMMs
+ * (moex_sm90_context_create / _destroy, sm90_grouped_gemm.h): everything a launch would
+ * otherwise ask the driver every time, asked once. The CUDA backend makes one per moex
+ * context (cuda_gemm_sm90.cu); tests and benchmarks make their own.
+ */
+#include <stdlib.h>
+
+#include "sm90_common.cuh"
+
+/* The driver's tensor-map encoder, through the runtime (no link against libcuda). */
+static PFN_cuTensorMapEncodeTiled_v12000 sm90_encoder(void) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return (PFN_cuTensorMapEncodeTiled_v12000)p;
+}
+
+static moex_status sm90_context_fill(moex_sm90_context *c, const char **why) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&c->dev.sms, cudaDevAttrMultiProcessorCount, c->device) != cudaSuccess) {
+        cudaGetLastError();
+        SM90_FAIL(MOEX_ERR_CUDA, "sm90: cudaDeviceGetAttribute failed");
+    }
+    if (major != 9 || minor != 0 || c->dev.sms < 1)
+        SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the device is not a compute capability 9.0 GPU");
+    cudaFuncAttributes fa;
+    if (sm90_rows_probe(&fa) != cudaSuccess) {
+        cudaGetLastError();
+        SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the kernels are not in this binary");
+    }
+    if (fa.binaryVersion != 90) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: this binary has no sm_90a kernels");
+    c->encode = sm90_encoder();
+    if (c->encode == NULL) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the driver gives no cuTensorMapEncodeTiled");
+    const char *w = "";
+    if (sm90_rows_prepare(c->dev.sms, &c->dev.rows_cluster_slots, &w) != cudaSuccess ||
+        sm90_wgrad_prepare(c->dev.sms, &c->dev.wgrad_cluster_slots, &w) != cudaSuccess) {
+        cudaGetLastError();
+        SM90_FAIL(MOEX_ERR_CUDA, w);
+    }
+    return MOEX_OK;
+}
+
+extern "C" moex_status moex_sm90_context_create(int device, moex_sm90_context **out, const char **why) {
+    *out = NULL;
+    int prev = 0;
+    if (cudaGetDevice(&prev) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+        cudaGetLastError();
+        SM90_FAIL(MOEX_ERR_CUDA, "sm90: cudaSetDevice failed");
+    }
+    moex_sm90_context *c = (moex_sm90_context *)calloc(1, sizeof *c);
+    moex_status st = MOEX_ERR_OUT_OF_MEMORY;
+    if (c == NULL) {
+        if (why != NULL) *why = "sm90: out of host memory";
+    } else {
+        c->device = device;
+        st = sm90_context_fill(c, why);
+    }
+    if (cudaSetDevice(prev) != cudaSuccess) {
+        cudaGetLastError();
+        if (st == MOEX_OK) {
+            st = MOEX_ERR_CUDA;
+            if (why != NULL) *why = "sm90: cudaSetDevice (restoring the caller's device) failed";
+        }
+    }
+    if (st != MOEX_OK) {
+        free(c);
+        return st;
+    }
+    *out = c;
+    return MOEX_OK;
+}
+
+extern "C" void moex_sm90_context_destroy(moex_sm90_context *c) { free(c); }

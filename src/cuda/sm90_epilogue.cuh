@@ -1,0 +1,382 @@
+/*
+ * sm90_epilogue.cuh - private: the epilogues of the Hopper grouped GEMMs: how a consumer
+ * warpgroup's f32 accumulators become output.
+ *
+ * M-grouped (forward, dgrad; sm90_grouped_gemm.cu). A consumer warpgroup owns a block of 64
+ * rows by NC columns of the CTA tile: with BM = 128 rows [64 c, 64 c + 64) and all NC = 256
+ * columns, with BM = 64 all rows and the NC = 128 columns [128 c, 128 c + 128). Thread
+ * (warp, lane) holds block rows rl = 16 warp + lane / 4 and rl + 8, and for every j < NC / 8
+ * the block columns lc = 8 j + 2 (lane % 4) + {0, 1}: acc[4 j + {0, 1}] (row rl) and
+ * acc[4 j + {2, 3}] (row rl + 8). The epilogue kinds (MOEX_SM90_EPI_*, sm90_heuristics.h):
+ *   PLAIN   y = acc;
+ *   BIAS    y = acc + b_g or acc + p_r b_g (bias [G, N], f32 or the input dtype; the bias
+ *           row is fetched with cp.async into the staging buffer and p of the block's rows
+ *           into registers while the tile is computed);
+ *   GLU_*   FC1 of the grouped MLP with the scaled GLU: h = acc (+ b_g) rounded to the input
+ *           dtype is stored, then z = p_r glu(h) [T, F], GLU halves CONTIGUOUS or
+ *           INTERLEAVED_32. A GLU output element needs its two halves in one thread, so the
+ *           column tiles are "virtual": column tile t yields the z columns [128 t, 128 t + 128),
+ *           and a consumer block yields NC / 2 of them, starting at z column zb.
+ *           INTERLEAVED_32 needs nothing more (a block of h columns [2 zb, 2 zb + NC) holds
+ *           whole 64-column segments); for CONTIGUOUS the producer loads the weight tile as
+ *           four 64-row boxes so that each block is [NC / 2 rows of the first half (rows
+ *           zb ...)][NC / 2 rows of the second half (F + zb ...)], one segment of length NC / 2.
+ * Full blocks (all rows inside the group, all columns inside the output) leave through the
+ * swizzled staging buffer and TMA stores, a 64-column box at a time (sm90_stage_pass); other
+ * blocks through masked stores from registers. Rows past the group's end are never written.
+ *
+ * K-grouped (wgrad; sm90_grouped_wgrad.cu). A consumer's block is 64 dW rows by 256 columns,
+ * the same fragment layout. Blocks inside [N, K] go registers -> 128-byte-swizzled staging ->
+ * TMA, in boxes of 64 rows by 128 bytes (64 bf16/f16 or 32 f32 columns) through two 8 KB
+ * halves used in turn (sm90w_send_box); "+=" uses the TMA reduce-add (one add per element,
+ * from one CTA: deterministic, and the old dW never passes through the SM). Other blocks use
+ * masked stores from registers (sm90w_store_masked).
+ */
+#ifndef MOEX_SM90_EPILOGUE_CUH
+#define MOEX_SM90_EPILOGUE_CUH
+
+#include "glu_math.h"
+#include "sm90_common.cuh"
+
+/* What the M-grouped epilogue reads besides the accumulators (a kernel parameter). */
+typedef struct sm90_epi {
+    const void *bias;           /* [G, N] (GLU: N = 2F); NULL: no bias                       */
+    const float *probs;         /* [T]: the scaled bias's and the GLU's p (NULL: p = 1)      */
+    uint16_t *z;                /* GLU: [T, F]                                               */
+    int bias_f32, bias_scaled;  /* bias dtype f32 (else the input dtype); y += p_r b_g       */
+    int F;                      /* GLU: half width                                           */
+    moex_glu_consts glu;
+} sm90_epi;
+
+/* The K-grouped output modes (kernel parameter). */
+enum { SM90W_OUT_F32 = 0, SM90W_OUT_F32_ACC = 1, SM90W_OUT_HALF = 2 };
+
+#define SM90_STAGE_HALF_BYTES 8192   /* one staging box: 64 rows of 128 bytes */
+
+#if MOEX_SM90_DEVICE
+
+/* f32 pair -> two packed 16-bit values of the input dtype (round to nearest even) */
+template <int IS_F16> struct sm90_io;
+template <> struct sm90_io<0> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+        return *(uint32_t *)&v;
+    }
+};
+template <> struct sm90_io<1> {
+    static __device__ __forceinline__ uint32_t pack(float a, float b) {
+        __half2 v = __floats2half2_rn(a, b);
+        return *(uint32_t *)&v;
+    }
+};
+
+template <int IS_F16> static __device__ __forceinline__ float sm90_round(float v) {
+    if (IS_F16) return __half2float(__float2half_rn(v));
+    return __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* ---- M-grouped --------------------------------------------------------------------------- */
+
+/* Block column lc -> output column (y, or h for the GLU) and whether it is inside the output. */
+template <int EPI, int NC> struct sm90_cols {
+    int ob;    /* PLAIN/BIAS: the block's first y column; GLU: zb, its first z column */
+    int lim;   /* PLAIN/BIAS: N; GLU: F */
+    __device__ __forceinline__ int zcol(int lc) const {
+        return EPI == MOEX_SM90_EPI_GLU_CONTIG ? ob + lc % (NC / 2) : ob + (lc / 64) * 32 + lc % 32;
+    }
+    __device__ __forceinline__ int col(int lc) const {
+        if (EPI == MOEX_SM90_EPI_GLU_CONTIG) return zcol(lc) + (lc >= NC / 2 ? lim : 0);
+        if (EPI == MOEX_SM90_EPI_GLU_INTERLEAVED) return 2 * ob + lc;
+        return ob + lc;
+    }
+    __device__ __forceinline__ bool ok(int lc) const {
+        return EPI >= MOEX_SM90_EPI_GLU_CONTIG ? zcol(lc) < lim : ob + lc < lim;
+    }
+};
+
+/* The j of the i-th GLU output pair: its first half at j, its second at j + sm90_glu_step. */
+template <int EPI> static __device__ __forceinline__ constexpr int sm90_glu_j(int i) {
+    return EPI == MOEX_SM90_EPI_GLU_CONTIG ? i : 8 * (i / 4) + i % 4;
+}
+template <int EPI, int NC> static __device__ __forceinline__ constexpr int sm90_glu_step(void) {
+    return EPI == MOEX_SM90_EPI_GLU_CONTIG ? NC / 16 : 4;
+}
+
+/* Writes NJ fragment columns (j = JSEL(jj), jj < NJ; 8 columns each) of the block's two rows
+ * into `stage`: [NJ / 8 boxes][64 rows][64 columns], 128-byte rows, 16-byte chunk ch ^ (row % 8). */
+template <int IS_F16, int NJ, int NA, class JSEL>
+static __device__ __forceinline__ void sm90_stage_write(uint8_t *stage, const float (&acc)[NA], JSEL jsel, int rl,
+                                                        int lane) {
+#pragma unroll
+    for (int jj = 0; jj < NJ; jj++) {
+        const int j = jsel(jj), q = jj / 8, ch = jj % 8;
+        uint8_t *base = stage + q * SM90_STAGE_HALF_BYTES + (lane % 4) * 4;
+        *(uint32_t *)(base + rl * 128 + ((ch ^ (rl & 7)) << 4)) = sm90_io<IS_F16>::pack(acc[j * 4 + 0], acc[j * 4 + 1]);
+        *(uint32_t *)(base + (rl + 8) * 128 + ((ch ^ ((rl + 8) & 7)) << 4)) =
+            sm90_io<IS_F16>::pack(acc[j * 4 + 2], acc[j * 4 + 3]);
+    }
+}
+
+/* One pass of the TMA epilogue: NJ fragment columns (NJ / 8 boxes of 64 columns), box q
+ * through half q % 2 of the staging buffer and its own bulk group, stored at (col(q), row).
+ * Before a half is rewritten, the store that last read it must have finished reading: with
+ * one group per box, that is every group but the newest (wait_read<1>), so the threads
+ * write one half while the copy engine still reads the other. */
+template <int IS_F16, int NJ, int NA, class JSEL, class COL>
+static __device__ __forceinline__ void sm90_stage_pass(uint8_t *stage, const float (&acc)[NA], JSEL jsel, COL col,
+                                                       const CUtensorMap *map, int32_t row, int c, int tid, int rl,
+                                                       int lane) {
+#pragma unroll
+    for (int q = 0; q < NJ / 8; q++) {
+        uint8_t *half = stage + (q % 2) * SM90_STAGE_HALF_BYTES;
+        if (tid == 0) sm90_bulk_wait_read<1>();
+        sm90_named_barrier(1 + c, 128);
+        sm90_stage_write<IS_F16, 8>(half, acc, [&](int jj) { return jsel(8 * q + jj); }, rl, lane);
+        sm90_fence_proxy_async_smem();
+        sm90_named_barrier(1 + c, 128);
+        if (tid == 0) {
+            sm90_tma_store_2d(map, half, col(q), row);
+            sm90_bulk_commit();
+        }
+    }
+}
+
+/* Masked register stores of fragment column j: acc[4 j + {0, 1}] to row a at column col,
+ * acc[4 j + {2, 3}] to row b, each where its row exists. */
+template <int IS_F16, int NA>
+static __device__ __forceinline__ void sm90_store_pair(uint16_t *a, uint16_t *b, int col, bool oka, bool okb,
+                                                       const float (&acc)[NA], int j) {
+    if (oka) *(uint32_t *)(a + col) = sm90_io<IS_F16>::pack(acc[4 * j + 0], acc[4 * j + 1]);
+    if (okb) *(uint32_t *)(b + col) = sm90_io<IS_F16>::pack(acc[4 * j + 2], acc[4 * j + 3]);
+}
+
+/* The consumer block being computed: its first row mr (rows past row1, the group's end, are
+ * not its own), the thread's rows ra = mr + rl and rb = ra + 8 (oka, okb: inside the group),
+ * its consumer warpgroup c and the thread's index tid in it. */
+typedef struct sm90_block {
+    int64_t mr, ra, rb, row1;
+    bool oka, okb;
+    int c, tid, rl, lane;
+} sm90_block;
+
+/* p of the block's two rows (1 unless the epilogue scales by probs), loaded in registers
+ * while the tile is computed. */
+template <int EPI>
+static __device__ __forceinline__ void sm90_epi_probs(const sm90_epi &epi, const sm90_block &k, float *pa, float *pb) {
+    *pa = 1.0f;
+    *pb = 1.0f;
+    if (epi.probs != NULL && (EPI >= MOEX_SM90_EPI_GLU_CONTIG || epi.bias_scaled)) {
+        *pa = k.oka ? __ldg(epi.probs + k.ra) : 0.0f;
+        *pb = k.okb ? __ldg(epi.probs + k.rb) : 0.0f;
+    }
+}
+
+/* Starts the copy of group g's bias row (the block's columns) into `stage` (cp.async, block
+ * column pair lc / 2 at 4 or 8 bytes each), once the last tile's TMA stores have read it. */
+template <int EPI, int NC>
+static __device__ __forceinline__ void sm90_epi_bias_fetch(const sm90_epi &epi, const sm90_cols<EPI, NC> &cols, int g,
+                                                           int N, uint8_t *stage, const sm90_block &k) {
+    if (k.tid == 0) sm90_bulk_wait_read<0>();   /* the last tile's stores read `stage` */
+    sm90_named_barrier(1 + k.c, 128);
+    const int lc = 2 * k.tid;
+    if (lc < NC && cols.ok(lc)) {
+        const int64_t bi = (int64_t)g * N + cols.col(lc);
+        if (epi.bias_f32)
+            sm90_cp_async<8>(stage + 8 * k.tid, (const float *)epi.bias + bi);
+        else
+            sm90_cp_async<4>(stage + 4 * k.tid, (const uint16_t *)epi.bias + bi);
+    }
+    sm90_cp_async_commit();
+}
+
+/* The whole M-grouped epilogue of one block: bias (has_bias: its row was fetched into
+ * `stage` by sm90_epi_bias_fetch), then y (or h, rounded) and for the GLU z, through TMA
+ * stores (EPI_TMA, full blocks) or masked stores. y: [T, N] (h: [T, 2F]). */
+template <int IS_F16, int EPI_TMA, int EPI, int NC>
+static __device__ __forceinline__ void sm90_epi_rows(float (&acc)[NC / 2], const sm90_epi &epi,
+                                                     const sm90_cols<EPI, NC> &cols, bool has_bias, float pa,
+                                                     float pb, uint8_t *stage, const CUtensorMap *tm_y,
+                                                     const CUtensorMap *tm_z, uint16_t *y, int N,
+                                                     const sm90_block &k) {
+    constexpr int NA = NC / 2;
+    const int lc0 = 2 * (k.lane % 4);
+    if (has_bias) {
+        sm90_cp_async_wait_all();
+        sm90_named_barrier(1 + k.c, 128);   /* every thread's part of the bias row landed */
+        const float sa_ = epi.bias_scaled ? pa : 1.0f, sb_ = epi.bias_scaled ? pb : 1.0f;
+#pragma unroll
+        for (int j = 0; j < NA / 4; j++) {
+            const int lc = 8 * j + lc0;
+            if (cols.ok(lc)) {
+                float b0, b1;
+                if (epi.bias_f32) {
+                    const float2 v = *(const float2 *)(stage + 4 * lc);
+                    b0 = v.x;
+                    b1 = v.y;
+                } else {
+                    const uint32_t v = *(const uint32_t *)(stage + 2 * lc);
+                    b0 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v & 0xFFFFu)))
+                                : __bfloat162float(__ushort_as_bfloat16((unsigned short)(v & 0xFFFFu)));
+                    b1 = IS_F16 ? __half2float(__ushort_as_half((unsigned short)(v >> 16)))
+                                : __bfloat162float(__ushort_as_bfloat16((unsigned short)(v >> 16)));
+                }
+                acc[4 * j + 0] += sa_ * b0;
+                acc[4 * j + 1] += sa_ * b1;
+                acc[4 * j + 2] += sb_ * b0;
+                acc[4 * j + 3] += sb_ * b1;
+            }
+        }
+    }
+    if (EPI >= MOEX_SM90_EPI_GLU_CONTIG) {
+#pragma unroll
+        for (int i = 0; i < NA; i++) acc[i] = sm90_round<IS_F16>(acc[i]);   /* h as stored */
+    }
+    const bool full_block = EPI_TMA && k.mr + 64 <= k.row1 &&
+                            (EPI >= MOEX_SM90_EPI_GLU_CONTIG ? cols.ob + NC / 2 <= epi.F : cols.ob + NC <= N);
+    /* y (or h) */
+    if (full_block) {
+#pragma unroll
+        for (int p = 0; p < NC / 128; p++)
+            sm90_stage_pass<IS_F16, 16>(
+                stage, acc, [&](int jj) { return 16 * p + jj; }, [&](int q) { return cols.col(128 * p + 64 * q); },
+                tm_y, (int32_t)k.mr, k.c, k.tid, k.rl, k.lane);
+    } else {
+        uint16_t *ya = y + k.ra * N, *yb = y + k.rb * N;
+#pragma unroll
+        for (int j = 0; j < NA / 4; j++) {
+            const int lc = 8 * j + lc0;
+            if (cols.ok(lc)) sm90_store_pair<IS_F16>(ya, yb, cols.col(lc), k.oka, k.okb, acc, j);
+        }
+    }
+    if (EPI >= MOEX_SM90_EPI_GLU_CONTIG) {
+        /* z = p glu(h), written over the first half's accumulators */
+        constexpr int STEP = sm90_glu_step<EPI, NC>();
+#pragma unroll
+        for (int i = 0; i < NA / 8; i++) {
+            const int ja = sm90_glu_j<EPI>(i), jb = ja + STEP;
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                acc[4 * ja + e] = moex_glu_forward(epi.glu, acc[4 * ja + e], acc[4 * jb + e], e < 2 ? pa : pb);
+        }
+        auto zsel = [](int jj) { return sm90_glu_j<EPI>(jj); };
+        if (full_block) {
+            sm90_stage_pass<IS_F16, NA / 8>(stage, acc, zsel, [&](int q) { return cols.ob + 64 * q; }, tm_z,
+                                            (int32_t)k.mr, k.c, k.tid, k.rl, k.lane);
+        } else {
+            uint16_t *za = epi.z + k.ra * epi.F, *zb = epi.z + k.rb * epi.F;
+#pragma unroll
+            for (int i = 0; i < NA / 8; i++) {
+                const int zc = cols.ob + 8 * i + lc0;
+                if (zc < epi.F) sm90_store_pair<IS_F16>(za, zb, zc, k.oka, k.okb, acc, zsel(i));
+            }
+        }
+    }
+}
+
+/* ---- K-grouped (wgrad) ------------------------------------------------------------------- */
+
+/* Overwrites rows [v, 64) of one swizzled box [64 rows][128 bytes] with zeros (the 128-byte
+ * swizzle permutes 16-byte chunks inside a row, so a row stays bytes [128 r, 128 r + 128)):
+ * the rows of a partial last stage that are not the group's. */
+static __device__ __forceinline__ void sm90w_zero_rows(uint8_t *box, int v, int tid) {
+    uint4 *p = (uint4 *)(box + v * 128);
+    const int n = (64 - v) * 8;
+    for (int i = tid; i < n; i += 128) p[i] = make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* The staging box `half` (8 KB, [64 rows][128 bytes], 128-byte swizzle) has been written by
+ * the 128 threads of a consumer: thread 0 sends it to dW_g[n .. n + 64, k .. k + box) with a
+ * TMA store (add: reduce-add). Before the barrier, thread 0 waits until every earlier store
+ * has read its staging box, so that after the barrier the other half may be rewritten while
+ * this one is in flight. */
+static __device__ __forceinline__ void sm90w_send_box(const CUtensorMap *tm, const uint8_t *half, int k, int n,
+                                                      int g, bool add, int bar, int tid) {
+    sm90_fence_proxy_async_smem();
+    if (tid == 0) sm90_bulk_wait_read<0>();
+    sm90_named_barrier(bar, 128);
+    if (tid == 0) {
+        if (add)
+            sm90_tma_reduce_add_3d(tm, half, k, n, g);
+        else
+            sm90_tma_store_3d(tm, half, k, n, g);
+        sm90_bulk_commit();
+    }
+}
+
+/* A pair (x, y) into a staging row at p: packed into the input dtype (4 bytes), or f32 (8). */
+template <int IS_F16, bool F32> static __device__ __forceinline__ void sm90w_stage_pair(uint8_t *p, float x, float y) {
+    if (F32)
+        *(float2 *)p = make_float2(x, y);
+    else
+        *(uint32_t *)p = sm90_io<IS_F16>::pack(x, y);
+}
+
+/* The TMA epilogue of one consumer block dW_g[n .. n + 64, k0 .. k0 + 256), in the input
+ * dtype (F32 = false: four boxes of 64 columns) or in f32 (eight boxes of 32 columns; add:
+ * "+=" through TMA reduce-adds). Thread (warp, lane) holds rows rl = 16 warp + lane / 4 and
+ * rl + 8 ((rl + 8) % 8 == rl % 8), columns 8 j + 2 (lane % 4) (+1) for j < 32. 16-bit: box
+ * j / 8, 16-byte chunk j % 8 of the row, byte 4 (lane % 4) in it; f32: box j / 4, bytes
+ * 32 (j % 4) + 8 (lane % 4) of the row, i.e. chunk 2 (j % 4) + (lane % 4) / 2, byte
+ * 8 (lane % 2) in it; chunk c of row r is stored at chunk c ^ (r % 8). live = 0 writes
+ * zeros. */
+template <int IS_F16, bool F32>
+static __device__ __forceinline__ void sm90w_epilogue_tma(const float (&acc)[128], bool live, uint8_t *stage,
+                                                          const CUtensorMap *tm, int k0, int n, int g, bool add,
+                                                          int bar, int tid) {
+    constexpr int JB = F32 ? 4 : 8;   /* fragment columns (of 8 columns) per box */
+    const int warp = tid / 32, lane = tid % 32, rl = warp * 16 + lane / 4;
+#pragma unroll
+    for (int b = 0; b < 32 / JB; b++) {
+        uint8_t *half = stage + (b & 1) * SM90_STAGE_HALF_BYTES;
+        uint8_t *ta = half + rl * 128 + (F32 ? (lane % 2) * 8 : (lane % 4) * 4), *tb = ta + 8 * 128;
+#pragma unroll
+        for (int q = 0; q < JB; q++) {
+            const int j = b * JB + q, off = ((F32 ? 2 * q + (lane % 4) / 2 : q) ^ (rl & 7)) << 4;
+            sm90w_stage_pair<IS_F16, F32>(ta + off, live ? acc[j * 4 + 0] : 0.0f, live ? acc[j * 4 + 1] : 0.0f);
+            sm90w_stage_pair<IS_F16, F32>(tb + off, live ? acc[j * 4 + 2] : 0.0f, live ? acc[j * 4 + 3] : 0.0f);
+        }
+        sm90w_send_box(tm, half, k0 + b * JB * 8, n, g, add, bar, tid);
+    }
+}
+
+/* The pair (x, y) to elements i, i + 1 of dw in the output mode: packed into the input dtype
+ * (SM90W_OUT_HALF), f32, or added to the f32 values there (SM90W_OUT_F32_ACC). */
+template <int IS_F16>
+static __device__ __forceinline__ void sm90w_put_pair(void *dw, int64_t i, float x, float y, int mode) {
+    if (mode == SM90W_OUT_HALF) {
+        *(uint32_t *)((uint16_t *)dw + i) = sm90_io<IS_F16>::pack(x, y);
+        return;
+    }
+    float2 *p = (float2 *)((float *)dw + i);
+    if (mode == SM90W_OUT_F32_ACC) {
+        const float2 o = *p;
+        x = o.x + x;
+        y = o.y + y;
+    }
+    *p = make_float2(x, y);
+}
+
+/* Masked register stores of a consumer block dW_g[nc .. nc + 64, k0 .. k0 + 256) (dw [G, N, K]
+ * in the mode's dtype): thread (warp, lane) holds dW rows ra = nc + 16 warp + lane / 4 and
+ * ra + 8, column pairs 8 j + 2 (lane % 4); rows past N and columns past K are skipped.
+ * live = 0 writes zeros. */
+template <int IS_F16>
+static __device__ __forceinline__ void sm90w_store_masked(const float (&acc)[128], bool live, void *dw, int64_t g,
+                                                          int N, int K, int nc, int k0, int mode, int warp,
+                                                          int lane) {
+    const int64_t ra = nc + warp * 16 + lane / 4, rb = ra + 8;
+    const bool oka = ra < N, okb = rb < N;
+    const int64_t ia = (g * N + ra) * K, ib = (g * N + rb) * K;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+        const int col = k0 + j * 8 + (lane % 4) * 2;
+        if (col < K) {
+            if (oka) sm90w_put_pair<IS_F16>(dw, ia + col, live ? acc[j * 4 + 0] : 0.0f, live ? acc[j * 4 + 1] : 0.0f, mode);
+            if (okb) sm90w_put_pair<IS_F16>(dw, ib + col, live ? acc[j * 4 + 2] : 0.0f, live ? acc[j * 4 + 3] : 0.0f, mode);
+        }
+    }
+}
+
+#endif /* MOEX_SM90_DEVICE */
+
+#endif /* MOEX_SM90_EPILOGUE_CUH */
