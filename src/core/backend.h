@@ -39,12 +39,6 @@ typedef struct moex_groups {
     void *gemm_ws;              /* CUDA: the Hopper forward's own scratch, or NULL */
 } moex_groups;
 
-/* What a prepared handle may carry besides the offsets. */
-typedef enum moex_groups_use {
-    MOEX_GROUPS_PLAIN = 0,
-    MOEX_GROUPS_GEMM_WS = 1     /* a grouped linear forward: room for the Hopper GEMM's scratch */
-} moex_groups_use;
-
 /* The FC1 of the grouped MLP with the scaled GLU fused into its epilogue:
  * h = x W_g^T (+ b_g) [T, 2F] and z = p glu(h) [T, F]. */
 typedef struct moex_fc1_glu_args {
@@ -123,9 +117,9 @@ typedef struct moex_dense_gemm {
 #define MOEX_DECLARE_PRIMITIVES(p)                                                                \
     MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_DECL_, p)                                                \
     MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_DECL_, p)                                                    \
-    size_t p##_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);           \
+    size_t p##_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd); \
     moex_status p##_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G, \
-                                   int64_t T, moex_groups_use use, void *ws, moex_groups *g);     \
+                                   int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g); \
     size_t p##_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);                     \
     moex_status p##_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,    \
                                const moex_dense_gemm *gemm, void *ws);
@@ -151,10 +145,12 @@ typedef struct moex_backend_ops {
                                 int64_t experts);
 
     /* The prepared-splits handle: its storage, and its build from splits [G] in the
-     * backend's memory (NULL: one group of all T rows). */
-    size_t (*groups_ws)(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use);
+     * backend's memory (NULL: one group of all T rows). `fwd`: the grouped linear forward the
+     * handle serves, whose own GEMM scratch it then carries (CUDA: the Hopper forward's
+     * stream-K partial sums, on the shapes where it runs stream-K); NULL: none. */
+    size_t (*groups_ws)(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
     moex_status (*groups_prepare)(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                  int64_t T, moex_groups_use use, void *ws, moex_groups *g);
+                                  int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
 
     MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_FIELD_, _)
     MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_FIELD_, _)

@@ -47,35 +47,36 @@ moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c,
 }
 
 /* ---- the composition ------------------------------------------------------------------
- * Workspace: the prepared handle, then the primitive's region. The forward's handle has
- * room for the Hopper GEMM's scratch. */
+ * Workspace: the prepared handle, then the primitive's region. The forward's handle carries
+ * its GEMM's own scratch where the backend wants one (groups_ws). */
 
 typedef struct gl_layout {
     void *groups, *sub;
     size_t total;
 } gl_layout;
 
-static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, moex_groups_use use, size_t sub, void *ws) {
+static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, const moex_grouped_linear_args *fwd, size_t sub,
+                           void *ws) {
     moex_carver c = {(char *)ws, 0};
     gl_layout l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, use));
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, fwd));
     l.sub = moex_take(&c, sub);
     l.total = c.used;
     return l;
 }
 
-/* The workspace query and the run of a grouped linear op: the backend's limits, the groups,
- * then the primitive `prim`. */
-#define GROUPED_LINEAR_OP(name, prim, args_t, use)                                                       \
+/* The workspace query and the run of a grouped linear op: the backend's limits, the groups
+ * (carrying the GEMM scratch of `fwd`, the forward's args, or NULL), then the primitive. */
+#define GROUPED_LINEAR_OP(name, prim, args_t, fwd)                                                       \
     size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_gl_dims *d) {              \
-        return layout_of(ctx, d, use, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                  \
+        return layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                  \
     }                                                                                                    \
     moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
                                      const moex_gl_dims *d, void *ws) {                                  \
-        const gl_layout l = layout_of(ctx, d, use, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);             \
+        const gl_layout l = layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);             \
         moex_groups g;                                                                                   \
         MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));                                              \
-        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, use, l.groups, &g));                      \
+        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, fwd, l.groups, &g));                      \
         return moex_ops(ctx)->prim(ctx, c, &g, a, d, l.sub);                                             \
     }
 
@@ -96,7 +97,7 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, MOEX_GROUPS_GEMM_WS)
+GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, a)
 
 /* ---- backward data ------------------------------------------------------------------- */
 
@@ -124,7 +125,7 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, bias_needed);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, MOEX_GROUPS_PLAIN)
+GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, NULL)
 
 /* ---- backward weight ----------------------------------------------------------------- */
 
@@ -139,7 +140,7 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
     return moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, MOEX_GROUPS_PLAIN)
+GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, NULL)
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their

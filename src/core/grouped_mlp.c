@@ -121,7 +121,7 @@ typedef struct mlp_layout {
 static mlp_layout layout_of(moex_context *ctx, const moex_mlp_dims *d, const size_t bytes[3], size_t sub, void *ws) {
     moex_carver c = {(char *)ws, 0};
     mlp_layout l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, MOEX_GROUPS_PLAIN));
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
     l.sub = moex_take(&c, sub);
     l.total = c.used;
@@ -132,7 +132,7 @@ static mlp_layout layout_of(moex_context *ctx, const moex_mlp_dims *d, const siz
 static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_mlp_dims *d,
                          const mlp_layout *l, moex_groups *g) {
     MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    return moex_prepare_groups(ctx, c, splits, d->T, MOEX_GROUPS_PLAIN, l->groups, g);
+    return moex_prepare_groups(ctx, c, splits, d->T, NULL, l->groups, g);
 }
 
 /* ---- forward ------------------------------------------------------------------------- */

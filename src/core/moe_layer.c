@@ -283,7 +283,7 @@ static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a,
     sub = moex_sz_max(sub, ops->unpermute_fwd_ws(ctx, &c.unpermute, &ud));
     moex_carver k = {(char *)ws, 0};
     fwd_layout l;
-    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, MOEX_GROUPS_PLAIN));
+    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, NULL));
     l.yp = moex_take(&k, moex_sz_bytes(d->T * d->k, d->H, moex_dtype_size(d->dt)));
     l.sub = moex_take(&k, sub);
     l.total = k.used;
@@ -306,7 +306,7 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     /* Mark the buffer as not holding a forward until this one has finished. */
     if (ops->host_memory) memset(v.header, 0, sizeof(saved_header));
     moex_groups rows;
-    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, MOEX_GROUPS_PLAIN, l.rows, &rows));
+    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, NULL, l.rows, &rows));
     MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.logits, l.sub));
     MOEX_TRY(ops->router_fwd(ctx, c, &k.router, &rd, l.sub));
     MOEX_TRY(ops->permute_fwd(ctx, c, &k.permute, &pd, l.sub));
@@ -392,7 +392,7 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_arg
     const size_t es = moex_dtype_size(d->dt);
     moex_carver k = {(char *)ws, 0};
     bwd_layout l;
-    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, MOEX_GROUPS_PLAIN));
+    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, NULL));
     l.dyp = moex_take(&k, moex_sz_bytes(rows, d->H, es));
     l.dxp = p.dx ? moex_take(&k, moex_sz_bytes(rows, d->H, es)) : NULL;
     l.dprobs_p = p.router ? moex_take(&k, moex_sz_bytes(rows, 1, sizeof(float))) : NULL;
@@ -448,7 +448,7 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     MOEX_TRY(ops->permute_bwd(ctx, c, &k.permute, &pd, l.sub));
     MOEX_TRY(ops->router_bwd(ctx, c, &k.router, &rd, l.sub));
     moex_groups rows;
-    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, MOEX_GROUPS_PLAIN, l.rows, &rows));
+    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, NULL, l.rows, &rows));
     if (moex_present(&a->drouter_w)) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.drouter_w, l.sub));
     if (p.dx) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.dx, l.sub));
     return MOEX_OK;

@@ -76,6 +76,6 @@ moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t row
 }
 
 moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
-                                moex_groups_use use, void *storage, moex_groups *g) {
-    return ctx->ops->groups_prepare(ctx, c, (const int64_t *)splits->data, splits->shape[0], T, use, storage, g);
+                                const moex_grouped_linear_args *fwd, void *storage, moex_groups *g) {
+    return ctx->ops->groups_prepare(ctx, c, (const int64_t *)splits->data, splits->shape[0], T, fwd, storage, g);
 }

@@ -46,8 +46,8 @@ static inline const moex_backend_ops *moex_ops(const moex_context *ctx) { return
 moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups, int64_t experts);
 
 /* Prepares the groups of `splits` (a validated [G] I64 tensor) over T rows in `storage`
- * (groups_ws bytes). */
+ * (groups_ws bytes; fwd as there). */
 moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
-                                moex_groups_use use, void *storage, moex_groups *g);
+                                const moex_grouped_linear_args *fwd, void *storage, moex_groups *g);
 
 #endif /* MOEX_OP_H */

@@ -36,7 +36,7 @@ typedef struct glu_layout {
 static glu_layout layout_of(moex_context *ctx, const moex_glu_dims *d, size_t sub, void *ws) {
     moex_carver c = {(char *)ws, 0};
     glu_layout l;
-    l.groups = d->G > 0 ? moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, MOEX_GROUPS_PLAIN)) : NULL;
+    l.groups = d->G > 0 ? moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL)) : NULL;
     l.sub = moex_take(&c, sub);
     l.total = c.used;
     return l;
@@ -52,7 +52,7 @@ static glu_layout layout_of(moex_context *ctx, const moex_glu_dims *d, size_t su
                                      const moex_glu_dims *d, void *ws) {                                 \
         const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);                 \
         moex_groups g;                                                                                   \
-        if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, MOEX_GROUPS_PLAIN, l.groups, &g)); \
+        if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g)); \
         return moex_ops(ctx)->prim(ctx, c, d->G > 0 ? &g : NULL, a, d, l.sub);                           \
     }
 

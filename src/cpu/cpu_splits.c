@@ -67,12 +67,12 @@ moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_call *c,
 
 /* ---- the prepared groups ------------------------------------------------------------- */
 
-size_t moex_cpu_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use) {
+size_t moex_cpu_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd) {
     return moex_sz_bytes(G + 1, 1, sizeof(int64_t));
 }
 
 moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                    int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
+                                    int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g) {
     int64_t *off = (int64_t *)ws;
     off[0] = 0;
     for (int64_t i = 0; i < G; i++) {

@@ -44,11 +44,22 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
     return MOEX_OK;
 }
 
-/* The caller does not pass the shapes here, so this takes the most any forward on the
- * device uses (moex_sm90_gemm_workspace_bytes with the shapes is nonzero only where the
- * heuristic runs stream-K). */
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c) {
-    const size_t bytes = moex_sm90_gemm_workspace_bytes(moex_cuda_st(ctx)->sm90_ctx, NULL, NULL);
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_grouped_linear_args *fwd) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (sc == NULL || fwd->w.ptrs) return NULL;
+    /* The plan depends on the shapes and the epilogue's kind, not on where the tensors are:
+     * a placeholder stands for the bias and probs, so that the size never depends on pointers. */
+    alignas(16) static const float placeholder[4] = {0};
+    const moex_sm90_gemm_args a = {fwd->x.dtype, fwd->splits.shape[0], fwd->x.shape[0], fwd->x.shape[1],
+                                   fwd->y.shape[1], placeholder, placeholder, NULL, NULL, NULL, 0, NULL};
+    moex_sm90_epilogue e = {};
+    e.bias_mode = fwd->bias_mode;
+    if (fwd->bias_mode != MOEX_BIAS_NONE) {
+        e.bias = placeholder;
+        e.bias_dtype = fwd->bias.dtype;
+        e.probs = placeholder;
+    }
+    const size_t bytes = moex_sm90_gemm_workspace_bytes(sc, &a, &e);
     return bytes > 0 ? moex_take(c, bytes) : NULL;
 }
 

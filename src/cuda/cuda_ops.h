@@ -123,8 +123,10 @@ moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cu
 moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                  int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
                                  moex_grad_mode mode, cudaStream_t stream, bool *ran);
-/* Takes the Hopper GEMMs' workspace from c when the context runs them, else nothing (NULL). */
-void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c);
+/* Takes from c the scratch the Hopper kernel uses for the grouped linear forward `fwd` (its
+ * stream-K partial sums, on the shapes where its plan cuts the last round along k), else
+ * nothing (NULL). From shapes, dtypes and options only. */
+void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_grouped_linear_args *fwd);
 /* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
  * (st->sm90_ctx); release frees it (accepts none). */
 moex_status moex_cuda_sm90_prepare(moex_context *ctx);
@@ -222,7 +224,7 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 
 /* linear_* and fc1_glu in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, router_*,
  * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
- * cuda_splits.cu (the schedule's arrays, and for MOEX_GROUPS_GEMM_WS the Hopper GEMM's
+ * cuda_splits.cu (the schedule's arrays, and for a grouped linear forward the Hopper GEMM's
  * scratch, from ws; built by one launch), dense_gemm in cuda_dense_gemm.cu (the router's
  * GEMMs on the grouped GEMM with one group). */
 MOEX_DECLARE_PRIMITIVES(moex_cuda)

@@ -50,25 +50,26 @@ sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t 
 
 /* ---- the prepared groups ------------------------------------------------------------- */
 
-/* The schedule's arrays, then the Hopper GEMM's scratch for MOEX_GROUPS_GEMM_WS. */
-static size_t groups_layout(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
+/* The schedule's arrays, then the Hopper forward's scratch for fwd (when it wants one). */
+static size_t groups_layout(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd, void *ws,
+                            moex_groups *g) {
     moex_carver c = {(char *)ws, 0};
     g->G = G;
     g->T = T;
     g->off = (int64_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
     g->tiles = (int32_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int32_t)));
-    g->gemm_ws = use == MOEX_GROUPS_GEMM_WS ? moex_cuda_gemm_ws_take(ctx, &c) : NULL;
+    g->gemm_ws = fwd ? moex_cuda_gemm_ws_take(ctx, &c, fwd) : NULL;
     return c.used;
 }
 
-size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, moex_groups_use use) {
+size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd) {
     moex_groups g;
-    return groups_layout(ctx, G, T, use, NULL, &g);
+    return groups_layout(ctx, G, T, fwd, NULL, &g);
 }
 
 moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                     int64_t T, moex_groups_use use, void *ws, moex_groups *g) {
-    groups_layout(ctx, G, T, use, ws, g);
+                                     int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g) {
+    groups_layout(ctx, G, T, fwd, ws, g);
     g->splits = splits;
     sched_kernel<<<1, SCAN_THREADS, 0, (cudaStream_t)c->stream>>>(splits, G, T, g->off, g->tiles,
                                                                    moex_cuda_st(ctx)->flag, c->id);
