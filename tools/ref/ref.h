@@ -1,6 +1,6 @@
 /*
  * ref.h - the fp64 reference of moex: plain double arrays in, double arrays out, written
- * from the math in DESIGN.md and moex.h and sharing no code with the library. The tests
+ * from the math in docs/ops.md and moex.h and sharing no code with the library. The tests
  * and `moex check` compare every backend with it. Also here: dtype rounding helpers
  * (independent of src/core/moex_half.h) and the tolerance model.
  *
