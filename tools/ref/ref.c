@@ -37,6 +37,19 @@ static int64_t *offsets_of(const int64_t *splits, int64_t G) {
     return off;
 }
 
+/* sum over j < n of a[j * as] b[j * bs], in increasing j, and the sum of the products'
+ * magnitudes in *mag (the bound the tolerance model scales). */
+static double dot_mag(const double *a, int64_t as, const double *b, int64_t bs, int64_t n, double *mag) {
+    double s = 0, m = 0;
+    for (int64_t j = 0; j < n; j++) {
+        const double t = a[j * as] * b[j * bs];
+        s += t;
+        m += fabs(t);
+    }
+    *mag = m;
+    return s;
+}
+
 /* ---- grouped linear ---------------------------------------------------------------- */
 
 void ref_grouped_linear_forward(int64_t G, int64_t T, int64_t K, int64_t N, const int64_t *splits,
@@ -48,12 +61,8 @@ void ref_grouped_linear_forward(int64_t G, int64_t T, int64_t K, int64_t N, cons
         const double *wg = w + g * N * K;
         for (int64_t i = off[g]; i < off[g + 1]; i++) {
             for (int64_t n = 0; n < N; n++) {
-                double s = 0, m = 0;
-                for (int64_t k = 0; k < K; k++) {
-                    double t = x[i * K + k] * wg[n * K + k];
-                    s += t;
-                    m += fabs(t);
-                }
+                double m;
+                const double s = dot_mag(x + i * K, 1, wg + n * K, 1, K, &m);
                 double b = 0;
                 if (bias_mode == MOEX_BIAS_ADD) b = bias[g * N + n];
                 if (bias_mode == MOEX_BIAS_SCALED) b = probs[i] * bias[g * N + n];
@@ -77,12 +86,8 @@ void ref_grouped_linear_backward_data(int64_t G, int64_t T, int64_t K, int64_t N
         if (dx) {
             for (int64_t i = off[g]; i < off[g + 1]; i++) {
                 for (int64_t k = 0; k < K; k++) {
-                    double s = 0, m = 0;
-                    for (int64_t n = 0; n < N; n++) {
-                        double t = dy[i * N + n] * wg[n * K + k];
-                        s += t;
-                        m += fabs(t);
-                    }
+                    double m;
+                    const double s = dot_mag(dy + i * N, 1, wg + k, K, N, &m);
                     dx[i * K + k] = s;
                     PUT(dxb, i * K + k, m);
                 }
@@ -102,12 +107,8 @@ void ref_grouped_linear_backward_data(int64_t G, int64_t T, int64_t K, int64_t N
         }
         if (dprobs && bias_mode == MOEX_BIAS_SCALED) {
             for (int64_t i = off[g]; i < off[g + 1]; i++) {
-                double s = 0, m = 0;
-                for (int64_t n = 0; n < N; n++) {
-                    double t = dy[i * N + n] * bias[g * N + n];
-                    s += t;
-                    m += fabs(t);
-                }
+                double m;
+                const double s = dot_mag(dy + i * N, 1, bias + g * N, 1, N, &m);
                 dprobs[i] = s;
                 PUT(dprobsb, i, m);
             }
@@ -124,12 +125,8 @@ void ref_grouped_linear_backward_weight(int64_t G, int64_t T, int64_t K, int64_t
     for (int64_t g = 0; g < G; g++) {
         for (int64_t n = 0; n < N; n++) {
             for (int64_t k = 0; k < K; k++) {
-                double s = 0, m = 0;
-                for (int64_t i = off[g]; i < off[g + 1]; i++) {
-                    double t = dy[i * N + n] * x[i * K + k];
-                    s += t;
-                    m += fabs(t);
-                }
+                double m;
+                const double s = dot_mag(dy + off[g] * N + n, N, x + off[g] * K + k, K, off[g + 1] - off[g], &m);
                 dw[(g * N + n) * K + k] = s;
                 PUT(dwb, (g * N + n) * K + k, m);
             }
@@ -244,12 +241,8 @@ void ref_grouped_mlp_forward(const ref_mlp *p, double *h, double *hb, double *z,
         const double *w1 = p->w1 + g * 2 * F * H;
         for (int64_t i = off[g]; i < off[g + 1]; i++) {
             for (int64_t j = 0; j < 2 * F; j++) {
-                double s = 0, m = 0;
-                for (int64_t k = 0; k < H; k++) {
-                    double t = p->x[i * H + k] * w1[j * H + k];
-                    s += t;
-                    m += fabs(t);
-                }
+                double m;
+                const double s = dot_mag(p->x + i * H, 1, w1 + j * H, 1, H, &m);
                 double b = p->b1 ? p->b1[g * 2 * F + j] : 0.0;
                 h[i * 2 * F + j] = s + b;
                 hbv[i * 2 * F + j] = m + fabs(b);
@@ -307,12 +300,8 @@ void ref_grouped_mlp_backward(const ref_mlp *p, const double *dy, ref_mlp_grads 
         const double *w2 = p->w2 + g * H * F;
         for (int64_t i = off[g]; i < off[g + 1]; i++) {
             for (int64_t j = 0; j < F; j++) {
-                double s = 0, m = 0;
-                for (int64_t n = 0; n < H; n++) {
-                    double t = dy[i * H + n] * w2[n * F + j];
-                    s += t;
-                    m += fabs(t);
-                }
+                double m;
+                const double s = dot_mag(dy + i * H, 1, w2 + j, F, H, &m);
                 dz[i * F + j] = s;
                 dzb[i * F + j] = m;
             }
