@@ -166,7 +166,8 @@ moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_li
     return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, workspace, workspace_bytes, stream);
 }
 
-moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
+moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx,
+                                                             const moex_grouped_linear_dgrad_args *args,
                                                              size_t *bytes) {
     return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, bytes);
 }
@@ -176,7 +177,8 @@ moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grou
     return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, workspace, workspace_bytes, stream);
 }
 
-moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
+moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx,
+                                                               const moex_grouped_linear_wgrad_args *args,
                                                                size_t *bytes) {
     return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, bytes);
 }
