@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test, in three stages (MOEX_TEST_STAGES, default "unit sanitize fuzz"):
+# Runs every test, in four stages (MOEX_TEST_STAGES, default "unit sanitize fuzz python"):
 #   unit      builds build/ (installing what is missing, scripts/setup.sh) and runs CTest;
 #             GPU tests report skipped where there is no GPU; then tests/install/test_install.sh:
 #             installs build/ into a temporary prefix and builds and runs a user's program
@@ -8,11 +8,13 @@
 #             UndefinedBehaviorSanitizer (clang, installed through apt-get when missing;
 #             gcc when it cannot be) and runs the CPU tests again: any report fails them;
 #   fuzz      scripts/fuzz.sh for MOEX_FUZZ_SECONDS (default 180): the libFuzzer harness of
-#             tests/fuzz over every public operation (README: running it longer).
+#             tests/fuzz over every public operation (README: running it longer);
+#   python    scripts/test_python.sh: pip-installs ./python (and torch, pytest when missing)
+#             and runs pytest over tests/python.
 # Extra arguments go to each CTest run (e.g. -R grouped_linear).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-STAGES=" ${MOEX_TEST_STAGES:-unit sanitize fuzz} "
+STAGES=" ${MOEX_TEST_STAGES:-unit sanitize fuzz python} "
 
 if [[ $STAGES == *" unit "* ]]; then
   source scripts/setup.sh
@@ -40,4 +42,8 @@ fi
 
 if [[ $STAGES == *" fuzz "* ]]; then
   bash scripts/fuzz.sh "${MOEX_FUZZ_SECONDS:-180}"
+fi
+
+if [[ $STAGES == *" python "* ]]; then
+  bash scripts/test_python.sh
 fi

@@ -1,0 +1,134 @@
+"""_capi.py - libmoex through ctypes: the structs of include/moex.h that the binding uses, the
+library's functions, one context per (backend, device), and errors as MoexError.
+
+The structs mirror include/moex.h field for field (enums are C ints); the public C API is the
+only thing used.
+"""
+import ctypes
+import os
+import threading
+
+MAX_DIMS = 4
+
+# moex_backend, moex_dtype, moex_bias_mode, moex_grad_mode
+BACKEND_CPU, BACKEND_CUDA = 0, 1
+DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_I32, DTYPE_I64 = 0, 1, 2, 3, 4
+BIAS_NONE, BIAS_ADD, BIAS_SCALED = 0, 1, 2
+GRAD_WRITE, GRAD_ACCUMULATE = 0, 1
+
+
+class Tensor(ctypes.Structure):
+    """moex_tensor: a dense row-major view (ndim 0: absent)."""
+    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
+                ("shape", ctypes.c_int64 * MAX_DIMS)]
+
+
+class Weight(ctypes.Structure):
+    """moex_weight: packed [G, R, C] in t, or G matrices through ptrs."""
+    _fields_ = [("t", Tensor), ("ptrs", ctypes.c_void_p)]
+
+
+class GroupedLinearArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("w", Weight), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor),
+                ("splits", Tensor), ("y", Tensor)]
+
+
+class GroupedLinearDgradArgs(ctypes.Structure):
+    _fields_ = [("dy", Tensor), ("w", Weight), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor),
+                ("splits", Tensor), ("dx", Tensor), ("dbias", Tensor), ("dprobs", Tensor)]
+
+
+class GroupedLinearWgradArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("dy", Tensor), ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
+
+
+class MoexError(RuntimeError):
+    """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
+
+    def __init__(self, status, message):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+
+
+def _library_path():
+    """$MOEX_LIBRARY, else the libmoex.so installed inside this package."""
+    env = os.environ.get("MOEX_LIBRARY")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    for sub in ("lib", "lib64"):
+        p = os.path.join(here, sub, "libmoex.so")
+        if os.path.exists(p):
+            return p
+    raise ImportError(f"moex: libmoex.so is not in {here}/lib (pip install ./python builds it) and "
+                      "MOEX_LIBRARY is not set")
+
+
+def _load():
+    lib = ctypes.CDLL(_library_path())
+    p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    sigs = {
+        "moex_version_string": (ctypes.c_char_p, []),
+        "moex_status_string": (ctypes.c_char_p, [i]),
+        "moex_last_error": (ctypes.c_char_p, [p]),
+        "moex_context_create": (i, [ctypes.POINTER(p), i, i]),
+        "moex_context_destroy": (None, [p]),
+    }
+    for stem, args_t in (("grouped_linear_forward", GroupedLinearArgs),
+                         ("grouped_linear_backward_data", GroupedLinearDgradArgs),
+                         ("grouped_linear_backward_weight", GroupedLinearWgradArgs)):
+        sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
+        sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+LIB = _load()
+_contexts = {}
+_contexts_lock = threading.Lock()
+
+
+def version():
+    """The loaded library's version, "0.1.0"."""
+    return LIB.moex_version_string().decode()
+
+
+def context(backend, device):
+    """The process's moex context for (backend, device), created on first use."""
+    key = (backend, device)
+    with _contexts_lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            handle = ctypes.c_void_p()
+            st = LIB.moex_context_create(ctypes.byref(handle), backend, device)
+            if st != 0:
+                raise MoexError(LIB.moex_status_string(st).decode(), LIB.moex_last_error(None).decode())
+            ctx = _contexts[key] = handle
+        return ctx
+
+
+def check(ctx, status):
+    """Raises MoexError with the context's last error when status is not MOEX_OK."""
+    if status != 0:
+        raise MoexError(LIB.moex_status_string(status).decode(), LIB.moex_last_error(ctx).decode())
+
+
+def tensor(ptr, dtype, shape):
+    """A moex_tensor view of `shape` at address ptr."""
+    t = Tensor()
+    t.data, t.dtype, t.ndim = ptr, dtype, len(shape)
+    for k, s in enumerate(shape):
+        t.shape[k] = s
+    return t
+
+
+def run(ctx, stem, args, alloc, stream):
+    """moex_<stem>_workspace_size then moex_<stem>(ctx, &args, ws, bytes, stream); alloc(bytes)
+    returns (address, keep-alive object) of a workspace of at least `bytes` bytes."""
+    nbytes = ctypes.c_size_t()
+    check(ctx, getattr(LIB, f"moex_{stem}_workspace_size")(ctx, ctypes.byref(args), ctypes.byref(nbytes)))
+    ws, keep = alloc(nbytes.value) if nbytes.value else (None, None)
+    check(ctx, getattr(LIB, f"moex_{stem}")(ctx, ctypes.byref(args), ws, nbytes.value, stream))
+    del keep

@@ -1,0 +1,193 @@
+"""test_torch_grouped_linear.py - moex.torch's grouped linear operators, gmm and GroupedLinear
+against plain PyTorch (a loop of F.linear per group, autograd), on the CPU and, where there is
+a GPU, on CUDA.
+
+Tolerances: f32 results agree to 1e-5 relative (both sides sum in f32, in other orders); bf16
+results to 2e-2 of the reference's largest magnitude (one bf16 rounding of each output, inputs
+the same). Rows past sum(splits) are not compared: moex does not write them.
+"""
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import moex  # noqa: E402
+import moex.torch as mt  # noqa: E402
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+SPLITS = {"even": [5, 5, 5, 5], "empty_groups": [0, 9, 0, 11], "one_group": [20], "short": [3, 0, 7, 2]}
+
+
+def tol(dtype):
+    return dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+def reference(x, w, splits, bias=None, probs=None):
+    """y[r] = x[r] W_g^T (+ b_g | + p_r b_g) by a loop of F.linear in f32; rows past the sum are 0."""
+    y = torch.zeros(x.shape[0], w.shape[1], dtype=torch.float32, device=x.device)
+    r = 0
+    for g, s in enumerate(splits):
+        rows = slice(r, r + s)
+        y[rows] = F.linear(x[rows].float(), w[g].float())
+        if bias is not None:
+            b = bias[g].float()
+            y[rows] += b if probs is None else probs[rows, None] * b
+        r += s
+    return y
+
+
+def inputs(device, dtype, splits, T=None, K=24, N=16, bias=False, probs=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    T = T or sum(splits)
+    x = torch.randn(T, K, generator=g).to(device, dtype)
+    w = (0.2 * torch.randn(len(splits), N, K, generator=g)).to(device, dtype)
+    b = torch.randn(len(splits), N, generator=g).to(device, dtype) if bias else None
+    p = torch.rand(T, generator=g).to(device) if probs else None
+    return x, w, b, p
+
+
+def assert_rows_close(got, want, n, dtype):
+    torch.testing.assert_close(got[:n].float(), want[:n].float(), **tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kind", sorted(SPLITS))
+@pytest.mark.parametrize("bias_kind", ["none", "add", "scaled"])
+def test_forward_and_backward(device, dtype, kind, bias_kind):
+    splits = SPLITS[kind]
+    n = sum(splits)
+    T = n + (4 if kind == "short" else 0)   # rows past sum(splits)
+    x, w, b, p = inputs(device, dtype, splits, T=T, bias=bias_kind != "none", probs=bias_kind == "scaled")
+    leaves = [t for t in (x, w, b, p) if t is not None]
+    for t in leaves:
+        t.requires_grad_(True)
+    y = mt.grouped_linear(x, w, torch.tensor(splits, device=device), b, p)
+    assert y.shape == (T, w.shape[1]) and y.dtype == dtype
+    want = reference(x, w, splits, b, p)
+    assert_rows_close(y, want, n, dtype)
+
+    dy = torch.randn(T, w.shape[1], device=device).to(dtype)
+    dy[n:] = 0   # the rows moex does not write carry no gradient
+    got = torch.autograd.grad(y, leaves, dy)
+    ref = torch.autograd.grad(want, leaves, dy.float())
+    for name, a, e in zip(["x", "w", "bias", "probs"][:len(leaves)], got, ref):
+        rows = n if name == "x" or name == "probs" else None
+        scale = e.float().abs().max().clamp_min(1.0)
+        torch.testing.assert_close(a[:rows].float() / scale, e[:rows].float() / scale, **tol(dtype),
+                                   msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_list_and_tensor_splits_agree(device):
+    x, w, _, _ = inputs(device, torch.float32, SPLITS["empty_groups"])
+    a = mt.grouped_linear(x, w, SPLITS["empty_groups"])
+    b = mt.grouped_linear(x, w, torch.tensor(SPLITS["empty_groups"], device=device))
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic(device):
+    x, w, b, _ = inputs(device, torch.bfloat16, SPLITS["even"], bias=True)
+    ys = [mt.grouped_linear(x, w, SPLITS["even"], b) for _ in range(3)]
+    assert all(torch.equal(ys[0], y) for y in ys[1:])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_gmm(device, trans_b):
+    """grouped_gemm's gmm: b [G, K, N] (or [G, N, K] with trans_b), batch_sizes on the host."""
+    splits = SPLITS["empty_groups"]
+    a, w, _, _ = inputs(device, torch.float32, splits)
+    b = (w if trans_b else w.transpose(1, 2).contiguous()).requires_grad_(True)
+    a.requires_grad_(True)
+    y = mt.gmm(a, b, torch.tensor(splits), trans_b=trans_b)
+    want = reference(a, b if trans_b else b.transpose(1, 2), splits)
+    torch.testing.assert_close(y, want, **tol(torch.float32))
+    dy = torch.randn_like(y)
+    got = torch.autograd.grad(y, [a, b], dy)
+    ref = torch.autograd.grad(want, [a, b], dy)
+    for g, e in zip(got, ref):
+        torch.testing.assert_close(g, e, **tol(torch.float32))
+
+
+@pytest.mark.filterwarnings("ignore:Input #")
+def test_gradcheck():
+    """Finite differences of the f32 operator (eps 1e-2 on O(1) inputs: f32's rounding stays
+    well under the 2e-2 tolerance)."""
+    splits = [2, 0, 3]
+    x, w, b, p = inputs("cpu", torch.float32, splits, K=4, N=3, bias=True, probs=True)
+    args = [t.requires_grad_(True) for t in (x, w, b, p)]
+    fn = lambda x, w, b, p: mt.grouped_linear(x, w, splits, b, p)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, args, eps=1e-2, atol=2e-2, rtol=2e-2)
+
+
+def test_opcheck():
+    """torch.library's own checks of the operators: schema, fake kernels, autograd registration."""
+    splits = torch.tensor([3, 0, 5])
+    x, w, b, p = inputs("cpu", torch.float32, [3, 0, 5], bias=True, probs=True)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
+    torch.library.opcheck(torch.ops.moex.grouped_linear_forward.default, (x, w, splits, b, p, 2))
+    dy = torch.randn(8, w.shape[1])
+    torch.library.opcheck(torch.ops.moex.grouped_linear_backward_data.default,
+                          (dy, w.detach(), splits, b, p, 2, True, True, True))
+    torch.library.opcheck(torch.ops.moex.grouped_linear_backward_weight.default, (x.detach(), dy, splits, 0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_fullgraph(device):
+    splits = torch.tensor(SPLITS["empty_groups"], device=device)
+    layer = mt.GroupedLinear(4, 24, 16, device=device)
+    x = torch.randn(20, 24, device=device, requires_grad=True)
+
+    def step(x):
+        y = layer(x, splits)
+        return (y * y).sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss_c = compiled(x)
+    (gx_c,) = torch.autograd.grad(loss_c, [x])
+    loss_e = step(x)
+    (gx_e,) = torch.autograd.grad(loss_e, [x])
+    torch.testing.assert_close(loss_c, loss_e)
+    torch.testing.assert_close(gx_c, gx_e)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [False, True])
+def test_module(device, packed):
+    layer = mt.GroupedLinear(3, 8, 5, bias=True, device=device, packed=packed)
+    names = {n for n, _ in layer.named_parameters()}
+    assert names == ({"weight", "bias"} if packed else {f"{k}{g}" for k in ("weight", "bias") for g in range(3)})
+    splits = [4, 0, 6]
+    x = torch.randn(10, 8, device=device, requires_grad=True)
+    y = layer(x, splits)
+    w, b = layer._weights()
+    torch.testing.assert_close(y, reference(x, w, splits, b), **tol(torch.float32))
+    y.sum().backward()
+    grads = [p.grad for p in layer.parameters()]
+    assert all(g is not None for g in grads)
+
+
+def test_module_te_options_not_implemented():
+    with pytest.raises(NotImplementedError, match="fuse_wgrad_accumulation"):
+        mt.GroupedLinear(2, 4, 4, fuse_wgrad_accumulation=True)
+
+
+def test_errors_before_anything_runs():
+    x, w, _, _ = inputs("cpu", torch.float32, [2, 2])
+    with pytest.raises(ValueError, match="contiguous"):
+        torch.ops.moex.grouped_linear_forward(x.t().contiguous().t(), w, torch.tensor([2, 2]), None, None, 0)
+    with pytest.raises(ValueError, match="w is torch.bfloat16"):
+        mt.grouped_linear(x, w.bfloat16(), [2, 2])
+    with pytest.raises(ValueError, match="int64"):
+        mt.grouped_linear(x, w, torch.tensor([2, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="groups"):
+        mt.grouped_linear(x, w, [4])
+
+
+def test_moex_failure_raises_with_last_error():
+    x, w, _, _ = inputs("cpu", torch.float32, [2, 2])
+    with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS: .*splits sum past T"):
+        mt.grouped_linear(x, w, [3, 2])
