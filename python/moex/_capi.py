@@ -42,6 +42,26 @@ class GroupedLinearWgradArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("dy", Tensor), ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
 
 
+class GluParams(ctypes.Structure):
+    """moex_glu_params: kind (0 SWIGLU, 1 CLAMPED_SWIGLU), layout (0 CONTIGUOUS, 1 INTERLEAVED_32),
+    and the clamped SwiGLU's limit, alpha and offset."""
+    _fields_ = [("kind", ctypes.c_int), ("layout", ctypes.c_int), ("limit", ctypes.c_float),
+                ("alpha", ctypes.c_float), ("offset", ctypes.c_float)]
+
+
+class GroupedMlpArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("w1", Weight), ("b1", Tensor), ("w2", Weight), ("b2_mode", ctypes.c_int),
+                ("b2", Tensor), ("probs", Tensor), ("glu", GluParams), ("splits", Tensor), ("h", Tensor),
+                ("z", Tensor), ("y", Tensor)]
+
+
+class GroupedMlpGradArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("w1", Weight), ("w2", Weight), ("b2_mode", ctypes.c_int), ("b2", Tensor),
+                ("probs", Tensor), ("glu", GluParams), ("splits", Tensor), ("h", Tensor), ("z", Tensor),
+                ("dy", Tensor), ("dx", Tensor), ("dw_mode", ctypes.c_int), ("dw1", Weight), ("dw2", Weight),
+                ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -76,7 +96,8 @@ def _load():
     }
     for stem, args_t in (("grouped_linear_forward", GroupedLinearArgs),
                          ("grouped_linear_backward_data", GroupedLinearDgradArgs),
-                         ("grouped_linear_backward_weight", GroupedLinearWgradArgs)):
+                         ("grouped_linear_backward_weight", GroupedLinearWgradArgs),
+                         ("grouped_mlp_forward", GroupedMlpArgs), ("grouped_mlp_backward", GroupedMlpGradArgs)):
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
         sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
     for name, (res, args) in sigs.items():

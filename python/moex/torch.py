@@ -1,7 +1,8 @@
 """moex.torch - moex for PyTorch: the grouped linear layer as torch.library custom operators
 (CPU and CUDA implementations, fake kernels for shape inference, registered autograd), so that
-torch.compile(fullgraph=True) traces them and a CUDA graph captures them; the functions gmm
-and grouped_linear, and the module GroupedLinear.
+torch.compile(fullgraph=True) traces them and a CUDA graph captures them; the grouped MLP
+likewise; the functions gmm, grouped_linear and grouped_mlp, and the modules GroupedLinear
+and GroupedMLP.
 
 Operators (namespace moex; the math: docs/ops.md section 2):
   grouped_linear_forward(x, w, splits, bias, probs, bias_mode) -> y
@@ -12,6 +13,9 @@ Operators (namespace moex; the math: docs/ops.md section 2):
   grouped_linear_backward_weight(x, dy, splits, dw_dtype) -> dw [G, N, K]
   grouped_linear_backward_weight_accumulate(x, dy, splits, main_grad) -> None
       main_grad [G, N, K] f32 += dy_g^T x_g
+  grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z) -> (y, h, z)
+  grouped_mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)
+      -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4)
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
 rows at or past sum(splits) of y and dx are not written. CPU tensors run on moex's CPU backend,
 CUDA tensors on its CUDA backend for the tensor's device, on torch's current stream, with
@@ -27,7 +31,7 @@ from torch import Tensor
 from . import _capi
 from ._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError
 
-__all__ = ["GroupedLinear", "gmm", "grouped_linear", "MoexError"]
+__all__ = ["GroupedLinear", "GroupedMLP", "gmm", "grouped_linear", "grouped_mlp", "MoexError"]
 
 _DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
            torch.int32: _capi.DTYPE_I32, torch.int64: _capi.DTYPE_I64}
@@ -78,12 +82,12 @@ def _check(op: str, name: str, t: Optional[Tensor], device: torch.device, dtypes
         raise ValueError(f"moex.{op}: {name} must be contiguous (call .contiguous())")
 
 
-def _check_group_inputs(op: str, rows: Tensor, rows_name: str, w: Tensor, splits: Tensor) -> None:
+def _check_group_inputs(op: str, rows: Tensor, rows_name: str, w: Tensor, splits: Tensor, w_name: str = "w") -> None:
     _check(op, rows_name, rows, rows.device, _FLOATS, 2)
-    _check(op, "w", w, rows.device, (rows.dtype,), 3)
+    _check(op, w_name, w, rows.device, (rows.dtype,), 3)
     _check(op, "splits", splits, rows.device, (torch.int64,), 1)
     if splits.shape[0] != w.shape[0]:
-        raise ValueError(f"moex.{op}: splits has {splits.shape[0]} groups, w {w.shape[0]}")
+        raise ValueError(f"moex.{op}: splits has {splits.shape[0]} groups, {w_name} {w.shape[0]}")
 
 
 def _check_bias(op: str, bias_mode: int, bias: Optional[Tensor], probs: Optional[Tensor], rows: Tensor,
@@ -214,6 +218,135 @@ def _forward_backward(ctx, dy):
 _forward.register_autograd(_forward_backward, setup_context=_forward_setup)
 
 
+# ---- the grouped MLP --------------------------------------------------------------------------
+
+_GLU_KINDS = {"swiglu": 0, "clamped_swiglu": 1}
+_GLU_LAYOUTS = {"contiguous": 0, "interleaved_32": 1}
+
+
+def _glu(kind: int, layout: int, limit: float, alpha: float, offset: float) -> _capi.GluParams:
+    return _capi.GluParams(kind, layout, limit, alpha, offset)
+
+
+def _absent_if_empty(t: Optional[Tensor]) -> Optional[Tensor]:
+    return None if t is None or t.shape[0] == 0 else t
+
+
+def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs: Optional[Tensor]) -> None:
+    _check_group_inputs(op, x, "x", w1, splits, "w1")
+    _check(op, "w2", w2, x.device, (x.dtype,), 3)
+    _check(op, "probs", probs, x.device, (torch.float32,), 1, optional=True)
+
+
+@torch.library.custom_op("moex::grouped_mlp_forward", mutates_args=())
+def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                 probs: Optional[Tensor], splits: Tensor, b2_mode: int, glu_kind: int, glu_layout: int,
+                 glu_limit: float, glu_alpha: float, glu_offset: float,
+                 save_z: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs)
+    y, h, z = _mlp_forward_outputs(x, w1, save_z)
+    args = _capi.GroupedMlpArgs(
+        x=_view(x), w1=_capi.Weight(_view(w1), None), b1=_view(b1), w2=_capi.Weight(_view(w2), None),
+        b2_mode=b2_mode, b2=_view(b2 if b2_mode != BIAS_NONE else None), probs=_view(probs),
+        glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=_view(splits), h=_view(h),
+        z=_view(z if save_z else None), y=_view(y))
+    _run("grouped_mlp_forward", args, x.device)
+    return y, h, z
+
+
+def _mlp_forward_outputs(x, w1, save_z):
+    """y [T, H], h [T, 2F], z [T, F] (0 rows without save_z)."""
+    T, H = x.shape
+    F2 = w1.shape[1]
+    return x.new_empty(T, H), x.new_empty(T, F2), x.new_empty(T if save_z else 0, F2 // 2)
+
+
+@_mlp_forward.register_fake
+def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, save_z):
+    return _mlp_forward_outputs(x, w1, save_z)
+
+
+@torch.library.custom_op("moex::grouped_mlp_backward", mutates_args=())
+def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs: Optional[Tensor], splits: Tensor,
+                  h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
+                  glu_alpha: float, glu_offset: float, needs: List[bool]) -> List[Tensor]:
+    """needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed."""
+    _check_mlp("grouped_mlp_backward", x, w1, w2, splits, probs)
+    _check("grouped_mlp_backward", "dy", dy, x.device, (x.dtype,), 2)
+    outs = _mlp_backward_outputs(x, w1, w2, needs)
+    dx, dw1, dw2, db1, db2, dprobs = (o if n else None for o, n in zip(outs, needs))
+    if dprobs is not None:
+        dprobs.zero_()   # moex accumulates into dprobs (+=)
+    args = _capi.GroupedMlpGradArgs(
+        x=_view(x), w1=_capi.Weight(_view(w1), None), w2=_capi.Weight(_view(w2), None), b2_mode=b2_mode,
+        b2=_view(b2 if b2_mode != BIAS_NONE else None), probs=_view(probs),
+        glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=_view(splits), h=_view(h),
+        z=_view(_absent_if_empty(z)), dy=_view(dy), dx=_view(dx), dw_mode=GRAD_WRITE,
+        dw1=_capi.Weight(_view(dw1), None), dw2=_capi.Weight(_view(dw2), None), db1=_view(db1), db2=_view(db2),
+        dprobs=_view(dprobs))
+    _run("grouped_mlp_backward", args, x.device)
+    return outs
+
+
+def _mlp_backward_outputs(x, w1, w2, needs):
+    T, H = x.shape
+    G, F2, _ = w1.shape
+    f32 = torch.float32
+    shapes = [((T, H), x.dtype), ((G, F2, H), w1.dtype), ((G, H, F2 // 2), w2.dtype), ((G, F2), f32),
+              ((G, H), f32), ((T,), f32)]
+    return [x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs)]
+
+
+@_mlp_backward.register_fake
+def _(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset,
+      needs):
+    return _mlp_backward_outputs(x, w1, w2, needs)
+
+
+def _mlp_setup(ctx, inputs, output):
+    x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, save_z = inputs
+    _, h, z = output
+    ctx.save_for_backward(x, w1, w2, b2, probs, splits, h, z)
+    ctx.b2_mode, ctx.glu, ctx.has_b1 = b2_mode, glu, b1 is not None
+
+
+def _mlp_grads(ctx, dy, dh_unused, dz_unused):
+    x, w1, w2, b2, probs, splits, h, z = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    needs = [n[0], n[1], n[3], n[2] and ctx.has_b1, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]
+    outs = _mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs)
+    dx, dw1, dw2, db1, db2, dprobs = (o if k else None for o, k in zip(outs, needs))
+    if db2 is not None:
+        db2 = db2.to(b2.dtype)
+    return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * 8
+
+
+_mlp_forward.register_autograd(_mlp_grads, setup_context=_mlp_setup)
+
+
+def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optional[Tensor] = None,
+                b2: Optional[Tensor] = None, probs: Optional[Tensor] = None, scale_b2: bool = False,
+                glu: str = "swiglu", layout: str = "contiguous", limit: float = 7.0, alpha: float = 1.702,
+                offset: float = 1.0, save_z: bool = True) -> Tensor:
+    """The grouped MLP (docs/ops.md section 4): for the rows of group g,
+    y = p * glu(x W1_g^T + b1_g) W2_g^T + b2_g (or + p b2_g with scale_b2), p = probs or 1.
+
+    x [T, H], w1 [G, 2F, H] (the GLU's halves as `layout` says), w2 [G, H, F], b1 [G, 2F],
+    b2 [G, H], probs [T] f32; glu "swiglu" or "clamped_swiglu" (limit, alpha, offset);
+    save_z keeps z for the backward (else it is recomputed from h). Differentiable in x, the
+    weights, the biases and probs."""
+    if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
+        raise ValueError(f"moex.grouped_mlp: glu must be one of {list(_GLU_KINDS)} and layout one of "
+                         f"{list(_GLU_LAYOUTS)}")
+    if scale_b2 and (b2 is None or probs is None):
+        raise ValueError("moex.grouped_mlp: scale_b2 needs b2 and probs")
+    mode = BIAS_NONE if b2 is None else (BIAS_SCALED if scale_b2 else BIAS_ADD)
+    y, _, _ = _mlp_forward(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2, probs,
+                           _splits_tensor(splits, x.device), mode, _GLU_KINDS[glu], _GLU_LAYOUTS[layout],
+                           float(limit), float(alpha), float(offset), save_z)
+    return y
+
+
 # ---- functions --------------------------------------------------------------------------------
 
 Splits = Union[Sequence[int], Tensor]
@@ -310,3 +443,38 @@ class GroupedLinear(torch.nn.Module):
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.use_bias}, packed={self.packed}")
+
+
+class GroupedMLP(torch.nn.Module):
+    """The experts of an MoE layer: num_experts MLPs FC1 -> scaled GLU -> FC2 over the rows of
+    their groups (moex.torch.grouped_mlp). Parameters w1 [G, 2F, H], w2 [G, H, F], and b1
+    [G, 2F], b2 [G, H] when asked; forward(x, m_splits, probs=None) with probs [T] f32 scaling
+    the GLU's output (and b2 with scale_b2)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, glu: str = "swiglu",
+                 layout: str = "contiguous", bias1: bool = False, bias2: bool = False, scale_b2: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, None] = None,
+                 init_method=None, save_z: bool = True, limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0):
+        super().__init__()
+        if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
+            raise ValueError(f"moex.torch.GroupedMLP: glu must be one of {list(_GLU_KINDS)} and layout one of "
+                             f"{list(_GLU_LAYOUTS)}")
+        if scale_b2 and not bias2:
+            raise ValueError("moex.torch.GroupedMLP: scale_b2 needs bias2")
+        dtype = params_dtype or torch.get_default_dtype()
+        G, H, F = num_experts, hidden_size, ffn_size
+        init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
+        self.w1 = torch.nn.Parameter(torch.empty(G, 2 * F, H, dtype=dtype, device=device))
+        self.w2 = torch.nn.Parameter(torch.empty(G, H, F, dtype=dtype, device=device))
+        init(self.w1.data)
+        init(self.w2.data)
+        self.b1 = torch.nn.Parameter(torch.zeros(G, 2 * F, dtype=dtype, device=device)) if bias1 else None
+        self.b2 = torch.nn.Parameter(torch.zeros(G, H, dtype=dtype, device=device)) if bias2 else None
+        self.glu_options = dict(glu=glu, layout=layout, limit=limit, alpha=alpha, offset=offset)
+        self.scale_b2, self.save_z = scale_b2, save_z
+
+    def forward(self, x: Tensor, m_splits: Splits, probs: Optional[Tensor] = None) -> Tensor:
+        if self.scale_b2 and probs is None:
+            raise ValueError("moex.torch.GroupedMLP: scale_b2 needs probs")
+        return grouped_mlp(x, self.w1, self.w2, m_splits, self.b1, self.b2, probs, self.scale_b2, save_z=self.save_z,
+                           **self.glu_options)
