@@ -384,12 +384,53 @@ def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Ten
 
 # ---- modules ----------------------------------------------------------------------------------
 
+class _GroupedLinearTE(torch.autograd.Function):
+    """GroupedLinear's autograd with Transformer Engine's weight-gradient options: the weights
+    get their gradient from the layer (_weight_grads) now, or later through backward_dw, and
+    with fuse_wgrad_accumulation into .main_grad; x, bias and probs get theirs as usual."""
+
+    @staticmethod
+    def forward(ctx, layer, first_microbatch, x, w, splits, b, probs, *params):
+        mode = BIAS_NONE if b is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
+        ctx.save_for_backward(x, w, splits, b, probs)
+        ctx.layer, ctx.first_microbatch, ctx.mode = layer, first_microbatch, mode
+        return _forward(x, w, splits, b, probs, mode)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w, splits, b, probs = ctx.saved_tensors
+        layer, mode = ctx.layer, ctx.mode
+        dy = dy.contiguous()
+        need_dbias, need_dprobs = b is not None, mode == BIAS_SCALED and ctx.needs_input_grad[6]
+        dx, dbias, dprobs = _backward_data(dy, w, splits, b, probs, mode, ctx.needs_input_grad[2], need_dbias,
+                                           need_dprobs)
+        step = lambda: layer._weight_grads(x, dy, splits, ctx.first_microbatch)  # noqa: E731
+        if layer.delay_wgrad_compute:
+            layer._wgrad_queue.append(step)
+        else:
+            step()
+        params = layer._weight_params()
+        for p in params:   # Transformer Engine's convention for DDP: a dummy grad once added to main_grad
+            if layer.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad"):
+                p.grad_added_to_main_grad = True
+        weight_grads = [torch.zeros_like(p) if layer.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad")
+                        else None for p in params]
+        return (None, None, dx if ctx.needs_input_grad[2] else None, None, None,
+                dbias.to(b.dtype) if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
+
+
 class GroupedLinear(torch.nn.Module):
     """G linear layers over the rows of G groups, a drop-in for
     transformer_engine.pytorch.GroupedLinear: the same constructor arguments where they apply,
     parameters weight0..weight{G-1} ([out_features, in_features]) and bias0.. ([out_features]),
     and forward(inp, m_splits) with m_splits a list of ints or an int64 tensor on the input's
     device (then graph-safe).
+
+    fuse_wgrad_accumulation: the weight gradients go into each weight's .main_grad (f32, which
+    the caller allocates), "+=" (or "=" with is_first_microbatch=True or overwrite_main_grad);
+    a weight with the attribute grad_added_to_main_grad gets it set and a zero .grad.
+    delay_wgrad_compute: the backward leaves the weight gradients to backward_dw(), one call
+    per backward, in order. The bias gradient is computed in the backward either way.
 
     moex additions: packed=True keeps one parameter `weight` [G, out, in] (and `bias` [G, out])
     instead of G of each; forward(inp, m_splits, probs=p) scales the bias by the per-row p
@@ -400,13 +441,12 @@ class GroupedLinear(torch.nn.Module):
                  init_method=None, fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False,
                  packed: bool = False):
         super().__init__()
-        if fuse_wgrad_accumulation or delay_wgrad_compute:
-            raise NotImplementedError("moex.torch.GroupedLinear: fuse_wgrad_accumulation and delay_wgrad_compute "
-                                      "are not implemented yet")
         if num_gemms < 1 or in_features < 1 or out_features < 1:
             raise ValueError("moex.torch.GroupedLinear: num_gemms, in_features and out_features must be >= 1")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.packed = bias, packed
+        self.fuse_wgrad_accumulation, self.delay_wgrad_compute = fuse_wgrad_accumulation, delay_wgrad_compute
+        self._wgrad_queue = []   # delay_wgrad_compute: one weight-gradient step per backward, FIFO
         dtype = params_dtype or torch.get_default_dtype()
         init = init_method or (lambda t: torch.nn.init.kaiming_uniform_(t, a=5 ** 0.5))
         shape = (out_features, in_features)
@@ -434,11 +474,43 @@ class GroupedLinear(torch.nn.Module):
         b = torch.stack([getattr(self, f"bias{g}") for g in range(G)]) if self.use_bias else None
         return w, b
 
-    def forward(self, inp: Tensor, m_splits: Splits, probs: Optional[Tensor] = None) -> Tensor:
+    def _weight_params(self) -> List[Tensor]:
+        return [self.weight] if self.packed else [getattr(self, f"weight{g}") for g in range(self.num_gemms)]
+
+    def forward(self, inp: Tensor, m_splits: Splits, probs: Optional[Tensor] = None,
+                is_first_microbatch: Optional[bool] = None) -> Tensor:
+        """y = inp W_g^T + b_g per group (probs: + p_r b_g). is_first_microbatch=True makes the
+        fused main_grad accumulation overwrite instead (as in Transformer Engine)."""
         w, b = self._weights()
         if probs is not None and b is None:
             raise ValueError("moex.torch.GroupedLinear: probs scales the bias, but the layer has none")
-        return grouped_linear(inp, w, m_splits, b, probs)
+        if not (self.fuse_wgrad_accumulation or self.delay_wgrad_compute):
+            return grouped_linear(inp, w, m_splits, b, probs)
+        splits = _splits_tensor(m_splits, inp.device)
+        return _GroupedLinearTE.apply(self, bool(is_first_microbatch), inp.contiguous(), w, splits, b, probs,
+                                      *self._weight_params())
+
+    def backward_dw(self) -> None:
+        """delay_wgrad_compute: runs the oldest queued weight-gradient step (one per backward)."""
+        if self._wgrad_queue:
+            self._wgrad_queue.pop(0)()
+
+    def _weight_grads(self, x: Tensor, dy: Tensor, splits: Tensor, first_microbatch: bool) -> None:
+        """The weight gradients of one backward: into main_grad (fuse_wgrad_accumulation, "+=",
+        or "=" on the first microbatch or with overwrite_main_grad), else into .grad."""
+        params = self._weight_params()
+        if self.fuse_wgrad_accumulation:
+            overwrite = first_microbatch or any(getattr(p, "overwrite_main_grad", False) for p in params)
+            if self.packed and not overwrite:
+                _backward_weight_accumulate(x, dy, splits, params[0].main_grad)
+            else:
+                dw = _backward_weight(x, dy, splits, _capi.DTYPE_F32)
+                for p, d in zip(params, dw if not self.packed else [dw]):
+                    p.main_grad.copy_(d) if overwrite else p.main_grad.add_(d)
+            return
+        dw = _backward_weight(x, dy, splits, _DTYPES[params[0].dtype])
+        for p, d in zip(params, dw if not self.packed else [dw]):
+            p.grad = d.clone() if p.grad is None else p.grad.add_(d)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "

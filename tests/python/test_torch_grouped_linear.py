@@ -170,9 +170,54 @@ def test_module(device, packed):
     assert all(g is not None for g in grads)
 
 
-def test_module_te_options_not_implemented():
-    with pytest.raises(NotImplementedError, match="fuse_wgrad_accumulation"):
-        mt.GroupedLinear(2, 4, 4, fuse_wgrad_accumulation=True)
+def reference_dw(layer, x, dy, splits):
+    """dW_g = dy_g^T x_g in f64, per group, as [G, N, K]."""
+    out, r = [], 0
+    for s in splits:
+        out.append(dy[r:r + s].double().t() @ x[r:r + s].double())
+        r += s
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("fuse,delay", [(True, False), (False, True), (True, True)])
+def test_module_te_weight_gradients(device, packed, fuse, delay):
+    """fuse_wgrad_accumulation (main_grad +=, = on the first microbatch, the DDP dummy grad) and
+    delay_wgrad_compute (backward_dw), as Transformer Engine defines them."""
+    splits = [4, 0, 6]
+    layer = mt.GroupedLinear(3, 8, 5, device=device, packed=packed, fuse_wgrad_accumulation=fuse,
+                             delay_wgrad_compute=delay)
+    params = [layer.weight] if packed else [getattr(layer, f"weight{g}") for g in range(3)]
+    start = [torch.randn(p.shape, device=device) for p in params]
+    for p, m in zip(params, start):
+        p.main_grad = m.clone()
+        p.grad_added_to_main_grad = False
+    x = torch.randn(10, 8, device=device, requires_grad=True)
+    dy = torch.randn(10, 5, device=device)
+    for micro in range(2):
+        y = layer(x, splits, is_first_microbatch=micro == 0)
+        y.backward(dy)
+        if delay:   # nothing reached the weights before backward_dw
+            before = [None if p.grad is None else p.grad.clone() for p in params]
+            mains = [p.main_grad.clone() for p in params]
+            layer.backward_dw()
+            if micro == 0 and not fuse:
+                assert all(b is None for b in before)
+            if micro == 0 and fuse:
+                assert not any(torch.equal(m, p.main_grad) for m, p in zip(mains, params))
+    want = reference_dw(layer, x.detach(), dy, splits)
+    if not packed:
+        want = list(want)
+    else:
+        want = [want]
+    for p, m, w in zip(params, start, want):
+        if fuse:   # the first microbatch overwrote main_grad, the second added to it
+            torch.testing.assert_close(p.main_grad.double(), 2 * w, rtol=1e-5, atol=1e-5)
+            assert p.grad_added_to_main_grad and torch.count_nonzero(p.grad) == 0
+        else:      # two backwards accumulate into .grad
+            torch.testing.assert_close(p.grad.double(), 2 * w, rtol=1e-5, atol=1e-5)
+    assert layer.bias0.grad is not None if not packed else layer.bias.grad is not None
 
 
 def test_errors_before_anything_runs():
