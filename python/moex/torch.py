@@ -42,7 +42,7 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 # ---- calling the C library -------------------------------------------------------------------
 
 def _view(t: Optional[Tensor]) -> _capi.Tensor:
-    """The moex_tensor of a contiguous tensor (absent for None or an empty placeholder)."""
+    """The moex_tensor of a contiguous tensor (absent for None)."""
     if t is None:
         return _capi.Tensor()
     return _capi.tensor(t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape))
