@@ -62,6 +62,18 @@ class GroupedMlpGradArgs(ctypes.Structure):
                 ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor)]
 
 
+class MoeLayerArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("router_w", Tensor), ("topk", ctypes.c_int32), ("score", ctypes.c_int),
+                ("norm", ctypes.c_int), ("w1", Weight), ("b1", Tensor), ("w2", Weight), ("b2_mode", ctypes.c_int),
+                ("b2", Tensor), ("glu", GluParams), ("saved", ctypes.c_void_p), ("saved_bytes", ctypes.c_size_t),
+                ("y", Tensor)]
+
+
+class MoeLayerGradArgs(ctypes.Structure):
+    _fields_ = [("fwd", MoeLayerArgs), ("dy", Tensor), ("dx", Tensor), ("dw_mode", ctypes.c_int),
+                ("drouter_w", Tensor), ("dw1", Weight), ("dw2", Weight), ("db1", Tensor), ("db2", Tensor)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -93,11 +105,13 @@ def _load():
         "moex_last_error": (ctypes.c_char_p, [p]),
         "moex_context_create": (i, [ctypes.POINTER(p), i, i]),
         "moex_context_destroy": (None, [p]),
+        "moex_moe_layer_saved_size": (i, [p, ctypes.POINTER(MoeLayerArgs), ctypes.POINTER(sz)]),
     }
     for stem, args_t in (("grouped_linear_forward", GroupedLinearArgs),
                          ("grouped_linear_backward_data", GroupedLinearDgradArgs),
                          ("grouped_linear_backward_weight", GroupedLinearWgradArgs),
-                         ("grouped_mlp_forward", GroupedMlpArgs), ("grouped_mlp_backward", GroupedMlpGradArgs)):
+                         ("grouped_mlp_forward", GroupedMlpArgs), ("grouped_mlp_backward", GroupedMlpGradArgs),
+                         ("moe_layer_forward", MoeLayerArgs), ("moe_layer_backward", MoeLayerGradArgs)):
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
         sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
     for name, (res, args) in sigs.items():
@@ -153,3 +167,10 @@ def run(ctx, stem, args, alloc, stream):
     ws, keep = alloc(nbytes.value) if nbytes.value else (None, None)
     check(ctx, getattr(LIB, f"moex_{stem}")(ctx, ctypes.byref(args), ws, nbytes.value, stream))
     del keep
+
+
+def moe_layer_saved_size(ctx, args):
+    """moex_moe_layer_saved_size: the bytes of the MoE layer's `saved` buffer."""
+    nbytes = ctypes.c_size_t()
+    check(ctx, LIB.moex_moe_layer_saved_size(ctx, ctypes.byref(args), ctypes.byref(nbytes)))
+    return nbytes.value

@@ -1,8 +1,8 @@
 """moex.torch - moex for PyTorch: the grouped linear layer as torch.library custom operators
 (CPU and CUDA implementations, fake kernels for shape inference, registered autograd), so that
 torch.compile(fullgraph=True) traces them and a CUDA graph captures them; the grouped MLP
-likewise; the functions gmm, grouped_linear and grouped_mlp, and the modules GroupedLinear
-and GroupedMLP.
+and the MoE layer likewise; the functions gmm, grouped_linear and grouped_mlp, and the modules
+GroupedLinear, GroupedMLP and MoELayer.
 
 Operators (namespace moex; the math: docs/ops.md section 2):
   grouped_linear_forward(x, w, splits, bias, probs, bias_mode) -> y
@@ -31,7 +31,7 @@ from torch import Tensor
 from . import _capi
 from ._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError
 
-__all__ = ["GroupedLinear", "GroupedMLP", "gmm", "grouped_linear", "grouped_mlp", "MoexError"]
+__all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "MoexError"]
 
 _DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
            torch.int32: _capi.DTYPE_I32, torch.int64: _capi.DTYPE_I64}
@@ -347,6 +347,116 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     return y
 
 
+# ---- the MoE layer ------------------------------------------------------------------------------
+
+_SCORES = {"softmax": 0, "sigmoid": 1}
+
+
+def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y, view=_view):
+    return _capi.MoeLayerArgs(
+        x=view(x), router_w=view(router_w), topk=topk, score=score, norm=norm, w1=_capi.Weight(view(w1), None),
+        b1=view(b1), w2=_capi.Weight(view(w2), None), b2_mode=b2_mode,
+        b2=view(b2 if b2_mode != BIAS_NONE else None), glu=_glu(*glu),
+        saved=None if saved is None else saved.data_ptr(), saved_bytes=0 if saved is None else saved.numel(),
+        y=view(y))
+
+
+def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
+    """A moex_tensor with t's shape and dtype at a placeholder address: for size queries, which
+    read no data (and for fake tensors, which have none)."""
+    if t is None:
+        return _capi.Tensor()
+    return _capi.tensor(4096 if t.numel() else 0, _DTYPES[t.dtype], tuple(t.shape))
+
+
+def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu) -> int:
+    """moex_moe_layer_saved_size from the shapes (its layout is the same on every backend)."""
+    args = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, None, None, view=_shape_view)
+    return _capi.moe_layer_saved_size(_capi.context(_capi.BACKEND_CPU, 0), args)
+
+
+def _check_moe(op, x, router_w, w1, w2):
+    _check(op, "x", x, x.device, _FLOATS, 2)
+    for name, t, ndim in (("router_w", router_w, 2), ("w1", w1, 3), ("w2", w2, 3)):
+        _check(op, name, t, x.device, (x.dtype,), ndim)
+
+
+@torch.library.custom_op("moex::moe_layer_forward", mutates_args=())
+def _moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                 topk: int, score: int, norm: int, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
+                 glu_alpha: float, glu_offset: float) -> Tuple[Tensor, Tensor]:
+    _check_moe("moe_layer_forward", x, router_w, w1, w2)
+    glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    saved = x.new_empty(_moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu),
+                        dtype=torch.uint8)
+    y = x.new_empty(x.shape)
+    _run("moe_layer_forward", _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y),
+         x.device)
+    return y, saved
+
+
+@_moe_forward.register_fake
+def _(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha,
+      glu_offset):
+    glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    n = _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu)
+    return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8)
+
+
+@torch.library.custom_op("moex::moe_layer_backward", mutates_args=())
+def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                  saved: Tensor, dy: Tensor, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
+                  glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
+                  needs: List[bool]) -> List[Tensor]:
+    """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
+    _check_moe("moe_layer_backward", x, router_w, w1, w2)
+    _check("moe_layer_backward", "dy", dy, x.device, (x.dtype,), 2)
+    glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    outs = _moe_backward_outputs(x, router_w, w1, w2, needs)
+    dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
+    args = _capi.MoeLayerGradArgs(
+        fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None), dy=_view(dy),
+        dx=_view(dx), dw_mode=GRAD_WRITE, drouter_w=_view(drw), dw1=_capi.Weight(_view(dw1), None),
+        dw2=_capi.Weight(_view(dw2), None), db1=_view(db1), db2=_view(db2))
+    _run("moe_layer_backward", args, x.device)
+    return outs
+
+
+def _moe_backward_outputs(x, router_w, w1, w2, needs):
+    E, F2, H = w1.shape
+    f32 = torch.float32
+    shapes = [(tuple(x.shape), x.dtype), ((E, H), router_w.dtype), ((E, F2, H), w1.dtype),
+              ((E, H, F2 // 2), w2.dtype), ((E, F2), f32), ((E, H), f32)]
+    return [x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs)]
+
+
+@_moe_backward.register_fake
+def _(x, router_w, w1, b1, w2, b2, saved, dy, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit,
+      glu_alpha, glu_offset, needs):
+    return _moe_backward_outputs(x, router_w, w1, w2, needs)
+
+
+def _moe_setup(ctx, inputs, output):
+    x, router_w, w1, b1, w2, b2, *options = inputs
+    ctx.save_for_backward(x, router_w, w1, b1, w2, b2, output[1])
+    ctx.options = options
+
+
+def _moe_grads(ctx, dy, dsaved_unused):
+    x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
+    n = ctx.needs_input_grad
+    b2_mode = ctx.options[3]
+    needs = [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
+    outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs)
+    dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
+    db1 = db1.to(b1.dtype) if db1 is not None else None
+    db2 = db2.to(b2.dtype) if db2 is not None else None
+    return (dx, drw, dw1, db1, dw2, db2) + (None,) * 9
+
+
+_moe_forward.register_autograd(_moe_grads, setup_context=_moe_setup)
+
+
 # ---- functions --------------------------------------------------------------------------------
 
 Splits = Union[Sequence[int], Tensor]
@@ -550,3 +660,40 @@ class GroupedMLP(torch.nn.Module):
             raise ValueError("moex.torch.GroupedMLP: scale_b2 needs probs")
         return grouped_mlp(x, self.w1, self.w2, m_splits, self.b1, self.b2, probs, self.scale_b2, save_z=self.save_z,
                            **self.glu_options)
+
+
+class MoELayer(torch.nn.Module):
+    """A Mixture-of-Experts layer (docs/ops.md section 8): a linear router [E, H], top-k
+    routing (softmax or sigmoid scores, renormalised or not), and E experts FC1 -> p * GLU ->
+    FC2 on the tokens routed to them, summed back per token. forward(x) with x [..., H]."""
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
+                 renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
+                 bias2: bool = False, scale_b2: bool = True, params_dtype: Optional[torch.dtype] = None,
+                 device: Union[torch.device, str, None] = None, init_method=None, limit: float = 7.0,
+                 alpha: float = 1.702, offset: float = 1.0):
+        super().__init__()
+        if score not in _SCORES or glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
+            raise ValueError(f"moex.torch.MoELayer: score must be one of {list(_SCORES)}, glu one of "
+                             f"{list(_GLU_KINDS)}, layout one of {list(_GLU_LAYOUTS)}")
+        if not 1 <= topk <= num_experts:
+            raise ValueError(f"moex.torch.MoELayer: topk = {topk}, must be 1..{num_experts}")
+        dtype = params_dtype or torch.get_default_dtype()
+        E, H, F = num_experts, hidden_size, ffn_size
+        init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
+        self.router_w = torch.nn.Parameter(torch.empty(E, H, dtype=dtype, device=device))
+        self.w1 = torch.nn.Parameter(torch.empty(E, 2 * F, H, dtype=dtype, device=device))
+        self.w2 = torch.nn.Parameter(torch.empty(E, H, F, dtype=dtype, device=device))
+        for t in (self.router_w, self.w1, self.w2):
+            init(t.data)
+        self.b1 = torch.nn.Parameter(torch.zeros(E, 2 * F, dtype=dtype, device=device)) if bias1 else None
+        self.b2 = torch.nn.Parameter(torch.zeros(E, H, dtype=dtype, device=device)) if bias2 else None
+        b2_mode = BIAS_NONE if not bias2 else (BIAS_SCALED if scale_b2 else BIAS_ADD)
+        self.options = (topk, _SCORES[score], int(renorm), b2_mode, _GLU_KINDS[glu], _GLU_LAYOUTS[layout],
+                        float(limit), float(alpha), float(offset))
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        y, _ = _moe_forward(x.reshape(-1, shape[-1]).contiguous(), self.router_w, self.w1, self.b1, self.w2,
+                            self.b2, *self.options)
+        return y.reshape(shape)
