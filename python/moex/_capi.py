@@ -74,6 +74,33 @@ class MoeLayerGradArgs(ctypes.Structure):
                 ("drouter_w", Tensor), ("dw1", Weight), ("dw2", Weight), ("db1", Tensor), ("db2", Tensor)]
 
 
+class RouterArgs(ctypes.Structure):
+    _fields_ = [("logits", Tensor), ("topk", ctypes.c_int32), ("score", ctypes.c_int), ("norm", ctypes.c_int),
+                ("probs", Tensor), ("ids", Tensor)]
+
+
+class RouterGradArgs(ctypes.Structure):
+    _fields_ = [("logits", Tensor), ("topk", ctypes.c_int32), ("score", ctypes.c_int), ("norm", ctypes.c_int),
+                ("ids", Tensor), ("dprobs", Tensor), ("dlogits", Tensor)]
+
+
+class PermuteArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("ids", Tensor), ("probs", Tensor), ("num_experts", ctypes.c_int32),
+                ("xp", Tensor), ("probs_p", Tensor), ("splits", Tensor), ("row_map", Tensor)]
+
+
+class PermuteGradArgs(ctypes.Structure):
+    _fields_ = [("row_map", Tensor), ("dxp", Tensor), ("dprobs_p", Tensor), ("dx", Tensor), ("dprobs", Tensor)]
+
+
+class UnpermuteArgs(ctypes.Structure):
+    _fields_ = [("row_map", Tensor), ("yp", Tensor), ("y", Tensor)]
+
+
+class UnpermuteGradArgs(ctypes.Structure):
+    _fields_ = [("row_map", Tensor), ("dy", Tensor), ("dyp", Tensor)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -111,7 +138,10 @@ def _load():
                          ("grouped_linear_backward_data", GroupedLinearDgradArgs),
                          ("grouped_linear_backward_weight", GroupedLinearWgradArgs),
                          ("grouped_mlp_forward", GroupedMlpArgs), ("grouped_mlp_backward", GroupedMlpGradArgs),
-                         ("moe_layer_forward", MoeLayerArgs), ("moe_layer_backward", MoeLayerGradArgs)):
+                         ("moe_layer_forward", MoeLayerArgs), ("moe_layer_backward", MoeLayerGradArgs),
+                         ("router_forward", RouterArgs), ("router_backward", RouterGradArgs),
+                         ("permute_forward", PermuteArgs), ("permute_backward", PermuteGradArgs),
+                         ("unpermute_forward", UnpermuteArgs), ("unpermute_backward", UnpermuteGradArgs)):
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
         sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
     for name, (res, args) in sigs.items():

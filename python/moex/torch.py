@@ -31,7 +31,8 @@ from torch import Tensor
 from . import _capi
 from ._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError
 
-__all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "MoexError"]
+__all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "router", "permute",
+           "unpermute", "MoexError"]
 
 _DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
            torch.int32: _capi.DTYPE_I32, torch.int64: _capi.DTYPE_I64}
@@ -347,10 +348,176 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     return y
 
 
-# ---- the MoE layer ------------------------------------------------------------------------------
-
 _SCORES = {"softmax": 0, "sigmoid": 1}
 
+
+# ---- routing ------------------------------------------------------------------------------------
+
+@torch.library.custom_op("moex::router_forward", mutates_args=())
+def _router_forward(logits: Tensor, topk: int, score: int, norm: int) -> Tuple[Tensor, Tensor]:
+    _check("router_forward", "logits", logits, logits.device, (torch.float32, torch.bfloat16), 2)
+    probs, ids = _router_outputs(logits, topk)
+    args = _capi.RouterArgs(logits=_view(logits), topk=topk, score=score, norm=norm, probs=_view(probs),
+                            ids=_view(ids))
+    _run("router_forward", args, logits.device)
+    return probs, ids
+
+
+def _router_outputs(logits, topk):
+    T = logits.shape[0]
+    return logits.new_empty(T, topk, dtype=torch.float32), logits.new_empty(T, topk, dtype=torch.int32)
+
+
+@_router_forward.register_fake
+def _(logits, topk, score, norm):
+    return _router_outputs(logits, topk)
+
+
+@torch.library.custom_op("moex::router_backward", mutates_args=())
+def _router_backward(logits: Tensor, ids: Tensor, dprobs: Tensor, topk: int, score: int, norm: int) -> Tensor:
+    _check("router_backward", "dprobs", dprobs, logits.device, (torch.float32,), 2)
+    dlogits = torch.empty_like(logits)
+    args = _capi.RouterGradArgs(logits=_view(logits), topk=topk, score=score, norm=norm, ids=_view(ids),
+                                dprobs=_view(dprobs), dlogits=_view(dlogits))
+    _run("router_backward", args, logits.device)
+    return dlogits
+
+
+@_router_backward.register_fake
+def _(logits, ids, dprobs, topk, score, norm):
+    return torch.empty_like(logits)
+
+
+def _router_setup(ctx, inputs, output):
+    logits, topk, score, norm = inputs
+    ctx.save_for_backward(logits, output[1])
+    ctx.options = (topk, score, norm)
+
+
+def _router_grads(ctx, dprobs, dids_unused):
+    logits, ids = ctx.saved_tensors
+    return _router_backward(logits, ids, dprobs.contiguous(), *ctx.options), None, None, None
+
+
+_router_forward.register_autograd(_router_grads, setup_context=_router_setup)
+
+
+@torch.library.custom_op("moex::permute_forward", mutates_args=())
+def _permute_forward(x: Tensor, ids: Tensor, probs: Tensor,
+                     num_experts: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    _check("permute_forward", "x", x, x.device, _FLOATS, 2)
+    _check("permute_forward", "ids", ids, x.device, (torch.int32,), 2)
+    _check("permute_forward", "probs", probs, x.device, (torch.float32,), 2)
+    xp, probs_p, splits, row_map = _permute_outputs(x, ids, num_experts)
+    args = _capi.PermuteArgs(x=_view(x), ids=_view(ids), probs=_view(probs), num_experts=num_experts, xp=_view(xp),
+                             probs_p=_view(probs_p), splits=_view(splits), row_map=_view(row_map))
+    _run("permute_forward", args, x.device)
+    return xp, probs_p, splits, row_map
+
+
+def _permute_outputs(x, ids, num_experts):
+    rows = ids.shape[0] * ids.shape[1]
+    return (x.new_empty(rows, x.shape[1]), x.new_empty(rows, dtype=torch.float32),
+            x.new_empty(num_experts, dtype=torch.int64), x.new_empty(rows, dtype=torch.int32))
+
+
+@_permute_forward.register_fake
+def _(x, ids, probs, num_experts):
+    return _permute_outputs(x, ids, num_experts)
+
+
+@torch.library.custom_op("moex::permute_backward", mutates_args=())
+def _permute_backward(row_map: Tensor, dxp: Tensor, dprobs_p: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    dx, dprobs = _permute_grads_outputs(dxp, k)
+    args = _capi.PermuteGradArgs(row_map=_view(row_map), dxp=_view(dxp), dprobs_p=_view(dprobs_p), dx=_view(dx),
+                                 dprobs=_view(dprobs))
+    _run("permute_backward", args, dxp.device)
+    return dx, dprobs
+
+
+def _permute_grads_outputs(dxp, k):
+    T = dxp.shape[0] // k
+    return dxp.new_empty(T, dxp.shape[1]), dxp.new_empty(T, k, dtype=torch.float32)
+
+
+@_permute_backward.register_fake
+def _(row_map, dxp, dprobs_p, k):
+    return _permute_grads_outputs(dxp, k)
+
+
+def _permute_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[3])
+    ctx.k = inputs[1].shape[1]
+
+
+def _permute_grads(ctx, dxp, dprobs_p, dsplits_unused, drow_map_unused):
+    (row_map,) = ctx.saved_tensors
+    dx, dprobs = _permute_backward(row_map, dxp.contiguous(), dprobs_p.contiguous(), ctx.k)
+    return dx, None, dprobs, None
+
+
+_permute_forward.register_autograd(_permute_grads, setup_context=_permute_setup)
+
+
+@torch.library.custom_op("moex::unpermute_forward", mutates_args=())
+def _unpermute_forward(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
+    _check("unpermute_forward", "yp", yp, yp.device, _FLOATS, 2)
+    _check("unpermute_forward", "row_map", row_map, yp.device, (torch.int32,), 1)
+    y = yp.new_empty(yp.shape[0] // k, yp.shape[1])
+    _run("unpermute_forward", _capi.UnpermuteArgs(row_map=_view(row_map), yp=_view(yp), y=_view(y)), yp.device)
+    return y
+
+
+@_unpermute_forward.register_fake
+def _(yp, row_map, k):
+    return yp.new_empty(yp.shape[0] // k, yp.shape[1])
+
+
+@torch.library.custom_op("moex::unpermute_backward", mutates_args=())
+def _unpermute_backward(dy: Tensor, row_map: Tensor) -> Tensor:
+    dyp = dy.new_empty(row_map.shape[0], dy.shape[1])
+    _run("unpermute_backward", _capi.UnpermuteGradArgs(row_map=_view(row_map), dy=_view(dy), dyp=_view(dyp)),
+         dy.device)
+    return dyp
+
+
+@_unpermute_backward.register_fake
+def _(dy, row_map):
+    return dy.new_empty(row_map.shape[0], dy.shape[1])
+
+
+def _unpermute_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1])
+
+
+def _unpermute_grads(ctx, dy):
+    (row_map,) = ctx.saved_tensors
+    return _unpermute_backward(dy.contiguous(), row_map), None, None
+
+
+_unpermute_forward.register_autograd(_unpermute_grads, setup_context=_unpermute_setup)
+
+
+def router(logits: Tensor, topk: int, score: str = "softmax", renorm: bool = True) -> Tuple[Tensor, Tensor]:
+    """probs [T, k] f32 and ids [T, k] int32 of the k best experts per token (docs/ops.md 5.1);
+    differentiable in logits."""
+    if score not in _SCORES:
+        raise ValueError(f"moex.router: score must be one of {list(_SCORES)}")
+    return _router_forward(logits.contiguous(), topk, _SCORES[score], int(renorm))
+
+
+def permute(x: Tensor, ids: Tensor, probs: Tensor, num_experts: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The T*k (token, expert) rows sorted by expert (docs/ops.md 6.1): xp [T*k, H], probs_p
+    [T*k], splits [E] int64 and row_map [T*k] int32; differentiable in x and probs."""
+    return _permute_forward(x.contiguous(), ids.contiguous(), probs.contiguous(), num_experts)
+
+
+def unpermute(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
+    """y[t] = sum_j yp[row_map[t*k + j]] (docs/ops.md 7.1); differentiable in yp."""
+    return _unpermute_forward(yp.contiguous(), row_map, k)
+
+
+# ---- the MoE layer ------------------------------------------------------------------------------
 
 def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y, view=_view):
     return _capi.MoeLayerArgs(
