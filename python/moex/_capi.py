@@ -101,6 +101,27 @@ class UnpermuteGradArgs(ctypes.Structure):
     _fields_ = [("row_map", Tensor), ("dy", Tensor), ("dyp", Tensor)]
 
 
+class ScaledGluArgs(ctypes.Structure):
+    _fields_ = [("glu", GluParams), ("h", Tensor), ("probs", Tensor), ("splits", Tensor), ("z", Tensor)]
+
+
+class ScaledGluGradArgs(ctypes.Structure):
+    _fields_ = [("glu", GluParams), ("h", Tensor), ("probs", Tensor), ("splits", Tensor), ("dz", Tensor),
+                ("dh", Tensor), ("dprobs", Tensor)]
+
+
+MAX_OFFSETS = 8
+OFFSETS_LEADING_ZERO, OFFSETS_INCLUSIVE = 0, 1
+
+
+class OffsetsOutput(ctypes.Structure):
+    _fields_ = [("out", Tensor), ("stride", ctypes.c_int64), ("start", ctypes.c_int)]
+
+
+class SplitsToOffsetsArgs(ctypes.Structure):
+    _fields_ = [("splits", Tensor), ("num_outputs", ctypes.c_int32), ("outputs", OffsetsOutput * MAX_OFFSETS)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -141,7 +162,9 @@ def _load():
                          ("moe_layer_forward", MoeLayerArgs), ("moe_layer_backward", MoeLayerGradArgs),
                          ("router_forward", RouterArgs), ("router_backward", RouterGradArgs),
                          ("permute_forward", PermuteArgs), ("permute_backward", PermuteGradArgs),
-                         ("unpermute_forward", UnpermuteArgs), ("unpermute_backward", UnpermuteGradArgs)):
+                         ("unpermute_forward", UnpermuteArgs), ("unpermute_backward", UnpermuteGradArgs),
+                         ("scaled_glu_forward", ScaledGluArgs), ("scaled_glu_backward", ScaledGluGradArgs),
+                         ("splits_to_offsets", SplitsToOffsetsArgs)):
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
         sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
     for name, (res, args) in sigs.items():

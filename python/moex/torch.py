@@ -32,7 +32,7 @@ from . import _capi
 from ._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError
 
 __all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "router", "permute",
-           "unpermute", "MoexError"]
+           "unpermute", "scaled_glu", "splits_to_offsets", "MoexError"]
 
 _DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
            torch.int32: _capi.DTYPE_I32, torch.int64: _capi.DTYPE_I64}
@@ -346,6 +346,95 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
                            _splits_tensor(splits, x.device), mode, _GLU_KINDS[glu], _GLU_LAYOUTS[layout],
                            float(limit), float(alpha), float(offset), save_z)
     return y
+
+
+# ---- the scaled GLU and splits_to_offsets --------------------------------------------------------
+
+@torch.library.custom_op("moex::scaled_glu_forward", mutates_args=())
+def _glu_forward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], glu_kind: int, glu_layout: int,
+                 glu_limit: float, glu_alpha: float, glu_offset: float) -> Tensor:
+    _check("scaled_glu_forward", "h", h, h.device, _FLOATS, 2)
+    z = h.new_empty(h.shape[0], h.shape[1] // 2)
+    args = _capi.ScaledGluArgs(glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=_view(h),
+                               probs=_view(probs), splits=_view(splits), z=_view(z))
+    _run("scaled_glu_forward", args, h.device)
+    return z
+
+
+@_glu_forward.register_fake
+def _(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset):
+    return h.new_empty(h.shape[0], h.shape[1] // 2)
+
+
+@torch.library.custom_op("moex::scaled_glu_backward", mutates_args=())
+def _glu_backward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], dz: Tensor, glu_kind: int,
+                  glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
+                  need_dprobs: bool) -> Tuple[Tensor, Tensor]:
+    _check("scaled_glu_backward", "dz", dz, h.device, (h.dtype,), 2)
+    dh, dprobs = torch.empty_like(h), h.new_zeros(h.shape[0] if need_dprobs else 0, dtype=torch.float32)
+    args = _capi.ScaledGluGradArgs(glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=_view(h),
+                                   probs=_view(probs), splits=_view(splits), dz=_view(dz), dh=_view(dh),
+                                   dprobs=_view(dprobs if need_dprobs else None))
+    _run("scaled_glu_backward", args, h.device)
+    return dh, dprobs
+
+
+@_glu_backward.register_fake
+def _(h, probs, splits, dz, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, need_dprobs):
+    return torch.empty_like(h), h.new_empty(h.shape[0] if need_dprobs else 0, dtype=torch.float32)
+
+
+def _glu_setup(ctx, inputs, output):
+    h, probs, splits, *glu = inputs
+    ctx.save_for_backward(h, probs, splits)
+    ctx.glu = glu
+
+
+def _glu_grads(ctx, dz):
+    h, probs, splits = ctx.saved_tensors
+    need_dprobs = probs is not None and ctx.needs_input_grad[1]
+    dh, dprobs = _glu_backward(h, probs, splits, dz.contiguous(), *ctx.glu, need_dprobs)
+    return (dh, dprobs if need_dprobs else None) + (None,) * 6
+
+
+_glu_forward.register_autograd(_glu_grads, setup_context=_glu_setup)
+
+
+def scaled_glu(h: Tensor, probs: Optional[Tensor] = None, splits: Optional["Splits"] = None, glu: str = "swiglu",
+               layout: str = "contiguous", limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0) -> Tensor:
+    """z = p * glu(h) (docs/ops.md section 3): h [T, 2F] -> z [T, F]; with splits, only the rows
+    < sum(splits) are done (the others are not written). Differentiable in h and probs."""
+    if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
+        raise ValueError(f"moex.scaled_glu: glu must be one of {list(_GLU_KINDS)} and layout one of "
+                         f"{list(_GLU_LAYOUTS)}")
+    s = None if splits is None else _splits_tensor(splits, h.device)
+    return _glu_forward(h.contiguous(), probs, s, _GLU_KINDS[glu], _GLU_LAYOUTS[layout], float(limit), float(alpha),
+                        float(offset))
+
+
+@torch.library.custom_op("moex::splits_to_offsets", mutates_args=())
+def _splits_to_offsets(splits: Tensor, stride: int, leading_zero: bool, dtype_code: int) -> Tensor:
+    _check("splits_to_offsets", "splits", splits, splits.device, (torch.int64,), 1)
+    out = splits.new_empty(splits.shape[0] + int(leading_zero), dtype=_TORCH_DTYPES[dtype_code])
+    args = _capi.SplitsToOffsetsArgs(splits=_view(splits), num_outputs=1)
+    args.outputs[0] = _capi.OffsetsOutput(_view(out), stride,
+                                          _capi.OFFSETS_LEADING_ZERO if leading_zero else _capi.OFFSETS_INCLUSIVE)
+    _run("splits_to_offsets", args, splits.device)
+    return out
+
+
+@_splits_to_offsets.register_fake
+def _(splits, stride, leading_zero, dtype_code):
+    return splits.new_empty(splits.shape[0] + int(leading_zero), dtype=_TORCH_DTYPES[dtype_code])
+
+
+def splits_to_offsets(splits: Tensor, stride: int = 1, leading_zero: bool = True,
+                      dtype: torch.dtype = torch.int64) -> Tensor:
+    """stride * the running sums of splits [G] (docs/ops.md section 1): [0, s0, s0+s1, ...] (G+1
+    values) or, without leading_zero, the G inclusive sums; int64 or int32."""
+    if dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"moex.splits_to_offsets: dtype must be torch.int64 or torch.int32, got {dtype}")
+    return _splits_to_offsets(splits.contiguous(), stride, leading_zero, _DTYPES[dtype])
 
 
 _SCORES = {"softmax": 0, "sigmoid": 1}
