@@ -153,6 +153,8 @@ typedef enum moex_dtype {       /* values are stable: append only */
 
 /* Bytes per element (0 for an unknown dtype). */
 MOEX_API size_t moex_dtype_size(moex_dtype dtype);
+/* "f32", "bf16", "f16", "i32", "i64"; "unknown" for any other value. */
+MOEX_API const char *moex_dtype_name(moex_dtype dtype);
 
 #define MOEX_MAX_DIMS 4
 

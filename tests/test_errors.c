@@ -268,6 +268,14 @@ static void context_cases(void) {
     CHECK_MSG(strcmp(moex_status_string(MOEX_ERR_BAD_SPLITS), "MOEX_ERR_BAD_SPLITS") == 0, "status string");
     CHECK_MSG(moex_status_string((moex_status)99) != NULL, "unknown status has a string");
     CHECK(moex_dtype_size((moex_dtype)42) == 0);
+    {
+        static const char *const names[] = {"f32", "bf16", "f16", "i32", "i64"};
+        const moex_dtype dts[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16, MOEX_DTYPE_I32, MOEX_DTYPE_I64};
+        for (int i = 0; i < 5; i++)
+            CHECK_MSG(strcmp(moex_dtype_name(dts[i]), names[i]) == 0, "moex_dtype_name(%d) = \"%s\"", (int)dts[i],
+                      moex_dtype_name(dts[i]));
+        CHECK(strcmp(moex_dtype_name((moex_dtype)42), "unknown") == 0);
+    }
 }
 
 static void offsets_cases(moex_context *ctx) {

@@ -142,7 +142,7 @@ void c_row(checker *c, const char *op, moex_dtype dt, const char *shape, const c
     int ok = r->bad == 0;
     c->rows++;
     if (!ok) c->failed++;
-    printf("%-24s %-7s %-5s %-40s %9.3g  %s\n", op, cli_backend_name(c->be), cli_dtype_name(dt), shape, r->worst,
+    printf("%-24s %-7s %-5s %-40s %9.3g  %s\n", op, cli_backend_name(c->be), moex_dtype_name(dt), shape, r->worst,
            ok ? "PASS" : "FAIL");
     if (!ok) printf("    %s\n", r->note);
     fflush(stdout);

@@ -207,17 +207,6 @@ void cli_to_f32(float *dst, const void *src, moex_dtype dt, size_t n) {
     for (size_t i = 0; i < n; i++) dst[i] = cli_bf16_to_f32(s[i]);
 }
 
-const char *cli_dtype_name(moex_dtype dt) {
-    switch (dt) {
-    case MOEX_DTYPE_F32: return "f32";
-    case MOEX_DTYPE_BF16: return "bf16";
-    case MOEX_DTYPE_F16: return "f16";
-    case MOEX_DTYPE_I32: return "i32";
-    case MOEX_DTYPE_I64: return "i64";
-    }
-    return "?";
-}
-
 const char *cli_backend_name(moex_backend b) { return b == MOEX_BACKEND_CUDA ? "cuda" : "cpu"; }
 
 moex_context *cli_context(const char *cmd, moex_backend b) {

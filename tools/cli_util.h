@@ -108,7 +108,6 @@ static inline uint16_t cli_f32_to_bf16(float f) {
 void cli_from_f32(void *dst, moex_dtype dt, const float *src, size_t n);
 void cli_to_f32(float *dst, const void *src, moex_dtype dt, size_t n);
 
-const char *cli_dtype_name(moex_dtype dt);       /* "f32", "bf16", ... */
 const char *cli_backend_name(moex_backend b);    /* "cpu", "cuda"      */
 
 /* ---- backend memory ------------------------------------------------------------------

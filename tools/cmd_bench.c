@@ -909,10 +909,10 @@ int cli_cmd_bench(int argc, char **argv) {
     int failed = 0, emitted = 0;   /* emitted: JSON rows printed so far */
     if (o.json)
         printf("{\"backend\": \"%s\", \"dtype\": \"%s\", \"iters\": %lld, \"results\": [", cli_backend_name(be),
-               cli_dtype_name(dt), (long long)o.iters);
+               moex_dtype_name(dt), (long long)o.iters);
     else {
         printf("moex bench: backend %s, dtype %s, median of %lld runs after a warm-up\n", cli_backend_name(be),
-               cli_dtype_name(dt), (long long)o.iters);
+               moex_dtype_name(dt), (long long)o.iters);
 #ifndef MOEX_HAVE_OPENBLAS
         if (!cuda && o.ops != OPS_OTHER) printf("(baseline unavailable: this moex was built without OpenBLAS, no cblas_sgemm to compare)\n");
 #else

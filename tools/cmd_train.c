@@ -623,7 +623,7 @@ int cli_cmd_train(int argc, char **argv) {
     if (!t.o.json) {
         printf("moex train: backend %s, dtype %s, experts %lld, topk %lld, hidden %lld, ffn %lld, "
                "tokens %lld, steps %lld, lr %g, seed %lld\n",
-               cli_backend_name(t.backend), cli_dtype_name(t.dt), (long long)t.E, (long long)t.k,
+               cli_backend_name(t.backend), moex_dtype_name(t.dt), (long long)t.E, (long long)t.k,
                (long long)t.H, (long long)t.F, (long long)t.T, (long long)t.o.steps, t.o.lr,
                (long long)t.o.seed);
         fflush(stdout);
@@ -672,7 +672,7 @@ int cli_cmd_train(int argc, char **argv) {
                "\"dtype\": \"%s\", \"experts\": %lld, \"topk\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
                "\"lr\": %g, \"seed\": %lld, \"csv\": ",
                initial, final, ratio, (long long)t.o.steps, (long long)t.T, seconds, tokens_per_s,
-               cli_backend_name(t.backend), cli_dtype_name(t.dt), (long long)t.E, (long long)t.k,
+               cli_backend_name(t.backend), moex_dtype_name(t.dt), (long long)t.E, (long long)t.k,
                (long long)t.H, (long long)t.F, t.o.lr, (long long)t.o.seed);
         json_string(stdout, csv_path);
         printf(", \"svg\": ");

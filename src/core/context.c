@@ -40,6 +40,17 @@ size_t moex_dtype_size(moex_dtype dtype) {
     return 0;
 }
 
+const char *moex_dtype_name(moex_dtype dtype) {
+    switch (dtype) {
+    case MOEX_DTYPE_F32: return "f32";
+    case MOEX_DTYPE_BF16: return "bf16";
+    case MOEX_DTYPE_F16: return "f16";
+    case MOEX_DTYPE_I32: return "i32";
+    case MOEX_DTYPE_I64: return "i64";
+    }
+    return "unknown";
+}
+
 /* The message of a failed moex_context_create, which has no context to keep it in. */
 static _Thread_local char create_msg[MOEX_MSG_LEN];
 

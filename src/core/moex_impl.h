@@ -112,9 +112,6 @@ moex_status moex_fail(moex_context *ctx, moex_status status, const char *fmt, ..
 #endif
     ;
 
-/* "f32", "bf16", ... for messages. */
-const char *moex_dtype_name(moex_dtype dt);
-
 /* Try a step; return its status on failure. */
 #define MOEX_TRY(expr)                        \
     do {                                      \

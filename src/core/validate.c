@@ -10,17 +10,6 @@
 #include <stdio.h>
 #include <string.h>
 
-const char *moex_dtype_name(moex_dtype dt) {
-    switch (dt) {
-    case MOEX_DTYPE_F32: return "f32";
-    case MOEX_DTYPE_BF16: return "bf16";
-    case MOEX_DTYPE_F16: return "f16";
-    case MOEX_DTYPE_I32: return "i32";
-    case MOEX_DTYPE_I64: return "i64";
-    }
-    return "unknown";
-}
-
 static void format_dtypes(char *buf, size_t n, unsigned dtypes) {
     buf[0] = '\0';
     for (int d = 0; d <= MOEX_DTYPE_I64; d++) {

@@ -133,8 +133,6 @@ extern "C" {
 #define I64 MOEX_DTYPE_I64
 #define DT(d) (1u << (unsigned)(d))
 
-/* "f32", "bf16", ... ("?" for a value outside the enum), for case descriptions. */
-const char *fz_dtype_name(moex_dtype d);
 
 /* ---- the global harness state -------------------------------------------------------- */
 

@@ -38,17 +38,6 @@ fz_global fz_g;
 fz_features fz_last_features;
 static fz_case *cur_case;
 
-const char *fz_dtype_name(moex_dtype d) {
-    switch (d) {
-    case MOEX_DTYPE_F32: return "f32";
-    case MOEX_DTYPE_BF16: return "bf16";
-    case MOEX_DTYPE_F16: return "f16";
-    case MOEX_DTYPE_I32: return "i32";
-    case MOEX_DTYPE_I64: return "i64";
-    }
-    return "?";
-}
-
 const char *const fz_op_names[FZ_NUM_OPS] = {
     "splits_to_offsets", "grouped_linear_forward", "grouped_linear_backward_data",
     "grouped_linear_backward_weight", "scaled_glu_forward", "scaled_glu_backward", "grouped_mlp_forward",

@@ -74,7 +74,7 @@ static bool so_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
         if (limit / sum > INT64_MAX - 4) return false;   /* sum 1 into i64: every stride fits */
         o->stride = limit / sum + 1 + (int64_t)((p >> 8) % 3);
         fz_fault(c, FZ_OFFSFIT, "offsets fit: outputs[%d] %s, stride %lld * sum %lld does not fit", i,
-                 fz_dtype_name(o->out.dtype), (long long)o->stride, (long long)sum);
+                 moex_dtype_name(o->out.dtype), (long long)o->stride, (long long)sum);
         return true;
     }
     }
@@ -128,7 +128,7 @@ void fz_op_splits_to_offsets(fz_case *c) {
         const int64_t len = o->start == MOEX_OFFSETS_LEADING_ZERO ? (G == INT64_MAX ? G : G + 1) : G;
         o->out = moex_tensor_1d(NULL, dt, len);
         fz_tensor_reg(c, names[i], &o->out, FZ_OUT, FZ_REQUIRED, DT(I32) | DT(I64));
-        fz_note(c, " [%d %s stride %lld %s]", i, fz_dtype_name(dt), (long long)o->stride,
+        fz_note(c, " [%d %s stride %lld %s]", i, moex_dtype_name(dt), (long long)o->stride,
                 o->start == MOEX_OFFSETS_LEADING_ZERO ? "lz" : "incl");
     }
     fz_flow(c, &so_fns, a, so_fault);
@@ -192,7 +192,7 @@ void fz_op_gl_fwd(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "probs", &a->probs, FZ_IN,
                              a->bias_mode == MOEX_BIAS_SCALED ? FZ_REQUIRED : FZ_FORBIDDEN, DT(F32)), S);
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s bias_mode=%d bias %s", (long long)G, (long long)T, (long long)K,
-            (long long)N, (long long)S, fz_dtype_name(dt), (int)a->bias_mode, fz_dtype_name(bdt));
+            (long long)N, (long long)S, moex_dtype_name(dt), (int)a->bias_mode, moex_dtype_name(bdt));
     fz_flow(c, &glf_fns, a, glf_fault);
 }
 
@@ -234,8 +234,8 @@ void fz_op_gl_dgrad(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_ACC, mode != MOEX_BIAS_SCALED ? FZ_FORBIDDEN : 0, DT(F32)),
             S);
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s bias_mode=%d bias %s%s dx=%d dbias=%d dprobs=%d", (long long)G,
-            (long long)T, (long long)K, (long long)N, (long long)S, fz_dtype_name(dt), (int)mode, bias ? "" : "absent ",
-            fz_dtype_name(bdt), dx, dbias, dprobs);
+            (long long)T, (long long)K, (long long)N, (long long)S, moex_dtype_name(dt), (int)mode, bias ? "" : "absent ",
+            moex_dtype_name(bdt), dx, dbias, dprobs);
     fz_flow(c, &gld_fns, a, gld_fault);
 }
 
@@ -257,6 +257,6 @@ void fz_op_gl_wgrad(fz_case *c) {
     fz_weight_reg(c, "dw", &a->dw, a->dw_mode == MOEX_GRAD_ACCUMULATE ? FZ_ACC : FZ_OUT,
                   FZ_REQUIRED | FZ_DISCRETE_OK, a->dw_mode == MOEX_GRAD_ACCUMULATE ? DT(F32) : DT(F32) | DT(dt));
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s dw_mode=%d dw %s", (long long)G, (long long)T, (long long)K,
-            (long long)N, (long long)S, fz_dtype_name(dt), (int)a->dw_mode, fz_dtype_name(wdt));
+            (long long)N, (long long)S, moex_dtype_name(dt), (int)a->dw_mode, moex_dtype_name(wdt));
     fz_flow(c, &glw_fns, a, glw_fault);
 }

@@ -127,7 +127,7 @@ static int64_t glu_common(fz_case *c, moex_tensor *h, moex_tensor *probs, moex_t
     if (with_splits) fz_tail(c, *th, S), fz_tail(c, *tp, S);
     glu_T = *T, glu_F = *F;
     fz_note(c, "T=%lld F=%lld %s glu kind %d layout %d (%g %g %g) probs=%d splits=%s S=%lld", (long long)*T,
-            (long long)*F, fz_dtype_name(*dt), (int)glu->kind, (int)glu->layout, (double)glu->limit, (double)glu->alpha,
+            (long long)*F, moex_dtype_name(*dt), (int)glu->kind, (int)glu->layout, (double)glu->limit, (double)glu->alpha,
             (double)glu->offset, *with_probs, with_splits ? "yes" : "no", (long long)S);
     return with_splits ? S : -1;
 }
@@ -226,8 +226,8 @@ static void mlp_cfg_read(fz_case *c, mlp_cfg *m) {
     m->S = fz_make_splits(c, m->splits, m->G, m->T);
     mlp_T = m->T, mlp_F = m->F;
     fz_note(c, "G=%lld T=%lld H=%lld F=%lld S=%lld %s b1 %s b2 %s b2_mode=%d glu kind %d layout %d (%g %g %g)",
-            (long long)m->G, (long long)m->T, (long long)m->H, (long long)m->F, (long long)m->S, fz_dtype_name(m->dt),
-            fz_dtype_name(m->b1dt), fz_dtype_name(m->b2dt), (int)m->b2_mode, (int)m->glu.kind, (int)m->glu.layout, (double)m->glu.limit,
+            (long long)m->G, (long long)m->T, (long long)m->H, (long long)m->F, (long long)m->S, moex_dtype_name(m->dt),
+            moex_dtype_name(m->b1dt), moex_dtype_name(m->b2dt), (int)m->b2_mode, (int)m->glu.kind, (int)m->glu.layout, (double)m->glu.limit,
             (double)m->glu.alpha, (double)m->glu.offset);
 }
 
@@ -329,6 +329,6 @@ void fz_op_mlp_bwd(fz_case *c) {
     if (!dprobs && probs) a->dprobs.ndim = 0;
     fz_tail(c, fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_ACC, probs ? 0 : FZ_FORBIDDEN, DT(F32)), m.S);
     fz_note(c, " probs=%d b2=%d z=%d dx=%d dw1=%d dw2=%d db1=%d db2=%d dprobs=%d dw_mode=%d dw %s/%s", probs, b2, z, dx,
-            dw1, dw2, db1, db2, dprobs, (int)a->dw_mode, fz_dtype_name(wdt1), fz_dtype_name(wdt2));
+            dw1, dw2, db1, db2, dprobs, (int)a->dw_mode, moex_dtype_name(wdt1), moex_dtype_name(wdt2));
     fz_flow(c, &mlpb_fns, a, mlpb_fault);
 }

@@ -182,7 +182,7 @@ void fz_op_moe(fz_case *c) {
     moe.T = T, moe.H = H, moe.E = E, moe.F = F, moe.k = k, moe.dt = dt, moe.any_dw = 0;
     const int64_t twoF = fz_mul_sat(F, 2), rows = fz_mul_sat(T, k);
     fz_note(c, "T=%lld H=%lld E=%lld F=%lld k=%lld %s score=%d norm=%d b1=%d b2_mode=%d glu kind %d layout %d",
-            (long long)T, (long long)H, (long long)E, (long long)F, (long long)k, fz_dtype_name(dt), (int)f->score,
+            (long long)T, (long long)H, (long long)E, (long long)F, (long long)k, moex_dtype_name(dt), (int)f->score,
             (int)f->norm, b1, (int)f->b2_mode, (int)f->glu.kind, (int)f->glu.layout);
     /* moex.h: E <= INT32_MAX, T*k <= INT32_MAX, and no intermediate past 2^60 elements */
     if (E > INT32_MAX) fz_fault(c, FZ_STRUCT, "E = %lld > INT32_MAX", (long long)E);
@@ -278,7 +278,7 @@ void fz_op_moe(fz_case *c) {
     if (!db2 && f->b2_mode != MOEX_BIAS_NONE) g->db2.ndim = 0;
     fz_tensor_reg(c, "db2", &g->db2, FZ_OUT, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(F32));
     fz_note(c, " | backward dw_mode=%d dW %s dx=%d drouter_w=%d dw1=%d dw2=%d db1=%d db2=%d", (int)g->dw_mode,
-            fz_dtype_name(wdt), dx, drw, dw1, dw2, db1, db2);
+            moex_dtype_name(wdt), dx, drw, dw1, dw2, db1, db2);
     fz_materialize(c);
     size_t bw = 0;
     if (fz_query(c, moeb_fns.qname, moeb_fns.query, g, &bw) != MOEX_OK) return;

@@ -74,7 +74,7 @@ void fz_op_router_fwd(fz_case *c) {
     fz_tensor_reg(c, "probs", &a->probs, FZ_OUT, FZ_REQUIRED, DT(F32));
     a->ids = moex_tensor_2d(NULL, I32, T, a->topk);
     fz_tensor_reg(c, "ids", &a->ids, FZ_OUT, FZ_REQUIRED, DT(I32));
-    fz_note(c, "T=%lld E=%lld k=%d %s score=%d norm=%d", (long long)T, (long long)E, (int)a->topk, fz_dtype_name(dt),
+    fz_note(c, "T=%lld E=%lld k=%d %s score=%d norm=%d", (long long)T, (long long)E, (int)a->topk, moex_dtype_name(dt),
             (int)a->score, (int)a->norm);
     fz_flow(c, &rf_fns, a, rf_fault);
 }
@@ -103,7 +103,7 @@ void fz_op_router_bwd(fz_case *c) {
     fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_IN, FZ_REQUIRED, DT(F32));
     a->dlogits = moex_tensor_2d(NULL, dt, T, E);
     fz_tensor_reg(c, "dlogits", &a->dlogits, FZ_OUT, FZ_REQUIRED, DT(dt));
-    fz_note(c, "T=%lld E=%lld k=%d %s score=%d norm=%d", (long long)T, (long long)E, (int)a->topk, fz_dtype_name(dt),
+    fz_note(c, "T=%lld E=%lld k=%d %s score=%d norm=%d", (long long)T, (long long)E, (int)a->topk, moex_dtype_name(dt),
             (int)a->score, (int)a->norm);
     fz_flow(c, &rb_fns, a, rb_fault);
 }
@@ -194,7 +194,7 @@ void fz_op_permute_fwd(fz_case *c) {
     a->row_map = moex_tensor_1d(NULL, I32, pm_rows);
     fz_tensor_reg(c, "row_map", &a->row_map, FZ_OUT, FZ_REQUIRED, DT(I32));
     fz_note(c, "T=%lld H=%lld k=%lld E=%lld %s probs=%d", (long long)T, (long long)H, (long long)k, (long long)E,
-            fz_dtype_name(dt), probs);
+            moex_dtype_name(dt), probs);
     fz_flow(c, &pf_fns, a, pf_fault);
 }
 
@@ -223,7 +223,7 @@ void fz_op_permute_bwd(fz_case *c) {
     /* with T = 0, dprobs [0, k] names k, which nothing else checks */
     fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_OUT, (dprobs ? FZ_REQUIRED : FZ_FORBIDDEN) | (T == 0 ? FZ_FREE1 : 0),
                   DT(F32));
-    fz_note(c, "T=%lld H=%lld k=%lld %s dprobs=%d", (long long)T, (long long)H, (long long)k, fz_dtype_name(dt), dprobs);
+    fz_note(c, "T=%lld H=%lld k=%lld %s dprobs=%d", (long long)T, (long long)H, (long long)k, moex_dtype_name(dt), dprobs);
     fz_flow(c, &pb_fns, a, rowmap_fault);
 }
 
@@ -239,7 +239,7 @@ void fz_op_unpermute_fwd(fz_case *c) {
     fz_tensor_reg(c, "yp", &a->yp, FZ_IN, FZ_REQUIRED, DT(dt));
     a->y = moex_tensor_2d(NULL, dt, T, H);
     fz_tensor_reg(c, "y", &a->y, FZ_OUT, FZ_REQUIRED | FZ_FREE0, DT(dt));
-    fz_note(c, "T=%lld H=%lld k=%lld %s", (long long)T, (long long)H, (long long)k, fz_dtype_name(dt));
+    fz_note(c, "T=%lld H=%lld k=%lld %s", (long long)T, (long long)H, (long long)k, moex_dtype_name(dt));
     fz_flow(c, &uf_fns, a, rowmap_fault);
 }
 
@@ -271,6 +271,6 @@ void fz_op_unpermute_bwd(fz_case *c) {
     fz_tensor_reg(c, "dy", &a->dy, FZ_IN, FZ_REQUIRED | FZ_FREE0, DT(dt));
     a->dyp = moex_tensor_2d(NULL, dt, pm_rows, H);
     fz_tensor_reg(c, "dyp", &a->dyp, FZ_OUT, FZ_REQUIRED, DT(dt));
-    fz_note(c, "T=%lld H=%lld k=%lld %s", (long long)T, (long long)H, (long long)k, fz_dtype_name(dt));
+    fz_note(c, "T=%lld H=%lld k=%lld %s", (long long)T, (long long)H, (long long)k, moex_dtype_name(dt));
     fz_flow(c, &ub_fns, a, ub_fault);
 }
