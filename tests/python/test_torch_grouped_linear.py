@@ -230,6 +230,8 @@ def test_errors_before_anything_runs():
         mt.grouped_linear(x, w, torch.tensor([2, 2], dtype=torch.int32))
     with pytest.raises(ValueError, match="groups"):
         mt.grouped_linear(x, w, [4])
+    with pytest.raises(ValueError, match="unknown bias_mode 7"):
+        torch.ops.moex.grouped_linear_forward(x, w, torch.tensor([2, 2]), None, None, 7)
 
 
 def test_moex_failure_raises_with_last_error():
