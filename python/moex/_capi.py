@@ -130,6 +130,16 @@ class MoexError(RuntimeError):
         self.status = status
 
 
+# the operations: moex_<stem>_workspace_size and moex_<stem>, and their argument structs
+OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_data": GroupedLinearDgradArgs,
+       "grouped_linear_backward_weight": GroupedLinearWgradArgs, "grouped_mlp_forward": GroupedMlpArgs,
+       "grouped_mlp_backward": GroupedMlpGradArgs, "moe_layer_forward": MoeLayerArgs,
+       "moe_layer_backward": MoeLayerGradArgs, "router_forward": RouterArgs, "router_backward": RouterGradArgs,
+       "permute_forward": PermuteArgs, "permute_backward": PermuteGradArgs, "unpermute_forward": UnpermuteArgs,
+       "unpermute_backward": UnpermuteGradArgs, "scaled_glu_forward": ScaledGluArgs,
+       "scaled_glu_backward": ScaledGluGradArgs, "splits_to_offsets": SplitsToOffsetsArgs}
+
+
 def _library_path():
     """$MOEX_LIBRARY, else the libmoex.so installed inside this package."""
     env = os.environ.get("MOEX_LIBRARY")
@@ -155,16 +165,7 @@ def _load():
         "moex_context_destroy": (None, [p]),
         "moex_moe_layer_saved_size": (i, [p, ctypes.POINTER(MoeLayerArgs), ctypes.POINTER(sz)]),
     }
-    for stem, args_t in (("grouped_linear_forward", GroupedLinearArgs),
-                         ("grouped_linear_backward_data", GroupedLinearDgradArgs),
-                         ("grouped_linear_backward_weight", GroupedLinearWgradArgs),
-                         ("grouped_mlp_forward", GroupedMlpArgs), ("grouped_mlp_backward", GroupedMlpGradArgs),
-                         ("moe_layer_forward", MoeLayerArgs), ("moe_layer_backward", MoeLayerGradArgs),
-                         ("router_forward", RouterArgs), ("router_backward", RouterGradArgs),
-                         ("permute_forward", PermuteArgs), ("permute_backward", PermuteGradArgs),
-                         ("unpermute_forward", UnpermuteArgs), ("unpermute_backward", UnpermuteGradArgs),
-                         ("scaled_glu_forward", ScaledGluArgs), ("scaled_glu_backward", ScaledGluGradArgs),
-                         ("splits_to_offsets", SplitsToOffsetsArgs)):
+    for stem, args_t in OPS.items():
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
         sigs[f"moex_{stem}"] = (i, [p, ctypes.POINTER(args_t), p, sz, p])
     for name, (res, args) in sigs.items():
@@ -174,6 +175,7 @@ def _load():
 
 
 LIB = _load()
+_FUNCTIONS = {stem: (getattr(LIB, f"moex_{stem}_workspace_size"), getattr(LIB, f"moex_{stem}")) for stem in OPS}
 _contexts = {}
 _contexts_lock = threading.Lock()
 
@@ -186,6 +188,9 @@ def version():
 def context(backend, device):
     """The process's moex context for (backend, device), created on first use."""
     key = (backend, device)
+    ctx = _contexts.get(key)
+    if ctx is not None:
+        return ctx
     with _contexts_lock:
         ctx = _contexts.get(key)
         if ctx is None:
@@ -203,22 +208,15 @@ def check(ctx, status):
         raise MoexError(LIB.moex_status_string(status).decode(), LIB.moex_last_error(ctx).decode())
 
 
-def tensor(ptr, dtype, shape):
-    """A moex_tensor view of `shape` at address ptr."""
-    t = Tensor()
-    t.data, t.dtype, t.ndim = ptr, dtype, len(shape)
-    for k, s in enumerate(shape):
-        t.shape[k] = s
-    return t
-
-
 def run(ctx, stem, args, alloc, stream):
     """moex_<stem>_workspace_size then moex_<stem>(ctx, &args, ws, bytes, stream); alloc(bytes)
     returns (address, keep-alive object) of a workspace of at least `bytes` bytes."""
+    query, call = _FUNCTIONS[stem]
     nbytes = ctypes.c_size_t()
-    check(ctx, getattr(LIB, f"moex_{stem}_workspace_size")(ctx, ctypes.byref(args), ctypes.byref(nbytes)))
+    ref = ctypes.byref(args)
+    check(ctx, query(ctx, ref, ctypes.byref(nbytes)))
     ws, keep = alloc(nbytes.value) if nbytes.value else (None, None)
-    check(ctx, getattr(LIB, f"moex_{stem}")(ctx, ctypes.byref(args), ws, nbytes.value, stream))
+    check(ctx, call(ctx, ref, ws, nbytes.value, stream))
     del keep
 
 

@@ -42,11 +42,44 @@ _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 # ---- calling the C library -------------------------------------------------------------------
 
+def _fill(dst: _capi.Tensor, t: Tensor, data: Optional[int] = None) -> None:
+    """Makes dst a view of the contiguous tensor t (at address `data` when given)."""
+    shape = t.shape
+    dst.data = t.data_ptr() if data is None else data
+    dst.dtype = _DTYPES[t.dtype]
+    dst.ndim = len(shape)
+    dst.shape[:len(shape)] = shape
+
+
 def _view(t: Optional[Tensor]) -> _capi.Tensor:
     """The moex_tensor of a contiguous tensor (absent for None)."""
-    if t is None:
-        return _capi.Tensor()
-    return _capi.tensor(t.data_ptr(), _DTYPES[t.dtype], tuple(t.shape))
+    v = _capi.Tensor()
+    if t is not None:
+        _fill(v, t)
+    return v
+
+
+def _args(struct_t, **fields):
+    """An argument struct of type struct_t: a tensor field views the tensor given (a weight
+    field, its packed tensor), None leaves a field absent, other values are set as they are.
+    (Filling the fields in place costs less host time than building nested ctypes values.)"""
+    a = struct_t()
+    for name, value in fields.items():
+        if value is None:
+            continue
+        if isinstance(value, Tensor):
+            dst = getattr(a, name)
+            _fill(dst.t if type(dst) is _capi.Weight else dst, value)
+        else:
+            setattr(a, name, value)
+    return a
+
+
+def _current_stream(index: int) -> int:
+    """The handle of torch's current CUDA stream on device `index` (the raw query: it skips
+    building a torch.cuda.Stream, which costs more host time than a moex call's launch)."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _run(stem: str, args, device: torch.device) -> None:
@@ -55,7 +88,7 @@ def _run(stem: str, args, device: torch.device) -> None:
         ctx, stream = _capi.context(_capi.BACKEND_CPU, 0), None
     elif device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
-        ctx, stream = _capi.context(_capi.BACKEND_CUDA, index), torch.cuda.current_stream(index).cuda_stream
+        ctx, stream = _capi.context(_capi.BACKEND_CUDA, index), _current_stream(index)
     else:
         raise ValueError(f"moex: tensors on {device.type} are not supported (CPU or CUDA)")
 
@@ -99,18 +132,79 @@ def _check_bias(op: str, bias_mode: int, bias: Optional[Tensor], probs: Optional
     _check(op, "probs", probs, rows.device, (torch.float32,), 1, optional=bias_mode != BIAS_SCALED)
 
 
-# ---- the operators ----------------------------------------------------------------------------
+# ---- operators ----------------------------------------------------------------------------------
 
-@torch.library.custom_op("moex::grouped_linear_forward", mutates_args=())
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def _eager(args) -> bool:
+    """True when a call can run the implementation directly: eager code (not torch.compile's
+    tracing, no dispatch or function mode such as FakeTensor, no functorch transform) on plain
+    tensors."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
+            torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()):
+        return False
+    return all(type(a) in _PLAIN for a in args if isinstance(a, Tensor))
+
+
+class _Operator:
+    """A moex operator: `impl`, a plain function that calls the C library, registered with
+    torch.library as moex::<name> (the schema from its annotations, a fake kernel, autograd).
+
+    Eager calls on plain tensors run impl directly, through a torch.autograd.Function when
+    autograd records: the dispatcher's Python path costs several times the C call's host time
+    (bench/torch_host_time.py). Under torch.compile, a dispatch or function mode, a functorch
+    transform or with tensor subclasses the call goes through the registered operator, which
+    is what tracing sees. Both paths run the same impl, setup_context and backward."""
+
+    def __init__(self, name: str, impl, mutates_args):
+        self.impl = impl
+        self.op = torch.library.custom_op(f"moex::{name}", impl, mutates_args=mutates_args)
+        self.function = None
+
+    def register_fake(self, fake):
+        return self.op.register_fake(fake)
+
+    def register_autograd(self, backward, setup_context) -> None:
+        self.op.register_autograd(backward, setup_context=setup_context)
+        impl = self.impl
+
+        class Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *args):
+                output = impl(*args)
+                setup_context(ctx, args, output)
+                return output
+
+            @staticmethod
+            def backward(ctx, *grads):
+                return backward(ctx, *grads)
+
+        self.function = Function
+
+    def __call__(self, *args):
+        if not _eager(args):
+            return self.op(*args)
+        if self.function is not None and torch.is_grad_enabled() and any(
+                isinstance(a, Tensor) and a.requires_grad for a in args):
+            return self.function.apply(*args)
+        return self.impl(*args)
+
+
+def _operator(name: str, mutates_args):
+    return lambda impl: _Operator(name, impl, mutates_args)
+
+
+# ---- the grouped linear operators ----------------------------------------------------------------
+
+@_operator("grouped_linear_forward", mutates_args=())
 def _forward(x: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
              bias_mode: int) -> Tensor:
     _check_group_inputs("grouped_linear_forward", x, "x", w, splits)
     _check_bias("grouped_linear_forward", bias_mode, bias, probs, x, w)
     y = x.new_empty(x.shape[0], w.shape[1])
-    args = _capi.GroupedLinearArgs(x=_view(x), w=_capi.Weight(_view(w), None), bias_mode=bias_mode,
-                                   bias=_view(bias if bias_mode != BIAS_NONE else None),
-                                   probs=_view(probs if bias_mode == BIAS_SCALED else None), splits=_view(splits),
-                                   y=_view(y))
+    args = _args(_capi.GroupedLinearArgs, x=x, w=w, bias_mode=bias_mode, bias=bias if bias_mode != BIAS_NONE else None,
+                 probs=probs if bias_mode == BIAS_SCALED else None, splits=splits, y=y)
     _run("grouped_linear_forward", args, x.device)
     return y
 
@@ -120,7 +214,7 @@ def _(x, w, splits, bias, probs, bias_mode):
     return x.new_empty(x.shape[0], w.shape[1])
 
 
-@torch.library.custom_op("moex::grouped_linear_backward_data", mutates_args=())
+@_operator("grouped_linear_backward_data", mutates_args=())
 def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
                    bias_mode: int, need_dx: bool, need_dbias: bool, need_dprobs: bool) -> Tuple[Tensor, Tensor, Tensor]:
     op = "grouped_linear_backward_data"
@@ -130,11 +224,10 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
     if need_dprobs:
         dprobs.zero_()   # moex accumulates the bias term into dprobs (+=)
     scaled = bias_mode == BIAS_SCALED
-    args = _capi.GroupedLinearDgradArgs(
-        dy=_view(dy), w=_capi.Weight(_view(w), None), bias_mode=bias_mode,
-        bias=_view(bias if scaled and need_dprobs else None), probs=_view(probs if scaled else None),
-        splits=_view(splits), dx=_view(dx if need_dx else None), dbias=_view(dbias if need_dbias else None),
-        dprobs=_view(dprobs if need_dprobs else None))
+    args = _args(_capi.GroupedLinearDgradArgs, dy=dy, w=w, bias_mode=bias_mode,
+                 bias=bias if scaled and need_dprobs else None, probs=probs if scaled else None, splits=splits,
+                 dx=dx if need_dx else None, dbias=dbias if need_dbias else None,
+                 dprobs=dprobs if need_dprobs else None)
     _run("grouped_linear_backward_data", args, dy.device)
     return dx, dbias, dprobs
 
@@ -162,11 +255,10 @@ def _check_wgrad(op: str, x: Tensor, dy: Tensor, splits: Tensor) -> None:
 
 
 def _wgrad_args(x, dy, splits, mode, dw):
-    return _capi.GroupedLinearWgradArgs(x=_view(x), dy=_view(dy), splits=_view(splits), dw_mode=mode,
-                                        dw=_capi.Weight(_view(dw), None))
+    return _args(_capi.GroupedLinearWgradArgs, x=x, dy=dy, splits=splits, dw_mode=mode, dw=dw)
 
 
-@torch.library.custom_op("moex::grouped_linear_backward_weight", mutates_args=())
+@_operator("grouped_linear_backward_weight", mutates_args=())
 def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int) -> Tensor:
     _check_wgrad("grouped_linear_backward_weight", x, dy, splits)
     dw = x.new_empty(splits.shape[0], dy.shape[1], x.shape[1], dtype=_TORCH_DTYPES[dw_dtype])
@@ -179,7 +271,7 @@ def _(x, dy, splits, dw_dtype):
     return x.new_empty(splits.shape[0], dy.shape[1], x.shape[1], dtype=_TORCH_DTYPES[dw_dtype])
 
 
-@torch.library.custom_op("moex::grouped_linear_backward_weight_accumulate", mutates_args=("main_grad",))
+@_operator("grouped_linear_backward_weight_accumulate", mutates_args=("main_grad",))
 def _backward_weight_accumulate(x: Tensor, dy: Tensor, splits: Tensor, main_grad: Tensor) -> None:
     op = "grouped_linear_backward_weight_accumulate"
     _check_wgrad(op, x, dy, splits)
@@ -239,18 +331,17 @@ def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs
     _check(op, "probs", probs, x.device, (torch.float32,), 1, optional=True)
 
 
-@torch.library.custom_op("moex::grouped_mlp_forward", mutates_args=())
+@_operator("grouped_mlp_forward", mutates_args=())
 def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  probs: Optional[Tensor], splits: Tensor, b2_mode: int, glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float,
                  save_z: bool) -> Tuple[Tensor, Tensor, Tensor]:
     _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs)
     y, h, z = _mlp_forward_outputs(x, w1, save_z)
-    args = _capi.GroupedMlpArgs(
-        x=_view(x), w1=_capi.Weight(_view(w1), None), b1=_view(b1), w2=_capi.Weight(_view(w2), None),
-        b2_mode=b2_mode, b2=_view(b2 if b2_mode != BIAS_NONE else None), probs=_view(probs),
-        glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=_view(splits), h=_view(h),
-        z=_view(z if save_z else None), y=_view(y))
+    args = _args(_capi.GroupedMlpArgs, x=x, w1=w1, b1=b1, w2=w2, b2_mode=b2_mode,
+                 b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
+                 glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
+                 z=z if save_z else None, y=y)
     _run("grouped_mlp_forward", args, x.device)
     return y, h, z
 
@@ -267,7 +358,7 @@ def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit
     return _mlp_forward_outputs(x, w1, save_z)
 
 
-@torch.library.custom_op("moex::grouped_mlp_backward", mutates_args=())
+@_operator("grouped_mlp_backward", mutates_args=())
 def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs: Optional[Tensor], splits: Tensor,
                   h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
                   glu_alpha: float, glu_offset: float, needs: List[bool]) -> List[Tensor]:
@@ -278,13 +369,11 @@ def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs
     dx, dw1, dw2, db1, db2, dprobs = (o if n else None for o, n in zip(outs, needs))
     if dprobs is not None:
         dprobs.zero_()   # moex accumulates into dprobs (+=)
-    args = _capi.GroupedMlpGradArgs(
-        x=_view(x), w1=_capi.Weight(_view(w1), None), w2=_capi.Weight(_view(w2), None), b2_mode=b2_mode,
-        b2=_view(b2 if b2_mode != BIAS_NONE else None), probs=_view(probs),
-        glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=_view(splits), h=_view(h),
-        z=_view(_absent_if_empty(z)), dy=_view(dy), dx=_view(dx), dw_mode=GRAD_WRITE,
-        dw1=_capi.Weight(_view(dw1), None), dw2=_capi.Weight(_view(dw2), None), db1=_view(db1), db2=_view(db2),
-        dprobs=_view(dprobs))
+    args = _args(_capi.GroupedMlpGradArgs, x=x, w1=w1, w2=w2, b2_mode=b2_mode,
+                 b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
+                 glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
+                 z=_absent_if_empty(z), dy=dy, dx=dx, dw_mode=GRAD_WRITE, dw1=dw1, dw2=dw2, db1=db1, db2=db2,
+                 dprobs=dprobs)
     _run("grouped_mlp_backward", args, x.device)
     return outs
 
@@ -350,13 +439,13 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
 
 # ---- the scaled GLU and splits_to_offsets --------------------------------------------------------
 
-@torch.library.custom_op("moex::scaled_glu_forward", mutates_args=())
+@_operator("scaled_glu_forward", mutates_args=())
 def _glu_forward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float) -> Tensor:
     _check("scaled_glu_forward", "h", h, h.device, _FLOATS, 2)
     z = h.new_empty(h.shape[0], h.shape[1] // 2)
-    args = _capi.ScaledGluArgs(glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=_view(h),
-                               probs=_view(probs), splits=_view(splits), z=_view(z))
+    args = _args(_capi.ScaledGluArgs, glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=h,
+                 probs=probs, splits=splits, z=z)
     _run("scaled_glu_forward", args, h.device)
     return z
 
@@ -366,15 +455,14 @@ def _(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset):
     return h.new_empty(h.shape[0], h.shape[1] // 2)
 
 
-@torch.library.custom_op("moex::scaled_glu_backward", mutates_args=())
+@_operator("scaled_glu_backward", mutates_args=())
 def _glu_backward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], dz: Tensor, glu_kind: int,
                   glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
                   need_dprobs: bool) -> Tuple[Tensor, Tensor]:
     _check("scaled_glu_backward", "dz", dz, h.device, (h.dtype,), 2)
     dh, dprobs = torch.empty_like(h), h.new_zeros(h.shape[0] if need_dprobs else 0, dtype=torch.float32)
-    args = _capi.ScaledGluGradArgs(glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=_view(h),
-                                   probs=_view(probs), splits=_view(splits), dz=_view(dz), dh=_view(dh),
-                                   dprobs=_view(dprobs if need_dprobs else None))
+    args = _args(_capi.ScaledGluGradArgs, glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=h,
+                 probs=probs, splits=splits, dz=dz, dh=dh, dprobs=dprobs if need_dprobs else None)
     _run("scaled_glu_backward", args, h.device)
     return dh, dprobs
 
@@ -412,7 +500,7 @@ def scaled_glu(h: Tensor, probs: Optional[Tensor] = None, splits: Optional["Spli
                         float(offset))
 
 
-@torch.library.custom_op("moex::splits_to_offsets", mutates_args=())
+@_operator("splits_to_offsets", mutates_args=())
 def _splits_to_offsets(splits: Tensor, stride: int, leading_zero: bool, dtype_code: int) -> Tensor:
     _check("splits_to_offsets", "splits", splits, splits.device, (torch.int64,), 1)
     out = splits.new_empty(splits.shape[0] + int(leading_zero), dtype=_TORCH_DTYPES[dtype_code])
@@ -442,12 +530,11 @@ _SCORES = {"softmax": 0, "sigmoid": 1}
 
 # ---- routing ------------------------------------------------------------------------------------
 
-@torch.library.custom_op("moex::router_forward", mutates_args=())
+@_operator("router_forward", mutates_args=())
 def _router_forward(logits: Tensor, topk: int, score: int, norm: int) -> Tuple[Tensor, Tensor]:
     _check("router_forward", "logits", logits, logits.device, (torch.float32, torch.bfloat16), 2)
     probs, ids = _router_outputs(logits, topk)
-    args = _capi.RouterArgs(logits=_view(logits), topk=topk, score=score, norm=norm, probs=_view(probs),
-                            ids=_view(ids))
+    args = _args(_capi.RouterArgs, logits=logits, topk=topk, score=score, norm=norm, probs=probs, ids=ids)
     _run("router_forward", args, logits.device)
     return probs, ids
 
@@ -462,12 +549,12 @@ def _(logits, topk, score, norm):
     return _router_outputs(logits, topk)
 
 
-@torch.library.custom_op("moex::router_backward", mutates_args=())
+@_operator("router_backward", mutates_args=())
 def _router_backward(logits: Tensor, ids: Tensor, dprobs: Tensor, topk: int, score: int, norm: int) -> Tensor:
     _check("router_backward", "dprobs", dprobs, logits.device, (torch.float32,), 2)
     dlogits = torch.empty_like(logits)
-    args = _capi.RouterGradArgs(logits=_view(logits), topk=topk, score=score, norm=norm, ids=_view(ids),
-                                dprobs=_view(dprobs), dlogits=_view(dlogits))
+    args = _args(_capi.RouterGradArgs, logits=logits, topk=topk, score=score, norm=norm, ids=ids, dprobs=dprobs,
+                 dlogits=dlogits)
     _run("router_backward", args, logits.device)
     return dlogits
 
@@ -491,15 +578,15 @@ def _router_grads(ctx, dprobs, dids_unused):
 _router_forward.register_autograd(_router_grads, setup_context=_router_setup)
 
 
-@torch.library.custom_op("moex::permute_forward", mutates_args=())
+@_operator("permute_forward", mutates_args=())
 def _permute_forward(x: Tensor, ids: Tensor, probs: Tensor,
                      num_experts: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     _check("permute_forward", "x", x, x.device, _FLOATS, 2)
     _check("permute_forward", "ids", ids, x.device, (torch.int32,), 2)
     _check("permute_forward", "probs", probs, x.device, (torch.float32,), 2)
     xp, probs_p, splits, row_map = _permute_outputs(x, ids, num_experts)
-    args = _capi.PermuteArgs(x=_view(x), ids=_view(ids), probs=_view(probs), num_experts=num_experts, xp=_view(xp),
-                             probs_p=_view(probs_p), splits=_view(splits), row_map=_view(row_map))
+    args = _args(_capi.PermuteArgs, x=x, ids=ids, probs=probs, num_experts=num_experts, xp=xp, probs_p=probs_p,
+                 splits=splits, row_map=row_map)
     _run("permute_forward", args, x.device)
     return xp, probs_p, splits, row_map
 
@@ -515,11 +602,10 @@ def _(x, ids, probs, num_experts):
     return _permute_outputs(x, ids, num_experts)
 
 
-@torch.library.custom_op("moex::permute_backward", mutates_args=())
+@_operator("permute_backward", mutates_args=())
 def _permute_backward(row_map: Tensor, dxp: Tensor, dprobs_p: Tensor, k: int) -> Tuple[Tensor, Tensor]:
     dx, dprobs = _permute_grads_outputs(dxp, k)
-    args = _capi.PermuteGradArgs(row_map=_view(row_map), dxp=_view(dxp), dprobs_p=_view(dprobs_p), dx=_view(dx),
-                                 dprobs=_view(dprobs))
+    args = _args(_capi.PermuteGradArgs, row_map=row_map, dxp=dxp, dprobs_p=dprobs_p, dx=dx, dprobs=dprobs)
     _run("permute_backward", args, dxp.device)
     return dx, dprobs
 
@@ -548,12 +634,12 @@ def _permute_grads(ctx, dxp, dprobs_p, dsplits_unused, drow_map_unused):
 _permute_forward.register_autograd(_permute_grads, setup_context=_permute_setup)
 
 
-@torch.library.custom_op("moex::unpermute_forward", mutates_args=())
+@_operator("unpermute_forward", mutates_args=())
 def _unpermute_forward(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
     _check("unpermute_forward", "yp", yp, yp.device, _FLOATS, 2)
     _check("unpermute_forward", "row_map", row_map, yp.device, (torch.int32,), 1)
     y = yp.new_empty(yp.shape[0] // k, yp.shape[1])
-    _run("unpermute_forward", _capi.UnpermuteArgs(row_map=_view(row_map), yp=_view(yp), y=_view(y)), yp.device)
+    _run("unpermute_forward", _args(_capi.UnpermuteArgs, row_map=row_map, yp=yp, y=y), yp.device)
     return y
 
 
@@ -562,10 +648,10 @@ def _(yp, row_map, k):
     return yp.new_empty(yp.shape[0] // k, yp.shape[1])
 
 
-@torch.library.custom_op("moex::unpermute_backward", mutates_args=())
+@_operator("unpermute_backward", mutates_args=())
 def _unpermute_backward(dy: Tensor, row_map: Tensor) -> Tensor:
     dyp = dy.new_empty(row_map.shape[0], dy.shape[1])
-    _run("unpermute_backward", _capi.UnpermuteGradArgs(row_map=_view(row_map), dy=_view(dy), dyp=_view(dyp)),
+    _run("unpermute_backward", _args(_capi.UnpermuteGradArgs, row_map=row_map, dy=dy, dyp=dyp),
          dy.device)
     return dyp
 
@@ -620,9 +706,10 @@ def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, save
 def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
     """A moex_tensor with t's shape and dtype at a placeholder address: for size queries, which
     read no data (and for fake tensors, which have none)."""
-    if t is None:
-        return _capi.Tensor()
-    return _capi.tensor(4096 if t.numel() else 0, _DTYPES[t.dtype], tuple(t.shape))
+    v = _capi.Tensor()
+    if t is not None:
+        _fill(v, t, 4096 if t.numel() else 0)
+    return v
 
 
 def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu) -> int:
@@ -637,7 +724,7 @@ def _check_moe(op, x, router_w, w1, w2):
         _check(op, name, t, x.device, (x.dtype,), ndim)
 
 
-@torch.library.custom_op("moex::moe_layer_forward", mutates_args=())
+@_operator("moe_layer_forward", mutates_args=())
 def _moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  topk: int, score: int, norm: int, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
                  glu_alpha: float, glu_offset: float) -> Tuple[Tensor, Tensor]:
@@ -659,7 +746,7 @@ def _(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_lay
     return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8)
 
 
-@torch.library.custom_op("moex::moe_layer_backward", mutates_args=())
+@_operator("moe_layer_backward", mutates_args=())
 def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                   saved: Tensor, dy: Tensor, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
                   glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
@@ -670,10 +757,9 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
     outs = _moe_backward_outputs(x, router_w, w1, w2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
-    args = _capi.MoeLayerGradArgs(
-        fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None), dy=_view(dy),
-        dx=_view(dx), dw_mode=GRAD_WRITE, drouter_w=_view(drw), dw1=_capi.Weight(_view(dw1), None),
-        dw2=_capi.Weight(_view(dw2), None), db1=_view(db1), db2=_view(db2))
+    args = _args(_capi.MoeLayerGradArgs,
+                 fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None), dy=dy,
+                 dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw, dw1=dw1, dw2=dw2, db1=db1, db2=db2)
     _run("moe_layer_backward", args, x.device)
     return outs
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# gpu_python.sh - the Python package on the GPU machine, in one call: build libmoex (Release,
+# sm_90a), the pytest suite on CPU and CUDA (tests/python, through MOEX_LIBRARY), the host-time
+# benchmark (bench/torch_host_time.py) and the MoE language-model example's comparison
+# (examples/moe_lm/compare.py), then a summary.
+# Usage: scripts/gpu_python.sh [stage ...]   stages: build test host example (default all)
+# Logs go to $OUT (the device tool's output folder) or $BUILD/py_out: build.log pytest.log
+# host.log example.log summary.txt. Env: BUILD (default build-py), PYTEST_ARGS (extra pytest
+# arguments), EXAMPLE_ARGS (extra compare.py arguments).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-py}
+OUT=${OUT:-$PWD/$BUILD/py_out}
+mkdir -p "$OUT"
+STAGES=${*:-build test host example}
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+export MOEX_LIBRARY=$PWD/$BUILD/libmoex.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+
+note "gpu_python $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) stages: $STAGES"
+note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), torch $(python3 -c 'import torch; print(torch.__version__)')"
+
+if has build; then
+    t0=$SECONDS
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
+      ninja -C "$BUILD" moex; } > "$OUT/build.log" 2>&1
+    rc=$?
+    note "build: rc=$rc in $((SECONDS - t0)) s"
+    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+if has test; then
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} tests/python > "$OUT/pytest.log" 2>&1
+    note "pytest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
+    grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -30 | tee -a "$SUMMARY"
+fi
+
+if has host; then
+    python3 bench/torch_host_time.py > "$OUT/host.log" 2>&1
+    note "host time: rc=$?"
+    tee -a "$SUMMARY" < "$OUT/host.log"
+fi
+
+if has example; then
+    t0=$SECONDS
+    # shellcheck disable=SC2086
+    python3 examples/moe_lm/compare.py --device cuda --out-dir "$OUT/moe_lm" ${EXAMPLE_ARGS:-} > "$OUT/example.log" 2>&1
+    note "example: rc=$? in $((SECONDS - t0)) s"
+    tail -15 "$OUT/example.log" | tee -a "$SUMMARY"
+fi
