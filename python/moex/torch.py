@@ -26,6 +26,7 @@ raises ValueError before anything runs.
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from . import _capi
@@ -317,6 +318,14 @@ _GLU_KINDS = {"swiglu": 0, "clamped_swiglu": 1}
 _GLU_LAYOUTS = {"contiguous": 0, "interleaved_32": 1}
 
 
+def _glu_code(owner: str, glu: str, layout: str, limit: float, alpha: float, offset: float) -> Tuple:
+    """The GLU's operator arguments (kind, layout, limit, alpha, offset)."""
+    if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
+        raise ValueError(f"moex.{owner}: glu must be one of {list(_GLU_KINDS)} and layout one of "
+                         f"{list(_GLU_LAYOUTS)}")
+    return _GLU_KINDS[glu], _GLU_LAYOUTS[layout], float(limit), float(alpha), float(offset)
+
+
 def _glu(kind: int, layout: int, limit: float, alpha: float, offset: float) -> _capi.GluParams:
     return _capi.GluParams(kind, layout, limit, alpha, offset)
 
@@ -425,15 +434,12 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     b2 [G, H], probs [T] f32; glu "swiglu" or "clamped_swiglu" (limit, alpha, offset);
     save_z keeps z for the backward (else it is recomputed from h). Differentiable in x, the
     weights, the biases and probs."""
-    if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
-        raise ValueError(f"moex.grouped_mlp: glu must be one of {list(_GLU_KINDS)} and layout one of "
-                         f"{list(_GLU_LAYOUTS)}")
+    glu_code = _glu_code("grouped_mlp", glu, layout, limit, alpha, offset)
     if scale_b2 and (b2 is None or probs is None):
         raise ValueError("moex.grouped_mlp: scale_b2 needs b2 and probs")
     mode = BIAS_NONE if b2 is None else (BIAS_SCALED if scale_b2 else BIAS_ADD)
     y, _, _ = _mlp_forward(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2, probs,
-                           _splits_tensor(splits, x.device), mode, _GLU_KINDS[glu], _GLU_LAYOUTS[layout],
-                           float(limit), float(alpha), float(offset), save_z)
+                           _splits_tensor(splits, x.device), mode, *glu_code, save_z)
     return y
 
 
@@ -492,12 +498,9 @@ def scaled_glu(h: Tensor, probs: Optional[Tensor] = None, splits: Optional["Spli
                layout: str = "contiguous", limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0) -> Tensor:
     """z = p * glu(h) (docs/ops.md section 3): h [T, 2F] -> z [T, F]; with splits, only the rows
     < sum(splits) are done (the others are not written). Differentiable in h and probs."""
-    if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
-        raise ValueError(f"moex.scaled_glu: glu must be one of {list(_GLU_KINDS)} and layout one of "
-                         f"{list(_GLU_LAYOUTS)}")
+    glu_code = _glu_code("scaled_glu", glu, layout, limit, alpha, offset)
     s = None if splits is None else _splits_tensor(splits, h.device)
-    return _glu_forward(h.contiguous(), probs, s, _GLU_KINDS[glu], _GLU_LAYOUTS[layout], float(limit), float(alpha),
-                        float(offset))
+    return _glu_forward(h.contiguous(), probs, s, *glu_code)
 
 
 @_operator("splits_to_offsets", mutates_args=())
@@ -836,10 +839,61 @@ def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Ten
 
 # ---- modules ----------------------------------------------------------------------------------
 
+class _WeightGradOptions:
+    """Transformer Engine's weight-gradient options for a module's grouped weights:
+
+    fuse_wgrad_accumulation: the weight gradients go into each weight's .main_grad (f32, which
+    the caller allocates), "+=" (or "=" with is_first_microbatch=True or a weight's
+    overwrite_main_grad); a weight with the attribute grad_added_to_main_grad gets it set and a
+    zero .grad (Megatron's DDP convention).
+    delay_wgrad_compute: the backward queues the weight gradients for backward_dw(), one call
+    per backward, in order (for overlapping them with other work). Other gradients (inputs,
+    biases, probabilities) come from the backward either way."""
+
+    def _init_weight_grads(self, fuse_wgrad_accumulation: bool, delay_wgrad_compute: bool) -> None:
+        self.fuse_wgrad_accumulation, self.delay_wgrad_compute = fuse_wgrad_accumulation, delay_wgrad_compute
+        self._wgrad_queue = []   # delay_wgrad_compute: one weight-gradient step per backward, FIFO
+
+    def backward_dw(self) -> None:
+        """delay_wgrad_compute: runs the oldest queued weight-gradient step (one per backward)."""
+        if self._wgrad_queue:
+            self._wgrad_queue.pop(0)()
+
+    def _weight_grad_step(self, step, params: List[Tensor]) -> List[Optional[Tensor]]:
+        """Runs step() (which sets the weight gradients) now or queues it; returns what autograd
+        gets for `params`: None, or the dummy zero grads of fused accumulation."""
+        if self.delay_wgrad_compute:
+            self._wgrad_queue.append(step)
+        else:
+            step()
+        marked = [self.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad") for p in params]
+        for p, m in zip(params, marked):
+            if m:
+                p.grad_added_to_main_grad = True
+        return [torch.zeros_like(p) if m else None for p, m in zip(params, marked)]
+
+    def _weight_grad(self, params: List[Tensor], x: Tensor, dy: Tensor, splits: Tensor,
+                     first_microbatch: bool) -> None:
+        """dW_g = dy_g^T x_g for the weights `params` (one packed [G, N, K] parameter, or G [N, K]
+        ones): into main_grad with fuse_wgrad_accumulation, else into .grad (= or +=)."""
+        packed = len(params) == 1 and params[0].dim() == 3
+        if self.fuse_wgrad_accumulation:
+            overwrite = first_microbatch or any(getattr(p, "overwrite_main_grad", False) for p in params)
+            if packed and not overwrite:
+                _backward_weight_accumulate(x, dy, splits, params[0].main_grad)
+            else:
+                dw = _backward_weight(x, dy, splits, _capi.DTYPE_F32)
+                for p, d in zip(params, [dw] if packed else dw):
+                    p.main_grad.copy_(d) if overwrite else p.main_grad.add_(d)
+            return
+        dw = _backward_weight(x, dy, splits, _DTYPES[params[0].dtype])
+        for p, d in zip(params, [dw] if packed else dw):
+            p.grad = d.clone() if p.grad is None else p.grad.add_(d)
+
+
 class _GroupedLinearTE(torch.autograd.Function):
-    """GroupedLinear's autograd with Transformer Engine's weight-gradient options: the weights
-    get their gradient from the layer (_weight_grads) now, or later through backward_dw, and
-    with fuse_wgrad_accumulation into .main_grad; x, bias and probs get theirs as usual."""
+    """GroupedLinear's autograd with the weight-gradient options (_WeightGradOptions): x, bias
+    and probs get their gradients as usual, the weights theirs from the layer."""
 
     @staticmethod
     def forward(ctx, layer, first_microbatch, x, w, splits, b, probs, *params):
@@ -856,33 +910,22 @@ class _GroupedLinearTE(torch.autograd.Function):
         need_dbias, need_dprobs = b is not None, mode == BIAS_SCALED and ctx.needs_input_grad[6]
         dx, dbias, dprobs = _backward_data(dy, w, splits, b, probs, mode, ctx.needs_input_grad[2], need_dbias,
                                            need_dprobs)
-        step = lambda: layer._weight_grads(x, dy, splits, ctx.first_microbatch)  # noqa: E731
-        if layer.delay_wgrad_compute:
-            layer._wgrad_queue.append(step)
-        else:
-            step()
         params = layer._weight_params()
-        for p in params:   # Transformer Engine's convention for DDP: a dummy grad once added to main_grad
-            if layer.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad"):
-                p.grad_added_to_main_grad = True
-        weight_grads = [torch.zeros_like(p) if layer.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad")
-                        else None for p in params]
+        weight_grads = layer._weight_grad_step(
+            lambda: layer._weight_grad(params, x, dy, splits, ctx.first_microbatch), params)
         return (None, None, dx if ctx.needs_input_grad[2] else None, None, None,
                 dbias.to(b.dtype) if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
 
 
-class GroupedLinear(torch.nn.Module):
+class GroupedLinear(_WeightGradOptions, torch.nn.Module):
     """G linear layers over the rows of G groups, a drop-in for
     transformer_engine.pytorch.GroupedLinear: the same constructor arguments where they apply,
     parameters weight0..weight{G-1} ([out_features, in_features]) and bias0.. ([out_features]),
     and forward(inp, m_splits) with m_splits a list of ints or an int64 tensor on the input's
     device (then graph-safe).
 
-    fuse_wgrad_accumulation: the weight gradients go into each weight's .main_grad (f32, which
-    the caller allocates), "+=" (or "=" with is_first_microbatch=True or overwrite_main_grad);
-    a weight with the attribute grad_added_to_main_grad gets it set and a zero .grad.
-    delay_wgrad_compute: the backward leaves the weight gradients to backward_dw(), one call
-    per backward, in order. The bias gradient is computed in the backward either way.
+    fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw(): as in Transformer Engine
+    (_WeightGradOptions); the bias gradient comes from the backward either way.
 
     moex additions: packed=True keeps one parameter `weight` [G, out, in] (and `bias` [G, out])
     instead of G of each; forward(inp, m_splits, probs=p) scales the bias by the per-row p
@@ -897,8 +940,7 @@ class GroupedLinear(torch.nn.Module):
             raise ValueError("moex.torch.GroupedLinear: num_gemms, in_features and out_features must be >= 1")
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.packed = bias, packed
-        self.fuse_wgrad_accumulation, self.delay_wgrad_compute = fuse_wgrad_accumulation, delay_wgrad_compute
-        self._wgrad_queue = []   # delay_wgrad_compute: one weight-gradient step per backward, FIFO
+        self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
         dtype = params_dtype or torch.get_default_dtype()
         init = init_method or (lambda t: torch.nn.init.kaiming_uniform_(t, a=5 ** 0.5))
         shape = (out_features, in_features)
@@ -942,47 +984,66 @@ class GroupedLinear(torch.nn.Module):
         return _GroupedLinearTE.apply(self, bool(is_first_microbatch), inp.contiguous(), w, splits, b, probs,
                                       *self._weight_params())
 
-    def backward_dw(self) -> None:
-        """delay_wgrad_compute: runs the oldest queued weight-gradient step (one per backward)."""
-        if self._wgrad_queue:
-            self._wgrad_queue.pop(0)()
-
-    def _weight_grads(self, x: Tensor, dy: Tensor, splits: Tensor, first_microbatch: bool) -> None:
-        """The weight gradients of one backward: into main_grad (fuse_wgrad_accumulation, "+=",
-        or "=" on the first microbatch or with overwrite_main_grad), else into .grad."""
-        params = self._weight_params()
-        if self.fuse_wgrad_accumulation:
-            overwrite = first_microbatch or any(getattr(p, "overwrite_main_grad", False) for p in params)
-            if self.packed and not overwrite:
-                _backward_weight_accumulate(x, dy, splits, params[0].main_grad)
-            else:
-                dw = _backward_weight(x, dy, splits, _capi.DTYPE_F32)
-                for p, d in zip(params, dw if not self.packed else [dw]):
-                    p.main_grad.copy_(d) if overwrite else p.main_grad.add_(d)
-            return
-        dw = _backward_weight(x, dy, splits, _DTYPES[params[0].dtype])
-        for p, d in zip(params, dw if not self.packed else [dw]):
-            p.grad = d.clone() if p.grad is None else p.grad.add_(d)
-
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.use_bias}, packed={self.packed}")
 
 
-class GroupedMLP(torch.nn.Module):
+class _GroupedMLPTE(torch.autograd.Function):
+    """The grouped MLP's autograd with the weight-gradient options (_WeightGradOptions). The
+    backward is composed of the grouped linear and scaled GLU operators, as docs/ops.md 4.2
+    writes it, because FC1's weight gradient needs dh, which the fused moex backward keeps in
+    its workspace; dW2 = dy^T z and dW1 = dh^T x then come from the module, now or later."""
+
+    @staticmethod
+    def forward(ctx, module, first_microbatch, x, w1, b1, w2, b2, probs, splits, b2_mode, glu):
+        y, h, z = _mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, True)
+        ctx.save_for_backward(x, w1, b1, w2, b2, probs, splits, h, z)
+        ctx.module, ctx.first_microbatch, ctx.b2_mode, ctx.glu = module, first_microbatch, b2_mode, glu
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w1, b1, w2, b2, probs, splits, h, z = ctx.saved_tensors
+        module, b2_mode = ctx.module, ctx.b2_mode
+        need_x, need_b1, need_b2, need_probs = (ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
+        need_db1, need_db2 = need_b1 and b1 is not None, need_b2 and b2_mode != BIAS_NONE
+        need_dprobs, scaled = need_probs and probs is not None, b2_mode == BIAS_SCALED
+        dy = dy.contiguous()
+        dz, db2, dprobs_b2 = _backward_data(dy, w2, splits, b2, probs, b2_mode, True, need_db2, need_dprobs and scaled)
+        dh, dprobs = _glu_backward(h, probs, splits, dz, *ctx.glu, need_dprobs)
+        dx = db1 = None
+        if need_x or need_db1:
+            dx, db1, _ = _backward_data(dh, w1, splits, b1, None, BIAS_ADD if need_db1 else BIAS_NONE, need_x,
+                                        need_db1, False)
+
+        def step():
+            module._weight_grad([module.w1], x, dh, splits, ctx.first_microbatch)
+            module._weight_grad([module.w2], z, dy, splits, ctx.first_microbatch)
+
+        dw1, dw2 = module._weight_grad_step(step, [module.w1, module.w2])
+        return (None, None, dx if need_x else None, dw1, db1.to(b1.dtype) if need_db1 else None, dw2,
+                db2.to(b2.dtype) if need_db2 else None,
+                (dprobs + dprobs_b2 if scaled else dprobs) if need_dprobs else None, None, None, None)
+
+
+class GroupedMLP(_WeightGradOptions, torch.nn.Module):
     """The experts of an MoE layer: num_experts MLPs FC1 -> scaled GLU -> FC2 over the rows of
     their groups (moex.torch.grouped_mlp). Parameters w1 [G, 2F, H], w2 [G, H, F], and b1
-    [G, 2F], b2 [G, H] when asked; forward(x, m_splits, probs=None) with probs [T] f32 scaling
-    the GLU's output (and b2 with scale_b2)."""
+    [G, 2F], b2 [G, H] when asked; forward(x, m_splits, probs=None, is_first_microbatch=None)
+    with probs [T] f32 scaling the GLU's output (and b2 with scale_b2).
+
+    fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw() for w1 and w2: as in
+    Transformer Engine (_WeightGradOptions). With either, z is kept for the backward (save_z)
+    and the backward runs as separate operators instead of moex's fused one."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, glu: str = "swiglu",
                  layout: str = "contiguous", bias1: bool = False, bias2: bool = False, scale_b2: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, None] = None,
-                 init_method=None, save_z: bool = True, limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0):
+                 init_method=None, save_z: bool = True, limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0,
+                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False):
         super().__init__()
-        if glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
-            raise ValueError(f"moex.torch.GroupedMLP: glu must be one of {list(_GLU_KINDS)} and layout one of "
-                             f"{list(_GLU_LAYOUTS)}")
+        self._glu = _glu_code("torch.GroupedMLP", glu, layout, limit, alpha, offset)
         if scale_b2 and not bias2:
             raise ValueError("moex.torch.GroupedMLP: scale_b2 needs bias2")
         dtype = params_dtype or torch.get_default_dtype()
@@ -994,30 +1055,51 @@ class GroupedMLP(torch.nn.Module):
         init(self.w2.data)
         self.b1 = torch.nn.Parameter(torch.zeros(G, 2 * F, dtype=dtype, device=device)) if bias1 else None
         self.b2 = torch.nn.Parameter(torch.zeros(G, H, dtype=dtype, device=device)) if bias2 else None
-        self.glu_options = dict(glu=glu, layout=layout, limit=limit, alpha=alpha, offset=offset)
-        self.scale_b2, self.save_z = scale_b2, save_z
+        self.b2_mode = BIAS_NONE if not bias2 else (BIAS_SCALED if scale_b2 else BIAS_ADD)
+        self.save_z = save_z
+        self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
 
-    def forward(self, x: Tensor, m_splits: Splits, probs: Optional[Tensor] = None) -> Tensor:
-        if self.scale_b2 and probs is None:
+    def forward(self, x: Tensor, m_splits: Splits, probs: Optional[Tensor] = None,
+                is_first_microbatch: Optional[bool] = None) -> Tensor:
+        """y [T, H] for x [T, H]; is_first_microbatch=True makes fused main_grad accumulation
+        overwrite instead (as in Transformer Engine)."""
+        if self.b2_mode == BIAS_SCALED and probs is None:
             raise ValueError("moex.torch.GroupedMLP: scale_b2 needs probs")
-        return grouped_mlp(x, self.w1, self.w2, m_splits, self.b1, self.b2, probs, self.scale_b2, save_z=self.save_z,
-                           **self.glu_options)
+        return _experts(self, x.contiguous(), _splits_tensor(m_splits, x.device), probs, self.b2_mode, self._glu,
+                        self.save_z, bool(is_first_microbatch))
 
 
-class MoELayer(torch.nn.Module):
+def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode: int, glu: Tuple, save_z: bool,
+             first_microbatch: bool) -> Tensor:
+    """The grouped MLP of module's w1, b1, w2, b2 (GroupedMLP, MoELayer): moex's fused forward
+    and backward, or _GroupedMLPTE with the weight-gradient options."""
+    if module.fuse_wgrad_accumulation or module.delay_wgrad_compute:
+        return _GroupedMLPTE.apply(module, first_microbatch, x, module.w1, module.b1, module.w2, module.b2, probs,
+                                   splits, b2_mode, glu)
+    y, _, _ = _mlp_forward(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, *glu, save_z)
+    return y
+
+
+class MoELayer(_WeightGradOptions, torch.nn.Module):
     """A Mixture-of-Experts layer (docs/ops.md section 8): a linear router [E, H], top-k
     routing (softmax or sigmoid scores, renormalised or not), and E experts FC1 -> p * GLU ->
-    FC2 on the tokens routed to them, summed back per token. forward(x) with x [..., H]."""
+    FC2 on the tokens routed to them, summed back per token. forward(x) with x [..., H].
+
+    fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw() for the experts' w1 and w2
+    (as in Transformer Engine, _WeightGradOptions; router_w gets its .grad as usual): the layer
+    then runs as its parts (router GEMM in f32, router, permute, grouped MLP, unpermute)
+    instead of moex's one-call MoE layer."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
                  bias2: bool = False, scale_b2: bool = True, params_dtype: Optional[torch.dtype] = None,
                  device: Union[torch.device, str, None] = None, init_method=None, limit: float = 7.0,
-                 alpha: float = 1.702, offset: float = 1.0):
+                 alpha: float = 1.702, offset: float = 1.0, fuse_wgrad_accumulation: bool = False,
+                 delay_wgrad_compute: bool = False):
         super().__init__()
-        if score not in _SCORES or glu not in _GLU_KINDS or layout not in _GLU_LAYOUTS:
-            raise ValueError(f"moex.torch.MoELayer: score must be one of {list(_SCORES)}, glu one of "
-                             f"{list(_GLU_KINDS)}, layout one of {list(_GLU_LAYOUTS)}")
+        glu_code = _glu_code("torch.MoELayer", glu, layout, limit, alpha, offset)
+        if score not in _SCORES:
+            raise ValueError(f"moex.torch.MoELayer: score must be one of {list(_SCORES)}")
         if not 1 <= topk <= num_experts:
             raise ValueError(f"moex.torch.MoELayer: topk = {topk}, must be 1..{num_experts}")
         dtype = params_dtype or torch.get_default_dtype()
@@ -1031,11 +1113,23 @@ class MoELayer(torch.nn.Module):
         self.b1 = torch.nn.Parameter(torch.zeros(E, 2 * F, dtype=dtype, device=device)) if bias1 else None
         self.b2 = torch.nn.Parameter(torch.zeros(E, H, dtype=dtype, device=device)) if bias2 else None
         b2_mode = BIAS_NONE if not bias2 else (BIAS_SCALED if scale_b2 else BIAS_ADD)
-        self.options = (topk, _SCORES[score], int(renorm), b2_mode, _GLU_KINDS[glu], _GLU_LAYOUTS[layout],
-                        float(limit), float(alpha), float(offset))
+        self.options = (topk, _SCORES[score], int(renorm), b2_mode) + glu_code
+        self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, is_first_microbatch: Optional[bool] = None) -> Tensor:
         shape = x.shape
-        y, _ = _moe_forward(x.reshape(-1, shape[-1]).contiguous(), self.router_w, self.w1, self.b1, self.w2,
-                            self.b2, *self.options)
+        x = x.reshape(-1, shape[-1]).contiguous()
+        if self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
+            y = self._forward_parts(x, bool(is_first_microbatch))
+        else:
+            y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options)
         return y.reshape(shape)
+
+    def _forward_parts(self, x: Tensor, first_microbatch: bool) -> Tensor:
+        """docs/ops.md 8.1 step by step, the experts through _experts."""
+        topk, score, norm, b2_mode, *glu = self.options
+        logits = F.linear(x.float(), self.router_w.float())   # f32 logits of the rounded inputs, as moex's
+        probs, ids = _router_forward(logits, topk, score, norm)
+        xp, probs_p, splits, row_map = _permute_forward(x, ids, probs, self.w1.shape[0])
+        yp = _experts(self, xp, splits, probs_p, b2_mode, tuple(glu), True, first_microbatch)
+        return _unpermute_forward(yp, row_map, topk)

@@ -120,3 +120,39 @@ def test_errors():
     layer = mt.GroupedMLP(2, 8, 8)
     with pytest.raises(ValueError, match="w1 is torch.float32, must be one of torch.bfloat16"):
         layer(torch.randn(4, 8).bfloat16(), [2, 2])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fuse,delay", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("b2_kind", ["add", "scaled"])
+def test_module_te_weight_gradients(device, fuse, delay, b2_kind, te_weight_grads):
+    """GroupedMLP's fuse_wgrad_accumulation and delay_wgrad_compute (the backward as separate
+    operators) against the same module with moex's fused backward."""
+    def make(**te):
+        torch.manual_seed(4)
+        m = mt.GroupedMLP(4, H, FF, bias1=True, bias2=True, scale_b2=b2_kind == "scaled", device=device,
+                          init_method=lambda t: torch.nn.init.normal_(t, std=0.3), **te)
+        with torch.no_grad():
+            m.b1.normal_()
+            m.b2.normal_()
+        return m
+
+    plain, te = make(), make(fuse_wgrad_accumulation=fuse, delay_wgrad_compute=delay)
+    g = torch.Generator().manual_seed(5)
+    T = sum(SPLITS) + 3   # rows past sum(splits) are not touched
+    x = {m: torch.randn(T, H, generator=g).to(device).requires_grad_(True) for m in ("plain", "te")}
+    x["te"].data.copy_(x["plain"].data)
+    probs = {m: torch.rand(T, generator=g).to(device).requires_grad_(True) for m in ("plain", "te")}
+    probs["te"].data.copy_(probs["plain"].data)
+    dy = torch.randn(T, H, generator=g).to(device)
+    splits = torch.tensor(SPLITS, device=device)
+
+    def run(m, first):
+        key = "te" if m is te else "plain"
+        y = m(x[key], splits, probs[key], is_first_microbatch=first)
+        y[:sum(SPLITS)].backward(dy[:sum(SPLITS)])
+
+    n = sum(SPLITS)   # dx and dprobs rows past sum(splits) are not written
+    others = {"x": (x["plain"], x["te"], n), "probs": (probs["plain"], probs["te"], n), "b1": (plain.b1, te.b1),
+              "b2": (plain.b2, te.b2)}
+    te_weight_grads(plain, te, run, ["w1", "w2"], others, rtol=1e-4, atol=1e-5)

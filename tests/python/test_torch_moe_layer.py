@@ -108,3 +108,31 @@ def test_errors():
     layer = mt.MoELayer(4, 8, 8, topk=2)
     with pytest.raises(ValueError, match="router_w is torch.float32"):
         layer(torch.randn(3, 8).bfloat16())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fuse,delay", [(True, False), (False, True), (True, True)])
+def test_module_te_weight_gradients(device, fuse, delay, te_weight_grads):
+    """MoELayer's fuse_wgrad_accumulation and delay_wgrad_compute for the experts' weights (the
+    layer as its parts) against the same layer in one moex call each way."""
+    def make(**te):
+        torch.manual_seed(6)
+        m = mt.MoELayer(E, H, FF, topk=2, bias1=True, bias2=True, device=device,
+                        init_method=lambda t: torch.nn.init.normal_(t, std=0.3), **te)
+        with torch.no_grad():
+            m.b1.normal_()
+            m.b2.normal_()
+        return m
+
+    plain, te = make(), make(fuse_wgrad_accumulation=fuse, delay_wgrad_compute=delay)
+    g = torch.Generator().manual_seed(7)
+    x = {m: torch.randn(T, H, generator=g).to(device).requires_grad_(True) for m in ("plain", "te")}
+    x["te"].data.copy_(x["plain"].data)
+    dy = torch.randn(T, H, generator=g).to(device)
+
+    def run(m, first):
+        m(x["te" if m is te else "plain"], is_first_microbatch=first).backward(dy)
+
+    others = {"x": (x["plain"], x["te"]), "router_w": (plain.router_w, te.router_w), "b1": (plain.b1, te.b1),
+              "b2": (plain.b2, te.b2)}
+    te_weight_grads(plain, te, run, ["w1", "w2"], others, rtol=1e-4, atol=1e-5)
