@@ -1,0 +1,110 @@
+"""test_torch_cuda.py - what only the GPU shows: a whole MoE training step (forward, loss,
+backward, SGD update) captured in one CUDA graph and replayed for new inputs, whose routing
+changes the split values, against the same step run eagerly on a copy of the model; and
+moex's grouped GEMM against torch._grouped_mm. Skipped without CUDA.
+
+Graph against eager: the same moex kernels on the same inputs (moex is deterministic), but
+cuBLAS may pick other algorithms for the head under capture, so: the loss to 1e-3 relative
+and the bf16 parameters to bf16's default tolerance, over four replays that each update the
+weights. Against torch._grouped_mm (bf16, f32 accumulation both): 1e-2 of the largest
+magnitude.
+"""
+import copy
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+import moex.torch as mt  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+E, H, FF, T, K = 8, 64, 64, 96, 2
+
+
+class PartsMoE(torch.nn.Module):
+    """An MoE layer from moex.torch's parts: router GEMM, router, permute, GroupedMLP on the
+    device splits that permute returns, unpermute."""
+
+    def __init__(self):
+        super().__init__()
+        self.router_w = torch.nn.Parameter(0.3 * torch.randn(E, H, device="cuda", dtype=torch.bfloat16))
+        self.experts = mt.GroupedMLP(E, H, FF, bias2=True, scale_b2=True, params_dtype=torch.bfloat16, device="cuda",
+                                     init_method=lambda t: torch.nn.init.normal_(t, std=0.1))
+
+    def forward(self, x):
+        probs, ids = mt.router(F.linear(x.float(), self.router_w.float()), K)
+        xp, probs_p, splits, row_map = mt.permute(x, ids, probs, E)
+        return mt.unpermute(self.experts(xp, splits, probs_p), row_map, K)
+
+
+def make_model(kind):
+    torch.manual_seed(11)
+    if kind == "moe_layer":
+        moe = mt.MoELayer(E, H, FF, topk=K, bias1=True, bias2=True, params_dtype=torch.bfloat16, device="cuda",
+                          init_method=lambda t: torch.nn.init.normal_(t, std=0.1))
+    else:
+        moe = PartsMoE()
+    head = torch.nn.Linear(H, 16, device="cuda", dtype=torch.bfloat16)
+    return torch.nn.Sequential(moe, head)
+
+
+def train_step(model, x, target, lr=0.05):
+    """Forward, loss, backward, and an SGD update in place; returns the loss."""
+    loss = F.cross_entropy(model(x).float(), target)
+    params = [p for p in model.parameters()]
+    grads = torch.autograd.grad(loss, params)
+    with torch.no_grad():
+        torch._foreach_add_(params, grads, alpha=-lr)
+    return loss.detach()
+
+
+@pytest.mark.parametrize("kind", ["moe_layer", "parts"])
+def test_cuda_graph_training_step_replays_with_new_routing(kind):
+    model = make_model(kind)
+    x = torch.randn(T, H, device="cuda", dtype=torch.bfloat16)
+    target = torch.randint(0, 16, (T,), device="cuda")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):   # warm-up outside the graph (contexts, allocator, autograd)
+        for _ in range(2):
+            train_step(model, x, target)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        loss_g = train_step(model, x, target)
+    eager = copy.deepcopy(model)   # the state the graph starts from
+    splits_seen = set()
+    for seed in range(4):
+        g = torch.Generator(device="cuda").manual_seed(100 + seed)
+        x_new = torch.randn(T, H, device="cuda", dtype=torch.bfloat16, generator=g) * (1 + seed)
+        t_new = torch.randint(0, 16, (T,), device="cuda", generator=g)
+        x.copy_(x_new)
+        target.copy_(t_new)
+        graph.replay()
+        loss_e = train_step(eager, x_new, t_new)
+        torch.testing.assert_close(loss_g, loss_e, rtol=1e-3, atol=1e-5)
+        for (name, a), b in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(a, b, msg=lambda m, n=name: f"{n} after replay {seed}: {m}")
+        router_w = model[0].router_w
+        _, ids = mt.router(F.linear(x_new.float(), router_w.float()), K)
+        splits_seen.add(tuple(torch.bincount(ids.flatten().long(), minlength=E).tolist()))
+    assert len(splits_seen) == 4, "the replays did not change the routing"
+
+
+@pytest.mark.parametrize("splits", [[128, 64, 0, 320], [0, 0, 512, 0], [100, 1, 255, 156]])
+def test_against_torch_grouped_mm(splits):
+    g = torch.Generator(device="cuda").manual_seed(12)
+    G, Kd, N = len(splits), 256, 192
+    Tn = sum(splits)
+    x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_(True)
+    w = (0.05 * torch.randn(G, N, Kd, device="cuda", generator=g)).bfloat16().requires_grad_(True)
+    dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16, generator=g)
+    offs = torch.cumsum(torch.tensor(splits, device="cuda"), 0).to(torch.int32)
+    y = mt.gmm(x, w, torch.tensor(splits, device="cuda"), trans_b=True)
+    got = torch.autograd.grad(y, [x, w], dy)
+    want_y = torch._grouped_mm(x, w.transpose(1, 2), offs=offs)
+    want = torch.autograd.grad(want_y, [x, w], dy)
+    for name, a, e in [("y", y, want_y), ("dx", got[0], want[0]), ("dw", got[1], want[1])]:
+        m = e.float().abs().max().clamp_min(1.0)
+        torch.testing.assert_close(a.float() / m, e.float() / m, rtol=1e-2, atol=1e-2, msg=lambda s, n=name: f"{n}: {s}")
