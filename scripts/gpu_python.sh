@@ -5,8 +5,8 @@
 # (examples/moe_lm/compare.py), then a summary.
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build test host example (default all)
 # Logs go to $OUT (the device tool's output folder) or $BUILD/py_out: build.log pytest.log
-# host.log example.log summary.txt. Env: BUILD (default build-py), PYTEST_ARGS (extra pytest
-# arguments), EXAMPLE_ARGS (extra compare.py arguments).
+# host.log example.log summary.txt. Env: BUILD (default build-py), PYTEST_K (a pytest -k
+# expression), EXAMPLE_ARGS (extra compare.py arguments).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-py}
@@ -33,8 +33,7 @@ fi
 
 if has test; then
     t0=$SECONDS
-    # shellcheck disable=SC2086
-    python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_ARGS:-} tests/python > "$OUT/pytest.log" 2>&1
+    python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} tests/python > "$OUT/pytest.log" 2>&1
     note "pytest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
     grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -30 | tee -a "$SUMMARY"
 fi
