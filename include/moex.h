@@ -147,13 +147,15 @@ typedef enum moex_dtype {       /* values are stable: append only */
     MOEX_DTYPE_BF16 = 1,
     MOEX_DTYPE_F16 = 2,
     MOEX_DTYPE_I32 = 3,
-    MOEX_DTYPE_I64 = 4
-    /* reserved: FP8 E4M3 and E5M2 */
+    MOEX_DTYPE_I64 = 4,
+    MOEX_DTYPE_E4M3 = 5,        /* OCP FP8 E4M3 (torch.float8_e4m3fn): max 448, no Inf      */
+    MOEX_DTYPE_E5M2 = 6,        /* OCP FP8 E5M2 (torch.float8_e5m2): max 57344              */
+    MOEX_DTYPE_E8M0 = 7         /* OCP MX scale byte: 2^(b - 127), 0xFF NaN                  */
 } moex_dtype;
 
 /* Bytes per element (0 for an unknown dtype). */
 MOEX_API size_t moex_dtype_size(moex_dtype dtype);
-/* "f32", "bf16", "f16", "i32", "i64"; "unknown" for any other value. */
+/* "f32", "bf16", "f16", "i32", "i64", "e4m3", "e5m2", "e8m0"; "unknown" for any other value. */
 MOEX_API const char *moex_dtype_name(moex_dtype dtype);
 
 #define MOEX_MAX_DIMS 4
@@ -550,6 +552,82 @@ MOEX_API moex_status moex_moe_layer_forward(moex_context *ctx, const moex_moe_la
 MOEX_API moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx,
         const moex_moe_layer_grad_args *args, size_t *bytes);
 MOEX_API moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
+
+/* ---- Grouped quantization (experimental) -------------------------------------------- *
+ * FP8 quantization of the rows of G groups (x [T, K], the rows of group g after those of
+ * g - 1, rows >= sum(splits) neither read nor written), computed on the device from the data
+ * and the device splits: no host synchronisation, capturable in a CUDA graph. One call
+ * writes a rowwise copy (data [T, K]) and/or a columnwise one (data [K, T]: the transpose,
+ * for GEMMs that reduce over the rows), each with its scales. Scales are dequantization
+ * factors: x ~= data * scale. The recipes (docs/ops.md section 9 has the exact rules):
+ *   TENSOR  current scaling, one scale for all rows < sum(splits): scales [1] f32
+ *   GROUP   current scaling, one scale per group: scales [G] f32
+ *   BLOCK   1x128 blocks (DeepSeek-V3's activations and gradients), f32 scales:
+ *           rowwise: 128 consecutive columns of one row, scales [T, ceil(K/128)];
+ *           columnwise: 128 consecutive rows of one group in one column, the tiles of group g
+ *           starting at its first row, scales [K, ceil(T/128) + G] (group g's tiles at
+ *           columns b_g, b_g + 1, ... with b_g = sum over h < g of ceil(m_h/128))
+ *   MXFP8   1x32 blocks, E8M0 scales (the OCP MX rule), laid out as BLOCK with 32 for 128
+ * Current and block scaling take an amax epsilon and optionally round scales to powers of
+ * 2; MXFP8 scales are powers of 2 by nature.                                              */
+
+typedef enum moex_quant_recipe {
+    MOEX_QUANT_TENSOR = 0,
+    MOEX_QUANT_GROUP = 1,
+    MOEX_QUANT_BLOCK = 2,
+    MOEX_QUANT_MXFP8 = 3
+} moex_quant_recipe;
+
+typedef enum moex_scale_rounding {
+    MOEX_SCALE_EXACT = 0,       /* s = fp8_max / amax in f32                                */
+    MOEX_SCALE_POW2 = 1         /* s rounded down to a power of 2 (TENSOR, GROUP, BLOCK)     */
+} moex_scale_rounding;
+
+typedef struct moex_quant_params {
+    moex_quant_recipe recipe;
+    moex_dtype fp8;             /* MOEX_DTYPE_E4M3 or MOEX_DTYPE_E5M2                        */
+    float amax_epsilon;         /* >= 0: amax = max(amax, epsilon) (not MXFP8)               */
+    moex_scale_rounding rounding;
+} moex_quant_params;
+
+/* One orientation of a quantized tensor: the FP8 data and its scales. */
+typedef struct moex_quant_tensor {
+    moex_tensor data;           /* rowwise [T, K], columnwise [K, T]; params.fp8           */
+    moex_tensor scales;         /* the recipe's shape above; f32 (MXFP8: E8M0)              */
+} moex_quant_tensor;
+
+typedef struct moex_group_quantize_args {
+    moex_tensor x;              /* [T, K] f32, bf16 or f16                  in            */
+    moex_tensor splits;         /* [G] i64, sum <= T                        in            */
+    moex_quant_params params;
+    /* outputs: at least one of rowwise and columnwise (absent: data with ndim 0) */
+    moex_quant_tensor rowwise;  /* data [T, K], scales                      =             */
+    moex_quant_tensor columnwise; /* data [K, T], scales                    =             */
+    moex_tensor amax;           /* TENSOR [1], GROUP [G] f32; optional      =             */
+} moex_group_quantize_args;
+
+typedef enum moex_quant_orientation {
+    MOEX_QUANT_ROWWISE = 0,
+    MOEX_QUANT_COLUMNWISE = 1
+} moex_quant_orientation;
+
+/* y = data * scale, back to [T, K] from either orientation (rows < sum(splits)). */
+typedef struct moex_group_dequantize_args {
+    moex_quant_params params;   /* as the quantize used                                   */
+    moex_quant_orientation orientation;
+    moex_quant_tensor src;      /* rowwise or columnwise, as quantized      in            */
+    moex_tensor splits;         /* [G] i64                                  in            */
+    moex_tensor y;              /* [T, K] f32, bf16 or f16                  =             */
+} moex_group_dequantize_args;
+
+MOEX_API moex_status moex_group_quantize_workspace_size(moex_context *ctx,
+        const moex_group_quantize_args *args, size_t *bytes);
+MOEX_API moex_status moex_group_quantize(moex_context *ctx, const moex_group_quantize_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
+MOEX_API moex_status moex_group_dequantize_workspace_size(moex_context *ctx,
+        const moex_group_dequantize_args *args, size_t *bytes);
+MOEX_API moex_status moex_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 #ifdef __cplusplus

@@ -269,9 +269,12 @@ static void context_cases(void) {
     CHECK_MSG(moex_status_string((moex_status)99) != NULL, "unknown status has a string");
     CHECK(moex_dtype_size((moex_dtype)42) == 0);
     {
-        static const char *const names[] = {"f32", "bf16", "f16", "i32", "i64"};
-        const moex_dtype dts[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16, MOEX_DTYPE_I32, MOEX_DTYPE_I64};
-        for (int i = 0; i < 5; i++)
+        static const char *const names[] = {"f32", "bf16", "f16", "i32", "i64", "e4m3", "e5m2", "e8m0"};
+        static const size_t sizes[] = {4, 2, 2, 4, 8, 1, 1, 1};
+        const moex_dtype dts[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16, MOEX_DTYPE_I32,
+                                  MOEX_DTYPE_I64, MOEX_DTYPE_E4M3, MOEX_DTYPE_E5M2, MOEX_DTYPE_E8M0};
+        for (int i = 0; i < 8; i++) CHECK_MSG(moex_dtype_size(dts[i]) == sizes[i], "moex_dtype_size(%d)", (int)dts[i]);
+        for (int i = 0; i < 8; i++)
             CHECK_MSG(strcmp(moex_dtype_name(dts[i]), names[i]) == 0, "moex_dtype_name(%d) = \"%s\"", (int)dts[i],
                       moex_dtype_name(dts[i]));
         CHECK(strcmp(moex_dtype_name((moex_dtype)42), "unknown") == 0);

@@ -12,7 +12,7 @@ MAX_DIMS = 4
 
 # moex_backend, moex_dtype, moex_bias_mode, moex_grad_mode
 BACKEND_CPU, BACKEND_CUDA = 0, 1
-DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_I32, DTYPE_I64 = 0, 1, 2, 3, 4
+DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_I32, DTYPE_I64, DTYPE_E4M3, DTYPE_E5M2, DTYPE_E8M0 = range(8)
 BIAS_NONE, BIAS_ADD, BIAS_SCALED = 0, 1, 2
 GRAD_WRITE, GRAD_ACCUMULATE = 0, 1
 
@@ -122,6 +122,27 @@ class SplitsToOffsetsArgs(ctypes.Structure):
     _fields_ = [("splits", Tensor), ("num_outputs", ctypes.c_int32), ("outputs", OffsetsOutput * MAX_OFFSETS)]
 
 
+class QuantParams(ctypes.Structure):
+    """moex_quant_params: recipe (0 TENSOR, 1 GROUP, 2 BLOCK, 3 MXFP8), fp8 dtype, amax
+    epsilon, rounding (0 EXACT, 1 POW2)."""
+    _fields_ = [("recipe", ctypes.c_int), ("fp8", ctypes.c_int), ("amax_epsilon", ctypes.c_float),
+                ("rounding", ctypes.c_int)]
+
+
+class QuantTensor(ctypes.Structure):
+    _fields_ = [("data", Tensor), ("scales", Tensor)]
+
+
+class GroupQuantizeArgs(ctypes.Structure):
+    _fields_ = [("x", Tensor), ("splits", Tensor), ("params", QuantParams), ("rowwise", QuantTensor),
+                ("columnwise", QuantTensor), ("amax", Tensor)]
+
+
+class GroupDequantizeArgs(ctypes.Structure):
+    _fields_ = [("params", QuantParams), ("orientation", ctypes.c_int), ("src", QuantTensor), ("splits", Tensor),
+                ("y", Tensor)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -137,7 +158,8 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "moe_layer_backward": MoeLayerGradArgs, "router_forward": RouterArgs, "router_backward": RouterGradArgs,
        "permute_forward": PermuteArgs, "permute_backward": PermuteGradArgs, "unpermute_forward": UnpermuteArgs,
        "unpermute_backward": UnpermuteGradArgs, "scaled_glu_forward": ScaledGluArgs,
-       "scaled_glu_backward": ScaledGluGradArgs, "splits_to_offsets": SplitsToOffsetsArgs}
+       "scaled_glu_backward": ScaledGluGradArgs, "splits_to_offsets": SplitsToOffsetsArgs,
+       "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs}
 
 
 def _library_path():

@@ -37,6 +37,10 @@ __all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "
 
 _DTYPES = {torch.float32: _capi.DTYPE_F32, torch.bfloat16: _capi.DTYPE_BF16, torch.float16: _capi.DTYPE_F16,
            torch.int32: _capi.DTYPE_I32, torch.int64: _capi.DTYPE_I64}
+_DTYPES.update({getattr(torch, name): code for name, code in (("float8_e4m3fn", _capi.DTYPE_E4M3),
+                                                             ("float8_e5m2", _capi.DTYPE_E5M2),
+                                                             ("float8_e8m0fnu", _capi.DTYPE_E8M0))
+                if hasattr(torch, name)})
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 

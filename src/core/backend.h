@@ -79,6 +79,8 @@ typedef struct moex_dense_gemm {
  *   linear_wgrad   its backward weight: dW (= or +=)
  *   glu_fwd/bwd    the scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows); the
  *                  backward also takes an absent dh (dprobs only)
+ *   quantize       the FP8 copies of docs/ops.md section 9 (math: quant_math.h)
+ *   dequantize     their way back
  * The splits fields of the args are not read by grouped primitives: the handle has them.
  * (The rows look like op_list.h's, but primitives are not public operations.) */
 #define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
@@ -86,7 +88,9 @@ typedef struct moex_dense_gemm {
     X(p, linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims)                              \
     X(p, linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims)                              \
     X(p, glu_fwd, moex_scaled_glu_args, moex_glu_dims)                                            \
-    X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)
+    X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)                                       \
+    X(p, quantize, moex_group_quantize_args, moex_quant_dims)                                     \
+    X(p, dequantize, moex_group_dequantize_args, moex_quant_dims)
 #define MOEX_PLAIN_PRIMITIVES(X, p)                                                               \
     X(p, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                        \
     X(p, router_fwd, moex_router_args, moex_router_dims)                                          \

@@ -36,6 +36,9 @@ size_t moex_dtype_size(moex_dtype dtype) {
     case MOEX_DTYPE_F16: return 2;
     case MOEX_DTYPE_I32: return 4;
     case MOEX_DTYPE_I64: return 8;
+    case MOEX_DTYPE_E4M3: return 1;
+    case MOEX_DTYPE_E5M2: return 1;
+    case MOEX_DTYPE_E8M0: return 1;
     }
     return 0;
 }
@@ -47,6 +50,9 @@ const char *moex_dtype_name(moex_dtype dtype) {
     case MOEX_DTYPE_F16: return "f16";
     case MOEX_DTYPE_I32: return "i32";
     case MOEX_DTYPE_I64: return "i64";
+    case MOEX_DTYPE_E4M3: return "e4m3";
+    case MOEX_DTYPE_E5M2: return "e5m2";
+    case MOEX_DTYPE_E8M0: return "e8m0";
     }
     return "unknown";
 }

@@ -66,6 +66,14 @@ typedef struct moex_moe_dims {       /* MoE layer */
 
 typedef struct moex_splits_dims { int64_t G; } moex_splits_dims;
 
+typedef struct moex_quant_dims {     /* grouped quantize and dequantize */
+    int64_t G, T, K;
+    moex_dtype dt;                   /* x (quantize) or y (dequantize): f32, bf16, f16 */
+    int64_t block;                   /* BLOCK 128, MXFP8 32, TENSOR and GROUP 0 */
+    int64_t row_blocks;              /* rowwise scale columns: ceil(K / block) (0: none) */
+    int64_t col_tiles;               /* columnwise scale columns: ceil(T / block) + G (0: none) */
+} moex_quant_dims;
+
 /* The dims of any operation (the op table handles them as one type). */
 typedef union moex_dims {
     moex_splits_dims splits;
@@ -75,6 +83,7 @@ typedef union moex_dims {
     moex_router_dims router;
     moex_perm_dims perm;
     moex_moe_dims moe;
+    moex_quant_dims quant;
 } moex_dims;
 
 /* ---- Context ------------------------------------------------------------------------ */

@@ -12,7 +12,7 @@
 
 static void format_dtypes(char *buf, size_t n, unsigned dtypes) {
     buf[0] = '\0';
-    for (int d = 0; d <= MOEX_DTYPE_I64; d++) {
+    for (int d = 0; d <= MOEX_DTYPE_E8M0; d++) {
         if (!(dtypes & MOEX_DT(d))) continue;
         size_t len = strlen(buf);
         snprintf(buf + len, n - len, "%s%s", len ? " or " : "", moex_dtype_name((moex_dtype)d));
@@ -96,7 +96,7 @@ static moex_status check_shape(moex_context *ctx, const char *op, const char *na
         if (!moex_i64_mul(numel, t->shape[i], &numel) || numel > MOEX_MAX_ELEMS)
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements (2^60 or more)", op, name,
                              got);
-    if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_I64 || !(dtypes & MOEX_DT(t->dtype))) {
+    if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_E8M0 || !(dtypes & MOEX_DT(t->dtype))) {
         char dts[64];
         format_dtypes(dts, sizeof dts, dtypes);
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, dts,

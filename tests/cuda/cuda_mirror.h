@@ -255,6 +255,22 @@ static moex_status gpu_unpermute_backward(moex_context *ctx, const moex_unpermut
     CM_RUN(ctx, &m, moex_unpermute_backward, &a);
 }
 
+static moex_status gpu_group_quantize(moex_context *ctx, const moex_group_quantize_args *h) {
+    cm_mirror m = {0};
+    moex_group_quantize_args a = *h;
+    cm_tensor(&m, &a.x, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.rowwise.data, 1);
+    cm_tensor(&m, &a.rowwise.scales, 1), cm_tensor(&m, &a.columnwise.data, 1), cm_tensor(&m, &a.columnwise.scales, 1);
+    cm_tensor(&m, &a.amax, 1);
+    CM_RUN(ctx, &m, moex_group_quantize, &a);
+}
+
+static moex_status gpu_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *h) {
+    cm_mirror m = {0};
+    moex_group_dequantize_args a = *h;
+    cm_tensor(&m, &a.src.data, 0), cm_tensor(&m, &a.src.scales, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.y, 1);
+    CM_RUN(ctx, &m, moex_group_dequantize, &a);
+}
+
 /* The MoE layer's `saved` must outlive one call: each host `saved` pointer gets one device
  * buffer, kept for the life of the test (the forward also copies it back to the host). */
 typedef struct cm_saved {

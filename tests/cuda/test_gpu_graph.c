@@ -11,9 +11,17 @@
  * two experts). Every output of every replay is compared bitwise with the same calls run
  * eagerly, and with the fp64 reference (element-wise tolerance model for the grouped
  * linear and MLP, norm-wise relative error for the MoE layer). Runs for f32 and bf16.
- * Exits 77 (skipped) without a GPU.
+ *
+ * A second graph captures grouped quantization (docs/ops.md section 9): four
+ * moex_group_quantize calls (GROUP with amax, BLOCK with POW2 and an epsilon, MXFP8, TENSOR
+ * with amax) and four moex_group_dequantize calls reading their outputs, replayed while the
+ * device split values change (balanced, an empty group, one group, sum < T with NaN input
+ * tails, all groups empty); every replay is compared bitwise with the eager calls and with
+ * the reference of tools/ref/ref_quant.h (codes, scales, amax, dequantized values, and the
+ * poisoned tails). Exits 77 (skipped) without a GPU.
  */
 #include "cuda_mirror.h"
+#include "ref_quant.h"
 #include "ref_routing.h"
 
 #include <math.h>
@@ -449,11 +457,254 @@ static void run_dtype(moex_context *ctx, tu_rng *r, moex_dtype dt) {
     /* the buffers are freed with the process */
 }
 
+/* ---- grouped quantization ---------------------------------------------------------- */
+
+enum { QG_G = 5, QG_T = 300, QG_K = 150, QG_NQ = 4, QG_ND = 4 };
+
+typedef struct qgraph {
+    moex_dtype dt;
+    dbuf x, splits;
+    moex_quant_params p[QG_NQ];
+    moex_dtype sdt[QG_NQ];
+    int64_t rs_shape[QG_NQ][2], cs_shape[QG_NQ][2];
+    int rs_ndim[QG_NQ], cs_ndim[QG_NQ], has_col[QG_NQ], n_amax[QG_NQ];
+    dbuf rd[QG_NQ], rs[QG_NQ], cd[QG_NQ], cs[QG_NQ], am[QG_NQ];
+    moex_group_quantize_args qa[QG_NQ];
+    int dq_of[QG_ND];                       /* the quantize whose copy a dequantize reads */
+    moex_quant_orientation dq_o[QG_ND];
+    dbuf y[QG_ND];
+    moex_group_dequantize_args da[QG_ND];
+    dbuf ws[QG_NQ + QG_ND];
+    dbuf *outs[5 * QG_NQ + QG_ND];          /* every output, for poisoning and comparing */
+    const char *out_names[5 * QG_NQ + QG_ND];
+    int nout;
+} qgraph;
+
+static moex_tensor qscales(dbuf *b, int ndim, const int64_t *shape) {
+    return ndim == 1 ? moex_tensor_1d(b->d, b->dt, shape[0]) : moex_tensor_2d(b->d, b->dt, shape[0], shape[1]);
+}
+
+static void qg_out(qgraph *Q, dbuf *b, const char *name) {
+    Q->outs[Q->nout] = b;
+    Q->out_names[Q->nout++] = name;
+}
+
+static void make_qgraph(moex_context *ctx, qgraph *Q, moex_dtype dt) {
+    const int64_t G = QG_G, T = QG_T, K = QG_K;
+    const moex_dtype E4 = MOEX_DTYPE_E4M3, E5 = MOEX_DTYPE_E5M2;
+    memset(Q, 0, sizeof *Q);
+    Q->dt = dt;
+    Q->x = dnew(dt, T * K), Q->splits = dnew(MOEX_DTYPE_I64, G);
+    const moex_quant_params ps[QG_NQ] = {{MOEX_QUANT_GROUP, E4, 0.0f, MOEX_SCALE_EXACT},
+                                         {MOEX_QUANT_BLOCK, E4, 1e-3f, MOEX_SCALE_POW2},
+                                         {MOEX_QUANT_MXFP8, E5, 0.0f, MOEX_SCALE_EXACT},
+                                         {MOEX_QUANT_TENSOR, E5, 0.0f, MOEX_SCALE_EXACT}};
+    static const char *names[QG_NQ][5] = {
+        {"GROUP rowwise.data", "GROUP rowwise.scales", "GROUP columnwise.data", "GROUP columnwise.scales", "GROUP amax"},
+        {"BLOCK rowwise.data", "BLOCK rowwise.scales", "BLOCK columnwise.data", "BLOCK columnwise.scales", ""},
+        {"MXFP8 rowwise.data", "MXFP8 rowwise.scales", "MXFP8 columnwise.data", "MXFP8 columnwise.scales", ""},
+        {"TENSOR rowwise.data", "TENSOR rowwise.scales", "", "", "TENSOR amax"}};
+    for (int q = 0; q < QG_NQ; q++) {
+        const moex_quant_params p = Q->p[q] = ps[q];
+        Q->sdt[q] = p.recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0 : MOEX_DTYPE_F32;
+        Q->rs_ndim[q] = ref_quant_scales_shape(p.recipe, 0, G, T, K, Q->rs_shape[q]);
+        Q->cs_ndim[q] = ref_quant_scales_shape(p.recipe, 1, G, T, K, Q->cs_shape[q]);
+        Q->has_col[q] = p.recipe != MOEX_QUANT_TENSOR;
+        Q->n_amax[q] = p.recipe == MOEX_QUANT_GROUP ? G : p.recipe == MOEX_QUANT_TENSOR ? 1 : 0;
+        moex_group_quantize_args *a = &Q->qa[q];
+        a->x = t2(&Q->x, T), a->splits = t1(&Q->splits), a->params = p;
+        Q->rd[q] = dnew(p.fp8, T * K);
+        Q->rs[q] = dnew(Q->sdt[q], Q->rs_shape[q][0] * (Q->rs_ndim[q] == 2 ? Q->rs_shape[q][1] : 1));
+        a->rowwise.data = t2(&Q->rd[q], T), a->rowwise.scales = qscales(&Q->rs[q], Q->rs_ndim[q], Q->rs_shape[q]);
+        qg_out(Q, &Q->rd[q], names[q][0]), qg_out(Q, &Q->rs[q], names[q][1]);
+        if (Q->has_col[q]) {
+            Q->cd[q] = dnew(p.fp8, K * T);
+            Q->cs[q] = dnew(Q->sdt[q], Q->cs_shape[q][0] * (Q->cs_ndim[q] == 2 ? Q->cs_shape[q][1] : 1));
+            a->columnwise.data = t2(&Q->cd[q], K);
+            a->columnwise.scales = qscales(&Q->cs[q], Q->cs_ndim[q], Q->cs_shape[q]);
+            qg_out(Q, &Q->cd[q], names[q][2]), qg_out(Q, &Q->cs[q], names[q][3]);
+        }
+        if (Q->n_amax[q]) {
+            Q->am[q] = dnew(MOEX_DTYPE_F32, Q->n_amax[q]);
+            a->amax = t1(&Q->am[q]);
+            qg_out(Q, &Q->am[q], names[q][4]);
+        }
+    }
+    /* dequantize: BLOCK rowwise -> dt, BLOCK columnwise -> f32, MXFP8 columnwise -> dt,
+     * GROUP columnwise -> f16 */
+    static const int of[QG_ND] = {1, 1, 2, 0};
+    static const moex_quant_orientation os[QG_ND] = {MOEX_QUANT_ROWWISE, MOEX_QUANT_COLUMNWISE, MOEX_QUANT_COLUMNWISE,
+                                                     MOEX_QUANT_COLUMNWISE};
+    static const char *ynames[QG_ND] = {"y (BLOCK rowwise)", "y (BLOCK columnwise)", "y (MXFP8 columnwise)",
+                                        "y (GROUP columnwise)"};
+    const moex_dtype ydts[QG_ND] = {dt, MOEX_DTYPE_F32, dt, MOEX_DTYPE_F16};
+    for (int i = 0; i < QG_ND; i++) {
+        const int q = of[i];
+        Q->dq_of[i] = q, Q->dq_o[i] = os[i];
+        Q->y[i] = dnew(ydts[i], T * K);
+        moex_group_dequantize_args *d = &Q->da[i];
+        d->params = Q->p[q], d->orientation = os[i];
+        d->src = os[i] == MOEX_QUANT_ROWWISE ? Q->qa[q].rowwise : Q->qa[q].columnwise;
+        d->splits = t1(&Q->splits), d->y = t2(&Q->y[i], T);
+        qg_out(Q, &Q->y[i], ynames[i]);
+    }
+    for (int i = 0; i < QG_NQ + QG_ND; i++) {
+        size_t bytes = 0;
+        if (i < QG_NQ)
+            CHECK_STATUS(ctx, moex_group_quantize_workspace_size(ctx, &Q->qa[i], &bytes), MOEX_OK);
+        else
+            CHECK_STATUS(ctx, moex_group_dequantize_workspace_size(ctx, &Q->da[i - QG_NQ], &bytes), MOEX_OK);
+        Q->ws[i] = dnew(MOEX_DTYPE_I32, (int64_t)(bytes + 3) / 4 + 1);
+    }
+}
+
+/* The quantizes, then the dequantizes that read them, on `s` (captured or eager). */
+static moex_status run_quant(moex_context *ctx, qgraph *Q, cudaStream_t s) {
+    moex_status r;
+    for (int i = 0; i < QG_NQ; i++)
+        if ((r = moex_group_quantize(ctx, &Q->qa[i], Q->ws[i].d, dbytes(&Q->ws[i]), (moex_stream)s)) != MOEX_OK)
+            return r;
+    for (int i = 0; i < QG_ND; i++)
+        if ((r = moex_group_dequantize(ctx, &Q->da[i], Q->ws[QG_NQ + i].d, dbytes(&Q->ws[QG_NQ + i]),
+                                       (moex_stream)s)) != MOEX_OK)
+            return r;
+    return MOEX_OK;
+}
+
+static void quant_upload(qgraph *Q, const double *x, int64_t rows, const int64_t *splits) {
+    dput_rows(&Q->x, x, rows, QG_K);
+    cm_die(cudaMemcpy(Q->splits.d, splits, QG_G * sizeof(int64_t), cudaMemcpyHostToDevice), "splits");
+    for (int o = 0; o < Q->nout; o++) dpoison(Q->outs[o]);
+    cm_die(cudaDeviceSynchronize(), "upload sync");
+}
+
+/* n elements of dtype dt equal bit for bit, except that any NaN equals any NaN (the NaN an
+ * amax or a dequantized NaN code holds has no prescribed payload). */
+static int same_bits_or_nan(moex_dtype dt, const void *a, const void *b, int64_t n) {
+    const size_t es = moex_dtype_size(dt);
+    for (int64_t i = 0; i < n; i++) {
+        const double va = ref_load(dt, a, i), vb = ref_load(dt, b, i);
+        if (va != va && vb != vb) continue;
+        if (memcmp((const char *)a + i * es, (const char *)b + i * es, es) != 0) return 0;
+    }
+    return 1;
+}
+
+/* Every output of one replay against the reference: whole buffers, so the tails must be
+ * the poison the reference leaves alone. */
+static void quant_check_ref(qgraph *Q, const double *x, const int64_t *splits, void **got, const char *label) {
+    const int64_t G = QG_G, T = QG_T, K = QG_K;
+    int64_t off[QG_G + 1];
+    const int64_t S = ref_offsets(splits, G, off);
+    int o = 0;
+    void *want[5 * QG_NQ];
+    for (int q = 0; q < QG_NQ; q++) {
+        ref_quant_out ro;
+        memset(&ro, 0, sizeof ro);
+        const int first = o;
+        ro.row_data = (uint8_t *)tu_poisoned(Q->rd[q].dt, Q->rd[q].n), want[o++] = ro.row_data;
+        ro.row_scales = tu_poisoned(Q->rs[q].dt, Q->rs[q].n), want[o++] = ro.row_scales;
+        if (Q->has_col[q]) {
+            ro.col_data = (uint8_t *)tu_poisoned(Q->cd[q].dt, Q->cd[q].n), want[o++] = ro.col_data;
+            ro.col_scales = tu_poisoned(Q->cs[q].dt, Q->cs[q].n), want[o++] = ro.col_scales;
+        }
+        double amax[QG_G];
+        if (Q->n_amax[q]) ro.amax = amax;
+        ref_group_quantize(&Q->p[q], G, T, K, splits, x, &ro);
+        if (Q->n_amax[q]) {
+            float *fa = (float *)tu_poisoned(MOEX_DTYPE_F32, Q->n_amax[q]);
+            for (int g = 0; g < Q->n_amax[q]; g++) fa[g] = (float)amax[g];
+            want[o++] = fa;
+        }
+        for (int i = first; i < o; i++) {
+            const int same = Q->outs[i] == &Q->am[q]
+                                 ? same_bits_or_nan(MOEX_DTYPE_F32, got[i], want[i], Q->n_amax[q])
+                                 : memcmp(got[i], want[i], dbytes(Q->outs[i])) == 0;
+            CHECK_MSG(same, "%s: %s differs from the reference", label, Q->out_names[i]);
+        }
+    }
+    for (int i = 0; i < QG_ND; i++, o++) {
+        /* from the replay's own copy (equal to the reference's when the checks above pass) */
+        const int q = Q->dq_of[i], col = Q->dq_o[i] == MOEX_QUANT_COLUMNWISE;
+        int src = 0;
+        while (Q->outs[src] != (col ? &Q->cd[q] : &Q->rd[q])) src++;
+        double *y = tu_doubles(T * K);
+        ref_group_dequantize(&Q->p[q], Q->dq_o[i], G, T, K, splits, (const uint8_t *)got[src], got[src + 1],
+                             Q->y[i].dt, y);
+        void *wy = tu_poisoned(Q->y[i].dt, T * K);
+        for (int64_t e = 0; e < S * K; e++) ref_store(Q->y[i].dt, wy, e, y[e]);
+        CHECK_MSG(same_bits_or_nan(Q->y[i].dt, got[o], wy, S * K), "%s: %s differs from the reference", label,
+                  Q->out_names[o]);
+        CHECK_POISONED("quantize graph: y rows >= S", Q->y[i].dt, got[o], S * K, T * K);
+        free(y), free(wy);
+    }
+    for (int i = 0; i < 5 * QG_NQ && i < Q->nout - QG_ND; i++) free(want[i]);
+}
+
+static void run_quant_graph(moex_context *ctx, tu_rng *r, moex_dtype dt) {
+    const int64_t G = QG_G, T = QG_T, K = QG_K;
+    qgraph *Q = (qgraph *)tu_alloc(sizeof *Q);
+    make_qgraph(ctx, Q, dt);
+    cudaStream_t s;
+    cm_die(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cm_die(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "begin capture");
+    moex_status st = run_quant(ctx, Q, s);
+    cm_die(cudaStreamEndCapture(s, &graph), "end capture");
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    cm_die(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+
+    static const char *names[5] = {"balanced", "empty middle", "one group, sum < T", "skewed, sum < T", "all empty"};
+    static const tu_splits_kind kinds[5] = {TU_SPLITS_BALANCED, TU_SPLITS_EMPTY_MIDDLE, TU_SPLITS_ONE_GROUP,
+                                            TU_SPLITS_SKEWED, TU_SPLITS_BALANCED};
+    static const int64_t rows[5] = {QG_T, QG_T, QG_T - 37, QG_T - 129, 0};
+    for (int i = 0; i < 5; i++) {
+        char label[128];
+        snprintf(label, sizeof label, "quantize graph %s %s", moex_dtype_name(dt), names[i]);
+        int64_t splits[QG_G];
+        tu_make_splits(r, kinds[i], G, rows[i], splits);
+        /* rows of varied magnitude, a zero row, an Inf and a NaN */
+        double *x = tu_doubles(T * K);
+        for (int64_t t = 0; t < rows[i]; t++) {
+            const double m = ldexp(1.0, (int)tu_randint(r, 13) - 6);
+            for (int64_t k = 0; k < K; k++) x[t * K + k] = ref_round(dt, m * tu_uniform_range(r, -1, 1));
+        }
+        if (rows[i] > 10) {
+            for (int64_t k = 0; k < K; k++) x[3 * K + k] = 0.0;
+            x[5 * K + 7] = INFINITY;
+            x[7 * K + 40] = NAN;
+        }
+        void *gr[5 * QG_NQ + QG_ND], *eg[5 * QG_NQ + QG_ND];
+        quant_upload(Q, x, rows[i], splits);
+        cm_die(cudaGraphLaunch(exec, s), "graph launch");
+        cm_die(cudaStreamSynchronize(s), "graph sync");
+        for (int o = 0; o < Q->nout; o++) gr[o] = dget(Q->outs[o]);
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, (moex_stream)s), MOEX_OK);
+        quant_upload(Q, x, rows[i], splits);
+        CHECK_STATUS(ctx, run_quant(ctx, Q, s), MOEX_OK);
+        cm_die(cudaStreamSynchronize(s), "eager sync");
+        for (int o = 0; o < Q->nout; o++) eg[o] = dget(Q->outs[o]);
+        for (int o = 0; o < Q->nout; o++)
+            CHECK_MSG(memcmp(gr[o], eg[o], dbytes(Q->outs[o])) == 0, "%s: %s: graph replay and eager differ", label,
+                      Q->out_names[o]);
+        quant_check_ref(Q, x, splits, gr, label);
+        for (int o = 0; o < Q->nout; o++) free(gr[o]), free(eg[o]);
+        free(x);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    free(Q);   /* the device buffers are freed with the process */
+}
+
 int main(void) {
     moex_context *ctx = cm_context();
     tu_rng r = tu_rng_seed(99);
     run_dtype(ctx, &r, MOEX_DTYPE_F32);
     run_dtype(ctx, &r, MOEX_DTYPE_BF16);
+    run_quant_graph(ctx, &r, MOEX_DTYPE_F32);
+    run_quant_graph(ctx, &r, MOEX_DTYPE_BF16);
     moex_context_destroy(ctx);
     return tu_finish();
 }

@@ -93,6 +93,7 @@ void ref_store(moex_dtype dt, void *buf, int64_t i, double v) {
     case MOEX_DTYPE_F16: ((uint16_t *)buf)[i] = ref_double_to_f16(v); break;
     case MOEX_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
     case MOEX_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+    default: break;   /* FP8 and E8M0: ref_quant.h */
     }
 }
 
@@ -103,6 +104,7 @@ double ref_load(moex_dtype dt, const void *buf, int64_t i) {
     case MOEX_DTYPE_F16: return ref_f16_to_double(((const uint16_t *)buf)[i]);
     case MOEX_DTYPE_I32: return (double)((const int32_t *)buf)[i];
     case MOEX_DTYPE_I64: return (double)((const int64_t *)buf)[i];
+    default: break;   /* FP8 and E8M0: ref_quant.h */
     }
     return NAN;
 }

@@ -1,0 +1,160 @@
+/*
+ * quantize.c - grouped FP8 quantization and dequantization (experimental): validation and
+ * composition (the rules: docs/ops.md section 9; the element math: quant_math.h). The
+ * groups are prepared from the splits, then the backend's primitive runs on them.
+ * Workspace: the prepared handle, then the primitive's region.
+ */
+#include "op.h"
+
+#include <math.h>
+
+/* The quantization parameters; sets d->block. */
+static moex_status check_params(moex_context *ctx, const char *op, const moex_quant_params *q, moex_quant_dims *d) {
+    if (q->recipe != MOEX_QUANT_TENSOR && q->recipe != MOEX_QUANT_GROUP && q->recipe != MOEX_QUANT_BLOCK &&
+        q->recipe != MOEX_QUANT_MXFP8)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown params.recipe %d", op, (int)q->recipe);
+    if (q->fp8 != MOEX_DTYPE_E4M3 && q->fp8 != MOEX_DTYPE_E5M2)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: params.fp8 must be e4m3 or e5m2, got %s", op,
+                         moex_dtype_name(q->fp8));
+    if (q->rounding != MOEX_SCALE_EXACT && q->rounding != MOEX_SCALE_POW2)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown params.rounding %d", op, (int)q->rounding);
+    if (!isfinite(q->amax_epsilon) || q->amax_epsilon < 0.0f)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: params.amax_epsilon must be finite and >= 0, got %g", op,
+                         (double)q->amax_epsilon);
+    d->block = q->recipe == MOEX_QUANT_BLOCK ? 128 : q->recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
+    return MOEX_OK;
+}
+
+/* The scale columns of a block recipe (T, K < 2^60: no overflow). */
+static void block_dims(moex_quant_dims *d) {
+    d->row_blocks = d->block ? (d->K + d->block - 1) / d->block : 0;
+    d->col_tiles = d->block ? (d->T + d->block - 1) / d->block + d->G : 0;
+}
+
+/* The scales of one orientation: shape (TENSOR [1], GROUP [G], blocks [rows, cols]) and dtype. */
+static moex_status check_scales(moex_context *ctx, const char *op, const char *name, const moex_tensor *scales,
+                                const moex_quant_params *q, const moex_quant_dims *d,
+                                moex_quant_orientation orient, moex_span_role role) {
+    const unsigned dts = q->recipe == MOEX_QUANT_MXFP8 ? MOEX_DT(MOEX_DTYPE_E8M0) : MOEX_DT_F32;
+    if (!d->block) {
+        const int64_t shape[1] = {q->recipe == MOEX_QUANT_GROUP ? d->G : 1};
+        return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, name, scales, 1, shape, dts)
+                                     : moex_check_tensor(ctx, op, name, scales, 1, shape, dts);
+    }
+    const int64_t shape[2] = {orient == MOEX_QUANT_ROWWISE ? d->T : d->K,
+                              orient == MOEX_QUANT_ROWWISE ? d->row_blocks : d->col_tiles};
+    return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, name, scales, 2, shape, dts)
+                                 : moex_check_tensor(ctx, op, name, scales, 2, shape, dts);
+}
+
+/* One quantized copy: data [T, K] (rowwise) or [K, T] (columnwise) in params.fp8, and scales. */
+static moex_status check_copy(moex_context *ctx, const char *op, const char *data_name, const char *scales_name,
+                              const moex_quant_tensor *c, const moex_quant_params *q, const moex_quant_dims *d,
+                              moex_quant_orientation orient, moex_span_role role) {
+    const int64_t shape[2] = {orient == MOEX_QUANT_ROWWISE ? d->T : d->K,
+                              orient == MOEX_QUANT_ROWWISE ? d->K : d->T};
+    MOEX_TRY(role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, data_name, &c->data, 2, shape, MOEX_DT(q->fp8))
+                                   : moex_check_tensor(ctx, op, data_name, &c->data, 2, shape, MOEX_DT(q->fp8)));
+    return check_scales(ctx, op, scales_name, &c->scales, q, d, orient, role);
+}
+
+/* The workspace: the handle's storage, then the primitive's region of `sub` bytes. */
+typedef struct quant_layout {
+    void *groups, *sub;
+    size_t total;
+} quant_layout;
+
+static quant_layout layout_of(moex_context *ctx, const moex_quant_dims *d, size_t sub, void *ws) {
+    moex_carver c = {(char *)ws, 0};
+    quant_layout l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
+
+#define QUANT_OP(name, prim, args_t)                                                                     \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_quant_dims *d) {          \
+        return layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                       \
+    }                                                                                                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
+                                     const moex_quant_dims *d, void *ws) {                               \
+        const quant_layout l = layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);               \
+        moex_groups g;                                                                                   \
+        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));                     \
+        return moex_ops(ctx)->prim(ctx, c, &g, a, d, l.sub);                                             \
+    }
+
+/* ---- quantize ------------------------------------------------------------------------- */
+
+moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, const moex_group_quantize_args *a,
+                                            moex_purpose p, moex_quant_dims *d) {
+    MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "x", &a->x, &d->G, &d->T, &d->K, &d->dt));
+    MOEX_TRY(check_params(ctx, op, &a->params, d));
+    block_dims(d);
+    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
+    if (!row && !col)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: neither rowwise.data nor columnwise.data is given", op);
+    if ((!row && moex_present(&a->rowwise.scales)) || (!col && moex_present(&a->columnwise.scales)))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.scales is given without its data", op,
+                         row ? "columnwise" : "rowwise");
+    if (row)
+        MOEX_TRY(check_copy(ctx, op, "rowwise.data", "rowwise.scales", &a->rowwise, &a->params, d,
+                            MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));
+    if (col)
+        MOEX_TRY(check_copy(ctx, op, "columnwise.data", "columnwise.scales", &a->columnwise, &a->params, d,
+                            MOEX_QUANT_COLUMNWISE, MOEX_SPAN_OUT));
+    if (moex_present(&a->amax)) {
+        if (d->block)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: amax is an output of TENSOR and GROUP only", op);
+        const int64_t shape[1] = {a->params.recipe == MOEX_QUANT_GROUP ? d->G : 1};
+        MOEX_TRY(moex_check_output(ctx, op, "amax", &a->amax, 1, shape, MOEX_DT_F32));
+    }
+    return MOEX_OK;
+}
+
+QUANT_OP(group_quantize, quantize, moex_group_quantize_args)
+
+/* ---- dequantize ----------------------------------------------------------------------- */
+
+moex_status moex_op_group_dequantize_validate(moex_context *ctx, const char *op,
+                                              const moex_group_dequantize_args *a, moex_purpose p,
+                                              moex_quant_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, any2, MOEX_DT_FLOAT));
+    d->T = a->y.shape[0];
+    d->K = a->y.shape[1];
+    d->dt = a->y.dtype;
+    MOEX_TRY(check_params(ctx, op, &a->params, d));
+    block_dims(d);
+    if (a->orientation != MOEX_QUANT_ROWWISE && a->orientation != MOEX_QUANT_COLUMNWISE)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown orientation %d", op, (int)a->orientation);
+    return check_copy(ctx, op, "src.data", "src.scales", &a->src, &a->params, d, a->orientation, MOEX_SPAN_IN);
+}
+
+QUANT_OP(group_dequantize, dequantize, moex_group_dequantize_args)
+
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
+
+moex_status moex_group_quantize_workspace_size(moex_context *ctx, const moex_group_quantize_args *args,
+                                               size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUP_QUANTIZE, args, bytes);
+}
+
+moex_status moex_group_quantize(moex_context *ctx, const moex_group_quantize_args *args, void *workspace,
+                                size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUP_QUANTIZE, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_group_dequantize_workspace_size(moex_context *ctx, const moex_group_dequantize_args *args,
+                                                 size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUP_DEQUANTIZE, args, bytes);
+}
+
+moex_status moex_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *args, void *workspace,
+                                  size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUP_DEQUANTIZE, args, workspace, workspace_bytes, stream);
+}
