@@ -349,7 +349,7 @@ void fz_op_context(fz_case *c) {
         if (!moex_status_string((moex_status)sv) || !moex_status_string((moex_status)sv)[0])
             fz_fail(c, "context", "moex_status_string(%d) is NULL or empty", (int)sv);
         const size_t ds = moex_dtype_size((moex_dtype)sv);
-        if ((sv >= 0 && sv <= MOEX_DTYPE_I64) != (ds != 0))
+        if ((sv >= 0 && sv <= MOEX_DTYPE_E8M0) != (ds != 0))
             fz_fail(c, "context", "moex_dtype_size(%d) = %zu", (int)sv, ds);
         if (moex_version() != MOEX_VERSION_NUMBER || !moex_version_string())
             fz_fail(c, "context", "moex_version %u, header %d", moex_version(), MOEX_VERSION_NUMBER);
