@@ -605,6 +605,9 @@ typedef struct moex_group_quantize_args {
     moex_quant_tensor rowwise;  /* data [T, K], scales                      =             */
     moex_quant_tensor columnwise; /* data [K, T], scales                    =             */
     moex_tensor amax;           /* TENSOR [1], GROUP [G] f32; optional      =             */
+    moex_tensor dbias;          /* [G, K] f32, optional: the bias gradient  =
+                                 * of a quantized output gradient, dbias[g, k] = the sum
+                                 * of x[t, k] over group g's rows (deterministic)          */
 } moex_group_quantize_args;
 
 typedef enum moex_quant_orientation {
@@ -621,6 +624,34 @@ typedef struct moex_group_dequantize_args {
     moex_tensor y;              /* [T, K] f32, bf16 or f16                  =             */
 } moex_group_dequantize_args;
 
+/* Grouped weights w [G, N, K] (moex_weight_packed's layout) quantized per expert, for the
+ * FP8 GEMMs: the rowwise copy [G, N, K] feeds the forward (y = x W^T reduces over K), the
+ * columnwise copy [G, K, N] (each W_g transposed) the backward data (dx = dy W reduces over
+ * N). The recipes (docs/ops.md 9.7):
+ *   GROUP   one current scale per expert: scales [G] f32 (both copies)
+ *   BLOCK   128x128 blocks of each W_g (DeepSeek-V3's weights), f32 scales: rowwise
+ *           [G, ceil(N/128), ceil(K/128)], columnwise [G, ceil(K/128), ceil(N/128)]; a block
+ *           has one scale, so the columnwise copy is the transpose of the rowwise one
+ *   MXFP8   1x32 blocks along each copy's reduction dimension, E8M0 scales: rowwise
+ *           [G, N, ceil(K/32)], columnwise [G, K, ceil(N/32)]
+ * (TENSOR: use GROUP with G = 1.) The weights are dense: nothing depends on split values. */
+typedef struct moex_weight_quantize_args {
+    moex_tensor w;              /* [G, N, K] f32, bf16 or f16               in            */
+    moex_quant_params params;   /* recipe GROUP, BLOCK or MXFP8                           */
+    /* outputs: at least one of rowwise and columnwise (absent: data with ndim 0) */
+    moex_quant_tensor rowwise;  /* data [G, N, K], scales                   =             */
+    moex_quant_tensor columnwise; /* data [G, K, N], scales                 =             */
+    moex_tensor amax;           /* GROUP: [G] f32; optional                 =             */
+} moex_weight_quantize_args;
+
+/* w = data * scale, back to [G, N, K] from either copy. */
+typedef struct moex_weight_dequantize_args {
+    moex_quant_params params;   /* as the quantize used                                   */
+    moex_quant_orientation orientation;
+    moex_quant_tensor src;      /* rowwise or columnwise, as quantized      in            */
+    moex_tensor w;              /* [G, N, K] f32, bf16 or f16               =             */
+} moex_weight_dequantize_args;
+
 MOEX_API moex_status moex_group_quantize_workspace_size(moex_context *ctx,
         const moex_group_quantize_args *args, size_t *bytes);
 MOEX_API moex_status moex_group_quantize(moex_context *ctx, const moex_group_quantize_args *args,
@@ -628,6 +659,14 @@ MOEX_API moex_status moex_group_quantize(moex_context *ctx, const moex_group_qua
 MOEX_API moex_status moex_group_dequantize_workspace_size(moex_context *ctx,
         const moex_group_dequantize_args *args, size_t *bytes);
 MOEX_API moex_status moex_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
+MOEX_API moex_status moex_weight_quantize_workspace_size(moex_context *ctx,
+        const moex_weight_quantize_args *args, size_t *bytes);
+MOEX_API moex_status moex_weight_quantize(moex_context *ctx, const moex_weight_quantize_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
+MOEX_API moex_status moex_weight_dequantize_workspace_size(moex_context *ctx,
+        const moex_weight_dequantize_args *args, size_t *bytes);
+MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight_dequantize_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
 #ifdef __cplusplus

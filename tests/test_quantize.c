@@ -192,7 +192,7 @@ static void check_reference(tu_rng *r) {
 typedef struct qcase {
     moex_dtype dt, ydt;         /* x; dequantize's y                                    */
     moex_quant_params p;
-    int row, col, amax;         /* which outputs                                        */
+    int row, col, amax, dbias;  /* which outputs                                        */
     int64_t G, T, K;
     const int64_t *splits;
     const double *x;            /* [T, K]; rows < S exact in dt                           */
@@ -348,6 +348,28 @@ static int same_value(double a, double b) {
     return a == b && signbit(a) == signbit(b);
 }
 
+/* dbias [G, K] against the fp64 column sums of each group's rows, under the tolerance
+ * model of an f32 sum of m_g terms (tools/ref/ref.h, bound sum |x|); a non-finite sum must
+ * come out the same non-finite value; sums whose f32 partials can overflow (bound past
+ * FLT_MAX, the extreme flavour) are not compared. */
+static void check_dbias(const qcase *c, const qlayout *L, const char *label, const float *got) {
+    int64_t bad = 0;
+    for (int64_t g = 0; g < c->G; g++) {
+        const ref_tol_model m = ref_tol_for(MOEX_DTYPE_F32, MOEX_DTYPE_F32, 0, L->off[g + 1] - L->off[g]);
+        for (int64_t k = 0; k < c->K; k++) {
+            double sum = 0.0, bound = 0.0;
+            for (int64_t t = L->off[g]; t < L->off[g + 1]; t++) sum += c->x[t * c->K + k], bound += fabs(c->x[t * c->K + k]);
+            const double v = (double)got[g * c->K + k];
+            if (isfinite(bound) && bound > FLT_MAX) continue;
+            const int ok = isfinite(sum) || sum != sum ? (sum != sum ? v != v : fabs(v - sum) <= ref_tol(&m, sum, bound))
+                                                       : same_value(v, sum);
+            if (!ok && bad++ < 3)
+                printf("  MISMATCH %s dbias[%lld, %lld]: want %a, got %a\n", label, (long long)g, (long long)k, sum, v);
+        }
+    }
+    CHECK_MSG(bad == 0, "%s: dbias: %lld values off the reference", label, (long long)bad);
+}
+
 /* Dequantizes (data, scales) of one orientation with the library and the reference and
  * compares rows < S exactly; rows >= S of y stay poison. */
 static void check_dequantize(const qcase *c, const qlayout *L, const char *label, moex_quant_orientation o,
@@ -402,9 +424,10 @@ static void run_case(const qcase *c) {
     qlayout L = layout_of(&c->p, G, T, K, c->splits);
     const int64_t S = L.S;
     char label[320];
-    snprintf(label, sizeof label, "[%s %s %s %s eps=%g %s%s%s G=%lld T=%lld K=%lld S=%lld %s]", moex_dtype_name(c->dt),
+    snprintf(label, sizeof label, "[%s %s %s %s eps=%g %s%s%s%s G=%lld T=%lld K=%lld S=%lld %s]", moex_dtype_name(c->dt),
              recipe_name(c->p.recipe), moex_dtype_name(c->p.fp8), c->p.rounding == MOEX_SCALE_POW2 ? "POW2" : "EXACT",
              (double)c->p.amax_epsilon, c->row ? "row" : "", c->col ? "+col" : "", c->amax ? "+amax" : "",
+             c->dbias ? "+dbias" : "",
              (long long)G, (long long)T, (long long)K, (long long)S, c->what);
     tu_log("case %s\n", label);
     const int failures_before = tu_failures();
@@ -437,6 +460,11 @@ static void run_case(const qcase *c) {
         a.columnwise.data = moex_tensor_2d(cd, c->p.fp8, K, T);
         a.columnwise.scales = scales_tensor(cs, L.sdt, L.cs_ndim, L.cs_shape);
         ro.col_data = wcd, ro.col_scales = wcs;
+    }
+    float *db = NULL;
+    if (c->dbias) {
+        db = (float *)tu_poisoned(MOEX_DTYPE_F32, G * K);
+        a.dbias = moex_tensor_2d(db, MOEX_DTYPE_F32, G, K);
     }
     if (c->amax && L.n_amax) {
         am = (float *)tu_poisoned(MOEX_DTYPE_F32, L.n_amax);
@@ -476,12 +504,13 @@ static void run_case(const qcase *c) {
             }
             CHECK_MSG(bad == 0, "%s: amax: %lld values differ from the reference", label, (long long)bad);
         }
+        if (db) check_dbias(c, &L, label, db);
         if (c->row) check_dequantize(c, &L, label, MOEX_QUANT_ROWWISE, rd, rs);
         if (c->col) check_dequantize(c, &L, label, MOEX_QUANT_COLUMNWISE, cd, cs);
     }
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
     free(xb), free(splits), free(rd), free(rs), free(cd), free(cs), free(wrd), free(wrs), free(wcd), free(wcs);
-    free(am), free(wam), free(L.off);
+    free(am), free(wam), free(db), free(L.off);
 }
 
 /* ---- inputs ----------------------------------------------------------------------- */
@@ -670,6 +699,7 @@ static void main_grid(tu_rng *r) {
                             const int orient = (si + combo) % 3;   /* 0 both, 1 rowwise, 2 columnwise */
                             c.row = orient != 2, c.col = orient != 1;
                             c.amax = (si + combo / 3) % 2 == 0;
+                            c.dbias = (si + combo) % 2 == 1;
                             c.G = s->G, c.T = s->T, c.K = s->K, c.splits = splits;
                             const flavor fl = (flavor)((si + combo / 3) % FL_NUM);
                             double *x = tu_doubles(c.T * c.K);
@@ -938,6 +968,9 @@ static void bad_arguments(tu_rng *r) {
     Q(BL, memset(&b.rowwise.data, 0, sizeof b.rowwise.data), "rowwise", "rowwise.data absent, scales present");
     Q(BL, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, 1), "amax", "amax with BLOCK");
     Q(MX, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, 1), "amax", "amax with MXFP8");
+    Q(BL, b.dbias = moex_tensor_2d(f.am, MOEX_DTYPE_F32, BG, BK + 1), "dbias", "dbias [G, K+1]");
+    Q(MX, b.dbias = moex_tensor_2d(f.am, MOEX_DTYPE_BF16, BG, BK), "dbias", "dbias bf16");
+    Q(BL, b.dbias = moex_tensor_1d(f.am, MOEX_DTYPE_F32, BG * BK), "dbias", "dbias 1-D");
     /* data */
     Q(BL, b.rowwise.data.dtype = MOEX_DTYPE_E5M2, "rowwise.data", "rowwise.data e5m2 for e4m3");
     Q(BL, b.rowwise.data.dtype = MOEX_DTYPE_F32, "rowwise.data", "rowwise.data f32");
@@ -1123,7 +1156,7 @@ static void big_cases(tu_rng *r, int64_t G, int64_t T, int64_t K) {
             c.p.fp8 = f ? MOEX_DTYPE_E5M2 : MOEX_DTYPE_E4M3;
             c.p.rounding = i % 3 == 1 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT;
             c.p.amax_epsilon = i % 4 == 2 ? 0.125f : 0.0f;
-            c.row = c.col = c.amax = 1;
+            c.row = c.col = c.amax = c.dbias = 1;
             c.G = G, c.T = T, c.K = K, c.splits = splits;
             double *x = tu_doubles(T * K);
             int kk = 0;

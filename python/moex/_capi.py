@@ -135,7 +135,7 @@ class QuantTensor(ctypes.Structure):
 
 class GroupQuantizeArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("splits", Tensor), ("params", QuantParams), ("rowwise", QuantTensor),
-                ("columnwise", QuantTensor), ("amax", Tensor)]
+                ("columnwise", QuantTensor), ("amax", Tensor), ("dbias", Tensor)]
 
 
 class GroupDequantizeArgs(ctypes.Structure):

@@ -81,6 +81,7 @@ typedef struct moex_dense_gemm {
  *                  backward also takes an absent dh (dprobs only)
  *   quantize       the FP8 copies of docs/ops.md section 9 (math: quant_math.h)
  *   dequantize     their way back
+ *   weight_quantize, weight_dequantize   the same for grouped weights (9.7; no splits)
  * The splits fields of the args are not read by grouped primitives: the handle has them.
  * (The rows look like op_list.h's, but primitives are not public operations.) */
 #define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
@@ -98,7 +99,9 @@ typedef struct moex_dense_gemm {
     X(p, permute_fwd, moex_permute_args, moex_perm_dims)                                          \
     X(p, permute_bwd, moex_permute_grad_args, moex_perm_dims)                                     \
     X(p, unpermute_fwd, moex_unpermute_args, moex_perm_dims)                                      \
-    X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
+    X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)                                 \
+    X(p, weight_quantize, moex_weight_quantize_args, moex_quant_dims)                             \
+    X(p, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
 
 /* The signatures: of a table field (*_FIELD_), or of a backend's function (*_DECL_). */
 #define MOEX_GROUPED_SIG_(ws_name, name, args_t, dims_t)                                           \

@@ -66,7 +66,7 @@ typedef struct moex_moe_dims {       /* MoE layer */
 
 typedef struct moex_splits_dims { int64_t G; } moex_splits_dims;
 
-typedef struct moex_quant_dims {     /* grouped quantize and dequantize */
+typedef struct moex_quant_dims {     /* grouped quantize and dequantize; weights: T = N */
     int64_t G, T, K;
     moex_dtype dt;                   /* x (quantize) or y (dequantize): f32, bf16, f16 */
     int64_t block;                   /* BLOCK 128, MXFP8 32, TENSOR and GROUP 0 */
@@ -145,6 +145,9 @@ static inline bool moex_i64_mul(int64_t a, int64_t b, int64_t *out) {
     *out = a * b;
     return true;
 }
+
+/* ceil(a / b) for a >= 0, b > 0, without the overflow of (a + b - 1) / b. */
+static inline int64_t moex_i64_cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 static inline size_t moex_sz_add(size_t a, size_t b) { return a > SIZE_MAX - b ? MOEX_SIZE_OVERFLOW : a + b; }
 static inline size_t moex_sz_mul(size_t a, size_t b) {

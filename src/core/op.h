@@ -50,4 +50,15 @@ moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t row
 moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
                                 const moex_grouped_linear_args *fwd, void *storage, moex_groups *g);
 
+/* An op that is one plain primitive: its workspace is the primitive's, its run the
+ * primitive (defines moex_op_<name>_ws and moex_op_<name>_run). */
+#define MOEX_ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                   \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d) {                    \
+        return moex_ops(ctx)->prim##_ws(ctx, a, d);                                                      \
+    }                                                                                                    \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
+                                     void *ws) {                                                         \
+        return moex_ops(ctx)->prim(ctx, c, a, d, ws);                                                    \
+    }
+
 #endif /* MOEX_OP_H */

@@ -30,7 +30,9 @@
     X(MOE_LAYER_FORWARD, moe_layer_forward, moex_moe_layer_args, moex_moe_dims)                             \
     X(MOE_LAYER_BACKWARD, moe_layer_backward, moex_moe_layer_grad_args, moex_moe_dims)                      \
     X(GROUP_QUANTIZE, group_quantize, moex_group_quantize_args, moex_quant_dims)                            \
-    X(GROUP_DEQUANTIZE, group_dequantize, moex_group_dequantize_args, moex_quant_dims)
+    X(GROUP_DEQUANTIZE, group_dequantize, moex_group_dequantize_args, moex_quant_dims)                      \
+    X(WEIGHT_QUANTIZE, weight_quantize, moex_weight_quantize_args, moex_quant_dims)                         \
+    X(WEIGHT_DEQUANTIZE, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
 
 /* MOEX_OP_NONE (0) names no operation: the CUDA bad-input flag's "nothing seen". */
 #define MOEX_OP_ENUM_(ID, name, args_t, dims_t) MOEX_OP_##ID,

@@ -1,8 +1,9 @@
 /*
- * quantize.c - grouped FP8 quantization and dequantization (experimental): validation and
- * composition (the rules: docs/ops.md section 9; the element math: quant_math.h). The
- * groups are prepared from the splits, then the backend's primitive runs on them.
- * Workspace: the prepared handle, then the primitive's region.
+ * quantize.c - FP8 quantization and dequantization (experimental): validation and
+ * composition (the rules: docs/ops.md section 9; the element math: quant_math.h). Grouped
+ * rows: the groups are prepared from the splits, then the backend's primitive runs on them
+ * (workspace: the prepared handle, then the primitive's region). Grouped weights (9.7): one
+ * primitive each way.
  */
 #include "op.h"
 
@@ -27,8 +28,8 @@ static moex_status check_params(moex_context *ctx, const char *op, const moex_qu
 
 /* The scale columns of a block recipe (T, K < 2^60: no overflow). */
 static void block_dims(moex_quant_dims *d) {
-    d->row_blocks = d->block ? (d->K + d->block - 1) / d->block : 0;
-    d->col_tiles = d->block ? (d->T + d->block - 1) / d->block + d->G : 0;
+    d->row_blocks = d->block ? moex_i64_cdiv(d->K, d->block) : 0;
+    d->col_tiles = d->block ? moex_i64_cdiv(d->T, d->block) + d->G : 0;
 }
 
 /* The scales of one orientation: shape (TENSOR [1], GROUP [G], blocks [rows, cols]) and dtype. */
@@ -110,7 +111,8 @@ moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, c
         const int64_t shape[1] = {a->params.recipe == MOEX_QUANT_GROUP ? d->G : 1};
         MOEX_TRY(moex_check_output(ctx, op, "amax", &a->amax, 1, shape, MOEX_DT_F32));
     }
-    return MOEX_OK;
+    const int64_t dbshape[2] = {d->G, d->K};
+    return moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_F32);
 }
 
 QUANT_OP(group_quantize, quantize, moex_group_quantize_args)
@@ -135,6 +137,88 @@ moex_status moex_op_group_dequantize_validate(moex_context *ctx, const char *op,
 
 QUANT_OP(group_dequantize, dequantize, moex_group_dequantize_args)
 
+/* ---- weights (docs/ops.md 9.7) ---------------------------------------------------------- */
+
+/* One copy of quantized weights: data rowwise [G, N, K] or columnwise [G, K, N] and its
+ * scales (GROUP [G]; BLOCK [G, blocks of the rows, blocks of the columns]; MXFP8 [G, rows,
+ * ceil(cols/32)]); d->T is N. */
+static moex_status check_weight_copy(moex_context *ctx, const char *op, const char *data_name,
+                                     const char *scales_name, const moex_quant_tensor *c, const moex_quant_params *q,
+                                     const moex_quant_dims *d, moex_quant_orientation orient, moex_span_role role) {
+    const int64_t rows = orient == MOEX_QUANT_ROWWISE ? d->T : d->K, cols = orient == MOEX_QUANT_ROWWISE ? d->K : d->T;
+    const int64_t dshape[3] = {d->G, rows, cols};
+    MOEX_TRY(role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, data_name, &c->data, 3, dshape, MOEX_DT(q->fp8))
+                                   : moex_check_tensor(ctx, op, data_name, &c->data, 3, dshape, MOEX_DT(q->fp8)));
+    const unsigned dts = q->recipe == MOEX_QUANT_MXFP8 ? MOEX_DT(MOEX_DTYPE_E8M0) : MOEX_DT_F32;
+    const int64_t gshape[1] = {d->G};
+    const int64_t sshape[3] = {d->G, q->recipe == MOEX_QUANT_BLOCK ? moex_i64_cdiv(rows, d->block) : rows,
+                               moex_i64_cdiv(cols, d->block ? d->block : 1)};
+    const int nd = q->recipe == MOEX_QUANT_GROUP ? 1 : 3;
+    const int64_t *shape = nd == 1 ? gshape : sshape;
+    return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, scales_name, &c->scales, nd, shape, dts)
+                                 : moex_check_tensor(ctx, op, scales_name, &c->scales, nd, shape, dts);
+}
+
+/* The weight's recipe (not TENSOR); sets the block. */
+static moex_status check_weight_params(moex_context *ctx, const char *op, const moex_quant_params *q,
+                                       moex_quant_dims *d) {
+    MOEX_TRY(check_params(ctx, op, q, d));
+    if (q->recipe == MOEX_QUANT_TENSOR)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: TENSOR is not a weight recipe (GROUP with G = 1 is one scale for one weight)", op);
+    return MOEX_OK;
+}
+
+/* w [G, N, K] sets G, T = N, K and the dtype. */
+static void weight_dims(const moex_tensor *w, moex_quant_dims *d) {
+    d->G = w->shape[0], d->T = w->shape[1], d->K = w->shape[2], d->dt = w->dtype;
+    d->row_blocks = d->col_tiles = 0;
+}
+
+moex_status moex_op_weight_quantize_validate(moex_context *ctx, const char *op, const moex_weight_quantize_args *a,
+                                             moex_purpose p, moex_quant_dims *d) {
+    const int64_t any3[3] = {-1, -1, -1};
+    MOEX_TRY(moex_check_tensor(ctx, op, "w", &a->w, 3, any3, MOEX_DT_FLOAT));
+    weight_dims(&a->w, d);
+    MOEX_TRY(check_weight_params(ctx, op, &a->params, d));
+    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
+    if (!row && !col)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: neither rowwise.data nor columnwise.data is given", op);
+    if ((!row && moex_present(&a->rowwise.scales)) || (!col && moex_present(&a->columnwise.scales)))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.scales is given without its data", op,
+                         row ? "columnwise" : "rowwise");
+    if (row)
+        MOEX_TRY(check_weight_copy(ctx, op, "rowwise.data", "rowwise.scales", &a->rowwise, &a->params, d,
+                                   MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));
+    if (col)
+        MOEX_TRY(check_weight_copy(ctx, op, "columnwise.data", "columnwise.scales", &a->columnwise, &a->params, d,
+                                   MOEX_QUANT_COLUMNWISE, MOEX_SPAN_OUT));
+    if (moex_present(&a->amax)) {
+        if (a->params.recipe != MOEX_QUANT_GROUP)
+            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: amax is an output of GROUP only", op);
+        const int64_t shape[1] = {d->G};
+        MOEX_TRY(moex_check_output(ctx, op, "amax", &a->amax, 1, shape, MOEX_DT_F32));
+    }
+    return MOEX_OK;
+}
+
+MOEX_ONE_PRIMITIVE(weight_quantize, weight_quantize, moex_weight_quantize_args, moex_quant_dims)
+
+moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op,
+                                               const moex_weight_dequantize_args *a, moex_purpose p,
+                                               moex_quant_dims *d) {
+    const int64_t any3[3] = {-1, -1, -1};
+    MOEX_TRY(moex_check_output(ctx, op, "w", &a->w, 3, any3, MOEX_DT_FLOAT));
+    weight_dims(&a->w, d);
+    MOEX_TRY(check_weight_params(ctx, op, &a->params, d));
+    if (a->orientation != MOEX_QUANT_ROWWISE && a->orientation != MOEX_QUANT_COLUMNWISE)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown orientation %d", op, (int)a->orientation);
+    return check_weight_copy(ctx, op, "src.data", "src.scales", &a->src, &a->params, d, a->orientation,
+                             MOEX_SPAN_IN);
+}
+
+MOEX_ONE_PRIMITIVE(weight_dequantize, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
+
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
  * shapes repeat by design. */
@@ -157,4 +241,24 @@ moex_status moex_group_dequantize_workspace_size(moex_context *ctx, const moex_g
 moex_status moex_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *args, void *workspace,
                                   size_t workspace_bytes, moex_stream stream) {
     return moex_op_run(ctx, MOEX_OP_GROUP_DEQUANTIZE, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_weight_quantize_workspace_size(moex_context *ctx, const moex_weight_quantize_args *args,
+                                                size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_WEIGHT_QUANTIZE, args, bytes);
+}
+
+moex_status moex_weight_quantize(moex_context *ctx, const moex_weight_quantize_args *args, void *workspace,
+                                 size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_WEIGHT_QUANTIZE, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_weight_dequantize_workspace_size(moex_context *ctx, const moex_weight_dequantize_args *args,
+                                                  size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_WEIGHT_DEQUANTIZE, args, bytes);
+}
+
+moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight_dequantize_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_WEIGHT_DEQUANTIZE, args, workspace, workspace_bytes, stream);
 }

@@ -7,16 +7,6 @@
 
 #define DT_LOGITS (MOEX_DT(MOEX_DTYPE_F32) | MOEX_DT(MOEX_DTYPE_BF16))
 
-/* An op that is one primitive: its workspace is the primitive's, its run the primitive. */
-#define ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                        \
-    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d) {                    \
-        return moex_ops(ctx)->prim##_ws(ctx, a, d);                                                      \
-    }                                                                                                    \
-    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
-                                     void *ws) {                                                         \
-        return moex_ops(ctx)->prim(ctx, c, a, d, ws);                                                    \
-    }
-
 /* ---- router -------------------------------------------------------------------------- */
 
 /* logits [T, E] f32 or bf16, topk 1..E, known score and norm; sets the dims. */
@@ -43,7 +33,7 @@ moex_status moex_op_router_forward_validate(moex_context *ctx, const char *op, c
     return moex_check_output(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32);
 }
 
-ONE_PRIMITIVE(router_forward, router_fwd, moex_router_args, moex_router_dims)
+MOEX_ONE_PRIMITIVE(router_forward, router_fwd, moex_router_args, moex_router_dims)
 
 moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, const moex_router_grad_args *a,
                                              moex_purpose p, moex_router_dims *d) {
@@ -54,7 +44,7 @@ moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, 
     return moex_check_output(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
 }
 
-ONE_PRIMITIVE(router_backward, router_bwd, moex_router_grad_args, moex_router_dims)
+MOEX_ONE_PRIMITIVE(router_backward, router_bwd, moex_router_grad_args, moex_router_dims)
 
 /* ---- permute and unpermute ----------------------------------------------------------- */
 
@@ -107,7 +97,7 @@ moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, 
     return moex_check_output(ctx, op, "row_map", &a->row_map, 1, rows, MOEX_DT_I32);
 }
 
-ONE_PRIMITIVE(permute_forward, permute_fwd, moex_permute_args, moex_perm_dims)
+MOEX_ONE_PRIMITIVE(permute_forward, permute_fwd, moex_permute_args, moex_perm_dims)
 
 moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                               moex_purpose p, moex_perm_dims *d) {
@@ -131,7 +121,7 @@ moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op,
     return MOEX_OK;
 }
 
-ONE_PRIMITIVE(permute_backward, permute_bwd, moex_permute_grad_args, moex_perm_dims)
+MOEX_ONE_PRIMITIVE(permute_backward, permute_bwd, moex_permute_grad_args, moex_perm_dims)
 
 typedef moex_status (*check_fn)(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
                                 int ndim, const int64_t *shape, unsigned dtypes);
@@ -160,14 +150,14 @@ moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op
     return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, MOEX_SPAN_OUT, d);
 }
 
-ONE_PRIMITIVE(unpermute_forward, unpermute_fwd, moex_unpermute_args, moex_perm_dims)
+MOEX_ONE_PRIMITIVE(unpermute_forward, unpermute_fwd, moex_unpermute_args, moex_perm_dims)
 
 moex_status moex_op_unpermute_backward_validate(moex_context *ctx, const char *op, const moex_unpermute_grad_args *a,
                                                 moex_purpose p, moex_perm_dims *d) {
     return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, MOEX_SPAN_IN, d);
 }
 
-ONE_PRIMITIVE(unpermute_backward, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
+MOEX_ONE_PRIMITIVE(unpermute_backward, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their

@@ -3,6 +3,7 @@
  *   moex_cpu_parallel_for   a range split over a persistent pool of worker threads
  *   moex_cpu_state_create / moex_cpu_state_destroy   the pool, kept in ctx->backend_state
  *   moex_cpu_store_f32_rows  f32 rows rounded into an output, in parallel over the rows
+ *   moex_cpu_group_colsum    the column sums of each group's rows (bias gradients)
  *
  * The pool: workers are started lazily, the first time a call wants them, up to
  * ctx->num_threads - 1 (the caller's thread is the last one), so that
@@ -193,4 +194,45 @@ void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const 
     if (rows <= 0 || cols <= 0) return;
     store_job j = {src, dst, dt, cols};
     moex_cpu_parallel_for(ctx, rows, 1 + STORE_GRAIN_ELEMS / cols, store_rows, &j);
+}
+
+/* ---- column sums over group rows ------------------------------------------------------- */
+
+#define COLSUM_COLS 128          /* columns of one task */
+
+/* Task t: group t / blocks, the COLSUM_COLS columns of block t % blocks. */
+typedef struct colsum_job {
+    const void *src;
+    moex_dtype dt;
+    int64_t N, blocks;
+    const int64_t *off;
+    const float *probs;
+    float *dst;
+} colsum_job;
+
+static void colsum_tasks(void *arg, int64_t t0, int64_t t1) {
+    const colsum_job *j = (const colsum_job *)arg;
+    float acc[COLSUM_COLS], v[COLSUM_COLS];
+    for (int64_t t = t0; t < t1; t++) {
+        const int64_t g = t / j->blocks, c0 = (t % j->blocks) * COLSUM_COLS;
+        const int64_t n = j->N - c0 < COLSUM_COLS ? j->N - c0 : COLSUM_COLS;
+        for (int64_t c = 0; c < n; c++) acc[c] = 0.0f;
+        for (int64_t i = j->off[g]; i < j->off[g + 1]; i++) {
+            moex_cpu_load_f32(v, moex_cpu_cat(j->src, j->dt, i * j->N + c0), j->dt, n);
+            const float p = j->probs ? j->probs[i] : 1.0f;
+            if (j->probs) {
+                for (int64_t c = 0; c < n; c++) acc[c] += p * v[c];
+            } else {
+                for (int64_t c = 0; c < n; c++) acc[c] += v[c];
+            }
+        }
+        for (int64_t c = 0; c < n; c++) j->dst[g * j->N + c0 + c] = acc[c];
+    }
+}
+
+void moex_cpu_group_colsum(moex_context *ctx, const int64_t *off, int64_t G, const void *src, moex_dtype dt,
+                           int64_t N, const float *probs, float *dst) {
+    if (G <= 0 || N <= 0) return;
+    colsum_job j = {src, dt, N, moex_i64_cdiv(N, COLSUM_COLS), off, probs, dst};
+    moex_cpu_parallel_for(ctx, G * j.blocks, 1, colsum_tasks, &j);
 }

@@ -30,7 +30,6 @@
 #define TILE_MAX_ROWS 1024
 #define ELEM_GRAIN 16384         /* elements of element-wise work worth a thread */
 #define CHUNK 256                /* columns converted at a time in element-wise loops */
-#define DBIAS_COLS 128           /* columns of one dbias task */
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -204,36 +203,6 @@ moex_status moex_cpu_linear_fwd(moex_context *ctx, const moex_call *c, const moe
 
 /* ---- backward data -------------------------------------------------------------------- */
 
-/* dbias[g, c] = sum over the group's rows i, in order, of dy[i, c] (SCALED: p_i dy[i, c]).
- * Task t: group t / blocks, columns of block t % blocks. */
-typedef struct dbias_job {
-    const void *dy;
-    moex_dtype dt;
-    int64_t N, blocks;
-    const int64_t *off;
-    const float *probs;     /* NULL: ADD */
-    float *dbias;
-} dbias_job;
-
-static void dbias_tasks(void *arg, int64_t t0, int64_t t1) {
-    const dbias_job *j = (const dbias_job *)arg;
-    float acc[DBIAS_COLS], buf[DBIAS_COLS];
-    for (int64_t t = t0; t < t1; t++) {
-        const int64_t g = t / j->blocks, c0 = (t % j->blocks) * DBIAS_COLS, n = min64(DBIAS_COLS, j->N - c0);
-        for (int64_t c = 0; c < n; c++) acc[c] = 0.0f;
-        for (int64_t i = j->off[g]; i < j->off[g + 1]; i++) {
-            const float *v = as_f32(buf, moex_cpu_cat(j->dy, j->dt, i * j->N + c0), j->dt, n);
-            if (j->probs) {
-                const float p = j->probs[i];
-                for (int64_t c = 0; c < n; c++) acc[c] += p * v[c];
-            } else {
-                for (int64_t c = 0; c < n; c++) acc[c] += v[c];
-            }
-        }
-        memcpy(j->dbias + g * j->N + c0, acc, (size_t)n * sizeof(float));
-    }
-}
-
 /* dprobs[i] += sum_j dy[i, j] b[g(i), j], in 8 lanes (lane l takes j = l mod 8) added in a
  * fixed order. */
 typedef struct dprobs_job {
@@ -290,13 +259,10 @@ moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const m
         group_products(ctx, &w, a->dy.data, N, &a->w, K, MOEX_CPU_NOTRANS, &fj);
     }
 
-    if (moex_present(&a->dbias)) {
-        const int64_t blocks = (N + DBIAS_COLS - 1) / DBIAS_COLS;
-        dbias_job j = {a->dy.data, dt, N, blocks, w.off,
-                       a->bias_mode == MOEX_BIAS_SCALED ? (const float *)a->probs.data : NULL,
-                       (float *)a->dbias.data};
-        moex_cpu_parallel_for(ctx, G * blocks, 1, dbias_tasks, &j);
-    }
+    if (moex_present(&a->dbias))
+        moex_cpu_group_colsum(ctx, w.off, G, a->dy.data, dt, N,
+                              a->bias_mode == MOEX_BIAS_SCALED ? (const float *)a->probs.data : NULL,
+                              (float *)a->dbias.data);
 
     if (moex_present(&a->dprobs) && rows > 0) {
         dprobs_job j = {a->dy.data, dt, N, G, a->bias.data, a->bias.dtype, w.off, (float *)a->dprobs.data};

@@ -7,12 +7,14 @@
  *                  transposed columnwise [K, T] copy: the same bytes)
  *   BLOCK, MXFP8   rowwise: each row's blocks of B columns; columnwise: tiles of B rows of
  *                  one group by 64 columns at a time (scale column b_g + j of the tile)
+ *   dbias          the column sums of each group's rows (moex_cpu_group_colsum)
  *   dequantize     y = round_dt(decode(q) * scale), per group
+ *   weights        the same rules per expert of w [G, N, K] (docs/ops.md 9.7), at the end
  * Rows >= off[G] are neither read nor written. Results do not depend on the thread count
  * (every amax is a max, every element is computed on its own).
  *
  * Workspace: quantize, the row amaxes [T] f32 (TENSOR, GROUP) or the tile offsets b [G+1]
- * i64 (BLOCK, MXFP8); dequantize, b [G+1].
+ * i64 (BLOCK, MXFP8); dequantize, b [G+1]; the weights' below.
  */
 #include "quant_math.h"
 #include "cpu_ops.h"
@@ -120,7 +122,7 @@ static moex_status quantize_current(moex_context *ctx, quant_job *jb, const moex
 /* Rowwise: the blocks of B columns of each row. */
 static void block_rows(void *arg, int64_t begin, int64_t end) {
     const quant_job *jb = (const quant_job *)arg;
-    const int64_t B = jb->B, nb = (jb->K + B - 1) / B;
+    const int64_t B = jb->B, nb = moex_i64_cdiv(jb->K, B);
     float v[128];
     for (int64_t i = begin; i < end; i++) {
         for (int64_t j = 0; j < nb; j++) {
@@ -138,7 +140,7 @@ static void block_rows(void *arg, int64_t begin, int64_t end) {
  * QUANT_COLS columns of chunk t % nchunks. */
 static void block_tiles(void *arg, int64_t begin, int64_t end) {
     const quant_job *jb = (const quant_job *)arg;
-    const int64_t B = jb->B, nchunks = (jb->K + QUANT_COLS - 1) / QUANT_COLS;
+    const int64_t B = jb->B, nchunks = moex_i64_cdiv(jb->K, QUANT_COLS);
     float v[128 * QUANT_COLS];
     int64_t g = 0;
     for (int64_t t = begin; t < end; t++) {
@@ -163,14 +165,14 @@ static void block_tiles(void *arg, int64_t begin, int64_t end) {
 /* b[g] = sum over h < g of ceil(m_h / B): the first scale column of group g's tiles. */
 static void tile_offsets(const int64_t *off, int64_t G, int64_t B, int64_t *b) {
     b[0] = 0;
-    for (int64_t g = 0; g < G; g++) b[g + 1] = b[g] + (off[g + 1] - off[g] + B - 1) / B;
+    for (int64_t g = 0; g < G; g++) b[g + 1] = b[g] + moex_i64_cdiv(off[g + 1] - off[g], B);
 }
 
 static moex_status quantize_blocks(moex_context *ctx, quant_job *jb) {
     const int64_t S = jb->off[jb->G];
     if (jb->row_data && S > 0 && jb->K > 0) moex_cpu_parallel_for(ctx, S, grain_rows(jb->K), block_rows, jb);
     if (jb->col_data && jb->K > 0) {
-        const int64_t items = jb->b[jb->G] * ((jb->K + QUANT_COLS - 1) / QUANT_COLS);
+        const int64_t items = jb->b[jb->G] * moex_i64_cdiv(jb->K, QUANT_COLS);
         if (items > 0) moex_cpu_parallel_for(ctx, items, 1, block_tiles, jb);
     }
     return MOEX_OK;
@@ -190,6 +192,8 @@ moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_
     if (moex_present(&a->rowwise.data)) jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
     if (moex_present(&a->columnwise.data))
         jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
+    if (moex_present(&a->dbias))
+        moex_cpu_group_colsum(ctx, grp->off, d->G, a->x.data, d->dt, d->K, NULL, (float *)a->dbias.data);
     if (!d->block) {
         jb.row_amax = (float *)ws;
         return quantize_current(ctx, &jb, a);
@@ -206,7 +210,7 @@ static float dequant_scale(const quant_job *jb, int64_t i, int64_t k) {
     const void *sc = jb->src_scales;
     if (!jb->B) return ((const float *)sc)[jb->q->recipe == MOEX_QUANT_GROUP ? jb->g : 0];
     const int64_t at = jb->orient == MOEX_QUANT_ROWWISE
-                           ? i * ((jb->K + jb->B - 1) / jb->B) + k / jb->B
+                           ? i * moex_i64_cdiv(jb->K, jb->B) + k / jb->B
                            : k * jb->ntiles + jb->b[jb->g] + (i - jb->off[jb->g]) / jb->B;
     if (jb->q->recipe != MOEX_QUANT_MXFP8) return ((const float *)sc)[at];
     const uint8_t e = ((const uint8_t *)sc)[at];
@@ -249,5 +253,241 @@ moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moe
         const int64_t rows = grp->off[g + 1] - grp->off[g];
         if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(d->K), dequant_rows, &jb);
     }
+    return MOEX_OK;
+}
+
+/* ---- weights (docs/ops.md 9.7) --------------------------------------------------------------
+ * w [G, N, K]: rows are the G*N rows of the experts' [N, K] matrices. GROUP: the amax of each
+ * row (in parallel), reduced per expert, then the cast of the rows; BLOCK: each 128x128 block
+ * of one expert, two passes over its rows (amax, then the cast); MXFP8: rowwise as the blocks
+ * of the activations, columnwise by tiles of 32 rows x QUANT_COLS columns of one expert.
+ * Workspace: GROUP, the row amaxes [G*N] f32 and the multipliers [G]; else none. */
+
+typedef struct wq_job {
+    const moex_quant_params *q;
+    moex_fp8_format f;
+    int64_t G, N, K;
+    moex_dtype dt;
+    const void *w;
+    uint8_t *row_data, *col_data;
+    void *row_scales, *col_scales;
+    float *row_amax;            /* GROUP: [G*N] */
+    const float *mult;          /* GROUP: [G] */
+} wq_job;
+
+/* The f32 values of w[g, n, k0 .. k0+len). */
+static void wq_load(const wq_job *jb, float *v, int64_t row, int64_t k0, int64_t len) {
+    moex_cpu_load_f32(v, moex_cpu_cat(jb->w, jb->dt, row * jb->K + k0), jb->dt, len);
+}
+
+/* Stores q of w[row, k] (row = g N + n) into the copies that are present. */
+static void wq_store(const wq_job *jb, int64_t row, int64_t k, uint8_t q) {
+    if (jb->row_data) jb->row_data[row * jb->K + k] = q;
+    if (jb->col_data) {
+        const int64_t g = row / jb->N, n = row % jb->N;
+        jb->col_data[(g * jb->K + k) * jb->N + n] = q;
+    }
+}
+
+static void wq_row_amax(void *arg, int64_t begin, int64_t end) {
+    const wq_job *jb = (const wq_job *)arg;
+    float v[256];
+    for (int64_t r = begin; r < end; r++) {
+        float m = 0.0f;
+        for (int64_t k0 = 0; k0 < jb->K; k0 += 256) {
+            const int64_t n = jb->K - k0 < 256 ? jb->K - k0 : 256;
+            wq_load(jb, v, r, k0, n);
+            for (int64_t k = 0; k < n; k++) m = moex_amax_combine(m, v[k]);
+        }
+        jb->row_amax[r] = m;
+    }
+}
+
+static void wq_cast_rows(void *arg, int64_t begin, int64_t end) {
+    const wq_job *jb = (const wq_job *)arg;
+    float v[256];
+    for (int64_t r = begin; r < end; r++) {
+        const float s = jb->mult[r / jb->N];
+        for (int64_t k0 = 0; k0 < jb->K; k0 += 256) {
+            const int64_t n = jb->K - k0 < 256 ? jb->K - k0 : 256;
+            wq_load(jb, v, r, k0, n);
+            for (int64_t k = 0; k < n; k++) wq_store(jb, r, k0 + k, moex_fp8_encode(v[k] * s, jb->f));
+        }
+    }
+}
+
+/* BLOCK: item t is block (i, j) of expert g, t = (g nbi + i) nbj + j. */
+static void wq_blocks(void *arg, int64_t begin, int64_t end) {
+    const wq_job *jb = (const wq_job *)arg;
+    const int64_t nbi = moex_i64_cdiv(jb->N, 128), nbj = moex_i64_cdiv(jb->K, 128);
+    float v[128];
+    for (int64_t t = begin; t < end; t++) {
+        const int64_t g = t / (nbi * nbj), i = t / nbj % nbi, j = t % nbj;
+        const int64_t n0 = i * 128, n1 = n0 + 128 < jb->N ? n0 + 128 : jb->N;
+        const int64_t k0 = j * 128, len = jb->K - k0 < 128 ? jb->K - k0 : 128;
+        float m = 0.0f;
+        for (int64_t n = n0; n < n1; n++) {
+            wq_load(jb, v, g * jb->N + n, k0, len);
+            for (int64_t k = 0; k < len; k++) m = moex_amax_combine(m, v[k]);
+        }
+        const float s = moex_quant_scale(m, jb->q->amax_epsilon, jb->f.max, jb->q->rounding);
+        if (jb->row_scales) ((float *)jb->row_scales)[(g * nbi + i) * nbj + j] = 1.0f / s;
+        if (jb->col_scales) ((float *)jb->col_scales)[(g * nbj + j) * nbi + i] = 1.0f / s;
+        for (int64_t n = n0; n < n1; n++) {
+            wq_load(jb, v, g * jb->N + n, k0, len);
+            for (int64_t k = 0; k < len; k++) wq_store(jb, g * jb->N + n, k0 + k, moex_fp8_encode(v[k] * s, jb->f));
+        }
+    }
+}
+
+/* MXFP8 rowwise: the 32-blocks along K of each row, scales [G*N, ceil(K/32)]. */
+static void wq_mx_rows(void *arg, int64_t begin, int64_t end) {
+    const wq_job *jb = (const wq_job *)arg;
+    const int64_t nb = moex_i64_cdiv(jb->K, 32);
+    float v[32];
+    for (int64_t r = begin; r < end; r++)
+        for (int64_t j = 0; j < nb; j++) {
+            const int64_t k0 = j * 32, len = jb->K - k0 < 32 ? jb->K - k0 : 32;
+            wq_load(jb, v, r, k0, len);
+            float m = 0.0f;
+            for (int64_t k = 0; k < len; k++) m = moex_mx_amax_combine(m, v[k]);
+            const int E = moex_mx_exponent(m, jb->f);
+            ((uint8_t *)jb->row_scales)[r * nb + j] = (uint8_t)(E + 127);
+            const float s = ldexpf(1.0f, -E);
+            for (int64_t k = 0; k < len; k++) jb->row_data[r * jb->K + k0 + k] = moex_fp8_encode(v[k] * s, jb->f);
+        }
+}
+
+/* MXFP8 columnwise: item t is rows [32 i, 32 i + 32) of expert g by the QUANT_COLS columns
+ * of chunk c, t = (g nbi + i) nchunks + c; scales [G*K, ceil(N/32)]. */
+static void wq_mx_cols(void *arg, int64_t begin, int64_t end) {
+    const wq_job *jb = (const wq_job *)arg;
+    const int64_t nbi = moex_i64_cdiv(jb->N, 32), nchunks = moex_i64_cdiv(jb->K, QUANT_COLS);
+    float v[32 * QUANT_COLS];
+    for (int64_t t = begin; t < end; t++) {
+        const int64_t g = t / (nbi * nchunks), i = t / nchunks % nbi, c0 = t % nchunks * QUANT_COLS;
+        const int64_t n0 = i * 32, rows = jb->N - n0 < 32 ? jb->N - n0 : 32;
+        const int64_t cols = jb->K - c0 < QUANT_COLS ? jb->K - c0 : QUANT_COLS;
+        moex_cpu_load_tile_f32(v, QUANT_COLS, moex_cpu_cat(jb->w, jb->dt, (g * jb->N + n0) * jb->K + c0), jb->dt,
+                               jb->K, rows, cols);
+        for (int64_t c = 0; c < cols; c++) {
+            float m = 0.0f;
+            for (int64_t r = 0; r < rows; r++) m = moex_mx_amax_combine(m, v[r * QUANT_COLS + c]);
+            const int E = moex_mx_exponent(m, jb->f);
+            const int64_t kk = g * jb->K + c0 + c;   /* the row of the [G*K, N] copy */
+            ((uint8_t *)jb->col_scales)[kk * nbi + i] = (uint8_t)(E + 127);
+            const float s = ldexpf(1.0f, -E);
+            for (int64_t r = 0; r < rows; r++)
+                jb->col_data[kk * jb->N + n0 + r] = moex_fp8_encode(v[r * QUANT_COLS + c] * s, jb->f);
+        }
+    }
+}
+
+size_t moex_cpu_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d) {
+    if (a->params.recipe != MOEX_QUANT_GROUP) return 0;
+    return moex_sz_add(moex_sz_bytes(d->G, d->T, sizeof(float)), moex_sz_bytes(d->G, 1, sizeof(float)));
+}
+
+moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                     const moex_quant_dims *d, void *ws) {
+    wq_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.q = &a->params, jb.f = moex_fp8_format_of(a->params.fp8);
+    jb.G = d->G, jb.N = d->T, jb.K = d->K, jb.dt = d->dt, jb.w = a->w.data;
+    if (moex_present(&a->rowwise.data)) jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
+    if (moex_present(&a->columnwise.data))
+        jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
+    const int64_t rows = jb.K > 0 ? jb.G * jb.N : 0;   /* validated: G N K < 2^60 */
+    switch (a->params.recipe) {
+    case MOEX_QUANT_GROUP: {
+        jb.row_amax = (float *)ws;
+        float *mult = (float *)ws + rows;
+        if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(jb.K), wq_row_amax, &jb);
+        for (int64_t g = 0; g < jb.G; g++) {
+            float m = 0.0f;
+            for (int64_t r = g * jb.N; r < (g + 1) * jb.N && rows > 0; r++) m = moex_amax_combine(m, jb.row_amax[r]);
+            mult[g] = moex_quant_scale(m, a->params.amax_epsilon, jb.f.max, a->params.rounding);
+            if (moex_present(&a->amax)) ((float *)a->amax.data)[g] = m;
+            if (jb.row_scales) ((float *)jb.row_scales)[g] = 1.0f / mult[g];
+            if (jb.col_scales) ((float *)jb.col_scales)[g] = 1.0f / mult[g];
+        }
+        jb.mult = mult;
+        if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(jb.K), wq_cast_rows, &jb);
+        return MOEX_OK;
+    }
+    case MOEX_QUANT_BLOCK: {
+        const int64_t items = rows > 0 ? jb.G * moex_i64_cdiv(jb.N, 128) * moex_i64_cdiv(jb.K, 128) : 0;
+        if (items > 0) moex_cpu_parallel_for(ctx, items, 1, wq_blocks, &jb);
+        return MOEX_OK;
+    }
+    default: {   /* MXFP8 */
+        if (jb.row_data && rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(jb.K), wq_mx_rows, &jb);
+        const int64_t items = rows > 0 ? jb.G * moex_i64_cdiv(jb.N, 32) * moex_i64_cdiv(jb.K, QUANT_COLS) : 0;
+        if (jb.col_data && items > 0) moex_cpu_parallel_for(ctx, items, 1, wq_mx_cols, &jb);
+        return MOEX_OK;
+    }
+    }
+}
+
+typedef struct wdq_job {
+    const moex_quant_params *q;
+    moex_fp8_format f;
+    int64_t N, K;
+    moex_dtype dt;
+    moex_quant_orientation orient;
+    const uint8_t *src;
+    const void *scales;
+    void *w;
+} wdq_job;
+
+/* The multiplier of element (g, n, k) (9.7's sets). */
+static float wdq_scale(const wdq_job *jb, int64_t g, int64_t n, int64_t k) {
+    const bool row = jb->orient == MOEX_QUANT_ROWWISE;
+    int64_t at;
+    switch (jb->q->recipe) {
+    case MOEX_QUANT_GROUP: return ((const float *)jb->scales)[g];
+    case MOEX_QUANT_BLOCK: {
+        const int64_t nbi = moex_i64_cdiv(jb->N, 128), nbj = moex_i64_cdiv(jb->K, 128);
+        at = row ? (g * nbi + n / 128) * nbj + k / 128 : (g * nbj + k / 128) * nbi + n / 128;
+        return ((const float *)jb->scales)[at];
+    }
+    default: {
+        at = row ? (g * jb->N + n) * moex_i64_cdiv(jb->K, 32) + k / 32
+                 : (g * jb->K + k) * moex_i64_cdiv(jb->N, 32) + n / 32;
+        const uint8_t e = ((const uint8_t *)jb->scales)[at];
+        return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
+    }
+    }
+}
+
+static void wdq_rows(void *arg, int64_t begin, int64_t end) {
+    const wdq_job *jb = (const wdq_job *)arg;
+    float v[256];
+    for (int64_t r = begin; r < end; r++) {
+        const int64_t g = r / jb->N, n = r % jb->N;
+        for (int64_t k0 = 0; k0 < jb->K; k0 += 256) {
+            const int64_t len = jb->K - k0 < 256 ? jb->K - k0 : 256;
+            for (int64_t k = 0; k < len; k++) {
+                const int64_t kk = k0 + k;
+                const uint8_t q = jb->orient == MOEX_QUANT_ROWWISE ? jb->src[r * jb->K + kk]
+                                                                   : jb->src[(g * jb->K + kk) * jb->N + n];
+                v[k] = moex_fp8_decode(q, jb->f) * wdq_scale(jb, g, n, kk);
+            }
+            moex_cpu_store_f32(moex_cpu_at(jb->w, jb->dt, r * jb->K + k0), jb->dt, v, len);
+        }
+    }
+}
+
+size_t moex_cpu_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
+                                     const moex_quant_dims *d) {
+    return 0;
+}
+
+moex_status moex_cpu_weight_dequantize(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
+                                       const moex_quant_dims *d, void *ws) {
+    wdq_job jb = {&a->params, moex_fp8_format_of(a->params.fp8), d->T, d->K, d->dt, a->orientation,
+                  (const uint8_t *)a->src.data.data, a->src.scales.data, a->w.data};
+    const int64_t rows = d->K > 0 ? d->G * d->T : 0;   /* validated: G N K < 2^60 */
+    if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(d->K), wdq_rows, &jb);
     return MOEX_OK;
 }

@@ -16,6 +16,8 @@
  *   current_cast   one block per 64x64 tile of x: q = fp8(x s) once per element, the
  *                  rowwise copy written directly, the columnwise copy through shared memory
  *                  (the transposed tile written along the rows, so writes are coalesced)
+ * quantize, dbias (any recipe): moex_cuda_group_colsum (cuda_reduce.cu) after the cast, the
+ *   grouped linear's deterministic column sums;
  * quantize, block scaling (BLOCK 1x128, f32 scales; MXFP8 1x32, E8M0 scales):
  *   block_rowwise  one warp per (row, block of B columns): amax reduced in the warp
  *   colscale_off   one block: b_g = sum over h < g of ceil(m_h / B), into the workspace
@@ -28,9 +30,13 @@
  *   dequant_colwise  one block per 64x64 tile, through shared memory (reads along the rows
  *                    of data [K, T], writes along the rows of y [T, K]); block scaling
  *                    needs b_g (colscale_off first)
+ * The FP8 cast is the hardware's cvt.rn.satfinite (fp8_encode below), which is docs/ops.md
+ * 9.1 exactly; tests/cuda/test_gpu_quantize.c checks it bit for bit against the reference
+ * (ties, subnormals, NaN, Inf, saturation), as moex_fp8_encode is on the CPU.
  * All grids are grid-stride loops (x capped at 2^20 blocks, y at 65535), so no limit of T,
  * K or G comes from them. No allocation, no synchronisation; everything on c->stream.
  */
+#include <cuda_fp8.h>
 #include <limits.h>
 
 #include "quant_math.h"
@@ -49,12 +55,17 @@
 
 static inline unsigned grid_x(int64_t n) { return (unsigned)(n < MAX_GRID_X ? n : MAX_GRID_X); }
 static inline unsigned grid_y(int64_t n) { return (unsigned)(n < MAX_GRID_Y ? n : MAX_GRID_Y); }
-static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 static inline bool is_current(moex_quant_recipe r) { return r == MOEX_QUANT_TENSOR || r == MOEX_QUANT_GROUP; }
 static inline int block_of(moex_quant_recipe r) { return r == MOEX_QUANT_BLOCK ? 128 : r == MOEX_QUANT_MXFP8 ? 32 : 0; }
 
 /* ---- device helpers ------------------------------------------------------------------ */
+
+/* fp8(v) of docs/ops.md 9.1 (= moex_fp8_encode) by the conversion instruction. */
+static __device__ __forceinline__ uint8_t fp8_encode(float v, moex_fp8_format f) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f.mbits == 3 ? __NV_E4M3 : __NV_E5M2);
+}
 
 /* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
  * finite value and NaN above Inf. */
@@ -108,7 +119,7 @@ colscale_off_kernel(const int64_t *off, int64_t G, int64_t B, int64_t *cso) {
     if (threadIdx.x == 0) cso[0] = 0;
     for (int64_t base = 0; base < G; base += SCAN_THREADS) {
         const int64_t g = base + threadIdx.x;
-        const int64_t n = g < G ? (off[g + 1] - off[g] + B - 1) / B : 0;
+        const int64_t n = g < G ? cdiv(off[g + 1] - off[g], B) : 0;
         int64_t total;
         const int64_t incl = block_scan_i64(n, sh, &total) + carry;
         if (g < G) cso[g + 1] = incl;
@@ -186,7 +197,7 @@ current_cast_kernel(const int64_t *off, int G, int per_group, const float *mult,
             if (tx < nk)
                 for (int i = ty; i < nr; i += Q_TILE_ROWS) {
                     const int64_t at = (r0 + i) * K + k0 + tx;
-                    const uint8_t q = moex_fp8_encode(to_f32(x[at]) * smult[i], f);
+                    const uint8_t q = fp8_encode(to_f32(x[at]) * smult[i], f);
                     if (row_data) row_data[at] = q;
                     sq[i][tx] = q;
                 }
@@ -244,7 +255,7 @@ block_rowwise_kernel(const int64_t *off, int G, const TX *x, int64_t K, int64_t 
 #pragma unroll
         for (int i = 0; i < EPL; i++) {
             const int64_t k = j * B + i * 32 + lane;
-            if (k < K) data[r * K + k] = moex_fp8_encode(v[i] * s, f);
+            if (k < K) data[r * K + k] = fp8_encode(v[i] * s, f);
         }
     }
 }
@@ -289,7 +300,7 @@ block_colwise_kernel(const int64_t *off, const int64_t *cso, int G, const TX *x,
 #pragma unroll
                 for (int i = 0; i < EPL; i++) {
                     const int row = i * 32 + lane;
-                    if (row < nr) data_t[k * T + r0 + row] = moex_fp8_encode(v[i] * s, f);
+                    if (row < nr) data_t[k * T + r0 + row] = fp8_encode(v[i] * s, f);
                 }
             }
         }
@@ -377,18 +388,21 @@ dequant_colwise_kernel(const int64_t *off, const int64_t *cso, int G, dq_scales 
  * One layout function gives the size (ws NULL) and the pointers:
  *   quantize TENSOR/GROUP: amax bits [n] and multipliers [n] (n = 1 or G);
  *   quantize BLOCK/MXFP8 with a columnwise copy, and dequantize BLOCK/MXFP8 from the
- *   columnwise copy: the column-tile offsets b_g [G + 1].                                */
+ *   columnwise copy: the column-tile offsets b_g [G + 1];
+ *   quantize with dbias: the column sums' partials (moex_cuda_colsum_partial_bytes).      */
 
 typedef struct quant_ws {
     uint32_t *amax_bits;
     float *mult;
     int64_t *cso;
+    float *partial;
     size_t used;
 } quant_ws;
 
-static quant_ws quant_layout(moex_quant_recipe recipe, bool columnwise_tiles, int64_t G, void *ws) {
+static quant_ws quant_layout(moex_quant_recipe recipe, bool columnwise_tiles, int64_t G, size_t partial_bytes,
+                             void *ws) {
     moex_carver c = {(char *)ws, 0};
-    quant_ws l = {NULL, NULL, NULL, 0};
+    quant_ws l = {NULL, NULL, NULL, NULL, 0};
     if (is_current(recipe)) {
         const int64_t n = recipe == MOEX_QUANT_TENSOR ? 1 : G;
         l.amax_bits = (uint32_t *)moex_take(&c, moex_sz_bytes(n, 1, sizeof(uint32_t)));
@@ -396,6 +410,7 @@ static quant_ws quant_layout(moex_quant_recipe recipe, bool columnwise_tiles, in
     } else if (columnwise_tiles) {
         l.cso = (int64_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
     }
+    if (partial_bytes) l.partial = (float *)moex_take(&c, partial_bytes);
     l.used = c.used;
     return l;
 }
@@ -409,8 +424,13 @@ static moex_status launch_colscale_off(moex_context *ctx, const moex_call *c, co
 
 /* ---- quantize ---------------------------------------------------------------------------- */
 
+/* The dbias partials' bytes (0 without dbias). */
+static size_t dbias_bytes(const moex_group_quantize_args *a, const moex_quant_dims *d) {
+    return moex_present(&a->dbias) ? moex_cuda_colsum_partial_bytes(d->T, d->G, d->K) : 0;
+}
+
 size_t moex_cuda_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d) {
-    return quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, NULL).used;
+    return quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), NULL).used;
 }
 
 template <typename TX>
@@ -481,8 +501,7 @@ static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const 
 
 template <typename TX>
 static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
-    const quant_ws l = quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, ws);
+                                const moex_group_quantize_args *a, const moex_quant_dims *d, const quant_ws &l) {
     switch (a->params.recipe) {
     case MOEX_QUANT_TENSOR:
     case MOEX_QUANT_GROUP: return quantize_current<TX>(ctx, c, g, a, d->K, l);
@@ -497,9 +516,18 @@ moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex
     if (g->G > INT_MAX)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: G = %lld groups exceed the CUDA kernels' limit", c->op,
                          (long long)g->G);
-    if (d->dt == MOEX_DTYPE_F32) return quantize_run<float>(ctx, c, g, a, d, ws);
-    if (d->dt == MOEX_DTYPE_BF16) return quantize_run<bf16>(ctx, c, g, a, d, ws);
-    return quantize_run<f16>(ctx, c, g, a, d, ws);
+    const bool dbias = moex_present(&a->dbias);
+    if (dbias && (moex_cuda_max_tiles(d->T, d->G) > 65535 || d->G > 65535))   /* before any launch */
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: dbias over %lld rows in %lld groups exceeds the CUDA "
+                         "column-sum grid (65535 row tiles of 128 and 65535 groups)", c->op, (long long)d->T,
+                         (long long)d->G);
+    const quant_ws l = quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
+    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_run<float>(ctx, c, g, a, d, l)
+                     : d->dt == MOEX_DTYPE_BF16 ? quantize_run<bf16>(ctx, c, g, a, d, l)
+                                                : quantize_run<f16>(ctx, c, g, a, d, l);
+    if (st != MOEX_OK || !dbias) return st;
+    return moex_cuda_group_colsum(ctx, c->op, g, a->x.data, d->dt, d->K, NULL, l.partial, (float *)a->dbias.data,
+                                  (cudaStream_t)c->stream);
 }
 
 /* ---- dequantize -------------------------------------------------------------------------- */
@@ -509,7 +537,7 @@ static bool dequant_needs_tiles(const moex_group_dequantize_args *a) {
 }
 
 size_t moex_cuda_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d) {
-    return quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, NULL).used;
+    return quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, 0, NULL).used;
 }
 
 template <typename TY>
@@ -533,7 +561,7 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
         CUDA_TRY_LAUNCH(ctx, c->op);
         return MOEX_OK;
     }
-    const quant_ws l = quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, ws);
+    const quant_ws l = quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, 0, ws);
     sc.stride = B ? cdiv(T, B) + G : 0;
     if (B) MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
     const dim3 grid(grid_x(cdiv(T, Q_TILE)), grid_y(cdiv(K, Q_TILE)));

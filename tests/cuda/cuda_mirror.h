@@ -260,7 +260,7 @@ static moex_status gpu_group_quantize(moex_context *ctx, const moex_group_quanti
     moex_group_quantize_args a = *h;
     cm_tensor(&m, &a.x, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.rowwise.data, 1);
     cm_tensor(&m, &a.rowwise.scales, 1), cm_tensor(&m, &a.columnwise.data, 1), cm_tensor(&m, &a.columnwise.scales, 1);
-    cm_tensor(&m, &a.amax, 1);
+    cm_tensor(&m, &a.amax, 1), cm_tensor(&m, &a.dbias, 1);
     CM_RUN(ctx, &m, moex_group_quantize, &a);
 }
 
@@ -269,6 +269,21 @@ static moex_status gpu_group_dequantize(moex_context *ctx, const moex_group_dequ
     moex_group_dequantize_args a = *h;
     cm_tensor(&m, &a.src.data, 0), cm_tensor(&m, &a.src.scales, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.y, 1);
     CM_RUN(ctx, &m, moex_group_dequantize, &a);
+}
+
+static moex_status gpu_weight_quantize(moex_context *ctx, const moex_weight_quantize_args *h) {
+    cm_mirror m = {0};
+    moex_weight_quantize_args a = *h;
+    cm_tensor(&m, &a.w, 0), cm_tensor(&m, &a.rowwise.data, 1), cm_tensor(&m, &a.rowwise.scales, 1);
+    cm_tensor(&m, &a.columnwise.data, 1), cm_tensor(&m, &a.columnwise.scales, 1), cm_tensor(&m, &a.amax, 1);
+    CM_RUN(ctx, &m, moex_weight_quantize, &a);
+}
+
+static moex_status gpu_weight_dequantize(moex_context *ctx, const moex_weight_dequantize_args *h) {
+    cm_mirror m = {0};
+    moex_weight_dequantize_args a = *h;
+    cm_tensor(&m, &a.src.data, 0), cm_tensor(&m, &a.src.scales, 0), cm_tensor(&m, &a.w, 1);
+    CM_RUN(ctx, &m, moex_weight_dequantize, &a);
 }
 
 /* The MoE layer's `saved` must outlive one call: each host `saved` pointer gets one device

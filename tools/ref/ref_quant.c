@@ -325,3 +325,104 @@ void ref_group_dequantize(const moex_quant_params *p, moex_quant_orientation ori
     }
     free(off);
 }
+
+/* ---- grouped weights (9.7) ------------------------------------------------------------ */
+
+int ref_weight_scales_shape(moex_quant_recipe recipe, int columnwise, int64_t G, int64_t N, int64_t K,
+                            int64_t shape[3]) {
+    if (recipe == MOEX_QUANT_GROUP) {
+        shape[0] = G;
+        return 1;
+    }
+    if (recipe != MOEX_QUANT_BLOCK && recipe != MOEX_QUANT_MXFP8) abort();
+    shape[0] = G;
+    if (recipe == MOEX_QUANT_BLOCK) {   /* 128x128 blocks: [ceil(N/128), ceil(K/128)], transposed */
+        shape[1] = ceil_div(columnwise ? K : N, 128);
+        shape[2] = ceil_div(columnwise ? N : K, 128);
+    } else {                            /* 1x32 along each copy's own last dimension */
+        shape[1] = columnwise ? K : N;
+        shape[2] = ceil_div(columnwise ? N : K, 32);
+    }
+    return 3;
+}
+
+int64_t ref_weight_scale_index(moex_quant_recipe recipe, int columnwise, int64_t G, int64_t N, int64_t K, int64_t g,
+                               int64_t n, int64_t k) {
+    int64_t sh[3];
+    if (ref_weight_scales_shape(recipe, columnwise, G, N, K, sh) == 1) return g;
+    int64_t r, c;   /* the set's (row, column) in the [sh[1], sh[2]] scale matrix of expert g */
+    if (recipe == MOEX_QUANT_BLOCK) {
+        r = columnwise ? k / 128 : n / 128;
+        c = columnwise ? n / 128 : k / 128;
+    } else {
+        r = columnwise ? k : n;
+        c = columnwise ? n / 32 : k / 32;
+    }
+    return (g * sh[1] + r) * sh[2] + c;
+}
+
+void ref_weight_quantize(const moex_quant_params *p, int64_t G, int64_t N, int64_t K, const double *w,
+                         ref_quant_out *out) {
+    if (p->recipe != MOEX_QUANT_GROUP && p->recipe != MOEX_QUANT_BLOCK && p->recipe != MOEX_QUANT_MXFP8) abort();
+    qrun q;
+    q.p = p;
+    grid_init(&q.grid, p->fp8);
+    q.out = out;
+    int64_t rsh[3], csh[3];
+    ref_weight_scales_shape(p->recipe, 0, G, N, K, rsh);
+    ref_weight_scales_shape(p->recipe, 1, G, N, K, csh);
+    for (int64_t g = 0; g < G; g++) {
+        /* W_g seen as the [N, K] matrix x of the row helpers: rect_codes writes the rowwise
+         * code of (n, k) at row[n K + k] and the columnwise one at col[k N + n] (T = N) */
+        q.T = N, q.K = K, q.x = w + g * N * K;
+        uint8_t *rd = out->row_data ? out->row_data + g * N * K : NULL;
+        uint8_t *cd = out->col_data ? out->col_data + g * K * N : NULL;
+        if (p->recipe == MOEX_QUANT_GROUP) {
+            double amax;
+            const float sc = scaled_set(&q, 0, N, 0, K, rd, cd, &amax);
+            if (rd) ((float *)out->row_scales)[g] = sc;
+            if (cd) ((float *)out->col_scales)[g] = sc;
+            if (out->amax) out->amax[g] = amax;
+        } else if (p->recipe == MOEX_QUANT_BLOCK) {
+            const int64_t bn = ceil_div(N, 128), bk = ceil_div(K, 128);
+            for (int64_t i = 0; i < bn; i++)
+                for (int64_t j = 0; j < bk; j++) {
+                    const int64_t r0 = 128 * i, r1 = r0 + 128 < N ? r0 + 128 : N;
+                    const int64_t c0 = 128 * j, c1 = c0 + 128 < K ? c0 + 128 : K;
+                    const float sc = scaled_set(&q, r0, r1, c0, c1, rd, cd, NULL);
+                    if (rd) ((float *)out->row_scales)[(g * bn + i) * bk + j] = sc;
+                    if (cd) ((float *)out->col_scales)[(g * bk + j) * bn + i] = sc;
+                }
+        } else {
+            const int64_t mk = ceil_div(K, 32), mn = ceil_div(N, 32);
+            if (rd)   /* rowwise: 1x32 along K, row n's block j */
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t j = 0; j < mk; j++) {
+                        const int64_t c0 = 32 * j, c1 = c0 + 32 < K ? c0 + 32 : K;
+                        ((uint8_t *)out->row_scales)[(g * N + n) * mk + j] = mx_set(&q, n, n + 1, c0, c1, rd, NULL);
+                    }
+            if (cd)   /* columnwise: 32x1 along N, column k's block i */
+                for (int64_t k = 0; k < K; k++)
+                    for (int64_t i = 0; i < mn; i++) {
+                        const int64_t r0 = 32 * i, r1 = r0 + 32 < N ? r0 + 32 : N;
+                        ((uint8_t *)out->col_scales)[(g * K + k) * mn + i] = mx_set(&q, r0, r1, k, k + 1, NULL, cd);
+                    }
+        }
+    }
+}
+
+void ref_weight_dequantize(const moex_quant_params *p, moex_quant_orientation orientation, int64_t G, int64_t N,
+                           int64_t K, const uint8_t *data, const void *scales, moex_dtype wdt, double *w) {
+    const int col = orientation == MOEX_QUANT_COLUMNWISE;
+    double value[256];   /* every code's value, decoded once */
+    for (int c = 0; c < 256; c++) value[c] = ref_fp8_decode(p->fp8, (uint8_t)c);
+    for (int64_t g = 0; g < G; g++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) {
+                const uint8_t code = col ? data[(g * K + k) * N + n] : data[(g * N + n) * K + k];
+                const int64_t at = ref_weight_scale_index(p->recipe, col, G, N, K, g, n, k);
+                const double scale = p->recipe == MOEX_QUANT_MXFP8 ? ref_e8m0_decode(((const uint8_t *)scales)[at])
+                                                                   : (double)((const float *)scales)[at];
+                w[(g * N + n) * K + k] = ref_round(wdt, to_f32(value[code] * scale));
+            }
+}

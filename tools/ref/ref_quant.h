@@ -100,6 +100,38 @@ void ref_group_dequantize(const moex_quant_params *p, moex_quant_orientation ori
                           int64_t K, const int64_t *splits, const uint8_t *data, const void *scales,
                           moex_dtype ydt, double *y);
 
+/* ---- grouped weights (docs/ops.md 9.7) ----------------------------------------------- *
+ * w [G, N, K] as doubles (each exactly an f32 value), W_g = w[g] an [N, K] matrix. Sets:
+ *   GROUP   all of W_g (scales [G], amax [G]);
+ *   BLOCK   the 128x128 block (i, j) of W_g, rows [128i, 128i+128) x columns [128j, 128j+128)
+ *           cut at the edges: rowwise scale [g, i, j] of [G, ceil(N/128), ceil(K/128)],
+ *           columnwise scale [g, j, i] of [G, ceil(K/128), ceil(N/128)] (the same value);
+ *   MXFP8   rowwise: columns [32j, 32j+32) of row n, scale [g, n, j] of [G, N, ceil(K/32)];
+ *           columnwise: rows [32i, 32i+32) of column k, scale [g, k, i] of [G, K, ceil(N/32)].
+ * columnwise data [g, k, n] is the code of w[g, n, k] with its columnwise set's scale. Every
+ * element of every present output is written (there are no splits). TENSOR is not a weight
+ * recipe (the functions abort on it). ref_quant_out is reused: row_data [G, N, K], col_data
+ * [G, K, N], amax [G] (GROUP only). */
+
+/* The shape of the scales of one copy (columnwise != 0: the [G, K, N] copy); returns ndim
+ * (1 for GROUP, 3 for BLOCK and MXFP8) and fills shape[0..ndim). */
+int ref_weight_scales_shape(moex_quant_recipe recipe, int columnwise, int64_t G, int64_t N, int64_t K,
+                            int64_t shape[3]);
+
+/* The index into one copy's scales of the set that holds w[g, n, k]. */
+int64_t ref_weight_scale_index(moex_quant_recipe recipe, int columnwise, int64_t G, int64_t N, int64_t K, int64_t g,
+                               int64_t n, int64_t k);
+
+/* moex_weight_quantize. */
+void ref_weight_quantize(const moex_quant_params *p, int64_t G, int64_t N, int64_t K, const double *w,
+                         ref_quant_out *out);
+
+/* moex_weight_dequantize: w[g, n, k] = round_wdt(float(q) * scale), the product rounded to
+ * f32 first, from data [G, N, K] (ROWWISE) or [G, K, N] (COLUMNWISE) and its scales in the
+ * storage form. w holds the values of the wdt results. */
+void ref_weight_dequantize(const moex_quant_params *p, moex_quant_orientation orientation, int64_t G, int64_t N,
+                           int64_t K, const uint8_t *data, const void *scales, moex_dtype wdt, double *w);
+
 #ifdef __cplusplus
 }
 #endif
