@@ -383,9 +383,17 @@ static void wq_mx_cols(void *arg, int64_t begin, int64_t end) {
     }
 }
 
+/* GROUP's workspace: the row amaxes [G*N] and the multipliers [G] (ws NULL: the size). */
+static size_t wq_group_layout(int64_t G, int64_t N, void *ws, float **row_amax, float **mult) {
+    moex_carver c = {(char *)ws, 0};
+    *row_amax = (float *)moex_take(&c, moex_sz_bytes(G, N, sizeof(float)));
+    *mult = (float *)moex_take(&c, moex_sz_bytes(G, 1, sizeof(float)));
+    return c.used;
+}
+
 size_t moex_cpu_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d) {
-    if (a->params.recipe != MOEX_QUANT_GROUP) return 0;
-    return moex_sz_add(moex_sz_bytes(d->G, d->T, sizeof(float)), moex_sz_bytes(d->G, 1, sizeof(float)));
+    float *row_amax, *mult;
+    return a->params.recipe == MOEX_QUANT_GROUP ? wq_group_layout(d->G, d->T, NULL, &row_amax, &mult) : 0;
 }
 
 moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
@@ -400,8 +408,8 @@ moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, cons
     const int64_t rows = jb.K > 0 ? jb.G * jb.N : 0;   /* validated: G N K < 2^60 */
     switch (a->params.recipe) {
     case MOEX_QUANT_GROUP: {
-        jb.row_amax = (float *)ws;
-        float *mult = (float *)ws + rows;
+        float *mult;
+        wq_group_layout(jb.G, jb.N, ws, &jb.row_amax, &mult);
         if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(jb.K), wq_row_amax, &jb);
         for (int64_t g = 0; g < jb.G; g++) {
             float m = 0.0f;
