@@ -9,6 +9,8 @@
  *   fuzz_ops_mlp.c       argument builders: scaled GLU (2), grouped MLP (2)
  *   fuzz_ops_routing.c   argument builders: router (2), permute (2), unpermute (2)
  *   fuzz_ops_moe.c       argument builders: MoE layer (saved size, forward, backward), context calls
+ *   fuzz_ops_quant.c     argument builders: grouped quantize, dequantize (experimental), and
+ *                        their oracles "amax", "scale", "dbias", "workspace"
  *   fuzz_libfuzzer.c     LLVMFuzzerTestOneInput (target moex_fuzz, clang + MOEX_FUZZ=ON)
  *   fuzz_run.c           standalone driver moex_fuzz_run (any compiler; corpus replay,
  *                        pseudo-random inputs, seed-corpus generator)
@@ -16,7 +18,8 @@
  *
  * How an input is used
  *   An input is a sequence of up to FZ_MAX_CASES cases. A case reads an operation (every
- *   public operation and size query of moex.h is reachable), a mode (run mode: small shapes
+ *   public operation and size query of moex.h is reachable but moex_weight_quantize and
+ *   moex_weight_dequantize, not yet covered), a mode (run mode: small shapes
  *   backed by real buffers; huge mode, one case in eight: huge shapes, size queries, and
  *   runs only where the harness knows the call must be refused), a seed for tensor contents,
  *   then a VALID argument set (dims, dtypes, enums, optional tensors, packed or discrete
@@ -28,12 +31,13 @@
  *
  *   Every tensor has its own allocation with guard bytes on both sides (ASan-poisoned on the
  *   CPU, so that ASan reports any overrun at once); rows past sum(splits) of every [T, ...]
- *   tensor of an op with splits are ASan-poisoned during the run (CPU); during a size query
- *   every tensor's data is poisoned (a query reads no data; the CPU reads the discrete
- *   weights' pointer arrays, which stay readable). Workspace and `saved` are allocated at
- *   exactly the size asked, at a random misalignment. Empty tensors get NULL or a real
- *   pointer. CUDA: the same buffers in device memory (guards checked by comparison, no
- *   poisoning), the discrete weights' pointer arrays in device memory.
+ *   tensor of an op with splits (and the column tails: columns past sum(splits) of a
+ *   columnwise [K, T] copy, past b_G of its block scales) are ASan-poisoned during the run
+ *   (CPU); during a size query every tensor's data is poisoned (a query reads no data; the
+ *   CPU reads the discrete weights' pointer arrays, which stay readable). Workspace and
+ *   `saved` are allocated at exactly the size asked, at a random misalignment. Empty tensors
+ *   get NULL or a real pointer. CUDA: the same buffers in device memory (guards checked by
+ *   comparison, no poisoning), the discrete weights' pointer arrays in device memory.
  *
  * THE FAULT LIST: each fault is known to make the call invalid. Class (what is expected):
  *   STRUCT   every call with it, size queries and runs, fails with MOEX_ERR_INVALID_ARG
@@ -52,12 +56,13 @@
  *   G0  ndim          a present tensor gets another ndim (1..4, or -1, 5, 100, INT32_MIN)  STRUCT
  *   G1  negative dim  a dimension becomes negative (-1, -2^40, INT64_MIN)                 STRUCT
  *   G2  mismatch      a dimension tied to another tensor's changes (+-1, +2, +64, ...)     STRUCT
- *   G3  dtype         a dtype outside the valid set: another moex_dtype, or 5, 6, 99, -1  STRUCT
+ *   G3  dtype         a dtype outside the valid set: another moex_dtype, or 8, 99, -1     STRUCT
  *   G4  NULL data     data NULL with elements (discrete weight: ptrs NULL too)             STRUCT
  *   G5  overflow      dims whose product passes 2^60 elements (2^32 x 2^32, INT64_MAX)    STRUCT
  *   G6  absent        a required tensor absent (ndim 0)                                    STRUCT
  *   G7  present       a tensor the options forbid is given (bias with NONE, dprobs
- *                     without probs, probs_p without probs, db2 with NONE, ...)           STRUCT
+ *                     without probs, probs_p without probs, db2 with NONE, scales of an
+ *                     absent copy, amax with BLOCK/MXFP8, ...)                            STRUCT
  *   G8  overlap       an output overlaps another tensor, the workspace, `saved` or a
  *                     discrete weight's pointer array or (cpu) matrix; or the workspace
  *                     (an output) overlaps an input                                        RUNONLY
@@ -83,6 +88,13 @@
  *   saved         MoE: saved NULL or short (fwd, bwd); saved never written by a forward
  *                 (cpu); a forward with other score/norm (cpu)                              RUNONLY
  *   saved bytes   MoE: bytes of `saved` flipped between forward and backward (cpu)         CHAOS
+ *   quant enums   quantize, dequantize: unknown params.recipe, params.rounding,
+ *                 orientation                                                               STRUCT
+ *   fp8           params.fp8 not E4M3/E5M2 (f32 .. i64, E8M0, 8, 99, -1, INT32_MIN)        STRUCT
+ *   epsilon       params.amax_epsilon negative (-1, -1e-30, -1e-45, -FLT_MAX), NaN, +-Inf  STRUCT
+ *   swap          (first fault only) a valid recipe, fp8 format or orientation that the
+ *                 tensors built for the old one do not fit (TENSOR -> GROUP only with
+ *                 G != 1, ...); it freezes every tensor: no later fault undoes it           STRUCT
  *
  * THE ORACLES (fz_fail aborts naming the call and the oracle):
  *   - no crash, no ASan/UBSan report (the build's sanitizers);
@@ -93,13 +105,22 @@
  *   - "no write on failure": a failed call changed no byte of any tensor, of `saved`, or
  *     of any guard (the workspace's own bytes excepted);
  *   - "inputs": an OK call changed no input (nor any tensor the call ignores);
- *   - "tail": an OK call wrote no row past sum(splits) of an output (CPU: nor read one: ASan);
+ *   - "tail": an OK call wrote no row past sum(splits) of an output, nor a column past its
+ *     column tail (quantization: columnwise copies) (CPU: nor read one: ASan);
  *   - "guard": no call wrote outside the buffers it was given;
  *   - "query": a size query changed nothing; its size is <= PTRDIFF_MAX, and in run mode
  *     at most 1 GiB; moex_moe_layer_saved_size is at least the bytes docs/ops.md 8.1 says
  *     `saved` holds (logits, probs, ids, splits, row_map, probs_p, h);
  *   - "check_splits": after every run moex_context_check_splits gives MOEX_OK, or on CUDA
- *     the deferred status of the SPLITS/IDS/OFFSFIT faults; CUDA: no runtime error.
+ *     the deferred status of the SPLITS/IDS/OFFSFIT faults; CUDA: no runtime error;
+ *   - quantize, dequantize, after an OK run without faults (run mode): "amax" and "scale"
+ *     (TENSOR, GROUP): amax[g] is max |x| over the set's rows (NaN if any is NaN, 0 when
+ *     empty) and every scale is 1/s of docs/ops.md 9.2, bit for bit; "dbias" (any recipe):
+ *     dbias[g, k] is 0 for an empty group, else the sum of x[t, k] over the group's rows
+ *     within an f32 sum's error (n 2^-23 sum |x|; columns with a non-finite or huge value
+ *     skipped); "workspace": the call again with a fresh workspace (other bytes, another
+ *     misalignment) writes bitwise the same outputs (the workspace's contents never affect
+ *     results).
  */
 #ifndef MOEX_FUZZ_H
 #define MOEX_FUZZ_H
@@ -170,7 +191,7 @@ void fz_print_current_case(FILE *f);
 enum {
     FZ_OP_SPLITS_TO_OFFSETS, FZ_OP_GL_FWD, FZ_OP_GL_DGRAD, FZ_OP_GL_WGRAD, FZ_OP_GLU_FWD, FZ_OP_GLU_BWD,
     FZ_OP_MLP_FWD, FZ_OP_MLP_BWD, FZ_OP_ROUTER_FWD, FZ_OP_ROUTER_BWD, FZ_OP_PERMUTE_FWD, FZ_OP_PERMUTE_BWD,
-    FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_NUM_OPS
+    FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_OP_QUANTIZE, FZ_OP_DEQUANTIZE, FZ_NUM_OPS
 };
 extern const char *const fz_op_names[FZ_NUM_OPS];
 
@@ -237,6 +258,7 @@ typedef struct fz_tensor {
     unsigned flags;
     unsigned dtypes_ok;       /* dtypes (MOEX_DT bits) that keep the call valid            */
     int64_t tail_row;         /* rows >= tail_row of dim 0 are the tail; -1: none          */
+    int64_t tail_col;         /* 2-D: columns >= tail_col of every row are the tail; -1: none */
     int64_t *i64;             /* integer contents (case-owned), or NULL: random contents   */
     int32_t *i32;
     int64_t nints;
@@ -358,6 +380,7 @@ int fz_weight_reg(fz_case *c, const char *name, moex_weight *w, fz_role role, un
 void fz_set_i64(fz_case *c, int ti, int64_t *v, int64_t n);   /* contents (case-owned)  */
 void fz_set_i32(fz_case *c, int ti, int32_t *v, int64_t n);
 void fz_tail(fz_case *c, int ti, int64_t S);                  /* rows >= S are the tail */
+void fz_tail_cols(fz_case *c, int ti, int64_t S);             /* 2-D: columns >= S too  */
 void fz_role_set(fz_case *c, int ti, fz_role role, unsigned flags_add);
 int fz_find(fz_case *c, const char *name);
 
@@ -455,6 +478,8 @@ void fz_op_unpermute_fwd(fz_case *c);
 void fz_op_unpermute_bwd(fz_case *c);
 void fz_op_moe(fz_case *c);
 void fz_op_context(fz_case *c);
+void fz_op_quantize(fz_case *c);
+void fz_op_dequantize(fz_case *c);
 
 /* Shared by the builders: GLU parameters (valid for F), and their faults. */
 moex_glu_params fz_glu_params(fz_case *c, int64_t *F);

@@ -42,12 +42,12 @@ const char *const fz_op_names[FZ_NUM_OPS] = {
     "splits_to_offsets", "grouped_linear_forward", "grouped_linear_backward_data",
     "grouped_linear_backward_weight", "scaled_glu_forward", "scaled_glu_backward", "grouped_mlp_forward",
     "grouped_mlp_backward", "router_forward", "router_backward", "permute_forward", "permute_backward",
-    "unpermute_forward", "unpermute_backward", "moe_layer", "context"};
+    "unpermute_forward", "unpermute_backward", "moe_layer", "context", "group_quantize", "group_dequantize"};
 
 static void (*const op_builders[FZ_NUM_OPS])(fz_case *) = {
     fz_op_splits_to_offsets, fz_op_gl_fwd, fz_op_gl_dgrad, fz_op_gl_wgrad, fz_op_glu_fwd, fz_op_glu_bwd,
     fz_op_mlp_fwd, fz_op_mlp_bwd, fz_op_router_fwd, fz_op_router_bwd, fz_op_permute_fwd, fz_op_permute_bwd,
-    fz_op_unpermute_fwd, fz_op_unpermute_bwd, fz_op_moe, fz_op_context};
+    fz_op_unpermute_fwd, fz_op_unpermute_bwd, fz_op_moe, fz_op_context, fz_op_quantize, fz_op_dequantize};
 
 /* ---- failures ---------------------------------------------------------------------------- */
 
@@ -262,6 +262,7 @@ int fz_tensor_reg(fz_case *c, const char *name, moex_tensor *t, fz_role role, un
     T->flags = flags;
     T->dtypes_ok = dtypes_ok;
     T->tail_row = -1;
+    T->tail_col = -1;
     T->buf = T->ptrs_buf = -1;
     T->null_g = T->share_g = -1;
     for (int g = 0; g < FZ_MAX_G; g++) T->mat_buf[g] = -1;
@@ -298,6 +299,8 @@ void fz_set_i32(fz_case *c, int ti, int32_t *v, int64_t n) {
 }
 
 void fz_tail(fz_case *c, int ti, int64_t S) { c->tens[ti].tail_row = S; }
+
+void fz_tail_cols(fz_case *c, int ti, int64_t S) { c->tens[ti].tail_col = S; }
 
 void fz_role_set(fz_case *c, int ti, fz_role role, unsigned flags_add) {
     c->tens[ti].role = role;
@@ -737,11 +740,11 @@ static bool g_dtype(fz_case *c, unsigned sel, uint64_t p) {
     const int ti_ = cand[sel % n];
     fz_tensor *T = &c->tens[ti_];
     c->fault_ti = ti_;
-    int32_t vals[12];
+    int32_t vals[16];
     int nv = 0;
-    for (int d = 0; d <= MOEX_DTYPE_I64; d++)
+    for (int d = 0; d <= MOEX_DTYPE_E8M0; d++)
         if (!(T->dtypes_ok & (1u << d))) vals[nv++] = d;
-    vals[nv++] = 5, vals[nv++] = 6, vals[nv++] = 99, vals[nv++] = -1, vals[nv++] = INT32_MIN;
+    vals[nv++] = MOEX_DTYPE_E8M0 + 1, vals[nv++] = 99, vals[nv++] = -1, vals[nv++] = INT32_MIN;
     const moex_dtype old = T->t->dtype;
     T->t->dtype = (moex_dtype)vals[p % (uint64_t)nv];
     T->touched = 1;
@@ -1098,6 +1101,7 @@ typedef struct fz_region {
     int ti, g;              /* tensor (-1: workspace / saved), matrix (-1: none)          */
     int ws;                 /* the current workspace: written even by a failed call      */
     int tail;               /* [at + wlen, at + len) is the tail of an output           */
+    int ctail;              /* columns >= tail_col of each row are a tail (2-D outputs)  */
 } fz_region;
 
 #define FZ_MAX_REGIONS (FZ_MAX_TENSORS + 4 * FZ_MAX_G)
@@ -1111,25 +1115,28 @@ static int build_regions(fz_case *c, fz_region *r, bool run) {
         if (T->discrete) {
             for (int64_t g = 0; g < T->G && n < FZ_MAX_REGIONS - 2; g++)
                 if (T->mat_buf[g] >= 0)
-                    r[n++] = (fz_region){T->mat_buf[g], 0, T->mat_bytes, w ? T->mat_bytes : 0, 0, i, (int)g, 0, 0};
-            if (T->ptrs_buf >= 0) r[n++] = (fz_region){T->ptrs_buf, 0, (size_t)T->G * sizeof(void *), 0, 0, i, -1, 0, 0};
+                    r[n++] = (fz_region){T->mat_buf[g], 0, T->mat_bytes, w ? T->mat_bytes : 0, 0, i, (int)g, 0, 0, 0};
+            if (T->ptrs_buf >= 0) r[n++] = (fz_region){T->ptrs_buf, 0, (size_t)T->G * sizeof(void *), 0, 0, i, -1, 0, 0, 0};
             continue;
         }
         size_t len = 0;
         if (T->buf < 0 || c->bufs[T->buf].kind != FZ_B_DATA || !bytes_of(c, T->t, &len)) continue;
-        fz_region x = {T->buf, T->at, len, w ? len : 0, 0, i, -1, 0, 0};
+        fz_region x = {T->buf, T->at, len, w ? len : 0, 0, i, -1, 0, 0, 0};
         if (T->t->ndim >= 1 && T->t->shape[0] > 0) x.row_bytes = len / (size_t)T->t->shape[0];
         if (w && T->tail_row >= 0 && !c->split_faults && T->tail_row < T->t->shape[0]) {
             x.wlen = (size_t)T->tail_row * x.row_bytes;
             x.tail = 1;
         }
+        if (w && T->tail_col >= 0 && !c->split_faults && T->t->ndim == 2 && T->tail_col < T->t->shape[1] &&
+            x.row_bytes)
+            x.ctail = 1;
         r[n++] = x;
     }
     if (c->ws_buf >= 0 && c->bufs[c->ws_buf].kind == FZ_B_WS)
-        r[n++] = (fz_region){c->ws_buf, 0, c->bufs[c->ws_buf].bytes, run ? c->bufs[c->ws_buf].bytes : 0, 0, -1, -1, 1, 0};
+        r[n++] = (fz_region){c->ws_buf, 0, c->bufs[c->ws_buf].bytes, run ? c->bufs[c->ws_buf].bytes : 0, 0, -1, -1, 1, 0, 0};
     if (c->has_saved && c->saved_buf >= 0)
         r[n++] = (fz_region){c->saved_buf, 0, c->bufs[c->saved_buf].bytes,
-                             run && c->saved_out ? c->bufs[c->saved_buf].bytes : 0, 0, -1, -1, 0, 0};
+                             run && c->saved_out ? c->bufs[c->saved_buf].bytes : 0, 0, -1, -1, 0, 0, 0};
     return n;
 }
 
@@ -1156,15 +1163,29 @@ static void compare(fz_case *c, moex_status st) {
         for (size_t i = 0; i < b->total; i++) {
             if (b->snap[i] == b->now[i]) continue;
             const int64_t o = (int64_t)i - (int64_t)b->lead;
-            const fz_region *in = NULL;
+            const fz_region *in = NULL, *ctail = NULL;
             bool ok = false;
             for (int k = 0; k < nr; k++) {
                 if (r[k].buf != bi || o < (int64_t)r[k].at || o >= (int64_t)(r[k].at + r[k].len)) continue;
                 in = &r[k];
-                if (o < (int64_t)(r[k].at + r[k].wlen) && (st == MOEX_OK || r[k].ws)) ok = true;
+                if (o < (int64_t)(r[k].at + r[k].wlen) && (st == MOEX_OK || r[k].ws)) {
+                    if (r[k].ctail && (int64_t)((size_t)(o - (int64_t)r[k].at) % r[k].row_bytes /
+                                                esize(c->tens[r[k].ti].t->dtype)) >= c->tens[r[k].ti].tail_col)
+                        ctail = &r[k];
+                    else
+                        ok = true;
+                }
             }
             if (ok) continue;
             char what[96];
+            if (ctail) {
+                region_name(c, ctail, what, sizeof what);
+                const fz_tensor *T = &c->tens[ctail->ti];
+                const size_t rel = (size_t)(o - (int64_t)ctail->at);
+                fz_fail(c, "tail", "an OK call wrote row %zu column %zu of %s, past its %lld columns (byte %zu)",
+                        rel / ctail->row_bytes, rel % ctail->row_bytes / esize(T->t->dtype), what,
+                        (long long)T->tail_col, rel);
+            }
             if (!in) {
                 fz_fail(c, run ? "guard" : "query", "changed byte %lld of buffer \"%s\" (%zu bytes), outside every "
                         "tensor it holds: a write out of bounds (%s)", (long long)o, b->name, b->bytes,
@@ -1219,6 +1240,19 @@ void fz_call_begin(fz_case *c, const char *fn, int kind, int variant) {
             FZ_POISON(payload(c, r[k].buf) + r[k].at + r[k].wlen, r[k].len - r[k].wlen);
         }
     }
+    /* column tails (outputs and inputs): columns past the tail of every row */
+    if (kind == FZ_K_RUN && !c->split_faults)
+        for (int i = 0; i < c->ntens; i++) {
+            const fz_tensor *T = &c->tens[i];
+            size_t len;
+            if (T->tail_col < 0 || T->buf < 0 || c->bufs[T->buf].shared || !present(T) ||
+                c->bufs[T->buf].kind != FZ_B_DATA || T->t->ndim != 2 || !bytes_of(c, T->t, &len) || len == 0 ||
+                T->t->shape[1] <= T->tail_col)
+                continue;
+            const size_t rb = len / (size_t)T->t->shape[0], from = (size_t)T->tail_col * esize(T->t->dtype);
+            for (int64_t row = 0; row < T->t->shape[0]; row++)
+                FZ_POISON(payload(c, T->buf) + T->at + (size_t)row * rb + from, rb - from);
+        }
     /* input tails too: rows past sum(splits) are never read */
     if (kind == FZ_K_RUN && !c->split_faults)
         for (int i = 0; i < c->ntens; i++) {

@@ -183,6 +183,17 @@ static const struct {
     {"regress-issue13-2-moe-TkH-overflow",        /* T 1023, H 2^37, E = topk = 2^21, F 1, bf16 */
      {14, 15, 0x11, 0x22, 0x33, 0x44, 138, 0xFF, 101, 85, 1, 0xFF, 0xFF, 0x1F, 0, 0, 0, 0, 0, 0, 0, 1, 255, 255, 0,
       255, 255, 0}, 28},
+    /* grouped quantization (fuzz_ops_quant.c), byte by byte: op 16 (group_quantize) or 17
+     * (group_dequantize), mode 8 (run) or 15 (huge), 4 seed bytes, G (fz_dim), T, K (a byte
+     * below 64 picks 0, 1, 31, 32, ...; huge mode 0xC0 is INT64_MAX), dtype (0 f32), params
+     * (recipe + 4 fp8 + 8 rounding), epsilon (0: 0), options (quantize: 1 rowwise, 2
+     * columnwise, 8 amax; dequantize: orientation), splits (0: sum = T), no faults */
+    {"regress-quant-1-k0-amax-from-workspace",   /* x [1, 0] f32, TENSOR, amax: amax is not 0 */
+     {16, 8, 1, 2, 3, 4, 0, 1, 0, 0, 0, 0, 9, 0, 0}, 15},
+    {"regress-quant-2-block-scale-columns-overflow",   /* x [0, INT64_MAX], BLOCK: K + 127 (UBSan) */
+     {16, 15, 1, 2, 3, 4, 1, 0, 0xC0, 0, 2, 0, 1, 0, 0}, 15},
+    {"regress-quant-2-dequantize-block-overflow",      /* y [0, INT64_MAX], BLOCK rowwise (UBSan) */
+     {17, 15, 1, 2, 3, 4, 1, 0, 0xC0, 0, 2, 0, 0, 0, 0}, 15},
 };
 
 static int generate(const char *dir, uint64_t seed, uint64_t runs, size_t max_len, int max_files) {
