@@ -179,7 +179,7 @@ static moex_status quantize_blocks(moex_context *ctx, quant_job *jb) {
 }
 
 size_t moex_cpu_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d) {
-    return d->block ? (size_t)(d->G + 1) * sizeof(int64_t) : (size_t)d->T * sizeof(float);
+    return d->block ? moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)) : moex_sz_bytes(d->T, 1, sizeof(float));
 }
 
 moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
@@ -234,7 +234,7 @@ static void dequant_rows(void *arg, int64_t begin, int64_t end) {
 }
 
 size_t moex_cpu_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d) {
-    return (size_t)(d->G + 1) * sizeof(int64_t);
+    return moex_sz_bytes(d->G + 1, 1, sizeof(int64_t));
 }
 
 moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
