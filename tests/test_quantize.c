@@ -35,6 +35,7 @@
  * tests/cuda/test_gpu_quantize.c runs this file on the GPU (TQ_GPU 1).
  */
 #include "ref_quant.h"
+#include "test_quant.h"
 #include "test_util.h"
 
 #include <float.h>
@@ -50,40 +51,6 @@
 
 static moex_context *ctx;
 static int n_cases, n_mismatch_reports;
-
-static const char *recipe_name(moex_quant_recipe r) {
-    switch (r) {
-    case MOEX_QUANT_TENSOR: return "TENSOR";
-    case MOEX_QUANT_GROUP: return "GROUP";
-    case MOEX_QUANT_BLOCK: return "BLOCK";
-    case MOEX_QUANT_MXFP8: return "MXFP8";
-    }
-    return "?";
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float f32_of_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t bits_of_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* The largest finite value of an input dtype. */
-static double dt_max(moex_dtype dt) {
-    if (dt == MOEX_DTYPE_BF16) return ldexp(2.0 - ldexp(1.0, -7), 127);
-    if (dt == MOEX_DTYPE_F16) return 65504.0;
-    return FLT_MAX;
-}
 
 /* ---- the reference checked on its own ------------------------------------------------- */
 
@@ -248,10 +215,6 @@ static int64_t scale_index(const moex_quant_params *p, const qlayout *L, int col
     return k * L->cs_shape[1] + bg + (t - L->off[g]) / L->B;
 }
 
-static double scale_value(moex_dtype sdt, const void *s, int64_t i) {
-    return sdt == MOEX_DTYPE_E8M0 ? ref_e8m0_decode(((const uint8_t *)s)[i]) : (double)((const float *)s)[i];
-}
-
 /* Compares the codes of one copy ([rows, cols] bytes: rowwise [T, K], columnwise [K, T]) in
  * the written region (rows < S, or columns < S). */
 static void compare_codes(const qcase *c, const qlayout *L, const char *label, int col, const uint8_t *got,
@@ -340,12 +303,6 @@ static void check_tails(const qcase *c, const qlayout *L, const char *label, con
                       (long long)nc);
         }
     }
-}
-
-/* y values equal: same NaN-ness, and for numbers the same value and sign. */
-static int same_value(double a, double b) {
-    if (a != a || b != b) return (a != a) && (b != b);
-    return a == b && signbit(a) == signbit(b);
 }
 
 /* dbias [G, K] against the fp64 column sums of each group's rows, under the tolerance
@@ -518,37 +475,6 @@ static void run_case(const qcase *c) {
 typedef enum flavor { FL_NORMAL, FL_TIES, FL_SPECIAL, FL_EXTREME, FL_NUM } flavor;
 static const char *flavor_names[FL_NUM] = {"normal", "ties", "special", "extreme"};
 
-/* The values the tie flavour draws from (positive): every finite value of the format, every
- * midpoint of two neighbours, quarter points (no tie), and values past max (the midpoint of
- * max and the next step, the next step, far beyond). */
-static int tie_values(moex_dtype fmt, double *v) {
-    int n = 0;
-    double prev = -1;
-    for (int c = 0; c < 128; c++) {
-        double q = ref_fp8_decode(fmt, (uint8_t)c);
-        if (!isfinite(q)) break;
-        if (prev >= 0) {
-            v[n++] = 0.5 * (prev + q);
-            v[n++] = prev + 0.25 * (q - prev);
-            v[n++] = prev + 0.75 * (q - prev);
-        }
-        v[n++] = q;
-        prev = q;
-    }
-    const double mx = ref_fp8_max(fmt), step = fmt == MOEX_DTYPE_E4M3 ? 32 : 8192;
-    v[n++] = mx + 0.5 * step;
-    v[n++] = mx + 0.25 * step;
-    v[n++] = mx + step;
-    v[n++] = 4 * mx;
-    return n;
-}
-
-static double dt_subnormal(tu_rng *r, moex_dtype dt) {
-    const int lo = dt == MOEX_DTYPE_F32 ? -149 : dt == MOEX_DTYPE_BF16 ? -133 : -24;
-    const int hi = dt == MOEX_DTYPE_F16 ? -14 : -126;
-    return ref_round(dt, ldexp(tu_uniform(r), (int)(lo + tu_randint(r, hi - lo + 1))) + ldexp(1.0, lo));
-}
-
 /* x [T, K]: rows < S from the flavour (exact in dt), the rest 0 (the buffer poisons them). */
 static void make_x(tu_rng *r, flavor fl, moex_dtype dt, moex_dtype fmt, int64_t G, int64_t T, int64_t K,
                    const int64_t *off, double *x, int *kk_out) {
@@ -667,11 +593,6 @@ static void shape_splits(tu_rng *r, const qshape *s, int64_t *splits) {
     } else {
         memcpy(splits, s->splits, (size_t)s->G * sizeof(int64_t));
     }
-}
-
-static float pick_eps(tu_rng *r) {
-    static const float e[4] = {0.3f, 0.125f, 1e-30f, 3e4f};
-    return e[tu_randint(r, 4)];
 }
 
 static void main_grid(tu_rng *r) {

@@ -34,6 +34,7 @@
  * tests/cuda/test_gpu_weight_quantize.c runs this file on the GPU (TWQ_GPU 1).
  */
 #include "ref_quant.h"
+#include "test_quant.h"
 #include "test_util.h"
 
 #include <float.h>
@@ -52,46 +53,6 @@ static int n_cases, n_mismatch_reports;
 
 static const moex_dtype wdts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
 static const moex_quant_recipe wrecipes[3] = {MOEX_QUANT_GROUP, MOEX_QUANT_BLOCK, MOEX_QUANT_MXFP8};
-
-static const char *recipe_name(moex_quant_recipe r) {
-    switch (r) {
-    case MOEX_QUANT_TENSOR: return "TENSOR";
-    case MOEX_QUANT_GROUP: return "GROUP";
-    case MOEX_QUANT_BLOCK: return "BLOCK";
-    case MOEX_QUANT_MXFP8: return "MXFP8";
-    }
-    return "?";
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static float f32_of_bits(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static uint32_t bits_of_f32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-/* The largest finite value of an input dtype. */
-static double dt_max(moex_dtype dt) {
-    if (dt == MOEX_DTYPE_BF16) return ldexp(2.0 - ldexp(1.0, -7), 127);
-    if (dt == MOEX_DTYPE_F16) return 65504.0;
-    return FLT_MAX;
-}
-
-/* Values equal: same NaN-ness, and for numbers the same value and sign. */
-static int same_value(double a, double b) {
-    if (a != a || b != b) return (a != a) && (b != b);
-    return a == b && signbit(a) == signbit(b);
-}
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -141,10 +102,6 @@ static int64_t set_index(moex_quant_recipe rc, int col, int64_t G, int64_t N, in
     }
     /* MXFP8: rowwise [G, N, ceil(K/32)] at (g, n, k/32); columnwise [G, K, ceil(N/32)] at (g, k, n/32) */
     return col ? g * K * cdiv(N, 32) + k * cdiv(N, 32) + n / 32 : g * N * cdiv(K, 32) + n * cdiv(K, 32) + k / 32;
-}
-
-static double scale_value(moex_dtype sdt, const void *s, int64_t i) {
-    return sdt == MOEX_DTYPE_E8M0 ? ref_e8m0_decode(((const uint8_t *)s)[i]) : (double)((const float *)s)[i];
 }
 
 /* ---- the reference checked on its own ------------------------------------------------- */
@@ -564,36 +521,6 @@ static void run_case(const wcase *c) {
 typedef enum flavor { FL_NORMAL, FL_TIES, FL_SPECIAL, FL_EXTREME, FL_NUM } flavor;
 static const char *flavor_names[FL_NUM] = {"normal", "ties", "special", "extreme"};
 
-/* Every finite value of the format, every midpoint of two neighbours, quarter points, and
- * values past max (positive). */
-static int tie_values(moex_dtype fmt, double *v) {
-    int n = 0;
-    double prev = -1;
-    for (int c = 0; c < 128; c++) {
-        double q = ref_fp8_decode(fmt, (uint8_t)c);
-        if (!isfinite(q)) break;
-        if (prev >= 0) {
-            v[n++] = 0.5 * (prev + q);
-            v[n++] = prev + 0.25 * (q - prev);
-            v[n++] = prev + 0.75 * (q - prev);
-        }
-        v[n++] = q;
-        prev = q;
-    }
-    const double mx = ref_fp8_max(fmt), step = fmt == MOEX_DTYPE_E4M3 ? 32 : 8192;
-    v[n++] = mx + 0.5 * step;
-    v[n++] = mx + 0.25 * step;
-    v[n++] = mx + step;
-    v[n++] = 4 * mx;
-    return n;
-}
-
-static double dt_subnormal(tu_rng *r, moex_dtype dt) {
-    const int lo = dt == MOEX_DTYPE_F32 ? -149 : dt == MOEX_DTYPE_BF16 ? -133 : -24;
-    const int hi = dt == MOEX_DTYPE_F16 ? -14 : -126;
-    return ref_round(dt, ldexp(tu_uniform(r), (int)(lo + tu_randint(r, hi - lo + 1))) + ldexp(1.0, lo));
-}
-
 /* w [G, N, K] of a flavour, exact in dt. */
 static void make_w(tu_rng *r, flavor fl, moex_dtype dt, moex_dtype fmt, int64_t G, int64_t N, int64_t K, double *w,
                    int *kk_out) {
@@ -689,11 +616,6 @@ static const wshape shapes[] = {
 static const wshape big_shapes[] = {{5, 130, 129}, {1, 257, 300}, {2, 129, 257}, {1, 128, 128}};
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 #define N_BIG ((int)(sizeof big_shapes / sizeof big_shapes[0]))
-
-static float pick_eps(tu_rng *r) {
-    static const float e[4] = {0.3f, 0.125f, 1e-30f, 3e4f};
-    return e[tu_randint(r, 4)];
-}
 
 static void main_grid(tu_rng *r) {
     int combo = 0;

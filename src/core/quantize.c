@@ -59,6 +59,18 @@ static moex_status check_copy(moex_context *ctx, const char *op, const char *dat
     return check_scales(ctx, op, scales_name, &c->scales, q, d, orient, role);
 }
 
+/* Which copies a quantize writes (*row, *col): at least one, and no scales without data. */
+static moex_status check_copies_present(moex_context *ctx, const char *op, const moex_quant_tensor *rowwise,
+                                        const moex_quant_tensor *columnwise, bool *row, bool *col) {
+    *row = moex_present(&rowwise->data), *col = moex_present(&columnwise->data);
+    if (!*row && !*col)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: neither rowwise.data nor columnwise.data is given", op);
+    if ((!*row && moex_present(&rowwise->scales)) || (!*col && moex_present(&columnwise->scales)))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.scales is given without its data", op,
+                         *row ? "columnwise" : "rowwise");
+    return MOEX_OK;
+}
+
 /* The workspace: the handle's storage, then the primitive's region of `sub` bytes. */
 typedef struct quant_layout {
     void *groups, *sub;
@@ -93,12 +105,8 @@ moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, c
     MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "x", &a->x, &d->G, &d->T, &d->K, &d->dt));
     MOEX_TRY(check_params(ctx, op, &a->params, d));
     block_dims(d);
-    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
-    if (!row && !col)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: neither rowwise.data nor columnwise.data is given", op);
-    if ((!row && moex_present(&a->rowwise.scales)) || (!col && moex_present(&a->columnwise.scales)))
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.scales is given without its data", op,
-                         row ? "columnwise" : "rowwise");
+    bool row, col;
+    MOEX_TRY(check_copies_present(ctx, op, &a->rowwise, &a->columnwise, &row, &col));
     if (row)
         MOEX_TRY(check_copy(ctx, op, "rowwise.data", "rowwise.scales", &a->rowwise, &a->params, d,
                             MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));
@@ -181,12 +189,8 @@ moex_status moex_op_weight_quantize_validate(moex_context *ctx, const char *op, 
     MOEX_TRY(moex_check_tensor(ctx, op, "w", &a->w, 3, any3, MOEX_DT_FLOAT));
     weight_dims(&a->w, d);
     MOEX_TRY(check_weight_params(ctx, op, &a->params, d));
-    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
-    if (!row && !col)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: neither rowwise.data nor columnwise.data is given", op);
-    if ((!row && moex_present(&a->rowwise.scales)) || (!col && moex_present(&a->columnwise.scales)))
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.scales is given without its data", op,
-                         row ? "columnwise" : "rowwise");
+    bool row, col;
+    MOEX_TRY(check_copies_present(ctx, op, &a->rowwise, &a->columnwise, &row, &col));
     if (row)
         MOEX_TRY(check_weight_copy(ctx, op, "rowwise.data", "rowwise.scales", &a->rowwise, &a->params, d,
                                    MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));

@@ -65,18 +65,32 @@ static float block_multiplier(const quant_job *jb, float amax, float mx_amax, vo
 
 /* ---- TENSOR and GROUP -------------------------------------------------------------------- */
 
+/* out[i] = max |src[i, k]| over k < K (NaN wins), for the rows of a dense [rows, K]
+ * matrix: the row amaxes of current scaling, for the activations and for the weights. */
+typedef struct row_amax_job {
+    const void *src;
+    moex_dtype dt;
+    int64_t K;
+    float *out;
+} row_amax_job;
+
 static void row_amax_rows(void *arg, int64_t begin, int64_t end) {
-    const quant_job *jb = (const quant_job *)arg;
+    const row_amax_job *jb = (const row_amax_job *)arg;
     float v[256];
     for (int64_t i = begin; i < end; i++) {
         float m = 0.0f;
         for (int64_t k0 = 0; k0 < jb->K; k0 += 256) {
             const int64_t n = jb->K - k0 < 256 ? jb->K - k0 : 256;
-            moex_cpu_load_f32(v, moex_cpu_cat(jb->x, jb->dt, i * jb->K + k0), jb->dt, n);
+            moex_cpu_load_f32(v, moex_cpu_cat(jb->src, jb->dt, i * jb->K + k0), jb->dt, n);
             for (int64_t k = 0; k < n; k++) m = moex_amax_combine(m, v[k]);
         }
-        jb->row_amax[i] = m;
+        jb->out[i] = m;
     }
+}
+
+static void row_amaxes(moex_context *ctx, const void *src, moex_dtype dt, int64_t rows, int64_t K, float *out) {
+    row_amax_job j = {src, dt, K, out};
+    if (rows > 0 && K > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(K), row_amax_rows, &j);
 }
 
 static void cast_rows(void *arg, int64_t begin, int64_t end) {
@@ -99,7 +113,7 @@ static void cast_rows(void *arg, int64_t begin, int64_t end) {
 /* One amax and scale per set (all rows < off[G], or each group), then the cast. */
 static moex_status quantize_current(moex_context *ctx, quant_job *jb, const moex_group_quantize_args *a) {
     const int64_t S = jb->off[jb->G];
-    if (S > 0 && jb->K > 0) moex_cpu_parallel_for(ctx, S, grain_rows(jb->K), row_amax_rows, jb);
+    row_amaxes(ctx, jb->x, jb->dt, S, jb->K, jb->row_amax);
     const bool per_group = jb->q->recipe == MOEX_QUANT_GROUP;
     const int64_t sets = per_group ? jb->G : 1;
     float *amax_out = moex_present(&a->amax) ? (float *)a->amax.data : NULL;
@@ -289,20 +303,6 @@ static void wq_store(const wq_job *jb, int64_t row, int64_t k, uint8_t q) {
     }
 }
 
-static void wq_row_amax(void *arg, int64_t begin, int64_t end) {
-    const wq_job *jb = (const wq_job *)arg;
-    float v[256];
-    for (int64_t r = begin; r < end; r++) {
-        float m = 0.0f;
-        for (int64_t k0 = 0; k0 < jb->K; k0 += 256) {
-            const int64_t n = jb->K - k0 < 256 ? jb->K - k0 : 256;
-            wq_load(jb, v, r, k0, n);
-            for (int64_t k = 0; k < n; k++) m = moex_amax_combine(m, v[k]);
-        }
-        jb->row_amax[r] = m;
-    }
-}
-
 static void wq_cast_rows(void *arg, int64_t begin, int64_t end) {
     const wq_job *jb = (const wq_job *)arg;
     float v[256];
@@ -410,7 +410,7 @@ moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, cons
     case MOEX_QUANT_GROUP: {
         float *mult;
         wq_group_layout(jb.G, jb.N, ws, &jb.row_amax, &mult);
-        if (rows > 0) moex_cpu_parallel_for(ctx, rows, grain_rows(jb.K), wq_row_amax, &jb);
+        row_amaxes(ctx, jb.w, jb.dt, rows, jb.K, jb.row_amax);
         for (int64_t g = 0; g < jb.G; g++) {
             float m = 0.0f;
             for (int64_t r = g * jb.N; r < (g + 1) * jb.N && rows > 0; r++) m = moex_amax_combine(m, jb.row_amax[r]);

@@ -1,8 +1,8 @@
 /*
  * cuda_quantize.cu - grouped FP8 quantization on the GPU (docs/ops.md section 9): the
  * quantize and dequantize primitives of backend.h. The element math (the FP8 cast, the scale
- * rule, the MX exponent) is src/core/quant_math.h, shared with the CPU, so both compute the
- * same bits (no hardware cvt here). Rows >= S = off[G] are never read or written; split
+ * rule, the MX exponent) is src/core/quant_math.h, shared with the CPU, and the cast is the
+ * conversion instruction (cuda_quant.cuh), so both compute the same bits. Rows >= S = off[G] are never read or written; split
  * values are read on the device only (the prepared handle's off[] and tiles[]).
  *
  * quantize, current scaling (TENSOR: one set, GROUP: one set per group), four launches:
@@ -30,17 +30,15 @@
  *   dequant_colwise  one block per 64x64 tile, through shared memory (reads along the rows
  *                    of data [K, T], writes along the rows of y [T, K]); block scaling
  *                    needs b_g (colscale_off first)
- * The FP8 cast is the hardware's cvt.rn.satfinite (fp8_encode below), which is docs/ops.md
- * 9.1 exactly; tests/cuda/test_gpu_quantize.c checks it bit for bit against the reference
- * (ties, subnormals, NaN, Inf, saturation), as moex_fp8_encode is on the CPU.
+ * The FP8 cast is the hardware's cvt.rn.satfinite (fp8_encode, cuda_quant.cuh), which is
+ * docs/ops.md 9.1 exactly; tests/cuda/test_gpu_quantize.c checks it bit for bit against the
+ * reference (ties, subnormals, NaN, Inf, saturation), as moex_fp8_encode is on the CPU.
  * All grids are grid-stride loops (x capped at 2^20 blocks, y at 65535), so no limit of T,
  * K or G comes from them. No allocation, no synchronisation; everything on c->stream.
  */
-#include <cuda_fp8.h>
 #include <limits.h>
 
-#include "quant_math.h"
-#include "cuda_common.cuh"
+#include "cuda_quant.cuh"
 #include "cuda_ops.h"
 
 #define Q_THREADS 256           /* every kernel but colscale_off */
@@ -50,42 +48,12 @@
 #define AMAX_COLS 1024          /* the columns of one group_amax block */
 #define BLOCK_COLS 64           /* the columns of one block_colwise block */
 #define SCAN_THREADS 1024       /* the block of block_scan_i64 (cuda_common.cuh) */
-#define MAX_GRID_X (1 << 20)
-#define MAX_GRID_Y 65535
 
-static inline unsigned grid_x(int64_t n) { return (unsigned)(n < MAX_GRID_X ? n : MAX_GRID_X); }
-static inline unsigned grid_y(int64_t n) { return (unsigned)(n < MAX_GRID_Y ? n : MAX_GRID_Y); }
-static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 static inline bool is_current(moex_quant_recipe r) { return r == MOEX_QUANT_TENSOR || r == MOEX_QUANT_GROUP; }
 static inline int block_of(moex_quant_recipe r) { return r == MOEX_QUANT_BLOCK ? 128 : r == MOEX_QUANT_MXFP8 ? 32 : 0; }
 
 /* ---- device helpers ------------------------------------------------------------------ */
-
-/* fp8(v) of docs/ops.md 9.1 (= moex_fp8_encode) by the conversion instruction. */
-static __device__ __forceinline__ uint8_t fp8_encode(float v, moex_fp8_format f) {
-    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f.mbits == 3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-/* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
- * finite value and NaN above Inf. */
-static __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
-
-static __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* Block max of one value per thread (blockDim.x a multiple of 32); all threads get it.
- * `red` is shared scratch of 32 words. */
-static __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max_u32(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_max_u32(lane < nw ? red[lane] : 0u);
-}
 
 /* The amax of a block: NaN wins (BLOCK, moex_amax_combine) or NaN is skipped (MXFP8,
  * moex_mx_amax_combine); every lane gets it (the lanes' values are amaxes already). */
@@ -101,11 +69,6 @@ static __device__ __forceinline__ float warp_amax(float m) {
 template <bool MX>
 static __device__ __forceinline__ float amax_step(float m, float v) {
     return MX ? moex_mx_amax_combine(m, v) : moex_amax_combine(m, v);
-}
-
-/* The value of an E8M0 scale byte: 2^(b - 127), 0xFF NaN. */
-static __device__ __forceinline__ float e8m0_value(uint8_t b) {
-    return b == 0xFF ? __uint_as_float(0x7FC00000u) : ldexpf(1.0f, (int)b - 127);
 }
 
 /* ---- the column-tile offsets of block scaling ---------------------------------------- */
@@ -155,21 +118,6 @@ group_amax_kernel(const int64_t *off, const int32_t *tiles, int G, int per_group
             m = block_max_u32(m, red);
             if (threadIdx.x == 0 && m != 0u) atomicMax(&amax_bits[per_group ? g : 0], m);
         }
-    }
-}
-
-/* Per set i < n: s = moex_quant_scale(amax), mult[i] = s, scales 1/s, amax out. */
-static __global__ void current_scale_kernel(const uint32_t *amax_bits, int64_t n, float eps, float fp8_max,
-                                            moex_scale_rounding rounding, float *mult, float *row_scales,
-                                            float *col_scales, float *amax_out) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-        const float amax = __uint_as_float(amax_bits[i]);
-        const float s = moex_quant_scale(amax, eps, fp8_max, rounding);
-        const float inv = 1.0f / s;
-        mult[i] = s;
-        if (row_scales) row_scales[i] = inv;
-        if (col_scales) col_scales[i] = inv;
-        if (amax_out) amax_out[i] = amax;
     }
 }
 
@@ -451,18 +399,18 @@ static moex_status quantize_current(moex_context *ctx, const moex_call *c, const
     float *amax_out = moex_present(&a->amax) ? (float *)a->amax.data : NULL;
     const bool has_data = T > 0 && K > 0;   /* else every set is empty: amax 0 */
 
-    zero_u32_kernel<<<grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(l.amax_bits, n);
+    zero_u32_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(l.amax_bits, n);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        const dim3 grid(grid_x(moex_cuda_max_tiles(T, G)), grid_y(cdiv(K, AMAX_COLS)));
+        const dim3 grid(quant_grid_x(moex_cuda_max_tiles(T, G)), quant_grid_y(cdiv(K, AMAX_COLS)));
         group_amax_kernel<TX><<<grid, Q_THREADS, 0, stream>>>(g->off, g->tiles, G, per_group, x, K, l.amax_bits);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
-    current_scale_kernel<<<grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(
+    current_scale_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(
         l.amax_bits, n, a->params.amax_epsilon, f.max, a->params.rounding, l.mult, row_scales, col_scales, amax_out);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        const dim3 grid(grid_x(cdiv(T, Q_TILE)), grid_y(cdiv(K, Q_TILE)));
+        const dim3 grid(quant_grid_x(cdiv(T, Q_TILE)), quant_grid_y(cdiv(K, Q_TILE)));
         current_cast_kernel<TX><<<grid, Q_THREADS, 0, stream>>>(g->off, G, per_group, l.mult, x, T, K, f, row_data,
                                                                  col_data);
         CUDA_TRY_LAUNCH(ctx, c->op);
@@ -483,14 +431,14 @@ static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const 
     const TX *x = (const TX *)a->x.data;
     if (moex_present(&a->rowwise.data)) {
         const int64_t rb = cdiv(K, B);
-        block_rowwise_kernel<TX, B, MX><<<grid_x(cdiv(T * rb, Q_WARPS)), Q_THREADS, 0, stream>>>(
+        block_rowwise_kernel<TX, B, MX><<<quant_grid_x(cdiv(T * rb, Q_WARPS)), Q_THREADS, 0, stream>>>(
             g->off, G, x, K, rb, f, eps, rounding, (uint8_t *)a->rowwise.data.data, a->rowwise.scales.data);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
     if (moex_present(&a->columnwise.data)) {
         const int64_t col_tiles = cdiv(T, B) + G;   /* the scales' columns; b_G <= col_tiles */
         MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
-        const dim3 grid(grid_x(col_tiles), grid_y(cdiv(K, BLOCK_COLS)));
+        const dim3 grid(quant_grid_x(col_tiles), quant_grid_y(cdiv(K, BLOCK_COLS)));
         block_colwise_kernel<TX, B, MX><<<grid, Q_THREADS, 0, stream>>>(
             g->off, l.cso, G, x, T, K, col_tiles, f, eps, rounding, (uint8_t *)a->columnwise.data.data,
             a->columnwise.scales.data);
@@ -557,14 +505,14 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
     TY *y = (TY *)a->y.data;
     if (a->orientation == MOEX_QUANT_ROWWISE) {
         sc.stride = B ? cdiv(K, B) : 0;
-        dequant_rowwise_kernel<TY><<<grid_x(T), Q_THREADS, 0, stream>>>(g->off, G, sc, q, K, f, y);
+        dequant_rowwise_kernel<TY><<<quant_grid_x(T), Q_THREADS, 0, stream>>>(g->off, G, sc, q, K, f, y);
         CUDA_TRY_LAUNCH(ctx, c->op);
         return MOEX_OK;
     }
     const quant_ws l = quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, 0, ws);
     sc.stride = B ? cdiv(T, B) + G : 0;
     if (B) MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
-    const dim3 grid(grid_x(cdiv(T, Q_TILE)), grid_y(cdiv(K, Q_TILE)));
+    const dim3 grid(quant_grid_x(cdiv(T, Q_TILE)), quant_grid_y(cdiv(K, Q_TILE)));
     dequant_colwise_kernel<TY><<<grid, Q_THREADS, 0, stream>>>(g->off, l.cso, G, sc, q, T, K, f, y);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;

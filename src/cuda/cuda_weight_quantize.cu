@@ -4,7 +4,8 @@
  * splits, no groups handle). w [G, N, K] (d->T is N), the rowwise copy [G, N, K], the
  * columnwise copy [G, K, N] (each W_g transposed). The element math (the FP8 cast, the
  * scale rule, the MX exponent) is src/core/quant_math.h, shared with the CPU, so both
- * compute the same bits (no hardware cvt here).
+ * compute the same bits; the cast is cuda_quant.cuh's fp8_encode (the conversion
+ * instruction, bit for bit moex_fp8_encode).
  *
  * quantize GROUP (one current scale per expert), four launches:
  *   moex_cuda_zero_f32  the amax slots in the workspace (bit patterns of |amax|) = 0
@@ -12,7 +13,7 @@
  *                  the expert g; the max of the |w| bit patterns (finite < Inf < NaN: NaN
  *                  wins, as moex_amax_combine), reduced in the block, then one atomicMax
  *                  (unsigned, order-independent, so deterministic)
- *   group_scale    one thread per expert: s = moex_quant_scale(amax), the multiplier s into
+ *   current_scale  (cuda_quant.cuh) one thread per expert: s = moex_quant_scale(amax), the multiplier s into
  *                  the workspace, 1/s into the scales of both copies, amax out (an empty W_g,
  *                  N*K == 0, has amax 0)
  *   group_cast     block x: a 64x64 tile of W_g, block y: the expert; q = fp8(w s) once per
@@ -45,8 +46,7 @@
  * offsets, so no limit of G, N or K comes from them. No allocation, no synchronisation;
  * everything on c->stream, every launch checked.
  */
-#include "quant_math.h"
-#include "cuda_common.cuh"
+#include "cuda_quant.cuh"
 #include "cuda_ops.h"
 
 #define WQ_THREADS 256          /* every kernel */
@@ -62,46 +62,15 @@
 #define AMAX_UNROLL 4           /* group_amax: loads in flight per thread */
 #define AMAX_CHUNK (WQ_THREADS * AMAX_UNROLL)     /* the elements of one pass of a block */
 #define AMAX_PASSES 8           /* the passes one block is sized for */
-#define MAX_GRID_X (1 << 20)
-#define MAX_GRID_Y 65535
 
-static inline unsigned grid_x(int64_t n) { return (unsigned)(n < MAX_GRID_X ? n : MAX_GRID_X); }
-static inline unsigned grid_y(int64_t n) { return (unsigned)(n < MAX_GRID_Y ? n : MAX_GRID_Y); }
-static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 /* ---- device helpers ------------------------------------------------------------------ */
-
-/* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
- * finite value and NaN above Inf. */
-static __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
-
-static __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
-    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-/* Block max of one value per thread (blockDim.x a multiple of 32); all threads get it.
- * `red` is shared scratch of 32 words. Starts with a barrier, so the caller's shared
- * memory of the previous iteration is free once it returns. */
-static __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t *red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    v = warp_max_u32(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    return warp_max_u32(lane < nw ? red[lane] : 0u);
-}
 
 /* The MX amax of a warp's 32 values (NaN skipped, moex_mx_amax_combine); every lane gets it. */
 static __device__ __forceinline__ float warp_mx_amax(float v) {
     float m = moex_mx_amax_combine(0.0f, v);
     for (int o = 16; o > 0; o >>= 1) m = moex_mx_amax_combine(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
-}
-
-/* The value of an E8M0 scale byte: 2^(b - 127), 0xFF NaN. */
-static __device__ __forceinline__ float e8m0_value(uint8_t b) {
-    return b == 0xFF ? __uint_as_float(0x7FC00000u) : ldexpf(1.0f, (int)b - 127);
 }
 
 /* ---- quantize: GROUP ------------------------------------------------------------------- */
@@ -127,21 +96,6 @@ group_amax_kernel(const TX *w, int64_t G, int64_t M, uint32_t *amax_bits) {
         }
         m = block_max_u32(m, red);
         if (threadIdx.x == 0 && m != 0u) atomicMax(&amax_bits[g], m);
-    }
-}
-
-/* Per expert g < G: s = moex_quant_scale(amax), mult[g] = s, scales 1/s, amax out. */
-static __global__ void group_scale_kernel(const uint32_t *amax_bits, int64_t G, float eps, float fp8_max,
-                                          moex_scale_rounding rounding, float *mult, float *row_scales,
-                                          float *col_scales, float *amax_out) {
-    for (int64_t g = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; g < G; g += (int64_t)gridDim.x * blockDim.x) {
-        const float amax = __uint_as_float(amax_bits[g]);
-        const float s = moex_quant_scale(amax, eps, fp8_max, rounding);
-        const float inv = 1.0f / s;
-        mult[g] = s;
-        if (row_scales) row_scales[g] = inv;
-        if (col_scales) col_scales[g] = inv;
-        if (amax_out) amax_out[g] = amax;
     }
 }
 
@@ -173,7 +127,7 @@ group_cast_kernel(const TX *w, int64_t G, int64_t N, int64_t K, const float *mul
             for (int r = 0; r < WQ_TILE_EPT; r++) {
                 const int i = ty + r * WQ_TILE_ROWS;
                 if (i < nn && tx < nk) {
-                    const uint8_t q = moex_fp8_encode(v[r] * s, f);
+                    const uint8_t q = fp8_encode(v[r] * s, f);
                     if (row_data) row_data[at0 + (int64_t)i * K + tx] = q;
                     sq[i][tx] = q;
                 }
@@ -229,7 +183,7 @@ block_kernel(const TX *w, int64_t G, int64_t N, int64_t K, moex_fp8_format f, fl
             for (int r = 0; r < WQ_BLOCK_EPT; r++) {
                 const int i = ty + r * WQ_BLOCK_ROWS;
                 if (i < nn && tx < nk) {
-                    const uint8_t q = moex_fp8_encode(v[r] * s, f);
+                    const uint8_t q = fp8_encode(v[r] * s, f);
                     if (row_data) row_data[at0 + (int64_t)i * K + tx] = q;
                     sq[i][tx] = q;
                 }
@@ -286,7 +240,7 @@ mx_kernel(const TX *w, int64_t G, int64_t N, int64_t K, moex_fp8_format f, uint8
                     const int E = moex_mx_exponent(warp_mx_amax(x), f);
                     const int64_t row = g * N + n0 + i;
                     if (lane == 0) row_scales[row * rbk + (k0 + c0) / WQ_MX] = (uint8_t)(E + 127);
-                    if (c0 + lane < nk) row_data[row * K + k0 + c0 + lane] = moex_fp8_encode(x * ldexpf(1.0f, -E), f);
+                    if (c0 + lane < nk) row_data[row * K + k0 + c0 + lane] = fp8_encode(x * ldexpf(1.0f, -E), f);
                 }
             if (col_data)
                 for (int p = warp; p < WQ_TILE * WQ_MX_PER_TILE; p += WQ_WARPS) {
@@ -296,7 +250,7 @@ mx_kernel(const TX *w, int64_t G, int64_t N, int64_t K, moex_fp8_format f, uint8
                     const int E = moex_mx_exponent(warp_mx_amax(x), f);
                     const int64_t col = g * K + k0 + c;   /* the row of the [G*K, N] copy */
                     if (lane == 0) col_scales[col * cbn + (n0 + r0) / WQ_MX] = (uint8_t)(E + 127);
-                    if (r0 + lane < nn) col_data[col * N + n0 + r0 + lane] = moex_fp8_encode(x * ldexpf(1.0f, -E), f);
+                    if (r0 + lane < nn) col_data[col * N + n0 + r0 + lane] = fp8_encode(x * ldexpf(1.0f, -E), f);
                 }
         }
 }
@@ -418,16 +372,16 @@ static moex_status quantize_group(moex_context *ctx, const moex_call *c, const m
     MOEX_TRY(moex_cuda_zero_f32(ctx, c, (float *)l.amax_bits, G));   /* 0.0f: bit pattern 0 */
     if (has_data) {
         const int64_t M = N * K;   /* validated: G N K < 2^60 */
-        const dim3 grid(grid_x(cdiv(M, (int64_t)AMAX_CHUNK * AMAX_PASSES)), grid_y(G));
+        const dim3 grid(quant_grid_x(cdiv(M, (int64_t)AMAX_CHUNK * AMAX_PASSES)), quant_grid_y(G));
         group_amax_kernel<TX><<<grid, WQ_THREADS, 0, stream>>>(w, G, M, l.amax_bits);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
-    group_scale_kernel<<<grid_x(cdiv(G, WQ_THREADS)), WQ_THREADS, 0, stream>>>(
+    current_scale_kernel<<<quant_grid_x(cdiv(G, WQ_THREADS)), WQ_THREADS, 0, stream>>>(
         l.amax_bits, G, a->params.amax_epsilon, f.max, a->params.rounding, l.mult, (float *)o.row_scales,
         (float *)o.col_scales, moex_present(&a->amax) ? (float *)a->amax.data : NULL);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        const dim3 grid(grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), grid_y(G));
+        const dim3 grid(quant_grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), quant_grid_y(G));
         group_cast_kernel<TX><<<grid, WQ_THREADS, 0, stream>>>(w, G, N, K, l.mult, f, o.row_data, o.col_data);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
@@ -440,7 +394,7 @@ static moex_status quantize_block(moex_context *ctx, const moex_call *c, const m
     const int64_t G = d->G, N = d->T, K = d->K;
     if (G == 0 || N == 0 || K == 0) return MOEX_OK;   /* no blocks: nothing to write */
     const wq_out o = wq_outputs(a);
-    const dim3 grid(grid_x(cdiv(N, WQ_BLOCK) * cdiv(K, WQ_BLOCK)), grid_y(G));
+    const dim3 grid(quant_grid_x(cdiv(N, WQ_BLOCK) * cdiv(K, WQ_BLOCK)), quant_grid_y(G));
     block_kernel<TX><<<grid, WQ_THREADS, 0, (cudaStream_t)c->stream>>>(
         (const TX *)a->w.data, G, N, K, moex_fp8_format_of(a->params.fp8), a->params.amax_epsilon, a->params.rounding,
         o.row_data, (float *)o.row_scales, o.col_data, (float *)o.col_scales);
@@ -454,7 +408,7 @@ static moex_status quantize_mx(moex_context *ctx, const moex_call *c, const moex
     const int64_t G = d->G, N = d->T, K = d->K;
     if (G == 0 || N == 0 || K == 0) return MOEX_OK;   /* no blocks: nothing to write */
     const wq_out o = wq_outputs(a);
-    const dim3 grid(grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), grid_y(G));
+    const dim3 grid(quant_grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), quant_grid_y(G));
     mx_kernel<TX><<<grid, WQ_THREADS, 0, (cudaStream_t)c->stream>>>(
         (const TX *)a->w.data, G, N, K, moex_fp8_format_of(a->params.fp8), o.row_data, (uint8_t *)o.row_scales,
         o.col_data, (uint8_t *)o.col_scales);
@@ -507,7 +461,7 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
     const moex_fp8_format f = moex_fp8_format_of(a->params.fp8);
     const uint8_t *q = (const uint8_t *)a->src.data.data;
     TY *w = (TY *)a->w.data;
-    const dim3 grid(grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), grid_y(G));
+    const dim3 grid(quant_grid_x(cdiv(N, WQ_TILE) * cdiv(K, WQ_TILE)), quant_grid_y(G));
     cudaStream_t stream = (cudaStream_t)c->stream;
     if (sc.colsrc)
         dequant_kernel<TY, true><<<grid, WQ_THREADS, 0, stream>>>(sc, q, G, N, K, f, w);

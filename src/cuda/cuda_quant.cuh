@@ -1,0 +1,72 @@
+/*
+ * cuda_quant.cuh - private: what the CUDA quantization kernels share (cuda_quantize.cu for
+ * grouped rows, cuda_weight_quantize.cu for grouped weights): grid sizes, the FP8 cast by
+ * the conversion instruction, amax reductions on |x| bit patterns, E8M0 scale values, and
+ * the kernel that turns amaxes into current-scaling scales.
+ */
+#ifndef MOEX_CUDA_QUANT_CUH
+#define MOEX_CUDA_QUANT_CUH
+
+#include <cuda_fp8.h>
+
+#include "quant_math.h"
+#include "cuda_common.cuh"
+
+/* Grid-stride kernels cap their grids here, so no limit of a size comes from the grid. */
+#define QUANT_MAX_GRID_X (1 << 20)
+#define QUANT_MAX_GRID_Y 65535
+
+static inline unsigned quant_grid_x(int64_t n) { return (unsigned)(n < QUANT_MAX_GRID_X ? n : QUANT_MAX_GRID_X); }
+static inline unsigned quant_grid_y(int64_t n) { return (unsigned)(n < QUANT_MAX_GRID_Y ? n : QUANT_MAX_GRID_Y); }
+static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
+
+/* fp8(v) of docs/ops.md 9.1 (= moex_fp8_encode, bit for bit: the quantization tests check it
+ * against the fp64 reference) by the conversion instruction cvt.rn.satfinite. */
+static __device__ __forceinline__ uint8_t fp8_encode(float v, moex_fp8_format f) {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f.mbits == 3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+/* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
+ * finite value and NaN above Inf (so a max of patterns is moex_amax_combine's NaN-wins max,
+ * in any order: deterministic with atomicMax). */
+static __device__ __forceinline__ uint32_t abs_bits(float v) { return __float_as_uint(v) & 0x7FFFFFFFu; }
+
+static __device__ __forceinline__ uint32_t warp_max_u32(uint32_t v) {
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Block max of one value per thread (blockDim.x a multiple of 32); all threads get it.
+ * `red` is shared scratch of 32 words. Starts with a barrier, so the caller's shared memory
+ * of the previous iteration is free once it returns. */
+static __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max_u32(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_max_u32(lane < nw ? red[lane] : 0u);
+}
+
+/* The value of an E8M0 scale byte: 2^(b - 127), 0xFF NaN. */
+static __device__ __forceinline__ float e8m0_value(uint8_t b) {
+    return b == 0xFF ? __uint_as_float(0x7FC00000u) : ldexpf(1.0f, (int)b - 127);
+}
+
+/* Current scaling, per set i < n: s = moex_quant_scale(amax) from the amax bit patterns,
+ * mult[i] = s, 1/s into the scales of the copies present (NULL: absent), amax out. */
+static __global__ void current_scale_kernel(const uint32_t *amax_bits, int64_t n, float eps, float fp8_max,
+                                            moex_scale_rounding rounding, float *mult, float *row_scales,
+                                            float *col_scales, float *amax_out) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const float amax = __uint_as_float(amax_bits[i]);
+        const float s = moex_quant_scale(amax, eps, fp8_max, rounding);
+        const float inv = 1.0f / s;
+        mult[i] = s;
+        if (row_scales) row_scales[i] = inv;
+        if (col_scales) col_scales[i] = inv;
+        if (amax_out) amax_out[i] = amax;
+    }
+}
+
+#endif /* MOEX_CUDA_QUANT_CUH */
