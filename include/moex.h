@@ -584,11 +584,21 @@ typedef enum moex_scale_rounding {
     MOEX_SCALE_POW2 = 1         /* s rounded down to a power of 2 (TENSOR, GROUP, BLOCK)     */
 } moex_scale_rounding;
 
+/* Where the scales of BLOCK and MXFP8 are: as the recipes above (the default), or, for
+ * MXFP8, in the 128x4-tiled ("swizzled") layout that cuBLAS and Transformer Engine consume
+ * for MX GEMMs, each group (or expert) padded to whole tiles: one E8M0 vector per copy,
+ * sized by docs/ops.md 9.8. */
+typedef enum moex_scale_layout {
+    MOEX_SCALES_PLAIN = 0,
+    MOEX_SCALES_MX_SWIZZLED = 1
+} moex_scale_layout;
+
 typedef struct moex_quant_params {
     moex_quant_recipe recipe;
     moex_dtype fp8;             /* MOEX_DTYPE_E4M3 or MOEX_DTYPE_E5M2                        */
     float amax_epsilon;         /* >= 0: amax = max(amax, epsilon) (not MXFP8)               */
     moex_scale_rounding rounding;
+    moex_scale_layout scale_layout; /* MOEX_SCALES_MX_SWIZZLED: MXFP8 only                  */
 } moex_quant_params;
 
 /* One orientation of a quantized tensor: the FP8 data and its scales. */

@@ -124,9 +124,9 @@ class SplitsToOffsetsArgs(ctypes.Structure):
 
 class QuantParams(ctypes.Structure):
     """moex_quant_params: recipe (0 TENSOR, 1 GROUP, 2 BLOCK, 3 MXFP8), fp8 dtype, amax
-    epsilon, rounding (0 EXACT, 1 POW2)."""
+    epsilon, rounding (0 EXACT, 1 POW2), scale layout (0 PLAIN, 1 MX_SWIZZLED)."""
     _fields_ = [("recipe", ctypes.c_int), ("fp8", ctypes.c_int), ("amax_epsilon", ctypes.c_float),
-                ("rounding", ctypes.c_int)]
+                ("rounding", ctypes.c_int), ("scale_layout", ctypes.c_int)]
 
 
 class QuantTensor(ctypes.Structure):

@@ -10,6 +10,8 @@
  *   moex_quant_scale    the scale rule: s = fp8_max / max(amax, eps), the quantization
  *                       multiplier (the stored dequantization scale is 1 / s)
  *   moex_mx_exponent    the OCP MX shared exponent E of a block (scale byte E + 127)
+ *   moex_mx_swizzled_at where scale (r, c) of a plain [R, C] scale matrix is in the
+ *                       128x4-tiled layout (docs/ops.md 9.8)
  */
 #ifndef MOEX_QUANT_MATH_H
 #define MOEX_QUANT_MATH_H
@@ -118,6 +120,13 @@ MOEX_QUANT_FN int moex_mx_exponent(float amax, moex_fp8_format f) {
 MOEX_QUANT_FN float moex_mx_amax_combine(float m, float x) {
     const float a = fabsf(x);
     return a > m ? a : m;   /* false for NaN */
+}
+
+/* The byte offset of scale (r, c) of a plain [R, C] E8M0 scale matrix in the 128x4-tiled
+ * ("swizzled") layout of docs/ops.md 9.8; cols4 = roundup(C, 4). The matrix takes
+ * roundup(R, 128) * cols4 bytes. */
+MOEX_QUANT_FN int64_t moex_mx_swizzled_at(int64_t r, int64_t c, int64_t cols4) {
+    return ((r >> 7) * (cols4 >> 2) + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
 }
 
 #endif /* MOEX_QUANT_MATH_H */

@@ -166,6 +166,10 @@ size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N);
 moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex_cuda_sched *s,
                                    const void *src, moex_dtype dt, int64_t N, const float *probs,
                                    float *partial, float *dbias, cudaStream_t stream);
+/* Pass 2 alone: dbias[g, n] = the sum of partial[t, n] over group g's row tiles t (tiles[]:
+ * the handle's 128-row tile offsets), in tile order. */
+moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int32_t *tiles, int64_t G,
+                                    const float *partial, int64_t N, float *dbias, cudaStream_t stream);
 
 /* dprobs[r] += sum_n src[r, n] * bias_g[n] for every row r < off[G] (g the row's group). */
 moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex_cuda_sched *s,

@@ -1,7 +1,7 @@
 /*
  * cuda_quant.cuh - private: what the CUDA quantization kernels share (cuda_quantize.cu for
  * grouped rows, cuda_weight_quantize.cu for grouped weights): grid sizes, the FP8 cast by
- * the conversion instruction, amax reductions on |x| bit patterns, E8M0 scale values, and
+ * the conversion instruction (single and paired), 16-bit unpacking, amax reductions on |x| bit patterns, E8M0 scale values, and
  * the kernel that turns amaxes into current-scaling scales.
  */
 #ifndef MOEX_CUDA_QUANT_CUH
@@ -25,6 +25,17 @@ static __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b) { 
 static __device__ __forceinline__ uint8_t fp8_encode(float v, moex_fp8_format f) {
     return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, f.mbits == 3 ? __NV_E4M3 : __NV_E5M2);
 }
+
+/* fp8(a) | fp8(b) << 8, by the paired conversion instruction (the same rounding). */
+static __device__ __forceinline__ uint32_t fp8x2_encode(float a, float b, moex_fp8_format f) {
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, f.mbits == 3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+/* A 16-bit element from its bits (for unpacking vector loads). */
+template <typename T> __device__ __forceinline__ T bits_to(uint16_t b);
+template <> __device__ __forceinline__ bf16 bits_to<bf16>(uint16_t b) { return __ushort_as_bfloat16(b); }
+template <> __device__ __forceinline__ f16 bits_to<f16>(uint16_t b) { return __ushort_as_half(b); }
+template <> __device__ __forceinline__ float bits_to<float>(uint16_t b) { return (float)b; }   /* unused */
 
 /* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
  * finite value and NaN above Inf (so a max of patterns is moex_amax_combine's NaN-wins max,

@@ -1,38 +1,30 @@
 /*
  * cuda_quantize.cu - grouped FP8 quantization on the GPU (docs/ops.md section 9): the
- * quantize and dequantize primitives of backend.h. The element math (the FP8 cast, the scale
- * rule, the MX exponent) is src/core/quant_math.h, shared with the CPU, and the cast is the
- * conversion instruction (cuda_quant.cuh), so both compute the same bits. Rows >= S = off[G] are never read or written; split
- * values are read on the device only (the prepared handle's off[] and tiles[]).
+ * quantize and dequantize primitives of backend.h. The element math (the scale rule, the MX
+ * exponent, the swizzled scale offsets) is src/core/quant_math.h, shared with the CPU, and
+ * the cast is the conversion instruction (cuda_quant.cuh), which is docs/ops.md 9.1 exactly,
+ * so both backends compute the same bits. Rows >= S = off[G] are never read or written;
+ * split values are read on the device only (the prepared handle's off[] and tiles[]).
  *
- * quantize, current scaling (TENSOR: one set, GROUP: one set per group), four launches:
- *   zero_u32       the amax slots in the workspace (bit patterns of |amax|) = 0
- *   group_amax     one block per (128-row tile of one group (g->tiles), 1024 columns): the
- *                  max of the |x| bit patterns (finite < Inf < NaN: NaN wins, as
- *                  moex_amax_combine), reduced in the block, then one atomicMax (unsigned,
- *                  order-independent, so deterministic)
- *   current_scale  one thread per set: s = moex_quant_scale(amax), the multiplier s into
- *                  the workspace, 1/s into the scales of both copies, amax out
- *   current_cast   one block per 64x64 tile of x: q = fp8(x s) once per element, the
- *                  rowwise copy written directly, the columnwise copy through shared memory
- *                  (the transposed tile written along the rows, so writes are coalesced)
- * quantize, dbias (any recipe): moex_cuda_group_colsum (cuda_reduce.cu) after the cast, the
- *   grouped linear's deterministic column sums;
- * quantize, block scaling (BLOCK 1x128, f32 scales; MXFP8 1x32, E8M0 scales):
- *   block_rowwise  one warp per (row, block of B columns): amax reduced in the warp
- *   colscale_off   one block: b_g = sum over h < g of ceil(m_h / B), into the workspace
- *   block_colwise  one block per (column tile t of one group, 64 columns): the B x 64 tile
- *                  of x read along the rows into shared memory, then one warp per column:
- *                  amax over the tile's rows, the scale (at scale column t = b_g + j), and
- *                  the column's FP8 values written along the rows of data [K, T]
+ * quantize: every recipe runs over the handle's row tiles (128 rows of one group, from its
+ * first row: tiles[]) by 128 columns, one block of 256 threads per tile, each thread an 8x8
+ * piece (tile_kernel): read once with 16-byte loads, both copies written from registers
+ * (rowwise 8 bytes per row, columnwise 8 bytes per column: the transpose needs no shared
+ * memory), and, with dbias, one column-sum partial per (tile, column).
+ *   TENSOR, GROUP  zero_u32 (amax slots), tile_amax (max of |x| bit patterns per tile, one
+ *                  atomicMax: unsigned and order-free, so deterministic), current_scale
+ *                  (s per set), then tile_kernel<CURRENT> casts with s
+ *   BLOCK          tile_kernel<BLOCK128>: a row's 1x128 block is the tile's width and a
+ *                  column's 128x1 block its height (column tile t = the handle's tile t)
+ *   MXFP8          tile_kernel<MX32>: 1x32 and 32x1 blocks inside the tile (four 32-row
+ *                  column tiles per row tile, at b_g + ..., colscale_off first)
+ *   dbias          moex_cuda_colsum_reduce (cuda_reduce.cu) over the partials
+ * Swizzled MXFP8 scales (9.8): the scales vector is zeroed first, then the scales written
+ * at moex_mx_swizzled_at; group g's matrix starts at tiles[g] (= q_g) tiles.
  * dequantize: y = round_dt(decode(q) * scale)
  *   dequant_rowwise  one block per row (grid-stride), threads along the columns
  *   dequant_colwise  one block per 64x64 tile, through shared memory (reads along the rows
- *                    of data [K, T], writes along the rows of y [T, K]); block scaling
- *                    needs b_g (colscale_off first)
- * The FP8 cast is the hardware's cvt.rn.satfinite (fp8_encode, cuda_quant.cuh), which is
- * docs/ops.md 9.1 exactly; tests/cuda/test_gpu_quantize.c checks it bit for bit against the
- * reference (ties, subnormals, NaN, Inf, saturation), as moex_fp8_encode is on the CPU.
+ *                    of data [K, T], writes along the rows of y [T, K])
  * All grids are grid-stride loops (x capped at 2^20 blocks, y at 65535), so no limit of T,
  * K or G comes from them. No allocation, no synchronisation; everything on c->stream.
  */
@@ -43,35 +35,16 @@
 
 #define Q_THREADS 256           /* every kernel but colscale_off */
 #define Q_WARPS (Q_THREADS / 32)
-#define Q_TILE 64               /* the 64x64 tiles of current_cast and dequant_colwise */
+#define TILE MOEX_CUDA_BM        /* 128: the quantize tiles are the handle's row tiles by 128 columns */
+#define Q_TILE 64               /* the 64x64 tiles of dequant_colwise */
 #define Q_TILE_ROWS (Q_THREADS / Q_TILE)   /* 4: the rows a pass of 256 threads covers */
-#define AMAX_COLS 1024          /* the columns of one group_amax block */
-#define BLOCK_COLS 64           /* the columns of one block_colwise block */
 #define SCAN_THREADS 1024       /* the block of block_scan_i64 (cuda_common.cuh) */
 
 
 static inline bool is_current(moex_quant_recipe r) { return r == MOEX_QUANT_TENSOR || r == MOEX_QUANT_GROUP; }
 static inline int block_of(moex_quant_recipe r) { return r == MOEX_QUANT_BLOCK ? 128 : r == MOEX_QUANT_MXFP8 ? 32 : 0; }
 
-/* ---- device helpers ------------------------------------------------------------------ */
-
-/* The amax of a block: NaN wins (BLOCK, moex_amax_combine) or NaN is skipped (MXFP8,
- * moex_mx_amax_combine); every lane gets it (the lanes' values are amaxes already). */
-template <bool MX>
-static __device__ __forceinline__ float warp_amax(float m) {
-    for (int o = 16; o > 0; o >>= 1) {
-        const float other = __shfl_xor_sync(0xffffffffu, m, o);
-        m = MX ? moex_mx_amax_combine(m, other) : moex_amax_combine(m, other);
-    }
-    return m;
-}
-
-template <bool MX>
-static __device__ __forceinline__ float amax_step(float m, float v) {
-    return MX ? moex_mx_amax_combine(m, v) : moex_amax_combine(m, v);
-}
-
-/* ---- the column-tile offsets of block scaling ---------------------------------------- */
+/* ---- the column-tile offsets of plain MXFP8 columnwise scales ------------------------- */
 
 /* cso[0] = 0, cso[g+1] = cso[g] + ceil(m_g / B), m_g = off[g+1] - off[g]: b_g of
  * docs/ops.md 9.4. One block of SCAN_THREADS scans the groups in chunks. */
@@ -91,6 +64,262 @@ colscale_off_kernel(const int64_t *off, int64_t G, int64_t B, int64_t *cso) {
     }
 }
 
+/* ---- the tile: 128 rows of one group x 128 columns, 256 threads of 8x8 ---------------- *
+ * Thread (i, j) holds rows 8i..8i+7 and columns 8j..8j+7 of the tile (i, j < 16):
+ *   lane bits 0-1: j & 3, bits 2-3: i & 3, bit 4: (j >> 2) & 1; warp bit 0: j >> 3,
+ *   warp bits 1-2: i >> 2,
+ * so an MX 1x32 block (4 j's) and 32x1 block (4 i's) are in one warp (xor 1, 2 and 4, 8),
+ * and the 1x128 and 128x1 blocks of BLOCK finish across warps in shared memory.           */
+
+enum tile_mode { CURRENT, BLOCK128, MX32 };
+
+static __device__ __forceinline__ int tile_i() { return ((threadIdx.x >> 2) & 3) | ((threadIdx.x >> 6) << 2); }
+static __device__ __forceinline__ int tile_j() {
+    return (threadIdx.x & 3) | (((threadIdx.x >> 4) & 1) << 2) | (((threadIdx.x >> 5) & 1) << 3);
+}
+
+/* Where the thread's rows are: the tile of group g starts at row r0 and has nr valid rows. */
+typedef struct tile_rows {
+    int g;
+    int64_t t, r0;              /* the handle's tile index, its first row */
+    int nr;                     /* rows of the tile < off[g+1] (1..128) */
+} tile_rows;
+
+static __device__ __forceinline__ tile_rows tile_at(const int64_t *off, const int32_t *tiles, int G, int64_t t) {
+    tile_rows w;
+    w.g = find_group_i32(tiles, G, t);
+    w.t = t;
+    w.r0 = off[w.g] + (t - tiles[w.g]) * TILE;
+    w.nr = (int)min((int64_t)TILE, off[w.g + 1] - w.r0);
+    return w;
+}
+
+/* v[r][c] = x[row + r, col + c] as f32 for r < nr and col + c < K, else 0. vec: 16-byte
+ * loads (K % 8 == 0 and x 16-byte aligned, so a row's 8 elements are one or two vectors). */
+template <typename TX>
+static __device__ __forceinline__ void load_8x8(const TX *x, int64_t K, int64_t row, int nr, int64_t col, bool vec,
+                                                float v[8][8]) {
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        const TX *p = x + (row + r) * K + col;
+        if (r < nr && col < K && vec) {
+            if (sizeof(TX) == 4) {
+                const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+                v[r][0] = a.x, v[r][1] = a.y, v[r][2] = a.z, v[r][3] = a.w;
+                v[r][4] = b.x, v[r][5] = b.y, v[r][6] = b.z, v[r][7] = b.w;
+            } else {
+                const uint4 u = __ldg((const uint4 *)p);
+                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    v[r][2 * c] = to_f32(bits_to<TX>((uint16_t)(w[c] & 0xFFFFu)));
+                    v[r][2 * c + 1] = to_f32(bits_to<TX>((uint16_t)(w[c] >> 16)));
+                }
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < 8; c++) v[r][c] = (r < nr && col + c < K) ? to_f32(p[c]) : 0.0f;
+        }
+    }
+}
+
+/* The amax contribution of one value as an ordered bit pattern: |v|, NaN above everything
+ * (BLOCK and current scaling: NaN wins) or NaN as 0 (MXFP8: NaN is skipped). */
+template <bool MX>
+static __device__ __forceinline__ uint32_t amax_key(float v) {
+    const uint32_t a = abs_bits(v);
+    return (MX && a > 0x7F800000u) ? 0u : a;
+}
+
+/* The multiplier s of a block with this amax (values: fp8(x * s)); its scale is stored at
+ * scales[at] when store: BLOCK f32 1/s (s = moex_quant_scale), MXFP8 the E8M0 byte E + 127
+ * (s = 2^-E, exact for E in [-127, 127]). */
+template <bool MX>
+static __device__ __forceinline__ float block_multiplier(uint32_t amax, moex_fp8_format f, float eps,
+                                                         moex_scale_rounding rounding, void *scales, int64_t at,
+                                                         bool store) {
+    const float a = __uint_as_float(amax);
+    if (MX) {
+        const int E = moex_mx_exponent(a, f);
+        if (store) ((uint8_t *)scales)[at] = (uint8_t)(E + 127);
+        return ldexpf(1.0f, -E);
+    }
+    const float s = moex_quant_scale(a, eps, f.max, rounding);
+    if (store) ((float *)scales)[at] = 1.0f / s;
+    return s;
+}
+
+/* fp8(v[e] * s) for e < 8, packed little-end first. */
+static __device__ __forceinline__ uint2 cast_8(const float (&v)[8], float s, moex_fp8_format f) {
+    uint32_t w[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++)
+        w[h] = fp8x2_encode(v[4 * h] * s, v[4 * h + 1] * s, f) | (fp8x2_encode(v[4 * h + 2] * s, v[4 * h + 3] * s, f) << 16);
+    return make_uint2(w[0], w[1]);
+}
+
+/* p[0..min(n, 8)) = the first bytes of b (none for n <= 0): one 8-byte store when whole and
+ * aligned. (n is not clamped first: nvcc 13.0 mis-derived `n == 8` from the predicate of a
+ * clamping min/max, so whole is tested as n >= 8.) */
+static __device__ __forceinline__ void store_8(uint8_t *p, uint2 b, int n) {
+    if (n >= 8 && ((uintptr_t)p & 7) == 0) {
+        *(uint2 *)p = b;
+        return;
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        if (e < n) p[e] = (uint8_t)(b.x >> (8 * e));
+        if (e + 4 < n) p[e + 4] = (uint8_t)(b.y >> (8 * e));
+    }
+}
+
+/* Everything a tile kernel reads and writes; a copy is absent when its data is NULL. */
+typedef struct tile_args {
+    const int64_t *off;
+    const int32_t *tiles;       /* the handle's 128-row tiles: tiles[g] = q_g */
+    const int64_t *cso;         /* MX32 plain columnwise scales: b_g of 32-row tiles */
+    int G;
+    int64_t T, K;
+    bool vec;                   /* K % 8 == 0 and x 16-byte aligned */
+    moex_fp8_format f;
+    float eps;
+    moex_scale_rounding rounding;
+    bool swizzled;              /* MX32: scales at moex_mx_swizzled_at (docs/ops.md 9.8) */
+    int64_t row_cols;           /* rowwise scale columns: ceil(K / B), or roundup of it to 4 when swizzled */
+    int64_t col_cols;           /* columnwise scale columns: ceil(T / B) + G; swizzled: roundup(K, 128) */
+    const float *mult;          /* CURRENT: s per set */
+    int per_group;              /* CURRENT: one set per group (else one) */
+    uint8_t *row_data, *col_data;
+    void *row_scales, *col_scales;
+    float *partial;             /* dbias partials [tiles, K], or NULL */
+} tile_args;
+
+/* The scale of row `row` (of group w.g), rowwise block kb. */
+static __device__ __forceinline__ int64_t row_scale_at(const tile_args &a, const tile_rows &w, int64_t row,
+                                                       int64_t kb) {
+    if (!a.swizzled) return row * a.row_cols + kb;
+    return (int64_t)a.tiles[w.g] * TILE * a.row_cols + moex_mx_swizzled_at(row - a.off[w.g], kb, a.row_cols);
+}
+
+/* The scale of column k, columnwise block jl of the tile (BLOCK128: 0; MX32: 0..3). */
+template <int MODE>
+static __device__ __forceinline__ int64_t col_scale_at(const tile_args &a, const tile_rows &w, int64_t k, int jl) {
+    if (MODE == BLOCK128) return k * a.col_cols + w.t;
+    const int64_t j = (w.t - a.tiles[w.g]) * 4 + jl;   /* the group's 32-row tile */
+    if (!a.swizzled) return k * a.col_cols + a.cso[w.g] + j;
+    const int64_t q = a.tiles[w.g], cols4 = 4 * (a.tiles[w.g + 1] - q);
+    return q * 4 * a.col_cols + moex_mx_swizzled_at(k, j, cols4);
+}
+
+/* u[0..8) = the max over the block's threads of u (BLOCK128 over the whole tile: the lanes
+ * given by `mask`, then the `parts` warps that share the value, through red[parts][128] at
+ * column/row `at`; MX32: the lanes only). */
+template <int MODE>
+static __device__ __forceinline__ void block_reduce(uint32_t (&u)[8], int lane_a, int lane_b, int lane_c,
+                                                    uint32_t *red, int parts, int part, int at, bool writer) {
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_a));
+        u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_b));
+        if (MODE == BLOCK128) u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_c));
+    }
+    if (MODE != BLOCK128) return;
+    if (writer)
+#pragma unroll
+        for (int e = 0; e < 8; e++) red[part * TILE + at + e] = u[e];
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        uint32_t m = 0u;
+        for (int p = 0; p < parts; p++) m = max(m, red[p * TILE + at + e]);
+        u[e] = m;
+    }
+}
+
+/* Quantize one row tile of x by 128 columns per block (see the top of the file). */
+template <typename TX, int MODE>
+static __global__ void __launch_bounds__(Q_THREADS)
+tile_kernel(tile_args a, const TX *x) {
+    constexpr bool MX = MODE == MX32;
+    __shared__ uint32_t red_row[2 * TILE], red_col[4 * TILE];   /* BLOCK128 */
+    __shared__ float csum[TILE / 8][TILE];                      /* dbias */
+    const int i = tile_i(), j = tile_j(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
+    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+        const tile_rows w = tile_at(a.off, a.tiles, a.G, t);
+        const int64_t row = w.r0 + 8 * i;
+        const int nr = w.nr - 8 * i;   /* this thread's valid rows: min(nr, 8) (none when <= 0) */
+        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
+            const int64_t k0 = ct * TILE, col = k0 + 8 * j;
+            const int nc = (int)min((int64_t)8, a.K - col);   /* valid columns (none when <= 0) */
+            float v[8][8];
+            load_8x8<TX>(x, a.K, row, nr, col, a.vec, v);
+            float rs[8], cs[8];   /* the rows' and the columns' multipliers */
+            if (MODE == CURRENT) {
+                const float s = a.mult[a.per_group ? w.g : 0];
+#pragma unroll
+                for (int e = 0; e < 8; e++) rs[e] = cs[e] = s;
+            } else {
+                uint32_t ru[8], cu[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) ru[e] = cu[e] = 0u;
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {
+                        const uint32_t u = amax_key<MX>(v[r][c]);
+                        ru[r] = max(ru[r], u);
+                        cu[c] = max(cu[c], u);
+                    }
+                if (MODE == BLOCK128) __syncthreads();   /* red_* of the previous tile read */
+                /* rows: the j's (lanes 1, 2, 16; warp bit 0); columns: the i's (lanes 4, 8; warp bits 1-2) */
+                block_reduce<MODE>(ru, 1, 2, 16, red_row, 2, warp & 1, 8 * i, (lane & 0x13) == 0);
+                block_reduce<MODE>(cu, 4, 8, 0, red_col, 4, warp >> 1, 8 * j, (lane & 0x0C) == 0);
+                const bool row_writer = MX ? (lane & 3) == 0 : j == 0;
+                const bool col_writer = MX ? (lane & 0x0C) == 0 : i == 0;
+                const int64_t kb = MX ? (k0 >> 5) + (j >> 2) : (k0 >> 7);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const bool rstore = a.row_data && row_writer && e < nr && (MX ? kb << 5 : k0) < a.K;
+                    rs[e] = block_multiplier<MX>(ru[e], a.f, a.eps, a.rounding, a.row_scales,
+                                                 rstore ? row_scale_at(a, w, row + e, kb) : 0, rstore);
+                    const bool cstore = a.col_data && col_writer && e < nc && (MX ? 32 * (i >> 2) : 0) < w.nr;
+                    cs[e] = block_multiplier<MX>(cu[e], a.f, a.eps, a.rounding, a.col_scales,
+                                                 cstore ? col_scale_at<MODE>(a, w, col + e, i >> 2) : 0, cstore);
+                }
+            }
+            if (a.row_data)
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+                    if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], rs[r], a.f), nc);
+            if (a.col_data)
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    float vc[8];
+#pragma unroll
+                    for (int r = 0; r < 8; r++) vc[r] = v[r][c];
+                    if (c < nc) store_8(a.col_data + (col + c) * a.T + row, cast_8(vc, cs[c], a.f), nr);
+                }
+            if (a.partial) {   /* block-uniform: column sums, 8 rows in order, then the 16 pieces in order */
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    float sum = 0.0f;
+#pragma unroll
+                    for (int r = 0; r < 8; r++) sum += v[r][c];
+                    csum[i][8 * j + c] = sum;
+                }
+                __syncthreads();
+                if (threadIdx.x < TILE && k0 + threadIdx.x < a.K) {
+                    float sum = 0.0f;
+                    for (int p = 0; p < TILE / 8; p++) sum += csum[p][threadIdx.x];
+                    a.partial[t * a.K + k0 + threadIdx.x] = sum;
+                }
+                __syncthreads();
+            }
+        }
+    }
+}
+
 /* ---- quantize: current scaling (TENSOR, GROUP) ---------------------------------------- */
 
 static __global__ void zero_u32_kernel(uint32_t *p, int64_t n) {
@@ -98,236 +327,26 @@ static __global__ void zero_u32_kernel(uint32_t *p, int64_t n) {
         p[i] = 0u;
 }
 
-/* amax_bits[g or 0] = max(..., |x| bits over the rows of group g). Block x: a 128-row tile
- * of one group (the handle's tiles[]); block y: AMAX_COLS columns. */
+/* amax_bits[g or 0] = max(..., |x| bits over the tile), per tile of tile_kernel's shape. */
 template <typename TX>
 static __global__ void __launch_bounds__(Q_THREADS)
-group_amax_kernel(const int64_t *off, const int32_t *tiles, int G, int per_group, const TX *x, int64_t K,
-                  uint32_t *amax_bits) {
+tile_amax_kernel(tile_args a, const TX *x, uint32_t *amax) {
     __shared__ uint32_t red[32];
-    const int64_t ntiles = tiles[G];
+    const int i = tile_i(), j = tile_j();
+    const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        const int g = find_group_i32(tiles, G, t);
-        const int64_t r0 = off[g] + (t - tiles[g]) * MOEX_CUDA_BM;
-        const int64_t r1 = min(r0 + (int64_t)MOEX_CUDA_BM, off[g + 1]);
-        for (int64_t k0 = (int64_t)blockIdx.y * AMAX_COLS; k0 < K; k0 += (int64_t)gridDim.y * AMAX_COLS) {
-            const int64_t k1 = min(k0 + AMAX_COLS, K);
+        const tile_rows w = tile_at(a.off, a.tiles, a.G, t);
+        const int nr = w.nr - 8 * i;
+        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
+            float v[8][8];
+            load_8x8<TX>(x, a.K, w.r0 + 8 * i, nr, ct * TILE + 8 * j, a.vec, v);
             uint32_t m = 0u;
-            for (int64_t r = r0; r < r1; r++)
-                for (int64_t k = k0 + threadIdx.x; k < k1; k += Q_THREADS) m = max(m, abs_bits(to_f32(x[r * K + k])));
+#pragma unroll
+            for (int r = 0; r < 8; r++)
+#pragma unroll
+                for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
             m = block_max_u32(m, red);
-            if (threadIdx.x == 0 && m != 0u) atomicMax(&amax_bits[per_group ? g : 0], m);
-        }
-    }
-}
-
-/* q = fp8(x * s_set) for the 64x64 tiles of x [S, K]; row_data [T, K] written directly,
- * col_data [K, T] through shared memory (either may be NULL). Block x: row tiles, y:
- * column tiles; the threads are 64 columns x 4 rows (reads), 64 rows x 4 columns (writes). */
-template <typename TX>
-static __global__ void __launch_bounds__(Q_THREADS)
-current_cast_kernel(const int64_t *off, int G, int per_group, const float *mult, const TX *x, int64_t T,
-                    int64_t K, moex_fp8_format f, uint8_t *row_data, uint8_t *col_data) {
-    __shared__ float smult[Q_TILE];
-    __shared__ uint8_t sq[Q_TILE][Q_TILE + 4];
-    const int64_t S = off[G];
-    const int64_t nrt = cdiv(S, Q_TILE), nct = cdiv(K, Q_TILE);
-    const int tx = threadIdx.x % Q_TILE, ty = threadIdx.x / Q_TILE;
-    for (int64_t rt = blockIdx.x; rt < nrt; rt += gridDim.x) {
-        const int64_t r0 = rt * Q_TILE;
-        const int nr = (int)min((int64_t)Q_TILE, S - r0);
-        __syncthreads();   /* the previous tile is done with smult and sq */
-        if (threadIdx.x < nr) smult[threadIdx.x] = mult[per_group ? find_group_i64(off, G, r0 + threadIdx.x) : 0];
-        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
-            const int64_t k0 = ct * Q_TILE;
-            const int nk = (int)min((int64_t)Q_TILE, K - k0);
-            __syncthreads();   /* smult written; sq free */
-            if (tx < nk)
-                for (int i = ty; i < nr; i += Q_TILE_ROWS) {
-                    const int64_t at = (r0 + i) * K + k0 + tx;
-                    const uint8_t q = fp8_encode(to_f32(x[at]) * smult[i], f);
-                    if (row_data) row_data[at] = q;
-                    sq[i][tx] = q;
-                }
-            if (col_data) {   /* block-uniform */
-                __syncthreads();
-                if (tx < nr)
-                    for (int j = ty; j < nk; j += Q_TILE_ROWS) col_data[(k0 + j) * T + r0 + tx] = sq[tx][j];
-            }
-        }
-    }
-}
-
-/* ---- quantize: block scaling (BLOCK, MXFP8) -------------------------------------------- */
-
-/* The multiplier s of a block with this amax (values: fp8(x * s)), its scale stored at
- * scales[at]: BLOCK s = moex_quant_scale, f32 1/s; MXFP8 s = 2^-E (ldexpf: exact, E in
- * [-127, 127]; the product x * 2^-E is then exact but for the f32 subnormal range, where
- * it is rounded as any f32 product), E8M0 byte E + 127. */
-template <bool MX>
-static __device__ __forceinline__ float block_multiplier(float amax, moex_fp8_format f, float eps,
-                                                         moex_scale_rounding rounding, void *scales, int64_t at,
-                                                         bool store) {
-    if (MX) {
-        const int E = moex_mx_exponent(amax, f);
-        if (store) ((uint8_t *)scales)[at] = (uint8_t)(E + 127);
-        return ldexpf(1.0f, -E);
-    }
-    const float s = moex_quant_scale(amax, eps, f.max, rounding);
-    if (store) ((float *)scales)[at] = 1.0f / s;
-    return s;
-}
-
-/* One warp per (row r < S, block j of B columns): amax in the warp, the scale at
- * scales[r, j] (f32 1/s, or the E8M0 byte), the FP8 values at data[r, jB + ...]. */
-template <typename TX, int B, bool MX>
-static __global__ void __launch_bounds__(Q_THREADS)
-block_rowwise_kernel(const int64_t *off, int G, const TX *x, int64_t K, int64_t rb, moex_fp8_format f, float eps,
-                     moex_scale_rounding rounding, uint8_t *data, void *scales) {
-    constexpr int EPL = B / 32;   /* elements per lane */
-    const int lane = threadIdx.x & 31;
-    const int64_t npairs = off[G] * rb;
-    for (int64_t p = (int64_t)blockIdx.x * Q_WARPS + (threadIdx.x >> 5); p < npairs; p += (int64_t)gridDim.x * Q_WARPS) {
-        const int64_t r = p / rb, j = p - r * rb;
-        const TX *xr = x + r * K;
-        float v[EPL];
-        float m = 0.0f;
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            const int64_t k = j * B + i * 32 + lane;
-            v[i] = k < K ? to_f32(xr[k]) : 0.0f;
-            m = amax_step<MX>(m, v[i]);
-        }
-        m = warp_amax<MX>(m);
-        const float s = block_multiplier<MX>(m, f, eps, rounding, scales, r * rb + j, lane == 0);
-#pragma unroll
-        for (int i = 0; i < EPL; i++) {
-            const int64_t k = j * B + i * 32 + lane;
-            if (k < K) data[r * K + k] = fp8_encode(v[i] * s, f);
-        }
-    }
-}
-
-/* Block x: column tile t < b_G (tile j = t - b_g of group g: rows off[g] + [jB, jB + B) cut
- * at off[g+1]); block y: BLOCK_COLS columns. The tile is read along the rows into shared
- * memory (rows past the cut read as 0, which no amax sees), then warp w takes columns w,
- * w + 8, ...: amax over the tile's rows (lane l has rows l + 32i), the scale at
- * scales[k, t], the values along the rows of data_t [K, T]. */
-template <typename TX, int B, bool MX>
-static __global__ void __launch_bounds__(Q_THREADS)
-block_colwise_kernel(const int64_t *off, const int64_t *cso, int G, const TX *x, int64_t T, int64_t K,
-                     int64_t col_tiles, moex_fp8_format f, float eps, moex_scale_rounding rounding, uint8_t *data_t,
-                     void *scales) {
-    constexpr int EPL = B / 32;
-    __shared__ float sx[B][BLOCK_COLS + 1];
-    const int tx = threadIdx.x % BLOCK_COLS, ty = threadIdx.x / BLOCK_COLS;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t ntiles = cso[G], nct = cdiv(K, BLOCK_COLS);
-    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        const int g = find_group_i64(cso, G, t);
-        const int64_t r0 = off[g] + (t - cso[g]) * B;
-        const int nr = (int)min((int64_t)B, off[g + 1] - r0);
-        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
-            const int64_t k0 = ct * BLOCK_COLS;
-            const int nk = (int)min((int64_t)BLOCK_COLS, K - k0);
-            __syncthreads();   /* the previous tile is done with sx */
-            for (int i = ty; i < B; i += Q_THREADS / BLOCK_COLS)
-                sx[i][tx] = (i < nr && tx < nk) ? to_f32(x[(r0 + i) * K + k0 + tx]) : 0.0f;
-            __syncthreads();
-            for (int c = warp; c < nk; c += Q_WARPS) {
-                float v[EPL];
-                float m = 0.0f;
-#pragma unroll
-                for (int i = 0; i < EPL; i++) {
-                    v[i] = sx[i * 32 + lane][c];
-                    m = amax_step<MX>(m, v[i]);
-                }
-                m = warp_amax<MX>(m);
-                const int64_t k = k0 + c;
-                const float s = block_multiplier<MX>(m, f, eps, rounding, scales, k * col_tiles + t, lane == 0);
-#pragma unroll
-                for (int i = 0; i < EPL; i++) {
-                    const int row = i * 32 + lane;
-                    if (row < nr) data_t[k * T + r0 + row] = fp8_encode(v[i] * s, f);
-                }
-            }
-        }
-    }
-}
-
-/* ---- dequantize ------------------------------------------------------------------------ */
-
-/* Where the scale of (t, k) is (docs/ops.md 9.4), for both orientations:
- *   TENSOR  scales[0];  GROUP  scales[g(t)]
- *   BLOCK / MXFP8 rowwise     scales[t * rb + k / B]
- *   BLOCK / MXFP8 columnwise  scales[k * col_tiles + b_g + (t - off[g]) / B], g = g(t)  */
-typedef struct dq_scales {
-    const void *p;
-    int recipe;                 /* moex_quant_recipe */
-    int lb;                     /* log2 B (block scaling) */
-    int64_t stride;             /* rb (rowwise) or col_tiles (columnwise) */
-} dq_scales;
-
-static __device__ __forceinline__ float dq_scale_at(const dq_scales &s, int64_t i) {
-    return s.recipe == MOEX_QUANT_MXFP8 ? e8m0_value(((const uint8_t *)s.p)[i]) : ((const float *)s.p)[i];
-}
-
-/* y[r, k] = round(decode(q[r, k]) * scale) for r < S: one block per row, threads along k. */
-template <typename TY>
-static __global__ void __launch_bounds__(Q_THREADS)
-dequant_rowwise_kernel(const int64_t *off, int G, dq_scales sc, const uint8_t *q, int64_t K, moex_fp8_format f,
-                       TY *y) {
-    const int64_t S = off[G];
-    const bool blockwise = sc.recipe == MOEX_QUANT_BLOCK || sc.recipe == MOEX_QUANT_MXFP8;
-    for (int64_t r = blockIdx.x; r < S; r += gridDim.x) {
-        const float row_scale =
-            blockwise ? 0.0f : dq_scale_at(sc, sc.recipe == MOEX_QUANT_GROUP ? find_group_i64(off, G, r) : 0);
-        for (int64_t k = threadIdx.x; k < K; k += Q_THREADS) {
-            const float s = blockwise ? dq_scale_at(sc, r * sc.stride + (k >> sc.lb)) : row_scale;
-            y[r * K + k] = from_f32<TY>(moex_fp8_decode(q[r * K + k], f) * s);
-        }
-    }
-}
-
-/* y[r, k] = round(decode(q_t[k, r]) * scale) for r < S, through 64x64 tiles in shared
- * memory: read along r (threads: 64 rows x 4 columns), write along k (64 columns x 4 rows).
- * cso: b_g (block scaling only). */
-template <typename TY>
-static __global__ void __launch_bounds__(Q_THREADS)
-dequant_colwise_kernel(const int64_t *off, const int64_t *cso, int G, dq_scales sc, const uint8_t *q_t, int64_t T,
-                       int64_t K, moex_fp8_format f, TY *y) {
-    __shared__ float sv[Q_TILE][Q_TILE + 1];
-    __shared__ int64_t sidx[Q_TILE];   /* the row's part of its scale index */
-    const int64_t S = off[G];
-    const int64_t nrt = cdiv(S, Q_TILE), nct = cdiv(K, Q_TILE);
-    const bool blockwise = sc.recipe == MOEX_QUANT_BLOCK || sc.recipe == MOEX_QUANT_MXFP8;
-    const int tx = threadIdx.x % Q_TILE, ty = threadIdx.x / Q_TILE;
-    for (int64_t rt = blockIdx.x; rt < nrt; rt += gridDim.x) {
-        const int64_t r0 = rt * Q_TILE;
-        const int nr = (int)min((int64_t)Q_TILE, S - r0);
-        __syncthreads();   /* the previous tile is done with sidx and sv */
-        if (threadIdx.x < nr) {
-            const int64_t r = r0 + threadIdx.x;
-            int64_t idx = 0;
-            if (sc.recipe != MOEX_QUANT_TENSOR) {
-                const int g = find_group_i64(off, G, r);
-                idx = blockwise ? cso[g] + ((r - off[g]) >> sc.lb) : g;
-            }
-            sidx[threadIdx.x] = idx;
-        }
-        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
-            const int64_t k0 = ct * Q_TILE;
-            const int nk = (int)min((int64_t)Q_TILE, K - k0);
-            __syncthreads();   /* sidx written; sv free */
-            if (tx < nr)
-                for (int j = ty; j < nk; j += Q_TILE_ROWS) {
-                    const int64_t k = k0 + j;
-                    const float s = dq_scale_at(sc, (blockwise ? k * sc.stride : 0) + sidx[tx]);
-                    sv[tx][j] = moex_fp8_decode(q_t[k * T + r0 + tx], f) * s;
-                }
-            __syncthreads();
-            if (tx < nk)
-                for (int i = ty; i < nr; i += Q_TILE_ROWS) y[(r0 + i) * K + k0 + tx] = from_f32<TY>(sv[i][tx]);
+            if (threadIdx.x == 0 && m != 0u) atomicMax(&amax[a.per_group ? w.g : 0], m);
         }
     }
 }
@@ -335,9 +354,9 @@ dequant_colwise_kernel(const int64_t *off, const int64_t *cso, int G, dq_scales 
 /* ---- workspaces -------------------------------------------------------------------------
  * One layout function gives the size (ws NULL) and the pointers:
  *   quantize TENSOR/GROUP: amax bits [n] and multipliers [n] (n = 1 or G);
- *   quantize BLOCK/MXFP8 with a columnwise copy, and dequantize BLOCK/MXFP8 from the
- *   columnwise copy: the column-tile offsets b_g [G + 1];
- *   quantize with dbias: the column sums' partials (moex_cuda_colsum_partial_bytes).      */
+ *   plain MXFP8 with a columnwise copy (quantize, and dequantize from it): the 32-row
+ *   column-tile offsets b_g [G + 1];
+ *   quantize with dbias: the column sums' partials [tiles, K] (moex_cuda_colsum_partial_bytes). */
 
 typedef struct quant_ws {
     uint32_t *amax_bits;
@@ -347,15 +366,18 @@ typedef struct quant_ws {
     size_t used;
 } quant_ws;
 
-static quant_ws quant_layout(moex_quant_recipe recipe, bool columnwise_tiles, int64_t G, size_t partial_bytes,
-                             void *ws) {
+static bool needs_cso(const moex_quant_params *p, bool columnwise) {
+    return columnwise && p->recipe == MOEX_QUANT_MXFP8 && p->scale_layout == MOEX_SCALES_PLAIN;
+}
+
+static quant_ws quant_layout(const moex_quant_params *p, bool columnwise, int64_t G, size_t partial_bytes, void *ws) {
     moex_carver c = {(char *)ws, 0};
     quant_ws l = {NULL, NULL, NULL, NULL, 0};
-    if (is_current(recipe)) {
-        const int64_t n = recipe == MOEX_QUANT_TENSOR ? 1 : G;
+    if (is_current(p->recipe)) {
+        const int64_t n = p->recipe == MOEX_QUANT_TENSOR ? 1 : G;
         l.amax_bits = (uint32_t *)moex_take(&c, moex_sz_bytes(n, 1, sizeof(uint32_t)));
         l.mult = (float *)moex_take(&c, moex_sz_bytes(n, 1, sizeof(float)));
-    } else if (columnwise_tiles) {
+    } else if (needs_cso(p, columnwise)) {
         l.cso = (int64_t *)moex_take(&c, moex_sz_bytes(G + 1, 1, sizeof(int64_t)));
     }
     if (partial_bytes) l.partial = (float *)moex_take(&c, partial_bytes);
@@ -378,83 +400,85 @@ static size_t dbias_bytes(const moex_group_quantize_args *a, const moex_quant_di
 }
 
 size_t moex_cuda_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d) {
-    return quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), NULL).used;
+    return quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), NULL).used;
+}
+
+/* The tile kernels' arguments for this call (the copies present, their scale strides). */
+static tile_args tile_args_of(const moex_groups *g, const moex_group_quantize_args *a, const moex_quant_dims *d,
+                              const quant_ws &l) {
+    tile_args t;
+    const int64_t B = block_of(a->params.recipe);
+    t.off = g->off, t.tiles = g->tiles, t.cso = l.cso, t.G = (int)g->G, t.T = g->T, t.K = d->K;
+    t.vec = d->K % 8 == 0 && ((uintptr_t)a->x.data & 15) == 0;
+    t.f = moex_fp8_format_of(a->params.fp8);
+    t.eps = a->params.amax_epsilon, t.rounding = a->params.rounding;
+    t.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
+    t.row_cols = B ? (t.swizzled ? 4 * cdiv(cdiv(d->K, B), 4) : cdiv(d->K, B)) : 0;
+    t.col_cols = B ? (t.swizzled ? TILE * cdiv(d->K, TILE) : cdiv(g->T, B) + g->G) : 0;
+    t.mult = l.mult, t.per_group = a->params.recipe == MOEX_QUANT_GROUP;
+    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
+    t.row_data = row ? (uint8_t *)a->rowwise.data.data : NULL;
+    t.col_data = col ? (uint8_t *)a->columnwise.data.data : NULL;
+    t.row_scales = row ? a->rowwise.scales.data : NULL;
+    t.col_scales = col ? a->columnwise.scales.data : NULL;
+    t.partial = l.partial;
+    return t;
+}
+
+static dim3 tile_grid(const moex_groups *g, int64_t K) {
+    return dim3(quant_grid_x(moex_cuda_max_tiles(g->T, g->G)), quant_grid_y(cdiv(K, TILE)));
 }
 
 template <typename TX>
 static moex_status quantize_current(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                    const moex_group_quantize_args *a, int64_t K, const quant_ws &l) {
+                                    const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
     cudaStream_t stream = (cudaStream_t)c->stream;
-    const int G = (int)g->G;
-    const int64_t T = g->T;
-    const int per_group = a->params.recipe == MOEX_QUANT_GROUP;
-    const int64_t n = per_group ? G : 1;
-    const moex_fp8_format f = moex_fp8_format_of(a->params.fp8);
+    const int64_t n = t.per_group ? g->G : 1;
+    const bool has_data = g->T > 0 && t.K > 0;   /* else every set is empty: amax 0 */
     const TX *x = (const TX *)a->x.data;
-    uint8_t *row_data = moex_present(&a->rowwise.data) ? (uint8_t *)a->rowwise.data.data : NULL;
-    uint8_t *col_data = moex_present(&a->columnwise.data) ? (uint8_t *)a->columnwise.data.data : NULL;
-    /* by presence, not by pointer: with T == 0 the data is empty (maybe NULL), the scales are not */
-    float *row_scales = moex_present(&a->rowwise.data) ? (float *)a->rowwise.scales.data : NULL;
-    float *col_scales = moex_present(&a->columnwise.data) ? (float *)a->columnwise.scales.data : NULL;
-    float *amax_out = moex_present(&a->amax) ? (float *)a->amax.data : NULL;
-    const bool has_data = T > 0 && K > 0;   /* else every set is empty: amax 0 */
-
     zero_u32_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(l.amax_bits, n);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        const dim3 grid(quant_grid_x(moex_cuda_max_tiles(T, G)), quant_grid_y(cdiv(K, AMAX_COLS)));
-        group_amax_kernel<TX><<<grid, Q_THREADS, 0, stream>>>(g->off, g->tiles, G, per_group, x, K, l.amax_bits);
+        tile_amax_kernel<TX><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, x, l.amax_bits);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
+    /* by presence, not by pointer: with T == 0 the data is empty (maybe NULL), the scales are not */
     current_scale_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(
-        l.amax_bits, n, a->params.amax_epsilon, f.max, a->params.rounding, l.mult, row_scales, col_scales, amax_out);
+        l.amax_bits, n, t.eps, t.f.max, t.rounding, l.mult,
+        moex_present(&a->rowwise.data) ? (float *)a->rowwise.scales.data : NULL,
+        moex_present(&a->columnwise.data) ? (float *)a->columnwise.scales.data : NULL,
+        moex_present(&a->amax) ? (float *)a->amax.data : NULL);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        const dim3 grid(quant_grid_x(cdiv(T, Q_TILE)), quant_grid_y(cdiv(K, Q_TILE)));
-        current_cast_kernel<TX><<<grid, Q_THREADS, 0, stream>>>(g->off, G, per_group, l.mult, x, T, K, f, row_data,
-                                                                 col_data);
+        tile_kernel<TX, CURRENT><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, x);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
     return MOEX_OK;
 }
 
-template <typename TX, int B, bool MX>
+template <typename TX, int MODE>
 static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_group_quantize_args *a, int64_t K, const quant_ws &l) {
+                                   const moex_group_quantize_args *a, const tile_args &t) {
     cudaStream_t stream = (cudaStream_t)c->stream;
-    const int G = (int)g->G;
-    const int64_t T = g->T;
-    if (T == 0 || K == 0) return MOEX_OK;   /* no rows, or no columns: nothing to write */
-    const moex_fp8_format f = moex_fp8_format_of(a->params.fp8);
-    const float eps = a->params.amax_epsilon;
-    const moex_scale_rounding rounding = a->params.rounding;
-    const TX *x = (const TX *)a->x.data;
-    if (moex_present(&a->rowwise.data)) {
-        const int64_t rb = cdiv(K, B);
-        block_rowwise_kernel<TX, B, MX><<<quant_grid_x(cdiv(T * rb, Q_WARPS)), Q_THREADS, 0, stream>>>(
-            g->off, G, x, K, rb, f, eps, rounding, (uint8_t *)a->rowwise.data.data, a->rowwise.scales.data);
-        CUDA_TRY_LAUNCH(ctx, c->op);
+    if (t.swizzled) {   /* every byte of the vectors: padding 0 (docs/ops.md 9.8) */
+        if (t.row_data) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.row_scales, 0, a->rowwise.scales.shape[0], stream));
+        if (t.col_data) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.col_scales, 0, a->columnwise.scales.shape[0], stream));
     }
-    if (moex_present(&a->columnwise.data)) {
-        const int64_t col_tiles = cdiv(T, B) + G;   /* the scales' columns; b_G <= col_tiles */
-        MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
-        const dim3 grid(quant_grid_x(col_tiles), quant_grid_y(cdiv(K, BLOCK_COLS)));
-        block_colwise_kernel<TX, B, MX><<<grid, Q_THREADS, 0, stream>>>(
-            g->off, l.cso, G, x, T, K, col_tiles, f, eps, rounding, (uint8_t *)a->columnwise.data.data,
-            a->columnwise.scales.data);
-        CUDA_TRY_LAUNCH(ctx, c->op);
-    }
+    if (g->T == 0 || t.K == 0) return MOEX_OK;   /* no rows, or no columns: nothing else to write */
+    if (t.cso) MOEX_TRY(launch_colscale_off(ctx, c, g, 32, (int64_t *)t.cso));
+    tile_kernel<TX, MODE><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, (const TX *)a->x.data);
+    CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
 
 template <typename TX>
 static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_group_quantize_args *a, const moex_quant_dims *d, const quant_ws &l) {
+                                const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
     switch (a->params.recipe) {
     case MOEX_QUANT_TENSOR:
-    case MOEX_QUANT_GROUP: return quantize_current<TX>(ctx, c, g, a, d->K, l);
-    case MOEX_QUANT_BLOCK: return quantize_blocks<TX, 128, false>(ctx, c, g, a, d->K, l);
-    case MOEX_QUANT_MXFP8: return quantize_blocks<TX, 32, true>(ctx, c, g, a, d->K, l);
+    case MOEX_QUANT_GROUP: return quantize_current<TX>(ctx, c, g, a, t, l);
+    case MOEX_QUANT_BLOCK: return quantize_blocks<TX, BLOCK128>(ctx, c, g, a, t);
+    case MOEX_QUANT_MXFP8: return quantize_blocks<TX, MX32>(ctx, c, g, a, t);
     }
     return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown quantization recipe %d", c->op, (int)a->params.recipe);
 }
@@ -464,28 +488,100 @@ moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex
     if (g->G > INT_MAX)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: G = %lld groups exceed the CUDA kernels' limit", c->op,
                          (long long)g->G);
-    const bool dbias = moex_present(&a->dbias);
-    if (dbias && (moex_cuda_max_tiles(d->T, d->G) > 65535 || d->G > 65535))   /* before any launch */
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: dbias over %lld rows in %lld groups exceeds the CUDA "
-                         "column-sum grid (65535 row tiles of 128 and 65535 groups)", c->op, (long long)d->T,
-                         (long long)d->G);
-    const quant_ws l = quant_layout(a->params.recipe, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
-    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_run<float>(ctx, c, g, a, d, l)
-                     : d->dt == MOEX_DTYPE_BF16 ? quantize_run<bf16>(ctx, c, g, a, d, l)
-                                                : quantize_run<f16>(ctx, c, g, a, d, l);
-    if (st != MOEX_OK || !dbias) return st;
-    return moex_cuda_group_colsum(ctx, c->op, g, a->x.data, d->dt, d->K, NULL, l.partial, (float *)a->dbias.data,
-                                  (cudaStream_t)c->stream);
+    const quant_ws l = quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
+    const tile_args t = tile_args_of(g, a, d, l);
+    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_run<float>(ctx, c, g, a, t, l)
+                     : d->dt == MOEX_DTYPE_BF16 ? quantize_run<bf16>(ctx, c, g, a, t, l)
+                                                : quantize_run<f16>(ctx, c, g, a, t, l);
+    if (st != MOEX_OK || !moex_present(&a->dbias)) return st;
+    /* the partials of every tile were written unless there are no rows or columns */
+    return moex_cuda_colsum_reduce(ctx, c->op, g->tiles, g->G, l.partial, d->K, (float *)a->dbias.data,
+                                   (cudaStream_t)c->stream);
+}
+
+/* ---- dequantize kernels ------------------------------------------------------------------ */
+
+/* Where the scale of (t, k) is, t a row of group g (docs/ops.md 9.4 and 9.8):
+ *   TENSOR  0;  GROUP  g
+ *   BLOCK / MXFP8 rowwise      t * stride + k / B;  swizzled: q_g * 128 * stride + swz(t - off[g], k / 32)
+ *   BLOCK / MXFP8 columnwise   k * stride + b_g + (t - off[g]) / B (b_g: tiles[g] for BLOCK, cso[g]
+ *                              for MXFP8);  swizzled: q_g * 4 * stride + swz(k, (t - off[g]) / 32)
+ * with q_g = tiles[g] and stride the scale columns (swizzled: the rowwise cols4, the
+ * columnwise roundup(K, 128)). */
+typedef struct dq_scales {
+    const void *p;
+    int recipe;                 /* moex_quant_recipe */
+    bool columnwise, swizzled;
+    int lb;                     /* log2 B (block scaling) */
+    int64_t stride;
+    const int64_t *off, *cso;
+    const int32_t *tiles;
+} dq_scales;
+
+static __device__ __forceinline__ float dq_scale(const dq_scales &s, int64_t t, int g, int64_t k) {
+    if (s.recipe == MOEX_QUANT_TENSOR) return ((const float *)s.p)[0];
+    if (s.recipe == MOEX_QUANT_GROUP) return ((const float *)s.p)[g];
+    const int64_t local = t - s.off[g];
+    int64_t i;
+    if (s.swizzled && !s.columnwise)
+        i = (int64_t)s.tiles[g] * TILE * s.stride + moex_mx_swizzled_at(local, k >> 5, s.stride);
+    else if (s.swizzled)
+        i = (int64_t)s.tiles[g] * 4 * s.stride + moex_mx_swizzled_at(k, local >> 5, 4 * (s.tiles[g + 1] - s.tiles[g]));
+    else if (!s.columnwise)
+        i = t * s.stride + (k >> s.lb);
+    else
+        i = k * s.stride + (s.recipe == MOEX_QUANT_BLOCK ? (int64_t)s.tiles[g] : s.cso[g]) + (local >> s.lb);
+    return s.recipe == MOEX_QUANT_MXFP8 ? e8m0_value(((const uint8_t *)s.p)[i]) : ((const float *)s.p)[i];
+}
+
+/* y[r, k] = round(decode(q[r, k]) * scale) for r < S: one block per row, threads along k. */
+template <typename TY>
+static __global__ void __launch_bounds__(Q_THREADS)
+dequant_rowwise_kernel(int G, dq_scales sc, const uint8_t *q, int64_t K, moex_fp8_format f, TY *y) {
+    const int64_t S = sc.off[G];
+    for (int64_t r = blockIdx.x; r < S; r += gridDim.x) {
+        const int g = sc.recipe == MOEX_QUANT_TENSOR ? 0 : find_group_i64(sc.off, G, r);
+        for (int64_t k = threadIdx.x; k < K; k += Q_THREADS)
+            y[r * K + k] = from_f32<TY>(moex_fp8_decode(q[r * K + k], f) * dq_scale(sc, r, g, k));
+    }
+}
+
+/* y[r, k] = round(decode(q_t[k, r]) * scale) for r < S, through 64x64 tiles in shared
+ * memory: read along r (threads: 64 rows x 4 columns), write along k (64 columns x 4 rows). */
+template <typename TY>
+static __global__ void __launch_bounds__(Q_THREADS)
+dequant_colwise_kernel(int G, dq_scales sc, const uint8_t *q_t, int64_t T, int64_t K, moex_fp8_format f, TY *y) {
+    __shared__ float sv[Q_TILE][Q_TILE + 1];
+    __shared__ int sg[Q_TILE];   /* the rows' groups */
+    const int64_t S = sc.off[G];
+    const int64_t nrt = cdiv(S, Q_TILE), nct = cdiv(K, Q_TILE);
+    const int tx = threadIdx.x % Q_TILE, ty = threadIdx.x / Q_TILE;
+    for (int64_t rt = blockIdx.x; rt < nrt; rt += gridDim.x) {
+        const int64_t r0 = rt * Q_TILE;
+        const int nr = (int)min((int64_t)Q_TILE, S - r0);
+        __syncthreads();   /* the previous tile is done with sg and sv */
+        if (threadIdx.x < nr)
+            sg[threadIdx.x] = sc.recipe == MOEX_QUANT_TENSOR ? 0 : find_group_i64(sc.off, G, r0 + threadIdx.x);
+        for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
+            const int64_t k0 = ct * Q_TILE;
+            const int nk = (int)min((int64_t)Q_TILE, K - k0);
+            __syncthreads();   /* sg written; sv free */
+            if (tx < nr)
+                for (int j = ty; j < nk; j += Q_TILE_ROWS) {
+                    const int64_t k = k0 + j;
+                    sv[tx][j] = moex_fp8_decode(q_t[k * T + r0 + tx], f) * dq_scale(sc, r0 + tx, sg[tx], k);
+                }
+            __syncthreads();
+            if (tx < nk)
+                for (int i = ty; i < nr; i += Q_TILE_ROWS) y[(r0 + i) * K + k0 + tx] = from_f32<TY>(sv[i][tx]);
+        }
+    }
 }
 
 /* ---- dequantize -------------------------------------------------------------------------- */
 
-static bool dequant_needs_tiles(const moex_group_dequantize_args *a) {
-    return !is_current(a->params.recipe) && a->orientation == MOEX_QUANT_COLUMNWISE;
-}
-
 size_t moex_cuda_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d) {
-    return quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, 0, NULL).used;
+    return quant_layout(&a->params, a->orientation == MOEX_QUANT_COLUMNWISE, d->G, 0, NULL).used;
 }
 
 template <typename TY>
@@ -497,23 +593,27 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
     if (T == 0 || K == 0) return MOEX_OK;
     const moex_fp8_format f = moex_fp8_format_of(a->params.fp8);
     const int64_t B = block_of(a->params.recipe);
+    const bool columnwise = a->orientation == MOEX_QUANT_COLUMNWISE;
+    const quant_ws l = quant_layout(&a->params, columnwise, d->G, 0, ws);
     dq_scales sc;
     sc.p = a->src.scales.data;
     sc.recipe = (int)a->params.recipe;
+    sc.columnwise = columnwise;
+    sc.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
     sc.lb = B == 128 ? 7 : 5;   /* used for block scaling only */
+    sc.stride = !B ? 0 : sc.swizzled ? (columnwise ? TILE * cdiv(K, TILE) : 4 * cdiv(cdiv(K, B), 4))
+                                     : (columnwise ? cdiv(T, B) + G : cdiv(K, B));
+    sc.off = g->off, sc.cso = l.cso, sc.tiles = g->tiles;
     const uint8_t *q = (const uint8_t *)a->src.data.data;
     TY *y = (TY *)a->y.data;
-    if (a->orientation == MOEX_QUANT_ROWWISE) {
-        sc.stride = B ? cdiv(K, B) : 0;
-        dequant_rowwise_kernel<TY><<<quant_grid_x(T), Q_THREADS, 0, stream>>>(g->off, G, sc, q, K, f, y);
+    if (!columnwise) {
+        dequant_rowwise_kernel<TY><<<quant_grid_x(T), Q_THREADS, 0, stream>>>(G, sc, q, K, f, y);
         CUDA_TRY_LAUNCH(ctx, c->op);
         return MOEX_OK;
     }
-    const quant_ws l = quant_layout(a->params.recipe, dequant_needs_tiles(a), d->G, 0, ws);
-    sc.stride = B ? cdiv(T, B) + G : 0;
-    if (B) MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
+    if (l.cso) MOEX_TRY(launch_colscale_off(ctx, c, g, B, l.cso));
     const dim3 grid(quant_grid_x(cdiv(T, Q_TILE)), quant_grid_y(cdiv(K, Q_TILE)));
-    dequant_colwise_kernel<TY><<<grid, Q_THREADS, 0, stream>>>(g->off, l.cso, G, sc, q, T, K, f, y);
+    dequant_colwise_kernel<TY><<<grid, Q_THREADS, 0, stream>>>(G, sc, q, T, K, f, y);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }

@@ -3,10 +3,13 @@
  * atomics:
  *   group_colsum:  dbias[g, n] = sum over the rows of group g of (p_r *) src[r, n]:
  *                  pass 1 writes one partial per (row tile of 128 rows, column) into the
- *                  workspace, pass 2 sums a group's partials in tile order;
+ *                  workspace, pass 2 (colsum_reduce, also after the quantize kernels'
+ *                  partials) sums a group's partials in tile order;
  *   row_dot_bias:  dprobs[r] += sum_n src[r, n] * bias_g[n], one warp per row;
  *   zero_f32:      a plain kernel that zeroes f32 scratch.
  */
+#include <limits.h>
+
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
@@ -36,15 +39,29 @@ static __global__ void colsum_partial_kernel(const int64_t *off, const int32_t *
     partial[tile * N + n] = s;
 }
 
-/* dbias[g, n] = sum of the partials of group g's tiles, in tile order (0 when empty). */
-static __global__ void colsum_reduce_kernel(const int32_t *tiles, const float *partial, int64_t N,
+/* dbias[g, n] = sum of the partials of group g's tiles, in tile order (0 when empty).
+ * Block y: groups, grid-stride. */
+static __global__ void colsum_reduce_kernel(const int32_t *tiles, int G, const float *partial, int64_t N,
                                             float *dbias) {
-    int g = blockIdx.y;
-    int64_t n = (int64_t)blockIdx.x * COLS_PER_CTA + threadIdx.x;
+    const int64_t n = (int64_t)blockIdx.x * COLS_PER_CTA + threadIdx.x;
     if (n >= N) return;
-    float s = 0.0f;
-    for (int64_t t = tiles[g]; t < tiles[g + 1]; t++) s += partial[t * N + n];
-    dbias[(int64_t)g * N + n] = s;
+    for (int g = blockIdx.y; g < G; g += gridDim.y) {
+        float s = 0.0f;
+        for (int64_t t = tiles[g]; t < tiles[g + 1]; t++) s += partial[t * N + n];
+        dbias[(int64_t)g * N + n] = s;
+    }
+}
+
+moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int32_t *tiles, int64_t G,
+                                    const float *partial, int64_t N, float *dbias, cudaStream_t stream) {
+    if (N == 0 || G == 0) return MOEX_OK;
+    const int64_t nx = (N + COLS_PER_CTA - 1) / COLS_PER_CTA;
+    if (nx > INT_MAX || G > INT_MAX)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: bias-gradient grid too large", op);
+    const dim3 grid((unsigned)nx, (unsigned)(G < 65535 ? G : 65535));
+    colsum_reduce_kernel<<<grid, COLS_PER_CTA, 0, stream>>>(tiles, (int)G, partial, N, dbias);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
 }
 
 moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex_cuda_sched *s,
@@ -68,9 +85,7 @@ moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex
                                                                            (const f16 *)src, N, probs, partial);
         CUDA_TRY_LAUNCH(ctx, op);
     }
-    colsum_reduce_kernel<<<dim3((unsigned)nx, (unsigned)s->G), COLS_PER_CTA, 0, stream>>>(s->tiles, partial, N, dbias);
-    CUDA_TRY_LAUNCH(ctx, op);
-    return MOEX_OK;
+    return moex_cuda_colsum_reduce(ctx, op, s->tiles, s->G, partial, N, dbias, stream);
 }
 
 #define ROWDOT_WARPS 8
