@@ -9,6 +9,11 @@ Timing: CUDA events around each call, median of ITERS after a warm-up, the funct
 interleaved. Correctness: every moex result is checked against the CPU library's bytes on
 a slice (the CPU is tested bit for bit against the fp64 reference).
 
+Weights: moex_weight_quantize of DeepSeek-V3's expert weights on one of 8 expert-parallel
+ranks (32 experts: FC1 [32, 4096, 7168], FC2 [32, 7168, 2048]), both copies, GB/s against the
+copy of the same tensor, and against PyTorch's casts per expert (amax, scale, cast,
+transpose).
+
 Usage (GPU machine): PYTHONPATH=python MOEX_LIBRARY=build/libmoex.so python3 bench/quant_bench.py [T K G]
 """
 import statistics
@@ -39,7 +44,7 @@ def quant_args(x, splits, recipe, G):
     a = _capi.GroupQuantizeArgs()
     mt._fill(a.x, x)
     mt._fill(a.splits, splits)
-    a.params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0)
+    a.params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     for dst, t in ((a.rowwise.data, out["rd"]), (a.rowwise.scales, out["rs"]), (a.columnwise.data, out["cd"]),
                    (a.columnwise.scales, out["cs"])):
         mt._fill(dst, t)
@@ -121,6 +126,89 @@ def main():
         print(f"{name:8s} {ms:8.3f} {gbs:7.0f} {frac:8.2f} {tms:9.3f} {sp:7.2f}x  {ok}")
 
 
+WEIGHT_SHAPES = {"dsv3 fc1": (32, 4096, 7168), "dsv3 fc2": (32, 7168, 2048)}
+WEIGHT_RECIPES = {"group": 1, "block": 2, "mxfp8": 3}
+
+
+def weight_args(w, recipe):
+    """The args and outputs of a both-copy weight quantize of w [G, N, K]."""
+    G, N, K = w.shape
+    sdt = torch.float8_e8m0fnu if recipe == 3 else torch.float32
+    if recipe == 1:
+        rs = cs = (G,)
+    elif recipe == 2:
+        rs, cs = (G, -(-N // 128), -(-K // 128)), (G, -(-K // 128), -(-N // 128))
+    else:
+        rs, cs = (G, N, -(-K // 32)), (G, K, -(-N // 32))
+    out = dict(rd=torch.empty(G, N, K, dtype=torch.float8_e4m3fn, device=w.device),
+               cd=torch.empty(G, K, N, dtype=torch.float8_e4m3fn, device=w.device),
+               rs=torch.empty(rs, dtype=sdt, device=w.device), cs=torch.empty(cs, dtype=sdt, device=w.device))
+    a = _capi.WeightQuantizeArgs()
+    mt._fill(a.w, w)
+    a.params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
+    for dst, t in ((a.rowwise.data, out["rd"]), (a.rowwise.scales, out["rs"]), (a.columnwise.data, out["cd"]),
+                   (a.columnwise.scales, out["cs"])):
+        mt._fill(dst, t)
+    a.keep = (w,)
+    return a, out
+
+
+def torch_weight_fn(w, recipe):
+    """PyTorch per expert: the same copies (E4M3, 448)."""
+    G, N, K = w.shape
+    f8 = torch.float8_e4m3fn
+
+    def group():
+        wf = w.float()
+        s = 448.0 / wf.abs().amax(dim=(1, 2), keepdim=True).clamp_min(1e-12)
+        q = (wf * s).to(f8)
+        return q, q.transpose(1, 2).contiguous(), 1.0 / s
+
+    def block():
+        wf = w.float().view(G, N // 128, 128, K // 128, 128)
+        s = 448.0 / wf.abs().amax(dim=(2, 4), keepdim=True).clamp_min(1e-12)
+        q = (wf * s).to(f8).view(G, N, K)
+        return q, q.transpose(1, 2).contiguous(), 1.0 / s
+
+    def mx():
+        def one(v):
+            r, c = v.shape[1], v.shape[2]
+            vf = v.float().view(G, r, c // 32, 32)
+            e = torch.floor(torch.log2(vf.abs().amax(-1, keepdim=True).clamp_min(2.0 ** -126))) - 8
+            return (vf * torch.exp2(-e)).to(f8).view(G, r, c), e
+        return one(w), one(w.transpose(1, 2).contiguous())
+    return {1: group, 2: block, 3: mx}[recipe]
+
+
+def weights():
+    print(f"\nweight quantize, bf16 -> e4m3 both copies, {torch.cuda.get_device_name()}")
+    print(f"{'shape':9s} {'recipe':7s} {'copy ms':>8s} {'moex ms':>8s} {'GB/s':>7s} {'of copy':>8s} {'torch ms':>9s} "
+          f"{'speedup':>8s}  check")
+    for name, (G, N, K) in WEIGHT_SHAPES.items():
+        w = torch.randn(G, N, K, device="cuda", dtype=torch.bfloat16)
+        dst = torch.empty_like(w)
+        base = time_ms({"copy": lambda: dst.copy_(w)})["copy"]
+        copy_gbs = 2 * w.numel() * 2 / base / 1e6
+        for rname, r in WEIGHT_RECIPES.items():
+            a, out = weight_args(w, r)
+            mt._run("weight_quantize", a, w.device)
+            ms = time_ms({"moex": lambda: mt._run("weight_quantize", a, w.device), "torch": torch_weight_fn(w, r)})
+            nbytes = w.numel() * 2 + out["rd"].numel() + out["cd"].numel() + \
+                (out["rs"].numel() + out["cs"].numel()) * out["rs"].element_size()
+            gbs = nbytes / ms["moex"] / 1e6
+            ws = w[:2, :256].contiguous()   # the GPU's bytes against the CPU's on a slice
+            a_c, o_c = weight_args(ws.cpu(), r)
+            mt._run("weight_quantize", a_c, torch.device("cpu"))
+            a_g, o_g = weight_args(ws, r)
+            mt._run("weight_quantize", a_g, w.device)
+            torch.cuda.synchronize()
+            bad = [k for k in o_c if not torch.equal(o_c[k].view(torch.uint8), o_g[k].cpu().view(torch.uint8))]
+            ok = "bitwise" if not bad else "MISMATCH " + ",".join(bad)
+            print(f"{name:9s} {rname:7s} {base:8.3f} {ms['moex']:8.3f} {gbs:7.0f} {gbs / copy_gbs:8.2f} "
+                  f"{ms['torch']:9.3f} {ms['torch'] / ms['moex']:7.2f}x  {ok}")
+        del w, dst
+
+
 def check(x, splits, recipe, G, out):
     """Whether the GPU gives the CPU's bytes (every output) for a quantize of the first 300
     rows as one group."""
@@ -141,3 +229,4 @@ def check(x, splits, recipe, G, out):
 
 if __name__ == "__main__":
     main()
+    weights()

@@ -143,6 +143,15 @@ class GroupDequantizeArgs(ctypes.Structure):
                 ("y", Tensor)]
 
 
+class WeightQuantizeArgs(ctypes.Structure):
+    _fields_ = [("w", Tensor), ("params", QuantParams), ("rowwise", QuantTensor), ("columnwise", QuantTensor),
+                ("amax", Tensor)]
+
+
+class WeightDequantizeArgs(ctypes.Structure):
+    _fields_ = [("params", QuantParams), ("orientation", ctypes.c_int), ("src", QuantTensor), ("w", Tensor)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -159,7 +168,8 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "permute_forward": PermuteArgs, "permute_backward": PermuteGradArgs, "unpermute_forward": UnpermuteArgs,
        "unpermute_backward": UnpermuteGradArgs, "scaled_glu_forward": ScaledGluArgs,
        "scaled_glu_backward": ScaledGluGradArgs, "splits_to_offsets": SplitsToOffsetsArgs,
-       "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs}
+       "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs,
+       "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs}
 
 
 def _library_path():

@@ -97,6 +97,7 @@ static const moex_backend_ops cuda_ops = {
     .check_limits = cuda_check_limits,
     MOEX_PRIMITIVE_FIELDS(moex_cuda),
     .fc1_glu = moex_cuda_fc1_glu,
+    .glu_quantize = moex_cuda_glu_quantize,
     .zero_f32 = moex_cuda_zero_f32,
     .check_splits = cuda_check_splits,
     .destroy = cuda_destroy,

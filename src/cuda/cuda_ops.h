@@ -226,7 +226,8 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
 
-/* linear_* and fc1_glu in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, router_*,
+/* linear_* and fc1_glu in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
+ * dequantize and glu_quantize in cuda_quantize.cu, router_*,
  * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
  * cuda_splits.cu (the schedule's arrays, and for a grouped linear forward the Hopper GEMM's
  * scratch, from ws; built by one launch), dense_gemm in cuda_dense_gemm.cu (the router's
@@ -234,5 +235,8 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 MOEX_DECLARE_PRIMITIVES(moex_cuda)
 moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
                               const moex_gl_dims *d, bool *ran);
+moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
+                                   const moex_quant_dims *d, void *ws, bool *ran);
 
 #endif /* MOEX_CUDA_OPS_H */

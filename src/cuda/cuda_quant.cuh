@@ -1,7 +1,8 @@
 /*
  * cuda_quant.cuh - private: what the CUDA quantization kernels share (cuda_quantize.cu for
  * grouped rows, cuda_weight_quantize.cu for grouped weights): grid sizes, the FP8 cast by
- * the conversion instruction (single and paired), 16-bit unpacking, amax reductions on |x| bit patterns, E8M0 scale values, and
+ * the conversion instruction (single and paired), 16-bit unpacking, L2 prefetch and cp.async
+ * wrappers, amax reductions on |x| bit patterns, E8M0 scale values, and
  * the kernel that turns amaxes into current-scaling scales.
  */
 #ifndef MOEX_CUDA_QUANT_CUH
@@ -36,6 +37,20 @@ template <typename T> __device__ __forceinline__ T bits_to(uint16_t b);
 template <> __device__ __forceinline__ bf16 bits_to<bf16>(uint16_t b) { return __ushort_as_bfloat16(b); }
 template <> __device__ __forceinline__ f16 bits_to<f16>(uint16_t b) { return __ushort_as_half(b); }
 template <> __device__ __forceinline__ float bits_to<float>(uint16_t b) { return (float)b; }   /* unused */
+
+/* A hint: bring the 128-byte line of p into L2. */
+static __device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+/* 16 bytes global -> shared without holding registers (cp.async, sm_80 and up), zero-filled
+ * when !valid (src is then not read); complete for the issuing thread after
+ * cp_async_wait_all. */
+static __device__ __forceinline__ void cp_async_16(void *dst, const void *src, bool valid) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src), "r"(valid ? 16 : 0)
+                 : "memory");
+}
+static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
 
 /* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
  * finite value and NaN above Inf (so a max of patterns is moex_amax_combine's NaN-wins max,

@@ -1,13 +1,13 @@
 /*
  * cuda_quantize.cu - grouped FP8 quantization on the GPU (docs/ops.md section 9): the
- * quantize and dequantize primitives of backend.h. The element math (the scale rule, the MX
+ * quantize, dequantize and glu_quantize primitives of backend.h. The element math (the scale rule, the MX
  * exponent, the swizzled scale offsets) is src/core/quant_math.h, shared with the CPU, and
  * the cast is the conversion instruction (cuda_quant.cuh), which is docs/ops.md 9.1 exactly,
  * so both backends compute the same bits. Rows >= S = off[G] are never read or written;
  * split values are read on the device only (the prepared handle's off[] and tiles[]).
  *
- * quantize: every recipe runs over the handle's row tiles (128 rows of one group, from its
- * first row: tiles[]) by 128 columns, one block of 256 threads per tile, each thread an 8x8
+ * quantize (and glu_quantize): every recipe runs over the handle's row tiles (128 rows of
+ * one group, from its first row: tiles[]) by 128 columns, 256 threads per tile, each an 8x8
  * piece (tile_kernel): read once with 16-byte loads, both copies written from registers
  * (rowwise 8 bytes per row, columnwise 8 bytes per column: the transpose needs no shared
  * memory), and, with dbias, one column-sum partial per (tile, column).
@@ -19,6 +19,10 @@
  *   MXFP8          tile_kernel<MX32>: 1x32 and 32x1 blocks inside the tile (four 32-row
  *                  column tiles per row tile, at b_g + ..., colscale_off first)
  *   dbias          moex_cuda_colsum_reduce (cuda_reduce.cu) over the partials
+ * The kernels read through a source (x_source: x; glu_source: the scaled GLU's z computed
+ * from h, for glu_quantize, so z leaves the GLU in FP8 without being stored). A block takes
+ * TILE_COLS_PER_BLOCK column tiles in turn, the next one on its way (cp.async into shared
+ * memory for 16-bit x, else an L2 prefetch) while it works on this one.
  * Swizzled MXFP8 scales (9.8): the scales vector is zeroed first, then the scales written
  * at moex_mx_swizzled_at; group g's matrix starts at tiles[g] (= q_g) tiles.
  * dequantize: y = round_dt(decode(q) * scale)
@@ -31,11 +35,13 @@
 #include <limits.h>
 
 #include "cuda_quant.cuh"
+#include "glu_math.h"
 #include "cuda_ops.h"
 
 #define Q_THREADS 256           /* every kernel but colscale_off */
 #define Q_WARPS (Q_THREADS / 32)
 #define TILE MOEX_CUDA_BM        /* 128: the quantize tiles are the handle's row tiles by 128 columns */
+#define TILE_COLS_PER_BLOCK 8   /* the column tiles of one tile_kernel block, in turn */
 #define Q_TILE 64               /* the 64x64 tiles of dequant_colwise */
 #define Q_TILE_ROWS (Q_THREADS / Q_TILE)   /* 4: the rows a pass of 256 threads covers */
 #define SCAN_THREADS 1024       /* the block of block_scan_i64 (cuda_common.cuh) */
@@ -94,34 +100,119 @@ static __device__ __forceinline__ tile_rows tile_at(const int64_t *off, const in
     return w;
 }
 
-/* v[r][c] = x[row + r, col + c] as f32 for r < nr and col + c < K, else 0. vec: 16-byte
- * loads (K % 8 == 0 and x 16-byte aligned, so a row's 8 elements are one or two vectors). */
+/* Eight 16-bit elements packed in u as f32. */
 template <typename TX>
-static __device__ __forceinline__ void load_8x8(const TX *x, int64_t K, int64_t row, int nr, int64_t col, bool vec,
-                                                float v[8][8]) {
+static __device__ __forceinline__ void unpack8(uint4 u, float (&v)[8]) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-    for (int r = 0; r < 8; r++) {
-        const TX *p = x + (row + r) * K + col;
-        if (r < nr && col < K && vec) {
-            if (sizeof(TX) == 4) {
-                const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
-                v[r][0] = a.x, v[r][1] = a.y, v[r][2] = a.z, v[r][3] = a.w;
-                v[r][4] = b.x, v[r][5] = b.y, v[r][6] = b.z, v[r][7] = b.w;
-            } else {
-                const uint4 u = __ldg((const uint4 *)p);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    v[r][2 * c] = to_f32(bits_to<TX>((uint16_t)(w[c] & 0xFFFFu)));
-                    v[r][2 * c + 1] = to_f32(bits_to<TX>((uint16_t)(w[c] >> 16)));
-                }
-            }
-        } else {
-#pragma unroll
-            for (int c = 0; c < 8; c++) v[r][c] = (r < nr && col + c < K) ? to_f32(p[c]) : 0.0f;
-        }
+    for (int c = 0; c < 4; c++) {
+        v[2 * c] = to_f32(bits_to<TX>((uint16_t)(w[c] & 0xFFFFu)));
+        v[2 * c + 1] = to_f32(bits_to<TX>((uint16_t)(w[c] >> 16)));
     }
 }
+
+/* Eight 16- or 32-bit elements at p (16-byte aligned) as f32. */
+template <typename TX>
+static __device__ __forceinline__ void load_vec8(const TX *p, float (&v)[8]) {
+    if (sizeof(TX) == 4) {
+        const float4 a = __ldg((const float4 *)p), b = __ldg((const float4 *)p + 1);
+        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+    } else {
+        unpack8<TX>(__ldg((const uint4 *)p), v);
+    }
+}
+
+/* What the tile kernels quantize, read 8x8 at a time: load gives v[r][e] = the element
+ * (row + r, col + e) for r < nr and col + e < K, else 0 (nr may be <= 0 or > 8); fetch
+ * starts bringing in the piece that the next load asks for (into the block's staging
+ * buffer `stage`, which only the calling thread's slots of are used, so no barrier).
+ *   x_source    x [T, K] itself. vec (K % 8 == 0, x 16-byte aligned): 16-byte loads; with
+ *               16-bit elements the next piece is copied into `stage` by cp.async while
+ *               this one is worked on (fetch), otherwise prefetched into L2.
+ *   glu_source  z = p glu(h) of the scaled GLU (K = F), rounded to h's dtype as
+ *               moex_scaled_glu_forward stores it (glu_math.h, the formulas of the GLU
+ *               kernels); h [T, 2F] is read, z never stored. vec: F % 8 == 0 and h
+ *               16-byte aligned (the 8 columns are then contiguous in both halves). */
+typedef uint4 tile_stage[8][Q_THREADS];   /* a thread's 8 rows of 16 bytes, in slots [r][thread] */
+
+template <typename TX>
+struct x_source {
+    const TX *x;
+    int64_t K;
+    bool vec;
+    static constexpr bool staged = sizeof(TX) == 2;
+    __device__ __forceinline__ void fetch(tile_stage &stage, int64_t row, int nr, int64_t col) const {
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const bool valid = r < nr && col < K;
+            const TX *p = valid ? x + (row + r) * K + col : x;
+            if (staged && vec) cp_async_16(&stage[r][threadIdx.x], p, valid);
+            else if (valid) prefetch_l2(p);
+        }
+        if (staged && vec) cp_async_commit();
+    }
+    __device__ __forceinline__ void load(tile_stage &stage, int64_t row, int nr, int64_t col,
+                                         float (&v)[8][8]) const {
+        if (staged && vec) {
+            cp_async_wait_all();
+#pragma unroll
+            for (int r = 0; r < 8; r++) unpack8<TX>(stage[r][threadIdx.x], v[r]);
+            return;
+        }
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const TX *p = x + (row + r) * K + col;
+            if (r < nr && col < K && vec) {
+                load_vec8<TX>(p, v[r]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[r][e] = (r < nr && col + e < K) ? to_f32(p[e]) : 0.0f;
+            }
+        }
+    }
+};
+
+template <typename TX>
+struct glu_source {
+    const TX *h;
+    const float *probs;         /* [T] or NULL (p = 1) */
+    moex_glu_consts c;
+    int64_t K, L;               /* K = F; L: the GLU's half-segment (moex_glu_segment) */
+    bool vec;
+    static constexpr bool staged = false;
+    __device__ __forceinline__ void load(tile_stage &, int64_t row, int nr, int64_t col, float (&v)[8][8]) const {
+        const int64_t ca = col + (col / L) * L;   /* the a column of z column col */
+#pragma unroll
+        for (int r = 0; r < 8; r++) {
+            const TX *hr = h + (row + r) * 2 * K;
+            const float p = r < nr && probs ? probs[row + r] : 1.0f;
+            if (r < nr && col < K && vec) {
+                float va[8], vb[8];
+                load_vec8<TX>(hr + ca, va);
+                load_vec8<TX>(hr + ca + L, vb);
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[r][e] = to_f32(from_f32<TX>(moex_glu_forward(c, va[e], vb[e], p)));
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    const int64_t j = col + e, cj = j + (j / L) * L;
+                    v[r][e] = (r < nr && j < K)
+                                  ? to_f32(from_f32<TX>(moex_glu_forward(c, to_f32(hr[cj]), to_f32(hr[cj + L]), p)))
+                                  : 0.0f;
+                }
+            }
+        }
+    }
+    __device__ __forceinline__ void fetch(tile_stage &, int64_t row, int nr, int64_t col) const {
+        const int64_t ca = col + (col / L) * L;
+#pragma unroll
+        for (int r = 0; r < 8; r++)
+            if (r < nr && col < K) {
+                prefetch_l2(h + (row + r) * 2 * K + ca);
+                prefetch_l2(h + (row + r) * 2 * K + ca + L);
+            }
+    }
+};
 
 /* The amax contribution of one value as an ordered bit pattern: |v|, NaN above everything
  * (BLOCK and current scaling: NaN wins) or NaN as 0 (MXFP8: NaN is skipped). */
@@ -180,7 +271,6 @@ typedef struct tile_args {
     const int64_t *cso;         /* MX32 plain columnwise scales: b_g of 32-row tiles */
     int G;
     int64_t T, K;
-    bool vec;                   /* K % 8 == 0 and x 16-byte aligned */
     moex_fp8_format f;
     float eps;
     moex_scale_rounding rounding;
@@ -237,12 +327,14 @@ static __device__ __forceinline__ void block_reduce(uint32_t (&u)[8], int lane_a
 }
 
 /* Quantize one row tile of x by 128 columns per block (see the top of the file). */
-template <typename TX, int MODE>
-static __global__ void __launch_bounds__(Q_THREADS)
-tile_kernel(tile_args a, const TX *x) {
+template <typename SRC, int MODE>
+static __global__ void __launch_bounds__(Q_THREADS, 2)
+tile_kernel(tile_args a, SRC src) {
     constexpr bool MX = MODE == MX32;
     __shared__ uint32_t red_row[2 * TILE], red_col[4 * TILE];   /* BLOCK128 */
     __shared__ float csum[TILE / 8][TILE];                      /* dbias */
+    __shared__ __align__(16) unsigned char stage_bytes[SRC::staged ? sizeof(tile_stage) : 16];
+    tile_stage &stage = *reinterpret_cast<tile_stage *>(stage_bytes);
     const int i = tile_i(), j = tile_j(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
@@ -253,7 +345,9 @@ tile_kernel(tile_args a, const TX *x) {
             const int64_t k0 = ct * TILE, col = k0 + 8 * j;
             const int nc = (int)min((int64_t)8, a.K - col);   /* valid columns (none when <= 0) */
             float v[8][8];
-            load_8x8<TX>(x, a.K, row, nr, col, a.vec, v);
+            if (SRC::staged && ct == blockIdx.y) src.fetch(stage, row, nr, col);   /* the first piece */
+            src.load(stage, row, nr, col, v);
+            if (ct + gridDim.y < nct) src.fetch(stage, row, nr, col + (int64_t)gridDim.y * TILE);   /* the next */
             float rs[8], cs[8];   /* the rows' and the columns' multipliers */
             if (MODE == CURRENT) {
                 const float s = a.mult[a.per_group ? w.g : 0];
@@ -328,18 +422,24 @@ static __global__ void zero_u32_kernel(uint32_t *p, int64_t n) {
 }
 
 /* amax_bits[g or 0] = max(..., |x| bits over the tile), per tile of tile_kernel's shape. */
-template <typename TX>
+template <typename SRC>
 static __global__ void __launch_bounds__(Q_THREADS)
-tile_amax_kernel(tile_args a, const TX *x, uint32_t *amax) {
+tile_amax_kernel(tile_args a, SRC src, uint32_t *amax) {
     __shared__ uint32_t red[32];
+    __shared__ __align__(16) unsigned char stage_bytes[SRC::staged ? sizeof(tile_stage) : 16];
+    tile_stage &stage = *reinterpret_cast<tile_stage *>(stage_bytes);
     const int i = tile_i(), j = tile_j();
     const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
         const tile_rows w = tile_at(a.off, a.tiles, a.G, t);
+        const int64_t row = w.r0 + 8 * i;
         const int nr = w.nr - 8 * i;
         for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
+            const int64_t col = ct * TILE + 8 * j;
             float v[8][8];
-            load_8x8<TX>(x, a.K, w.r0 + 8 * i, nr, ct * TILE + 8 * j, a.vec, v);
+            if (SRC::staged && ct == blockIdx.y) src.fetch(stage, row, nr, col);
+            src.load(stage, row, nr, col, v);
+            if (ct + gridDim.y < nct) src.fetch(stage, row, nr, col + (int64_t)gridDim.y * TILE);
             uint32_t m = 0u;
 #pragma unroll
             for (int r = 0; r < 8; r++)
@@ -409,7 +509,6 @@ static tile_args tile_args_of(const moex_groups *g, const moex_group_quantize_ar
     tile_args t;
     const int64_t B = block_of(a->params.recipe);
     t.off = g->off, t.tiles = g->tiles, t.cso = l.cso, t.G = (int)g->G, t.T = g->T, t.K = d->K;
-    t.vec = d->K % 8 == 0 && ((uintptr_t)a->x.data & 15) == 0;
     t.f = moex_fp8_format_of(a->params.fp8);
     t.eps = a->params.amax_epsilon, t.rounding = a->params.rounding;
     t.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
@@ -425,21 +524,23 @@ static tile_args tile_args_of(const moex_groups *g, const moex_group_quantize_ar
     return t;
 }
 
+/* Row tiles by column tiles; a block takes TILE_COLS_PER_BLOCK column tiles in turn, so it
+ * can prefetch the next one while it works on this one. */
 static dim3 tile_grid(const moex_groups *g, int64_t K) {
-    return dim3(quant_grid_x(moex_cuda_max_tiles(g->T, g->G)), quant_grid_y(cdiv(K, TILE)));
+    return dim3(quant_grid_x(moex_cuda_max_tiles(g->T, g->G)), quant_grid_y(cdiv(K, TILE * TILE_COLS_PER_BLOCK)));
 }
 
-template <typename TX>
+template <typename SRC>
 static moex_status quantize_current(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                    const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
+                                    const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l,
+                                    const SRC &src) {
     cudaStream_t stream = (cudaStream_t)c->stream;
     const int64_t n = t.per_group ? g->G : 1;
     const bool has_data = g->T > 0 && t.K > 0;   /* else every set is empty: amax 0 */
-    const TX *x = (const TX *)a->x.data;
     zero_u32_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(l.amax_bits, n);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        tile_amax_kernel<TX><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, x, l.amax_bits);
+        tile_amax_kernel<SRC><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src, l.amax_bits);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
     /* by presence, not by pointer: with T == 0 the data is empty (maybe NULL), the scales are not */
@@ -450,15 +551,15 @@ static moex_status quantize_current(moex_context *ctx, const moex_call *c, const
         moex_present(&a->amax) ? (float *)a->amax.data : NULL);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        tile_kernel<TX, CURRENT><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, x);
+        tile_kernel<SRC, CURRENT><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
     return MOEX_OK;
 }
 
-template <typename TX, int MODE>
+template <typename SRC, int MODE>
 static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_group_quantize_args *a, const tile_args &t) {
+                                   const moex_group_quantize_args *a, const tile_args &t, const SRC &src) {
     cudaStream_t stream = (cudaStream_t)c->stream;
     if (t.swizzled) {   /* every byte of the vectors: padding 0 (docs/ops.md 9.8) */
         if (t.row_data) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.row_scales, 0, a->rowwise.scales.shape[0], stream));
@@ -466,37 +567,81 @@ static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const 
     }
     if (g->T == 0 || t.K == 0) return MOEX_OK;   /* no rows, or no columns: nothing else to write */
     if (t.cso) MOEX_TRY(launch_colscale_off(ctx, c, g, 32, (int64_t *)t.cso));
-    tile_kernel<TX, MODE><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, (const TX *)a->x.data);
+    tile_kernel<SRC, MODE><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
 
-template <typename TX>
+/* Every launch of one quantize, reading through src. */
+template <typename SRC>
 static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
+                                const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l,
+                                const SRC &src) {
     switch (a->params.recipe) {
     case MOEX_QUANT_TENSOR:
-    case MOEX_QUANT_GROUP: return quantize_current<TX>(ctx, c, g, a, t, l);
-    case MOEX_QUANT_BLOCK: return quantize_blocks<TX, BLOCK128>(ctx, c, g, a, t);
-    case MOEX_QUANT_MXFP8: return quantize_blocks<TX, MX32>(ctx, c, g, a, t);
+    case MOEX_QUANT_GROUP: return quantize_current<SRC>(ctx, c, g, a, t, l, src);
+    case MOEX_QUANT_BLOCK: return quantize_blocks<SRC, BLOCK128>(ctx, c, g, a, t, src);
+    case MOEX_QUANT_MXFP8: return quantize_blocks<SRC, MX32>(ctx, c, g, a, t, src);
     }
     return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown quantization recipe %d", c->op, (int)a->params.recipe);
 }
 
-moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                               const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
+static moex_status check_groups(moex_context *ctx, const moex_call *c, const moex_groups *g) {
     if (g->G > INT_MAX)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: G = %lld groups exceed the CUDA kernels' limit", c->op,
                          (long long)g->G);
+    return MOEX_OK;
+}
+
+template <typename TX>
+static moex_status quantize_x(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
+    x_source<TX> src;
+    src.x = (const TX *)a->x.data, src.K = t.K;
+    src.vec = t.K % 8 == 0 && ((uintptr_t)a->x.data & 15) == 0;
+    return quantize_run(ctx, c, g, a, t, l, src);
+}
+
+moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
+    MOEX_TRY(check_groups(ctx, c, g));
     const quant_ws l = quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
     const tile_args t = tile_args_of(g, a, d, l);
-    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_run<float>(ctx, c, g, a, t, l)
-                     : d->dt == MOEX_DTYPE_BF16 ? quantize_run<bf16>(ctx, c, g, a, t, l)
-                                                : quantize_run<f16>(ctx, c, g, a, t, l);
+    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_x<float>(ctx, c, g, a, t, l)
+                     : d->dt == MOEX_DTYPE_BF16 ? quantize_x<bf16>(ctx, c, g, a, t, l)
+                                                : quantize_x<f16>(ctx, c, g, a, t, l);
     if (st != MOEX_OK || !moex_present(&a->dbias)) return st;
     /* the partials of every tile were written unless there are no rows or columns */
     return moex_cuda_colsum_reduce(ctx, c->op, g->tiles, g->G, l.partial, d->K, (float *)a->dbias.data,
                                    (cudaStream_t)c->stream);
+}
+
+/* ---- the scaled GLU's quantized output ------------------------------------------------------ */
+
+template <typename TX>
+static moex_status quantize_glu(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
+                                const tile_args &t, const quant_ws &l) {
+    glu_source<TX> src;
+    src.h = (const TX *)glu->h.data;
+    src.probs = moex_present(&glu->probs) ? (const float *)glu->probs.data : NULL;
+    src.c = moex_glu_consts_of(&glu->glu);
+    src.K = t.K, src.L = moex_glu_segment(glu->glu.layout, t.K);
+    src.vec = t.K % 8 == 0 && ((uintptr_t)glu->h.data & 15) == 0;
+    return quantize_run(ctx, c, g, q, t, l, src);
+}
+
+moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
+                                   const moex_quant_dims *d, void *ws, bool *ran) {
+    *ran = false;
+    MOEX_TRY(check_groups(ctx, c, g));
+    const quant_ws l = quant_layout(&q->params, moex_present(&q->columnwise.data), d->G, 0, ws);
+    const tile_args t = tile_args_of(g, q, d, l);
+    *ran = true;
+    return d->dt == MOEX_DTYPE_F32    ? quantize_glu<float>(ctx, c, g, glu, q, t, l)
+           : d->dt == MOEX_DTYPE_BF16 ? quantize_glu<bf16>(ctx, c, g, glu, q, t, l)
+                                      : quantize_glu<f16>(ctx, c, g, glu, q, t, l);
 }
 
 /* ---- dequantize kernels ------------------------------------------------------------------ */
@@ -620,9 +765,7 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
 
 moex_status moex_cuda_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws) {
-    if (g->G > INT_MAX)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: G = %lld groups exceed the CUDA kernels' limit", c->op,
-                         (long long)g->G);
+    MOEX_TRY(check_groups(ctx, c, g));
     if (d->dt == MOEX_DTYPE_F32) return dequantize_run<float>(ctx, c, g, a, d, ws);
     if (d->dt == MOEX_DTYPE_BF16) return dequantize_run<bf16>(ctx, c, g, a, d, ws);
     return dequantize_run<f16>(ctx, c, g, a, d, ws);
