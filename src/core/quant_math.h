@@ -106,13 +106,33 @@ MOEX_QUANT_FN float moex_quant_scale(float amax, float eps, float fp8_max, moex_
     return s;
 }
 
-/* The MX shared exponent of a block whose largest non-NaN magnitude is amax (9.3). */
+/* The bits of a float and back. */
+MOEX_QUANT_FN uint32_t moex_f32_bits(float v) {
+    union { float f; uint32_t u; } b;
+    b.f = v;
+    return b.u;
+}
+MOEX_QUANT_FN float moex_f32_of_bits(uint32_t u) {
+    union { float f; uint32_t u; } b;
+    b.u = u;
+    return b.f;
+}
+
+/* 2^e exactly, for e in [-149, 127] (subnormal below -126). */
+MOEX_QUANT_FN float moex_pow2f(int e) {
+    return moex_f32_of_bits(e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149));
+}
+
+/* The MX shared exponent of a block whose largest non-NaN magnitude is amax (9.3):
+ * floor(log2(amax)) - emax, clamped to [-127, 127], from the bits. */
 MOEX_QUANT_FN int moex_mx_exponent(float amax, moex_fp8_format f) {
     if (!(amax > 0.0f)) return -127;            /* 0, or no non-NaN element */
     if (isinf(amax)) return 127;
-    int e;
-    frexpf(amax, &e);
-    const int E = e - 1 - f.emax;
+    const uint32_t b = moex_f32_bits(amax);
+    int l2 = (int)(b >> 23) - 127;              /* normal */
+    if ((b >> 23) == 0)                         /* subnormal: b * 2^-149 */
+        for (l2 = -149; l2 < -127 && (b >> (l2 + 150)) != 0; l2++) {}
+    const int E = l2 - f.emax;
     return E < -127 ? -127 : E > 127 ? 127 : E;
 }
 

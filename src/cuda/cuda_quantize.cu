@@ -33,6 +33,7 @@
  * K or G comes from them. No allocation, no synchronisation; everything on c->stream.
  */
 #include <limits.h>
+#include <string.h>
 
 #include "cuda_quant.cuh"
 #include "glu_math.h"
@@ -71,34 +72,30 @@ colscale_off_kernel(const int64_t *off, int64_t G, int64_t B, int64_t *cso) {
 }
 
 /* ---- the tile: 128 rows of one group x 128 columns, 256 threads of 8x8 ---------------- *
+ * (Grouped weights [G, N, K] are the same with G groups of N rows: their tiles start at each
+ * expert's first row, their columnwise copy is [G, K, N], and BLOCK2D scales 128x128 blocks.)
  * Thread (i, j) holds rows 8i..8i+7 and columns 8j..8j+7 of the tile (i, j < 16):
  *   lane bits 0-1: j & 3, bits 2-3: i & 3, bit 4: (j >> 2) & 1; warp bit 0: j >> 3,
  *   warp bits 1-2: i >> 2,
  * so an MX 1x32 block (4 j's) and 32x1 block (4 i's) are in one warp (xor 1, 2 and 4, 8),
  * and the 1x128 and 128x1 blocks of BLOCK finish across warps in shared memory.           */
 
-enum tile_mode { CURRENT, BLOCK128, MX32 };
+enum tile_mode { CURRENT, BLOCK128, MX32, BLOCK2D };
 
 static __device__ __forceinline__ int tile_i() { return ((threadIdx.x >> 2) & 3) | ((threadIdx.x >> 6) << 2); }
 static __device__ __forceinline__ int tile_j() {
     return (threadIdx.x & 3) | (((threadIdx.x >> 4) & 1) << 2) | (((threadIdx.x >> 5) & 1) << 3);
 }
 
-/* Where the thread's rows are: the tile of group g starts at row r0 and has nr valid rows. */
+/* One row tile: group (or expert) g's tile t, rows [r0, r0 + nr). */
 typedef struct tile_rows {
     int g;
-    int64_t t, r0;              /* the handle's tile index, its first row */
-    int nr;                     /* rows of the tile < off[g+1] (1..128) */
+    int64_t t;                  /* the tile's index (grouped: the handle's; weights: g * tpe + local) */
+    int64_t r0;                 /* its first row */
+    int nr;                     /* its rows (1..128) */
+    int64_t g0;                 /* the group's first row */
+    int64_t q, nq;              /* the group's first tile and its tiles */
 } tile_rows;
-
-static __device__ __forceinline__ tile_rows tile_at(const int64_t *off, const int32_t *tiles, int G, int64_t t) {
-    tile_rows w;
-    w.g = find_group_i32(tiles, G, t);
-    w.t = t;
-    w.r0 = off[w.g] + (t - tiles[w.g]) * TILE;
-    w.nr = (int)min((int64_t)TILE, off[w.g + 1] - w.r0);
-    return w;
-}
 
 /* Eight 16-bit elements packed in u as f32. */
 template <typename TX>
@@ -222,24 +219,6 @@ static __device__ __forceinline__ uint32_t amax_key(float v) {
     return (MX && a > 0x7F800000u) ? 0u : a;
 }
 
-/* The multiplier s of a block with this amax (values: fp8(x * s)); its scale is stored at
- * scales[at] when store: BLOCK f32 1/s (s = moex_quant_scale), MXFP8 the E8M0 byte E + 127
- * (s = 2^-E, exact for E in [-127, 127]). */
-template <bool MX>
-static __device__ __forceinline__ float block_multiplier(uint32_t amax, moex_fp8_format f, float eps,
-                                                         moex_scale_rounding rounding, void *scales, int64_t at,
-                                                         bool store) {
-    const float a = __uint_as_float(amax);
-    if (MX) {
-        const int E = moex_mx_exponent(a, f);
-        if (store) ((uint8_t *)scales)[at] = (uint8_t)(E + 127);
-        return ldexpf(1.0f, -E);
-    }
-    const float s = moex_quant_scale(a, eps, f.max, rounding);
-    if (store) ((float *)scales)[at] = 1.0f / s;
-    return s;
-}
-
 /* fp8(v[e] * s) for e < 8, packed little-end first. */
 static __device__ __forceinline__ uint2 cast_8(const float (&v)[8], float s, moex_fp8_format f) {
     uint32_t w[2];
@@ -266,64 +245,75 @@ static __device__ __forceinline__ void store_8(uint8_t *p, uint2 b, int n) {
 
 /* Everything a tile kernel reads and writes; a copy is absent when its data is NULL. */
 typedef struct tile_args {
+    bool weights;               /* grouped weights [G, N, K] (N = T): off and tiles unused */
     const int64_t *off;
     const int32_t *tiles;       /* the handle's 128-row tiles: tiles[g] = q_g */
     const int64_t *cso;         /* MX32 plain columnwise scales: b_g of 32-row tiles */
     int G;
-    int64_t T, K;
+    int64_t T, K;               /* weights: T = N, the rows of one expert */
+    int64_t rows;               /* the rows there are: T, or G N for weights */
+    int64_t max_tiles;          /* a bound of the row tiles (the grid's x) */
     moex_fp8_format f;
     float eps;
     moex_scale_rounding rounding;
     bool swizzled;              /* MX32: scales at moex_mx_swizzled_at (docs/ops.md 9.8) */
     int64_t row_cols;           /* rowwise scale columns: ceil(K / B), or roundup of it to 4 when swizzled */
-    int64_t col_cols;           /* columnwise scale columns: ceil(T / B) + G; swizzled: roundup(K, 128) */
+    int64_t col_cols;           /* columnwise scale columns: ceil(T / B) + G (weights: ceil(N / B));
+                                 * swizzled: roundup(K, 128) */
     const float *mult;          /* CURRENT: s per set */
     int per_group;              /* CURRENT: one set per group (else one) */
     uint8_t *row_data, *col_data;
     void *row_scales, *col_scales;
+    size_t row_scale_bytes, col_scale_bytes;   /* swizzled: the scale vectors' bytes (zeroed first) */
+    float *amax_out;            /* current scaling's amax, or NULL */
     float *partial;             /* dbias partials [tiles, K], or NULL */
 } tile_args;
+
+/* Row tile t: grouped, the handle's tile t of group g = the last with tiles[g] <= t;
+ * weights, tile t % tpe of expert t / tpe (tpe = ceil(N / 128)). */
+static __device__ __forceinline__ int64_t tile_count(const tile_args &a) {
+    return a.weights ? a.G * cdiv(a.T, TILE) : (int64_t)a.tiles[a.G];
+}
+
+static __device__ __forceinline__ tile_rows tile_at(const tile_args &a, int64_t t) {
+    tile_rows w;
+    w.t = t;
+    if (a.weights) {
+        w.nq = cdiv(a.T, TILE);
+        w.g = (int)(t / w.nq);
+        w.q = w.g * w.nq;
+        w.g0 = w.g * a.T;
+        w.r0 = w.g0 + (t - w.q) * TILE;
+        w.nr = (int)min((int64_t)TILE, w.g0 + a.T - w.r0);
+        return w;
+    }
+    w.g = find_group_i32(a.tiles, a.G, t);
+    w.q = a.tiles[w.g], w.nq = a.tiles[w.g + 1] - w.q;
+    w.g0 = a.off[w.g];
+    w.r0 = w.g0 + (t - w.q) * TILE;
+    w.nr = (int)min((int64_t)TILE, a.off[w.g + 1] - w.r0);
+    return w;
+}
+
+/* Where the columnwise copy's element (row, k) is: [K, T] grouped, [G, K, N] weights. */
+static __device__ __forceinline__ int64_t col_data_at(const tile_args &a, const tile_rows &w, int64_t row, int64_t k) {
+    return a.weights ? (w.g * a.K + k) * a.T + (row - w.g0) : k * a.T + row;
+}
 
 /* The scale of row `row` (of group w.g), rowwise block kb. */
 static __device__ __forceinline__ int64_t row_scale_at(const tile_args &a, const tile_rows &w, int64_t row,
                                                        int64_t kb) {
     if (!a.swizzled) return row * a.row_cols + kb;
-    return (int64_t)a.tiles[w.g] * TILE * a.row_cols + moex_mx_swizzled_at(row - a.off[w.g], kb, a.row_cols);
+    return w.q * TILE * a.row_cols + moex_mx_swizzled_at(row - w.g0, kb, a.row_cols);
 }
 
 /* The scale of column k, columnwise block jl of the tile (BLOCK128: 0; MX32: 0..3). */
 template <int MODE>
 static __device__ __forceinline__ int64_t col_scale_at(const tile_args &a, const tile_rows &w, int64_t k, int jl) {
     if (MODE == BLOCK128) return k * a.col_cols + w.t;
-    const int64_t j = (w.t - a.tiles[w.g]) * 4 + jl;   /* the group's 32-row tile */
-    if (!a.swizzled) return k * a.col_cols + a.cso[w.g] + j;
-    const int64_t q = a.tiles[w.g], cols4 = 4 * (a.tiles[w.g + 1] - q);
-    return q * 4 * a.col_cols + moex_mx_swizzled_at(k, j, cols4);
-}
-
-/* u[0..8) = the max over the block's threads of u (BLOCK128 over the whole tile: the lanes
- * given by `mask`, then the `parts` warps that share the value, through red[parts][128] at
- * column/row `at`; MX32: the lanes only). */
-template <int MODE>
-static __device__ __forceinline__ void block_reduce(uint32_t (&u)[8], int lane_a, int lane_b, int lane_c,
-                                                    uint32_t *red, int parts, int part, int at, bool writer) {
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_a));
-        u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_b));
-        if (MODE == BLOCK128) u[e] = max(u[e], __shfl_xor_sync(0xffffffffu, u[e], lane_c));
-    }
-    if (MODE != BLOCK128) return;
-    if (writer)
-#pragma unroll
-        for (int e = 0; e < 8; e++) red[part * TILE + at + e] = u[e];
-    __syncthreads();
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        uint32_t m = 0u;
-        for (int p = 0; p < parts; p++) m = max(m, red[p * TILE + at + e]);
-        u[e] = m;
-    }
+    const int64_t j = (w.t - w.q) * 4 + jl;   /* the group's 32-row tile */
+    if (a.swizzled) return w.q * 4 * a.col_cols + moex_mx_swizzled_at(k, j, 4 * w.nq);
+    return a.weights ? (w.g * a.K + k) * a.col_cols + j : k * a.col_cols + a.cso[w.g] + j;
 }
 
 /* Quantize one row tile of x by 128 columns per block (see the top of the file). */
@@ -331,14 +321,15 @@ template <typename SRC, int MODE>
 static __global__ void __launch_bounds__(Q_THREADS, 2)
 tile_kernel(tile_args a, SRC src) {
     constexpr bool MX = MODE == MX32;
-    __shared__ uint32_t red_row[2 * TILE], red_col[4 * TILE];   /* BLOCK128 */
+    __shared__ uint32_t red_row[2 * TILE], red_col[4 * TILE];   /* BLOCK128, BLOCK2D: amax partials */
+    __shared__ float mult[2][TILE];                             /* BLOCK128: the rows' and columns' s */
     __shared__ float csum[TILE / 8][TILE];                      /* dbias */
     __shared__ __align__(16) unsigned char stage_bytes[SRC::staged ? sizeof(tile_stage) : 16];
     tile_stage &stage = *reinterpret_cast<tile_stage *>(stage_bytes);
     const int i = tile_i(), j = tile_j(), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
+    const int64_t ntiles = tile_count(a), nct = cdiv(a.K, TILE);
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        const tile_rows w = tile_at(a.off, a.tiles, a.G, t);
+        const tile_rows w = tile_at(a, t);
         const int64_t row = w.r0 + 8 * i;
         const int nr = w.nr - 8 * i;   /* this thread's valid rows: min(nr, 8) (none when <= 0) */
         for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
@@ -353,7 +344,68 @@ tile_kernel(tile_args a, SRC src) {
                 const float s = a.mult[a.per_group ? w.g : 0];
 #pragma unroll
                 for (int e = 0; e < 8; e++) rs[e] = cs[e] = s;
-            } else {
+            } else if (MODE == BLOCK2D) {   /* one scale for the tile: [g, i, j] rowwise, [g, j, i] columnwise */
+                uint32_t m = 0u;
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
+                m = block_max_u32(m, red_row);
+                const float s = moex_quant_scale(__uint_as_float(m), a.eps, a.f.max, a.rounding);
+                if (threadIdx.x == 0) {
+                    const int64_t bi = w.t - w.q;
+                    if (a.row_data) ((float *)a.row_scales)[(w.g * w.nq + bi) * nct + ct] = 1.0f / s;
+                    if (a.col_data) ((float *)a.col_scales)[(w.g * nct + ct) * w.nq + bi] = 1.0f / s;
+                }
+#pragma unroll
+                for (int e = 0; e < 8; e++) rs[e] = cs[e] = s;
+            } else if (MODE == BLOCK128) {
+                /* the tile's 128 row and 128 column amaxes: max in the thread, the warp (rows:
+                 * lanes 1, 2, 16; columns: lanes 4, 8), then across warps in shared memory, where
+                 * thread u < 128 makes row u's scale and thread 128 + u column u's */
+                uint32_t ru[8], cu[8];
+#pragma unroll
+                for (int e = 0; e < 8; e++) ru[e] = cu[e] = 0u;
+#pragma unroll
+                for (int r = 0; r < 8; r++)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {
+                        const uint32_t u = amax_key<false>(v[r][c]);
+                        ru[r] = max(ru[r], u);
+                        cu[c] = max(cu[c], u);
+                    }
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 1));
+                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 2));
+                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 16));
+                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 4));
+                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 8));
+                }
+                __syncthreads();   /* red_* and mult of the previous tile are read */
+                if ((lane & 0x13) == 0)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) red_row[(warp & 1) * TILE + 8 * i + e] = ru[e];
+                if ((lane & 0x0C) == 0)
+#pragma unroll
+                    for (int e = 0; e < 8; e++) red_col[(warp >> 1) * TILE + 8 * j + e] = cu[e];
+                __syncthreads();
+                const int u = threadIdx.x & (TILE - 1);
+                if (threadIdx.x < TILE) {   /* row u of the tile, block k0 / 128 */
+                    const float sc = moex_quant_scale(__uint_as_float(max(red_row[u], red_row[TILE + u])), a.eps,
+                                                      a.f.max, a.rounding);
+                    mult[0][u] = sc;
+                    if (a.row_data && u < w.nr) ((float *)a.row_scales)[row_scale_at(a, w, w.r0 + u, k0 >> 7)] = 1.0f / sc;
+                } else {                    /* column k0 + u, this tile */
+                    const uint32_t m = max(max(red_col[u], red_col[TILE + u]), max(red_col[2 * TILE + u], red_col[3 * TILE + u]));
+                    const float sc = moex_quant_scale(__uint_as_float(m), a.eps, a.f.max, a.rounding);
+                    mult[1][u] = sc;
+                    if (a.col_data && k0 + u < a.K) ((float *)a.col_scales)[col_scale_at<MODE>(a, w, k0 + u, 0)] = 1.0f / sc;
+                }
+                __syncthreads();
+#pragma unroll
+                for (int e = 0; e < 8; e++) rs[e] = mult[0][8 * i + e], cs[e] = mult[1][8 * j + e];
+            } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp */
                 uint32_t ru[8], cu[8];
 #pragma unroll
                 for (int e = 0; e < 8; e++) ru[e] = cu[e] = 0u;
@@ -365,21 +417,24 @@ tile_kernel(tile_args a, SRC src) {
                         ru[r] = max(ru[r], u);
                         cu[c] = max(cu[c], u);
                     }
-                if (MODE == BLOCK128) __syncthreads();   /* red_* of the previous tile read */
-                /* rows: the j's (lanes 1, 2, 16; warp bit 0); columns: the i's (lanes 4, 8; warp bits 1-2) */
-                block_reduce<MODE>(ru, 1, 2, 16, red_row, 2, warp & 1, 8 * i, (lane & 0x13) == 0);
-                block_reduce<MODE>(cu, 4, 8, 0, red_col, 4, warp >> 1, 8 * j, (lane & 0x0C) == 0);
-                const bool row_writer = MX ? (lane & 3) == 0 : j == 0;
-                const bool col_writer = MX ? (lane & 0x0C) == 0 : i == 0;
-                const int64_t kb = MX ? (k0 >> 5) + (j >> 2) : (k0 >> 7);
+#pragma unroll
+                for (int e = 0; e < 8; e++) {   /* rows: the 4 j's of a block (lanes 1, 2); columns: its 4 i's (4, 8) */
+                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 1));
+                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 2));
+                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 4));
+                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 8));
+                }
+                const bool row_writer = (lane & 3) == 0, col_writer = (lane & 0x0C) == 0;
+                const int64_t kb = (k0 >> 5) + (j >> 2);
 #pragma unroll
                 for (int e = 0; e < 8; e++) {
-                    const bool rstore = a.row_data && row_writer && e < nr && (MX ? kb << 5 : k0) < a.K;
-                    rs[e] = block_multiplier<MX>(ru[e], a.f, a.eps, a.rounding, a.row_scales,
-                                                 rstore ? row_scale_at(a, w, row + e, kb) : 0, rstore);
-                    const bool cstore = a.col_data && col_writer && e < nc && (MX ? 32 * (i >> 2) : 0) < w.nr;
-                    cs[e] = block_multiplier<MX>(cu[e], a.f, a.eps, a.rounding, a.col_scales,
-                                                 cstore ? col_scale_at<MODE>(a, w, col + e, i >> 2) : 0, cstore);
+                    const int Er = moex_mx_exponent(__uint_as_float(ru[e]), a.f);
+                    const int Ec = moex_mx_exponent(__uint_as_float(cu[e]), a.f);
+                    rs[e] = moex_pow2f(-Er), cs[e] = moex_pow2f(-Ec);
+                    if (a.row_data && row_writer && e < nr && (kb << 5) < a.K)
+                        ((uint8_t *)a.row_scales)[row_scale_at(a, w, row + e, kb)] = (uint8_t)(Er + 127);
+                    if (a.col_data && col_writer && e < nc && 32 * (i >> 2) < w.nr)
+                        ((uint8_t *)a.col_scales)[col_scale_at<MODE>(a, w, col + e, i >> 2)] = (uint8_t)(Ec + 127);
                 }
             }
             if (a.row_data)
@@ -392,7 +447,7 @@ tile_kernel(tile_args a, SRC src) {
                     float vc[8];
 #pragma unroll
                     for (int r = 0; r < 8; r++) vc[r] = v[r][c];
-                    if (c < nc) store_8(a.col_data + (col + c) * a.T + row, cast_8(vc, cs[c], a.f), nr);
+                    if (c < nc) store_8(a.col_data + col_data_at(a, w, row, col + c), cast_8(vc, cs[c], a.f), nr);
                 }
             if (a.partial) {   /* block-uniform: column sums, 8 rows in order, then the 16 pieces in order */
 #pragma unroll
@@ -429,9 +484,9 @@ tile_amax_kernel(tile_args a, SRC src, uint32_t *amax) {
     __shared__ __align__(16) unsigned char stage_bytes[SRC::staged ? sizeof(tile_stage) : 16];
     tile_stage &stage = *reinterpret_cast<tile_stage *>(stage_bytes);
     const int i = tile_i(), j = tile_j();
-    const int64_t ntiles = a.tiles[a.G], nct = cdiv(a.K, TILE);
+    const int64_t ntiles = tile_count(a), nct = cdiv(a.K, TILE);
     for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-        const tile_rows w = tile_at(a.off, a.tiles, a.G, t);
+        const tile_rows w = tile_at(a, t);
         const int64_t row = w.r0 + 8 * i;
         const int nr = w.nr - 8 * i;
         for (int64_t ct = blockIdx.y; ct < nct; ct += gridDim.y) {
@@ -503,145 +558,190 @@ size_t moex_cuda_quantize_ws(moex_context *ctx, const moex_group_quantize_args *
     return quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), NULL).used;
 }
 
-/* The tile kernels' arguments for this call (the copies present, their scale strides). */
-static tile_args tile_args_of(const moex_groups *g, const moex_group_quantize_args *a, const moex_quant_dims *d,
-                              const quant_ws &l) {
+/* The tile kernels' arguments common to grouped rows and weights: the recipe's constants and
+ * the copies, by presence (with no rows the data may be NULL; the scales of current scaling
+ * are still written). */
+static tile_args tile_args_common(const moex_quant_params &p, const moex_quant_tensor &row,
+                                  const moex_quant_tensor &col, const moex_tensor &amax, const quant_ws &l) {
     tile_args t;
-    const int64_t B = block_of(a->params.recipe);
-    t.off = g->off, t.tiles = g->tiles, t.cso = l.cso, t.G = (int)g->G, t.T = g->T, t.K = d->K;
-    t.f = moex_fp8_format_of(a->params.fp8);
-    t.eps = a->params.amax_epsilon, t.rounding = a->params.rounding;
-    t.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
-    t.row_cols = B ? (t.swizzled ? 4 * cdiv(cdiv(d->K, B), 4) : cdiv(d->K, B)) : 0;
-    t.col_cols = B ? (t.swizzled ? TILE * cdiv(d->K, TILE) : cdiv(g->T, B) + g->G) : 0;
-    t.mult = l.mult, t.per_group = a->params.recipe == MOEX_QUANT_GROUP;
-    const bool row = moex_present(&a->rowwise.data), col = moex_present(&a->columnwise.data);
-    t.row_data = row ? (uint8_t *)a->rowwise.data.data : NULL;
-    t.col_data = col ? (uint8_t *)a->columnwise.data.data : NULL;
-    t.row_scales = row ? a->rowwise.scales.data : NULL;
-    t.col_scales = col ? a->columnwise.scales.data : NULL;
-    t.partial = l.partial;
+    memset(&t, 0, sizeof t);
+    t.f = moex_fp8_format_of(p.fp8);
+    t.eps = p.amax_epsilon, t.rounding = p.rounding;
+    t.swizzled = p.scale_layout == MOEX_SCALES_MX_SWIZZLED;
+    t.mult = l.mult, t.per_group = p.recipe == MOEX_QUANT_GROUP;
+    if (moex_present(&row.data)) t.row_data = (uint8_t *)row.data.data, t.row_scales = row.scales.data;
+    if (moex_present(&col.data)) t.col_data = (uint8_t *)col.data.data, t.col_scales = col.scales.data;
+    if (t.swizzled) {   /* E8M0: a byte each */
+        t.row_scale_bytes = moex_present(&row.data) ? (size_t)moex_numel(&row.scales) : 0;
+        t.col_scale_bytes = moex_present(&col.data) ? (size_t)moex_numel(&col.scales) : 0;
+    }
+    t.amax_out = moex_present(&amax) ? (float *)amax.data : NULL;
+    t.cso = l.cso, t.partial = l.partial;
     return t;
 }
 
-/* Row tiles by column tiles; a block takes TILE_COLS_PER_BLOCK column tiles in turn, so it
- * can prefetch the next one while it works on this one. */
-static dim3 tile_grid(const moex_groups *g, int64_t K) {
-    return dim3(quant_grid_x(moex_cuda_max_tiles(g->T, g->G)), quant_grid_y(cdiv(K, TILE * TILE_COLS_PER_BLOCK)));
+/* Scale columns of a row of B-blocks over n elements: ceil(n / B), rounded up to 4 when swizzled. */
+static int64_t scale_cols(int64_t n, int64_t B, bool swizzled) {
+    return swizzled ? 4 * cdiv(cdiv(n, B), 4) : cdiv(n, B);
+}
+
+static tile_args tile_args_grouped(const moex_groups *g, const moex_group_quantize_args *a, const moex_quant_dims *d,
+                                   const quant_ws &l) {
+    tile_args t = tile_args_common(a->params, a->rowwise, a->columnwise, a->amax, l);
+    const int64_t B = block_of(a->params.recipe);
+    t.off = g->off, t.tiles = g->tiles, t.G = (int)g->G, t.T = g->T, t.K = d->K;
+    t.rows = g->T, t.max_tiles = moex_cuda_max_tiles(g->T, g->G);
+    t.row_cols = B ? scale_cols(d->K, B, t.swizzled) : 0;
+    t.col_cols = B ? (t.swizzled ? TILE * cdiv(d->K, TILE) : cdiv(g->T, B) + g->G) : 0;
+    return t;
+}
+
+static tile_args tile_args_weights(const moex_weight_quantize_args *a, const moex_quant_dims *d, const quant_ws &l) {
+    tile_args t = tile_args_common(a->params, a->rowwise, a->columnwise, a->amax, l);
+    const int64_t N = d->T, B = block_of(a->params.recipe);
+    t.weights = true;
+    t.G = (int)d->G, t.T = N, t.K = d->K;
+    t.rows = d->G * N, t.max_tiles = d->G * cdiv(N, TILE);
+    t.row_cols = a->params.recipe == MOEX_QUANT_MXFP8 ? scale_cols(d->K, B, t.swizzled) : 0;
+    t.col_cols = a->params.recipe != MOEX_QUANT_MXFP8 ? 0 : t.swizzled ? TILE * cdiv(d->K, TILE) : cdiv(N, B);
+    return t;
+}
+
+/* Row tiles by column tiles; a block takes TILE_COLS_PER_BLOCK column tiles in turn. */
+static dim3 tile_grid(const tile_args &t) {
+    return dim3(quant_grid_x(t.max_tiles), quant_grid_y(cdiv(t.K, TILE * TILE_COLS_PER_BLOCK)));
 }
 
 template <typename SRC>
-static moex_status quantize_current(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                    const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l,
+static moex_status quantize_current(moex_context *ctx, const moex_call *c, const tile_args &t, const quant_ws &l,
                                     const SRC &src) {
     cudaStream_t stream = (cudaStream_t)c->stream;
-    const int64_t n = t.per_group ? g->G : 1;
-    const bool has_data = g->T > 0 && t.K > 0;   /* else every set is empty: amax 0 */
+    const int64_t n = t.per_group ? t.G : 1;
+    const bool has_data = t.rows > 0 && t.K > 0;   /* else every set is empty: amax 0 */
+    if (n == 0) return MOEX_OK;   /* no groups: no sets, nothing to write */
     zero_u32_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(l.amax_bits, n);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        tile_amax_kernel<SRC><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src, l.amax_bits);
+        tile_amax_kernel<SRC><<<tile_grid(t), Q_THREADS, 0, stream>>>(t, src, l.amax_bits);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
-    /* by presence, not by pointer: with T == 0 the data is empty (maybe NULL), the scales are not */
     current_scale_kernel<<<quant_grid_x(cdiv(n, Q_THREADS)), Q_THREADS, 0, stream>>>(
-        l.amax_bits, n, t.eps, t.f.max, t.rounding, l.mult,
-        moex_present(&a->rowwise.data) ? (float *)a->rowwise.scales.data : NULL,
-        moex_present(&a->columnwise.data) ? (float *)a->columnwise.scales.data : NULL,
-        moex_present(&a->amax) ? (float *)a->amax.data : NULL);
+        l.amax_bits, n, t.eps, t.f.max, t.rounding, l.mult, (float *)t.row_scales, (float *)t.col_scales, t.amax_out);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (has_data) {
-        tile_kernel<SRC, CURRENT><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src);
+        tile_kernel<SRC, CURRENT><<<tile_grid(t), Q_THREADS, 0, stream>>>(t, src);
         CUDA_TRY_LAUNCH(ctx, c->op);
     }
     return MOEX_OK;
 }
 
 template <typename SRC, int MODE>
-static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_group_quantize_args *a, const tile_args &t, const SRC &src) {
+static moex_status quantize_blocks(moex_context *ctx, const moex_call *c, const moex_groups *g, const tile_args &t,
+                                   const SRC &src) {
     cudaStream_t stream = (cudaStream_t)c->stream;
     if (t.swizzled) {   /* every byte of the vectors: padding 0 (docs/ops.md 9.8) */
-        if (t.row_data) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.row_scales, 0, a->rowwise.scales.shape[0], stream));
-        if (t.col_data) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.col_scales, 0, a->columnwise.scales.shape[0], stream));
+        if (t.row_scale_bytes) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.row_scales, 0, t.row_scale_bytes, stream));
+        if (t.col_scale_bytes) CUDA_TRY(ctx, c->op, cudaMemsetAsync(t.col_scales, 0, t.col_scale_bytes, stream));
     }
-    if (g->T == 0 || t.K == 0) return MOEX_OK;   /* no rows, or no columns: nothing else to write */
+    if (t.rows == 0 || t.K == 0) return MOEX_OK;   /* no rows, or no columns: nothing else to write */
     if (t.cso) MOEX_TRY(launch_colscale_off(ctx, c, g, 32, (int64_t *)t.cso));
-    tile_kernel<SRC, MODE><<<tile_grid(g, t.K), Q_THREADS, 0, stream>>>(t, src);
+    tile_kernel<SRC, MODE><<<tile_grid(t), Q_THREADS, 0, stream>>>(t, src);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
 
-/* Every launch of one quantize, reading through src. */
+/* Every launch of one quantize, reading through src (g: the grouped rows' handle; NULL for
+ * weights, whose BLOCK is 128x128). */
 template <typename SRC>
-static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l,
-                                const SRC &src) {
-    switch (a->params.recipe) {
+static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moex_groups *g, moex_quant_recipe recipe,
+                                const tile_args &t, const quant_ws &l, const SRC &src) {
+    switch (recipe) {
     case MOEX_QUANT_TENSOR:
-    case MOEX_QUANT_GROUP: return quantize_current<SRC>(ctx, c, g, a, t, l, src);
-    case MOEX_QUANT_BLOCK: return quantize_blocks<SRC, BLOCK128>(ctx, c, g, a, t, src);
-    case MOEX_QUANT_MXFP8: return quantize_blocks<SRC, MX32>(ctx, c, g, a, t, src);
+    case MOEX_QUANT_GROUP: return quantize_current<SRC>(ctx, c, t, l, src);
+    case MOEX_QUANT_BLOCK:
+        return t.weights ? quantize_blocks<SRC, BLOCK2D>(ctx, c, g, t, src) : quantize_blocks<SRC, BLOCK128>(ctx, c, g, t, src);
+    case MOEX_QUANT_MXFP8: return quantize_blocks<SRC, MX32>(ctx, c, g, t, src);
     }
-    return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown quantization recipe %d", c->op, (int)a->params.recipe);
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown quantization recipe %d", c->op, (int)recipe);
 }
 
-static moex_status check_groups(moex_context *ctx, const moex_call *c, const moex_groups *g) {
-    if (g->G > INT_MAX)
+static moex_status check_groups(moex_context *ctx, const moex_call *c, int64_t G) {
+    if (G > INT_MAX)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: G = %lld groups exceed the CUDA kernels' limit", c->op,
-                         (long long)g->G);
+                         (long long)G);
     return MOEX_OK;
 }
 
 template <typename TX>
-static moex_status quantize_x(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_group_quantize_args *a, const tile_args &t, const quant_ws &l) {
+static x_source<TX> x_source_of(const void *x, int64_t K) {
     x_source<TX> src;
-    src.x = (const TX *)a->x.data, src.K = t.K;
-    src.vec = t.K % 8 == 0 && ((uintptr_t)a->x.data & 15) == 0;
-    return quantize_run(ctx, c, g, a, t, l, src);
+    src.x = (const TX *)x, src.K = K;
+    src.vec = K % 8 == 0 && ((uintptr_t)x & 15) == 0;
+    return src;
+}
+
+/* quantize_run of x in its dtype. */
+static moex_status quantize_x(moex_context *ctx, const moex_call *c, const moex_groups *g, moex_quant_recipe recipe,
+                              moex_dtype dt, const void *x, const tile_args &t, const quant_ws &l) {
+    if (dt == MOEX_DTYPE_F32) return quantize_run(ctx, c, g, recipe, t, l, x_source_of<float>(x, t.K));
+    if (dt == MOEX_DTYPE_BF16) return quantize_run(ctx, c, g, recipe, t, l, x_source_of<bf16>(x, t.K));
+    return quantize_run(ctx, c, g, recipe, t, l, x_source_of<f16>(x, t.K));
 }
 
 moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
-    MOEX_TRY(check_groups(ctx, c, g));
+    MOEX_TRY(check_groups(ctx, c, g->G));
     const quant_ws l = quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
-    const tile_args t = tile_args_of(g, a, d, l);
-    moex_status st = d->dt == MOEX_DTYPE_F32    ? quantize_x<float>(ctx, c, g, a, t, l)
-                     : d->dt == MOEX_DTYPE_BF16 ? quantize_x<bf16>(ctx, c, g, a, t, l)
-                                                : quantize_x<f16>(ctx, c, g, a, t, l);
-    if (st != MOEX_OK || !moex_present(&a->dbias)) return st;
+    const tile_args t = tile_args_grouped(g, a, d, l);
+    MOEX_TRY(quantize_x(ctx, c, g, a->params.recipe, d->dt, a->x.data, t, l));
+    if (!moex_present(&a->dbias)) return MOEX_OK;
     /* the partials of every tile were written unless there are no rows or columns */
     return moex_cuda_colsum_reduce(ctx, c->op, g->tiles, g->G, l.partial, d->K, (float *)a->dbias.data,
                                    (cudaStream_t)c->stream);
+}
+
+/* ---- grouped weights ------------------------------------------------------------------------ */
+
+size_t moex_cuda_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d) {
+    return quant_layout(&a->params, false, d->G, 0, NULL).used;   /* no b_g: the experts' tiles are regular */
+}
+
+moex_status moex_cuda_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                      const moex_quant_dims *d, void *ws) {
+    MOEX_TRY(check_groups(ctx, c, d->G));
+    if (a->params.recipe == MOEX_QUANT_TENSOR)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: TENSOR is not a weight recipe", c->op);
+    const quant_ws l = quant_layout(&a->params, false, d->G, 0, ws);
+    return quantize_x(ctx, c, NULL, a->params.recipe, d->dt, a->w.data, tile_args_weights(a, d, l), l);
 }
 
 /* ---- the scaled GLU's quantized output ------------------------------------------------------ */
 
 template <typename TX>
 static moex_status quantize_glu(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                const tile_args &t, const quant_ws &l) {
+                                const moex_scaled_glu_args *glu, moex_quant_recipe recipe, const tile_args &t,
+                                const quant_ws &l) {
     glu_source<TX> src;
     src.h = (const TX *)glu->h.data;
     src.probs = moex_present(&glu->probs) ? (const float *)glu->probs.data : NULL;
     src.c = moex_glu_consts_of(&glu->glu);
     src.K = t.K, src.L = moex_glu_segment(glu->glu.layout, t.K);
     src.vec = t.K % 8 == 0 && ((uintptr_t)glu->h.data & 15) == 0;
-    return quantize_run(ctx, c, g, q, t, l, src);
+    return quantize_run(ctx, c, g, recipe, t, l, src);
 }
 
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                    const moex_quant_dims *d, void *ws, bool *ran) {
     *ran = false;
-    MOEX_TRY(check_groups(ctx, c, g));
+    MOEX_TRY(check_groups(ctx, c, g->G));
     const quant_ws l = quant_layout(&q->params, moex_present(&q->columnwise.data), d->G, 0, ws);
-    const tile_args t = tile_args_of(g, q, d, l);
+    const tile_args t = tile_args_grouped(g, q, d, l);
     *ran = true;
-    return d->dt == MOEX_DTYPE_F32    ? quantize_glu<float>(ctx, c, g, glu, q, t, l)
-           : d->dt == MOEX_DTYPE_BF16 ? quantize_glu<bf16>(ctx, c, g, glu, q, t, l)
-                                      : quantize_glu<f16>(ctx, c, g, glu, q, t, l);
+    const moex_quant_recipe r = q->params.recipe;
+    return d->dt == MOEX_DTYPE_F32    ? quantize_glu<float>(ctx, c, g, glu, r, t, l)
+           : d->dt == MOEX_DTYPE_BF16 ? quantize_glu<bf16>(ctx, c, g, glu, r, t, l)
+                                      : quantize_glu<f16>(ctx, c, g, glu, r, t, l);
 }
 
 /* ---- dequantize kernels ------------------------------------------------------------------ */
@@ -765,7 +865,7 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
 
 moex_status moex_cuda_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws) {
-    MOEX_TRY(check_groups(ctx, c, g));
+    MOEX_TRY(check_groups(ctx, c, g->G));
     if (d->dt == MOEX_DTYPE_F32) return dequantize_run<float>(ctx, c, g, a, d, ws);
     if (d->dt == MOEX_DTYPE_BF16) return dequantize_run<bf16>(ctx, c, g, a, d, ws);
     return dequantize_run<f16>(ctx, c, g, a, d, ws);
