@@ -138,7 +138,7 @@ static void check_reference(tu_rng *r) {
         CHECK_MSG(bad == 0, "reference encoder %s: %d disagreements with the brute force", moex_dtype_name(fmt), bad);
     }
     /* the scale rule */
-    moex_quant_params p = {MOEX_QUANT_TENSOR, E4, 0.0f, MOEX_SCALE_EXACT};
+    moex_quant_params p = {MOEX_QUANT_TENSOR, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
     CHECK(ref_quant_factor(&p, 448.0) == 1.0 && ref_quant_factor(&p, 0.0) == 1.0);
     CHECK(ref_quant_factor(&p, NAN) == 1.0 && ref_quant_factor(&p, INFINITY) == 1.0);
     CHECK(ref_quant_factor(&p, 0x1p-149) == FLT_MAX);
@@ -329,17 +329,17 @@ static void check_dbias(const qcase *c, const qlayout *L, const char *label, con
 
 /* Dequantizes (data, scales) of one orientation with the library and the reference and
  * compares rows < S exactly; rows >= S of y stay poison. */
-static void check_dequantize(const qcase *c, const qlayout *L, const char *label, moex_quant_orientation o,
-                             const uint8_t *data, const void *scales) {
-    const int64_t T = c->T, K = c->K, S = L->S;
+/* y (poisoned first, c->ydt [T, K]) = moex_group_dequantize of one copy of case c with params p. */
+static moex_status dequant_into(const qcase *c, const moex_quant_params *p, moex_quant_orientation o,
+                                const uint8_t *data, moex_tensor scales, void *y) {
+    const int64_t T = c->T, K = c->K;
     const int col = o == MOEX_QUANT_COLUMNWISE;
-    void *y = tu_poisoned(c->ydt, T * K);
     moex_group_dequantize_args a;
     memset(&a, 0, sizeof a);
-    a.params = c->p;
+    a.params = *p;
     a.orientation = o;
-    a.src.data = col ? moex_tensor_2d((void *)data, c->p.fp8, K, T) : moex_tensor_2d((void *)data, c->p.fp8, T, K);
-    a.src.scales = scales_tensor((void *)scales, L->sdt, col ? L->cs_ndim : L->rs_ndim, col ? L->cs_shape : L->rs_shape);
+    a.src.data = col ? moex_tensor_2d((void *)data, p->fp8, K, T) : moex_tensor_2d((void *)data, p->fp8, T, K);
+    a.src.scales = scales;
     a.splits = moex_tensor_1d((void *)c->splits, MOEX_DTYPE_I64, c->G);
     a.y = moex_tensor_2d(y, c->ydt, T, K);
     size_t bytes = 0;
@@ -351,7 +351,17 @@ static void check_dequantize(const qcase *c, const qlayout *L, const char *label
         CHECK_STATUS(ctx, st, MOEX_OK);
     }
     free(ws);
-    if (st == MOEX_OK) {
+    return st;
+}
+
+static void check_dequantize(const qcase *c, const qlayout *L, const char *label, moex_quant_orientation o,
+                             const uint8_t *data, const void *scales) {
+    const int64_t T = c->T, K = c->K, S = L->S;
+    const int col = o == MOEX_QUANT_COLUMNWISE;
+    void *y = tu_poisoned(c->ydt, T * K);
+    const moex_tensor st_scales =
+        scales_tensor((void *)scales, L->sdt, col ? L->cs_ndim : L->rs_ndim, col ? L->cs_shape : L->rs_shape);
+    if (dequant_into(c, &c->p, o, data, st_scales, y) == MOEX_OK) {
         double *want = tu_doubles(T * K);
         ref_group_dequantize(&c->p, o, c->G, T, K, c->splits, data, scales, c->ydt, want);
         int64_t bad = 0;
@@ -374,6 +384,82 @@ static void check_dequantize(const qcase *c, const qlayout *L, const char *label
         free(want);
     }
     free(y);
+}
+
+/* ---- the swizzled MXFP8 scale layout (docs/ops.md 9.8) ------------------------------- */
+
+/* out (len bytes) = the plain reference scales of one copy placed per group by
+ * ref_mx_swizzle: group g's [m_g, ceil(K/32)] rows (rowwise) or [K, ceil(m_g/32)] columns from
+ * b_g (columnwise), at q_g 128-row tiles; the rest 0. */
+static void swizzle_groups(const qcase *c, const qlayout *L, int col, const uint8_t *plain, uint8_t *out,
+                           int64_t len) {
+    const int64_t K = c->K, rb = (K + 31) / 32;
+    memset(out, 0, (size_t)len);
+    int64_t q = 0, b = 0;
+    for (int64_t g = 0; g < c->G; g++) {
+        const int64_t m = L->off[g + 1] - L->off[g];
+        if (!col) ref_mx_swizzle(plain + L->off[g] * rb, rb, m, rb, out + q * 128 * (4 * ((rb + 3) / 4)));
+        else ref_mx_swizzle(plain + b, L->cs_shape[1], K, (m + 31) / 32, out + q * 4 * (128 * ((K + 127) / 128)));
+        q += (m + 127) / 128, b += (m + 31) / 32;
+    }
+}
+
+/* An MXFP8 case again with MOEX_SCALES_MX_SWIZZLED: the data bytes are the plain call's (rd,
+ * cd), every byte of the scale vectors is the reference's (wrs, wcs) swizzled, and
+ * dequantizing from them gives the bytes of dequantizing the plain copies (rs, cs). */
+static void check_swizzled(const qcase *c, const qlayout *L, const char *label, const moex_group_quantize_args *plain,
+                           const uint8_t *rd, const uint8_t *cd, const void *rs, const void *cs, const uint8_t *wrs,
+                           const uint8_t *wcs) {
+    const int64_t T = c->T, K = c->K, tiles = (T + 127) / 128 + c->G;
+    const int64_t len[2] = {tiles * 128 * 4 * (((K + 31) / 32 + 3) / 4), tiles * 4 * 128 * ((K + 127) / 128)};
+    const uint8_t *data[2] = {rd, cd}, *want_plain[2] = {wrs, wcs};
+    const void *plain_scales[2] = {rs, cs};
+    moex_group_quantize_args a = *plain;
+    a.params.scale_layout = MOEX_SCALES_MX_SWIZZLED;
+    memset(&a.dbias, 0, sizeof a.dbias);
+    moex_quant_tensor *copy[2] = {&a.rowwise, &a.columnwise};
+    uint8_t *got[2] = {NULL, NULL}, *sc[2] = {NULL, NULL};
+    for (int o = 0; o < 2; o++)
+        if (data[o]) {
+            got[o] = (uint8_t *)tu_poisoned(c->p.fp8, T * K), sc[o] = (uint8_t *)tu_poisoned(MOEX_DTYPE_E8M0, len[o]);
+            copy[o]->data.data = got[o];
+            copy[o]->scales = moex_tensor_1d(sc[o], MOEX_DTYPE_E8M0, len[o]);
+        }
+    size_t bytes = 0;
+    moex_status st = moex_group_quantize_workspace_size(ctx, &a, &bytes);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    if (st == MOEX_OK) {
+        st = moex_group_quantize(ctx, &a, ws, bytes, NULL);
+        CHECK_STATUS(ctx, st, MOEX_OK);
+    }
+    free(ws);
+    for (int o = 0; o < 2 && st == MOEX_OK; o++) {
+        if (!data[o]) continue;
+        const char *name = o ? "columnwise" : "rowwise";
+        CHECK_MSG(memcmp(got[o], data[o], (size_t)(T * K)) == 0, "%s: swizzled: %s data differs from the plain call's",
+                  label, name);
+        uint8_t *want = (uint8_t *)tu_alloc((size_t)len[o]);
+        swizzle_groups(c, L, o, want_plain[o], want, len[o]);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < len[o]; i++)
+            if (sc[o][i] != want[i] && bad++ == 0) first = i;
+        if (bad)
+            printf("  MISMATCH %s swizzled %s scales[%lld]: want 0x%02X, got 0x%02X\n", label, name, (long long)first,
+                   want[first], sc[o][first]);
+        CHECK_MSG(bad == 0, "%s: swizzled %s scales: %lld of %lld bytes differ from the reference", label, name,
+                  (long long)bad, (long long)len[o]);
+        void *y0 = tu_poisoned(c->ydt, T * K), *y1 = tu_poisoned(c->ydt, T * K);
+        const qlayout *l = L;
+        const moex_tensor plain_t = scales_tensor((void *)plain_scales[o], l->sdt, o ? l->cs_ndim : l->rs_ndim,
+                                                  o ? l->cs_shape : l->rs_shape);
+        if (dequant_into(c, &c->p, (moex_quant_orientation)o, data[o], plain_t, y0) == MOEX_OK &&
+            dequant_into(c, &a.params, (moex_quant_orientation)o, got[o], copy[o]->scales, y1) == MOEX_OK)
+            CHECK_MSG(memcmp(y0, y1, (size_t)(T * K) * moex_dtype_size(c->ydt)) == 0,
+                      "%s: dequantize from the swizzled %s scales differs from the plain ones'", label, name);
+        free(want), free(y0), free(y1);
+    }
+    for (int o = 0; o < 2; o++) free(got[o]), free(sc[o]);
 }
 
 static void run_case(const qcase *c) {
@@ -464,6 +550,8 @@ static void run_case(const qcase *c) {
         if (db) check_dbias(c, &L, label, db);
         if (c->row) check_dequantize(c, &L, label, MOEX_QUANT_ROWWISE, rd, rs);
         if (c->col) check_dequantize(c, &L, label, MOEX_QUANT_COLUMNWISE, cd, cs);
+        if (c->p.recipe == MOEX_QUANT_MXFP8)
+            check_swizzled(c, &L, label, &a, rd, cd, rs, cs, (const uint8_t *)wrs, (const uint8_t *)wcs);
     }
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
     free(xb), free(splits), free(rd), free(rs), free(cd), free(cs), free(wrd), free(wrs), free(wcd), free(wcs);
@@ -915,6 +1003,31 @@ static void bad_arguments(tu_rng *r) {
     Q(MX, b.columnwise.scales.dtype = MOEX_DTYPE_F32, "columnwise.scales", "MXFP8 columnwise.scales f32");
     Q(MX, b.rowwise.scales.shape[1] = 2, "rowwise.scales", "MXFP8 rowwise.scales [T, ceil(K/32)+1]");
     Q(MX, b.columnwise.scales.shape[1] = 1 + BG - 1, "columnwise.scales", "MXFP8 columnwise.scales one column less");
+    /* the swizzled layout (docs/ops.md 9.8): MXFP8 only, one E8M0 vector of the exact length */
+    const moex_scale_layout SW = MOEX_SCALES_MX_SWIZZLED;
+    const int64_t swr = (1 + BG) * 128 * 4, swc = (1 + BG) * 4 * 128;   /* ceil(T/128) + G tiles */
+#define SWZ(rlen, clen)                                                                         \
+    (b.params.scale_layout = SW, b.rowwise.scales = moex_tensor_1d(f.rs, MOEX_DTYPE_E8M0, rlen), \
+     b.columnwise.scales = moex_tensor_1d(f.cs, MOEX_DTYPE_E8M0, clen))
+    {
+        b = bad_base(&f, MX);
+        SWZ(swr, swc);
+        size_t bytes = 0;
+        CHECK_STATUS(ctx, moex_group_quantize_workspace_size(ctx, &b, &bytes), MOEX_OK);
+        void *ws = tu_workspace(bytes);
+        CHECK_STATUS(ctx, moex_group_quantize(ctx, &b, ws, bytes, NULL), MOEX_OK);
+        free(ws);
+    }
+    Q(BL, b.params.scale_layout = SW, "scale_layout", "swizzled BLOCK");
+    Q(GR, b.params.scale_layout = SW, "scale_layout", "swizzled GROUP");
+    Q(MX, (SWZ(swr, swc), b.params.scale_layout = (moex_scale_layout)2), "scale_layout", "scale_layout 2");
+    Q(MX, b.params.scale_layout = SW, "rowwise.scales", "swizzled with the plain [T, ceil(K/32)] scales");
+    Q(MX, SWZ(swr - 1, swc), "rowwise.scales", "swizzled rowwise.scales one byte short");
+    Q(MX, SWZ(swr, swc + 4), "columnwise.scales", "swizzled columnwise.scales four bytes long");
+    Q(MX, (SWZ(swr, swc), b.rowwise.scales.dtype = MOEX_DTYPE_E4M3), "rowwise.scales", "swizzled rowwise.scales e4m3");
+    Q(MX, (SWZ(swr, swc), b.columnwise.scales = moex_tensor_2d(f.cs, MOEX_DTYPE_E8M0, 4 * 128, 1 + BG)),
+      "columnwise.scales", "swizzled columnwise.scales 2-D");
+#undef SWZ
     Q(TN, b.rowwise.scales = moex_tensor_1d(f.rs, MOEX_DTYPE_F32, BG), "rowwise.scales", "TENSOR rowwise.scales [G]");
     Q(TN, b.columnwise.scales.dtype = MOEX_DTYPE_E8M0, "columnwise.scales", "TENSOR columnwise.scales e8m0");
     Q(TN, b.rowwise.scales = moex_tensor_2d(f.rs, MOEX_DTYPE_F32, 1, 1), "rowwise.scales", "TENSOR rowwise.scales [1, 1]");

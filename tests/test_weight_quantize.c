@@ -268,7 +268,7 @@ static void check_reference(tu_rng *r) {
         for (int i = 0; i < 260; i++) w[i] = 1.0;
         w[5] = 448.0 * 4;    /* block (0, 0): amax 1792 -> s = 0.25 */
         w[130 + 129] = -7.0; /* block (0, 1): amax 7 -> s = 64 */
-        moex_quant_params p = {MOEX_QUANT_BLOCK, E4, 0.0f, MOEX_SCALE_EXACT};
+        moex_quant_params p = {MOEX_QUANT_BLOCK, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
         uint8_t rd[260], cd[260];
         float rs[2], cs[2];
         ref_quant_out o = {rd, rs, cd, cs, NULL};
@@ -301,7 +301,7 @@ static void check_reference(tu_rng *r) {
                     w[i] = v;
                 }
                 moex_quant_params p = {wrecipes[rc], f ? MOEX_DTYPE_E5M2 : E4, (si % 3 == 1) ? 0.5f : 0.0f,
-                                       (si + f) % 2 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT};
+                                       (si + f) % 2 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
                 char what[64];
                 snprintf(what, sizeof what, "G=%lld N=%lld K=%lld", (long long)G, (long long)N, (long long)K);
                 check_reference_case(&p, G, N, K, w, what);
@@ -382,21 +382,17 @@ static moex_tensor data_tensor(const wcase *c, void *buf, int col) {
     return col ? moex_tensor_3d(buf, c->p.fp8, c->G, c->K, c->N) : moex_tensor_3d(buf, c->p.fp8, c->G, c->N, c->K);
 }
 
-/* Dequantizes (data, scales) of one copy with the library and the reference; compares all. */
-static void check_dequantize(const wcase *c, const wlayout *L, const char *label, moex_quant_orientation o,
-                             const uint8_t *data, const void *scales) {
+/* y (c->ydt [G, N, K]) = moex_weight_dequantize of one copy of case c with params p. */
+static moex_status wdequant_into(const wcase *c, const moex_quant_params *p, moex_quant_orientation o,
+                                 const uint8_t *data, moex_tensor scales, void *y) {
     const int64_t G = c->G, N = c->N, K = c->K, n = G * N * K;
-    const int col = o == MOEX_QUANT_COLUMNWISE;
-    void *y = tu_poisoned(c->ydt, n);
     moex_weight_dequantize_args a;
     memset(&a, 0, sizeof a);
-    a.params = c->p;
+    a.params = *p;
     a.orientation = o;
     const int nul = c->null_empty;
-    a.src.data = data_tensor(c, nul && n == 0 ? NULL : (void *)data, col);
-    const int64_t ns = col ? L->n_cs : L->n_rs;
-    a.src.scales = scales_tensor(nul && ns == 0 ? NULL : (void *)scales, L->sdt, col ? L->cs_ndim : L->rs_ndim,
-                                 col ? L->cs_shape : L->rs_shape);
+    a.src.data = data_tensor(c, nul && n == 0 ? NULL : (void *)data, o == MOEX_QUANT_COLUMNWISE);
+    a.src.scales = scales;
     a.w = moex_tensor_3d(nul && n == 0 ? NULL : y, c->ydt, G, N, K);
     size_t bytes = 0;
     moex_status st = moex_weight_dequantize_workspace_size(ctx, &a, &bytes);
@@ -407,7 +403,19 @@ static void check_dequantize(const wcase *c, const wlayout *L, const char *label
         CHECK_STATUS(ctx, st, MOEX_OK);
     }
     free(ws);
-    if (st == MOEX_OK) {
+    return st;
+}
+
+/* Dequantizes (data, scales) of one copy with the library and the reference; compares all. */
+static void check_dequantize(const wcase *c, const wlayout *L, const char *label, moex_quant_orientation o,
+                             const uint8_t *data, const void *scales) {
+    const int64_t G = c->G, N = c->N, K = c->K, n = G * N * K;
+    const int col = o == MOEX_QUANT_COLUMNWISE;
+    void *y = tu_poisoned(c->ydt, n);
+    const int64_t ns = col ? L->n_cs : L->n_rs;
+    const moex_tensor st_scales = scales_tensor(c->null_empty && ns == 0 ? NULL : (void *)scales, L->sdt,
+                                                col ? L->cs_ndim : L->rs_ndim, col ? L->cs_shape : L->rs_shape);
+    if (wdequant_into(c, &c->p, o, data, st_scales, y) == MOEX_OK) {
         double *want = tu_doubles(n);
         ref_weight_dequantize(&c->p, o, G, N, K, data, scales, c->ydt, want);
         int64_t bad = 0;
@@ -429,6 +437,66 @@ static void check_dequantize(const wcase *c, const wlayout *L, const char *label
         free(want);
     }
     free(y);
+}
+
+/* An MXFP8 case again with MOEX_SCALES_MX_SWIZZLED (docs/ops.md 9.8): the same data bytes
+ * as the plain call (rd, cd), every byte of the scale vectors the reference's plain scales
+ * (wrs, wcs) placed per expert by ref_mx_swizzle (padding 0), and dequantizing from them gives
+ * the bytes of dequantizing the plain copies (rs, cs). */
+static void check_swizzled(const wcase *c, const wlayout *L, const char *label, const moex_weight_quantize_args *plain,
+                           const uint8_t *rd, const uint8_t *cd, const void *rs, const void *cs, const uint8_t *wrs,
+                           const uint8_t *wcs) {
+    const int64_t G = c->G, N = c->N, K = c->K, n = G * N * K;
+    const int64_t R[2] = {N, K}, C[2] = {cdiv(K, 32), cdiv(N, 32)};   /* each expert's plain [R, C] */
+    const uint8_t *data[2] = {rd, cd}, *want_plain[2] = {wrs, wcs};
+    const void *plain_scales[2] = {rs, cs};
+    moex_weight_quantize_args a = *plain;
+    a.params.scale_layout = MOEX_SCALES_MX_SWIZZLED;
+    moex_quant_tensor *copy[2] = {&a.rowwise, &a.columnwise};
+    uint8_t *got[2] = {NULL, NULL}, *sc[2] = {NULL, NULL};
+    int64_t len[2], mat[2];
+    for (int o = 0; o < 2; o++) {
+        mat[o] = 128 * cdiv(R[o], 128) * 4 * cdiv(C[o], 4), len[o] = G * mat[o];
+        if (!data[o]) continue;
+        got[o] = (uint8_t *)tu_poisoned(c->p.fp8, n), sc[o] = (uint8_t *)tu_poisoned(MOEX_DTYPE_E8M0, len[o]);
+        copy[o]->data.data = got[o];
+        copy[o]->scales = moex_tensor_1d(sc[o], MOEX_DTYPE_E8M0, len[o]);
+    }
+    size_t bytes = 0;
+    moex_status st = moex_weight_quantize_workspace_size(ctx, &a, &bytes);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    if (st == MOEX_OK) {
+        st = moex_weight_quantize(ctx, &a, ws, bytes, NULL);
+        CHECK_STATUS(ctx, st, MOEX_OK);
+    }
+    free(ws);
+    for (int o = 0; o < 2 && st == MOEX_OK; o++) {
+        if (!data[o]) continue;
+        const char *name = o ? "columnwise" : "rowwise";
+        CHECK_MSG(same_bytes(got[o], data[o], (size_t)n), "%s: swizzled: %s data differs from the plain call's", label,
+                  name);
+        uint8_t *want = (uint8_t *)tu_alloc((size_t)(len[o] > 0 ? len[o] : 1));
+        for (int64_t g = 0; g < G; g++)
+            ref_mx_swizzle(want_plain[o] + g * R[o] * C[o], C[o], R[o], C[o], want + g * mat[o]);
+        int64_t bad = 0, first = -1;
+        for (int64_t i = 0; i < len[o]; i++)
+            if (sc[o][i] != want[i] && bad++ == 0) first = i;
+        if (bad)
+            printf("  MISMATCH %s swizzled %s scales[%lld]: want 0x%02X, got 0x%02X\n", label, name, (long long)first,
+                   want[first], sc[o][first]);
+        CHECK_MSG(bad == 0, "%s: swizzled %s scales: %lld of %lld bytes differ from the reference", label, name,
+                  (long long)bad, (long long)len[o]);
+        void *y0 = tu_poisoned(c->ydt, n), *y1 = tu_poisoned(c->ydt, n);
+        const moex_tensor plain_t = scales_tensor((void *)plain_scales[o], L->sdt, o ? L->cs_ndim : L->rs_ndim,
+                                                  o ? L->cs_shape : L->rs_shape);
+        if (wdequant_into(c, &c->p, (moex_quant_orientation)o, data[o], plain_t, y0) == MOEX_OK &&
+            wdequant_into(c, &a.params, (moex_quant_orientation)o, got[o], copy[o]->scales, y1) == MOEX_OK)
+            CHECK_MSG(same_bytes(y0, y1, (size_t)n * moex_dtype_size(c->ydt)),
+                      "%s: dequantize from the swizzled %s scales differs from the plain ones'", label, name);
+        free(want), free(y0), free(y1);
+    }
+    for (int o = 0; o < 2; o++) free(got[o]), free(sc[o]);
 }
 
 static void run_case(const wcase *c) {
@@ -511,6 +579,8 @@ static void run_case(const wcase *c) {
         }
         if (c->row) check_dequantize(c, &L, label, MOEX_QUANT_ROWWISE, rd, rs);
         if (c->col) check_dequantize(c, &L, label, MOEX_QUANT_COLUMNWISE, cd, cs);
+        if (c->p.recipe == MOEX_QUANT_MXFP8 && !nul)
+            check_swizzled(c, &L, label, &a, rd, cd, rs, cs, (const uint8_t *)wrs, (const uint8_t *)wcs);
     }
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
     free(wb), free(rd), free(rs), free(cd), free(cs), free(wrd), free(wrs), free(wcd), free(wcs), free(am), free(wam);
@@ -965,6 +1035,26 @@ static void bad_arguments(tu_rng *r) {
       "MXFP8 columnwise.scales 2-D");
     Q(MX, b.rowwise.scales = moex_tensor_3d(f.rs, MOEX_DTYPE_E8M0, BG, BN, 2), "rowwise.scales",
       "MXFP8 rowwise.scales [G, N, ceil(K/128)] (BLOCK-like)");
+    /* the swizzled layout (docs/ops.md 9.8): MXFP8 only, per expert a padded matrix */
+    const int64_t swr = BG * 128 * 4 * cdiv(cdiv(BK, 32), 4), swc = BG * 256 * 4 * cdiv(cdiv(BN, 32), 4);
+#define SWZ(rlen, clen)                                                                                 \
+    (b.params.scale_layout = MOEX_SCALES_MX_SWIZZLED,                                                   \
+     b.rowwise.scales = moex_tensor_1d(f.rs, MOEX_DTYPE_E8M0, rlen),                                    \
+     b.columnwise.scales = moex_tensor_1d(f.cs, MOEX_DTYPE_E8M0, clen))
+    {
+        b = bad_base(&f, MX);
+        SWZ(swr, swc);
+        size_t bytes = 0;
+        CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &b, &bytes), MOEX_OK);
+        void *ws = tu_workspace(bytes);
+        CHECK_STATUS(ctx, moex_weight_quantize(ctx, &b, ws, bytes, NULL), MOEX_OK);
+        free(ws);
+    }
+    Q(BL, b.params.scale_layout = MOEX_SCALES_MX_SWIZZLED, "scale_layout", "swizzled BLOCK");
+    Q(MX, b.params.scale_layout = MOEX_SCALES_MX_SWIZZLED, "rowwise.scales", "swizzled with the plain scales");
+    Q(MX, SWZ(swr + 1, swc), "rowwise.scales", "swizzled rowwise.scales one byte long");
+    Q(MX, SWZ(swr, swc - 512), "columnwise.scales", "swizzled columnwise.scales one tile short");
+#undef SWZ
     /* amax */
     Q(GR, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, 1), "amax", "GROUP amax [1]");
     Q(GR, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, BG + 1), "amax", "GROUP amax [G+1]");

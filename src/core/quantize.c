@@ -22,6 +22,12 @@ static moex_status check_params(moex_context *ctx, const char *op, const moex_qu
     if (!isfinite(q->amax_epsilon) || q->amax_epsilon < 0.0f)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: params.amax_epsilon must be finite and >= 0, got %g", op,
                          (double)q->amax_epsilon);
+    if (q->scale_layout != MOEX_SCALES_PLAIN && q->scale_layout != MOEX_SCALES_MX_SWIZZLED)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown params.scale_layout %d", op, (int)q->scale_layout);
+    if (q->scale_layout == MOEX_SCALES_MX_SWIZZLED && q->recipe != MOEX_QUANT_MXFP8)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: params.scale_layout MX_SWIZZLED is for MXFP8 scales, not those of recipe %d", op,
+                         (int)q->recipe);
     d->block = q->recipe == MOEX_QUANT_BLOCK ? 128 : q->recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
     return MOEX_OK;
 }
@@ -32,20 +38,43 @@ static void block_dims(moex_quant_dims *d) {
     d->col_tiles = d->block ? moex_i64_cdiv(d->T, d->block) + d->G : 0;
 }
 
-/* The scales of one orientation: shape (TENSOR [1], GROUP [G], blocks [rows, cols]) and dtype. */
+/* *len = the length of a swizzled scale vector (docs/ops.md 9.8): `mats` matrices of [R, C]
+ * padded to [roundup(R, 128), roundup(C, 4)] (grouped: R = 128 per tile, mats = the bound of
+ * the tiles); refused when it passes INT64_MAX. */
+static moex_status swizzled_len(moex_context *ctx, const char *op, const char *name, int64_t mats, int64_t R,
+                                int64_t C, int64_t *len) {
+    if (!moex_i64_mul(mats, 128 * moex_i64_cdiv(R, 128), len) || !moex_i64_mul(*len, 4 * moex_i64_cdiv(C, 4), len))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s: the swizzled scales would pass 2^63 bytes", op, name);
+    return MOEX_OK;
+}
+
+/* A check of one tensor as an output or an input. */
+static moex_status check_as(moex_context *ctx, const char *op, const char *name, const moex_tensor *t, int ndim,
+                            const int64_t *shape, unsigned dts, moex_span_role role) {
+    return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, name, t, ndim, shape, dts)
+                                 : moex_check_tensor(ctx, op, name, t, ndim, shape, dts);
+}
+
+/* The scales of one orientation: shape (TENSOR [1], GROUP [G], blocks [rows, cols]; swizzled
+ * MXFP8: one vector) and dtype. */
 static moex_status check_scales(moex_context *ctx, const char *op, const char *name, const moex_tensor *scales,
                                 const moex_quant_params *q, const moex_quant_dims *d,
                                 moex_quant_orientation orient, moex_span_role role) {
     const unsigned dts = q->recipe == MOEX_QUANT_MXFP8 ? MOEX_DT(MOEX_DTYPE_E8M0) : MOEX_DT_F32;
+    if (q->scale_layout == MOEX_SCALES_MX_SWIZZLED) {   /* group g: rows of 128-row tiles, from q_g */
+        const int64_t tiles = moex_i64_cdiv(d->T, 128) + d->G;
+        int64_t len[1];
+        MOEX_TRY(orient == MOEX_QUANT_ROWWISE ? swizzled_len(ctx, op, name, tiles, 128, d->row_blocks, len)
+                                              : swizzled_len(ctx, op, name, 1, d->K, 4 * tiles, len));
+        return check_as(ctx, op, name, scales, 1, len, dts, role);
+    }
     if (!d->block) {
         const int64_t shape[1] = {q->recipe == MOEX_QUANT_GROUP ? d->G : 1};
-        return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, name, scales, 1, shape, dts)
-                                     : moex_check_tensor(ctx, op, name, scales, 1, shape, dts);
+        return check_as(ctx, op, name, scales, 1, shape, dts, role);
     }
     const int64_t shape[2] = {orient == MOEX_QUANT_ROWWISE ? d->T : d->K,
                               orient == MOEX_QUANT_ROWWISE ? d->row_blocks : d->col_tiles};
-    return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, name, scales, 2, shape, dts)
-                                 : moex_check_tensor(ctx, op, name, scales, 2, shape, dts);
+    return check_as(ctx, op, name, scales, 2, shape, dts, role);
 }
 
 /* One quantized copy: data [T, K] (rowwise) or [K, T] (columnwise) in params.fp8, and scales. */
@@ -54,8 +83,7 @@ static moex_status check_copy(moex_context *ctx, const char *op, const char *dat
                               moex_quant_orientation orient, moex_span_role role) {
     const int64_t shape[2] = {orient == MOEX_QUANT_ROWWISE ? d->T : d->K,
                               orient == MOEX_QUANT_ROWWISE ? d->K : d->T};
-    MOEX_TRY(role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, data_name, &c->data, 2, shape, MOEX_DT(q->fp8))
-                                   : moex_check_tensor(ctx, op, data_name, &c->data, 2, shape, MOEX_DT(q->fp8)));
+    MOEX_TRY(check_as(ctx, op, data_name, &c->data, 2, shape, MOEX_DT(q->fp8), role));
     return check_scales(ctx, op, scales_name, &c->scales, q, d, orient, role);
 }
 
@@ -155,16 +183,18 @@ static moex_status check_weight_copy(moex_context *ctx, const char *op, const ch
                                      const moex_quant_dims *d, moex_quant_orientation orient, moex_span_role role) {
     const int64_t rows = orient == MOEX_QUANT_ROWWISE ? d->T : d->K, cols = orient == MOEX_QUANT_ROWWISE ? d->K : d->T;
     const int64_t dshape[3] = {d->G, rows, cols};
-    MOEX_TRY(role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, data_name, &c->data, 3, dshape, MOEX_DT(q->fp8))
-                                   : moex_check_tensor(ctx, op, data_name, &c->data, 3, dshape, MOEX_DT(q->fp8)));
+    MOEX_TRY(check_as(ctx, op, data_name, &c->data, 3, dshape, MOEX_DT(q->fp8), role));
     const unsigned dts = q->recipe == MOEX_QUANT_MXFP8 ? MOEX_DT(MOEX_DTYPE_E8M0) : MOEX_DT_F32;
+    if (q->scale_layout == MOEX_SCALES_MX_SWIZZLED) {   /* one [rows, ceil(cols/32)] matrix per expert */
+        int64_t len[1];
+        MOEX_TRY(swizzled_len(ctx, op, scales_name, d->G, rows, moex_i64_cdiv(cols, 32), len));
+        return check_as(ctx, op, scales_name, &c->scales, 1, len, dts, role);
+    }
     const int64_t gshape[1] = {d->G};
     const int64_t sshape[3] = {d->G, q->recipe == MOEX_QUANT_BLOCK ? moex_i64_cdiv(rows, d->block) : rows,
                                moex_i64_cdiv(cols, d->block ? d->block : 1)};
     const int nd = q->recipe == MOEX_QUANT_GROUP ? 1 : 3;
-    const int64_t *shape = nd == 1 ? gshape : sshape;
-    return role == MOEX_SPAN_OUT ? moex_check_output(ctx, op, scales_name, &c->scales, nd, shape, dts)
-                                 : moex_check_tensor(ctx, op, scales_name, &c->scales, nd, shape, dts);
+    return check_as(ctx, op, scales_name, &c->scales, nd, nd == 1 ? gshape : sshape, dts, role);
 }
 
 /* The weight's recipe (not TENSOR); sets the block. */

@@ -43,17 +43,6 @@ static int64_t tile_rows(int64_t cols) {
 
 static int64_t row_grain(int64_t cols) { return 1 + ELEM_GRAIN / cols; }
 
-/* The group that owns `row` (< off[G]): the last g with off[g] <= row, never empty. */
-static int64_t group_of(const int64_t *off, int64_t G, int64_t row) {
-    int64_t lo = 0, hi = G - 1;
-    while (lo < hi) {
-        const int64_t mid = lo + (hi - lo + 1) / 2;
-        if (off[mid] <= row) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
 /* n values at src as f32: src itself when f32, else converted into buf. */
 static const float *as_f32(float *buf, const void *src, moex_dtype dt, int64_t n) {
     if (dt == MOEX_DTYPE_F32) return (const float *)src;
@@ -110,7 +99,7 @@ static void finish_rows(void *arg, int64_t begin, int64_t end) {
     const finish_job *j = (const finish_job *)arg;
     const int64_t cols = j->cols;
     float bbuf[CHUNK], out[CHUNK];
-    int64_t g = j->bias_mode != MOEX_BIAS_NONE ? group_of(j->off, j->G, j->row0 + begin) : 0;
+    int64_t g = j->bias_mode != MOEX_BIAS_NONE ? moex_cpu_group_of(j->off, j->G, j->row0 + begin) : 0;
     for (int64_t r = begin; r < end; r++) {
         const int64_t row = j->row0 + r;
         const float *s = j->src + r * cols;
@@ -218,7 +207,7 @@ typedef struct dprobs_job {
 static void dprobs_rows(void *arg, int64_t begin, int64_t end) {
     const dprobs_job *j = (const dprobs_job *)arg;
     float ybuf[CHUNK], bbuf[CHUNK];
-    int64_t g = group_of(j->off, j->G, begin);
+    int64_t g = moex_cpu_group_of(j->off, j->G, begin);
     for (int64_t i = begin; i < end; i++) {
         while (i >= j->off[g + 1]) g++;
         float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -22,6 +22,17 @@ MOEX_DECLARE_PRIMITIVES(moex_cpu)
  * ctx->num_threads threads (the caller's thread included); returns when all are done.
  * `grain` is the smallest chunk worth a thread. Chunks run in any order on any thread, so
  * fn must not depend on which thread runs it; a call made from inside fn runs inline. */
+/* The group that owns `row` (< off[G]): the last g with off[g] <= row, never empty. */
+static inline int64_t moex_cpu_group_of(const int64_t *off, int64_t G, int64_t row) {
+    int64_t lo = 0, hi = G - 1;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo + 1) / 2;
+        if (off[mid] <= row) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 typedef void (*moex_cpu_range_fn)(void *arg, int64_t begin, int64_t end);
 void moex_cpu_parallel_for(moex_context *ctx, int64_t n, int64_t grain, moex_cpu_range_fn fn, void *arg);
 

@@ -38,6 +38,7 @@ typedef struct quant_job {
     const float *s;             /* TENSOR, GROUP: the current set's multiplier (one float) */
     int64_t row0;               /* TENSOR, GROUP: the current set's first row */
     const int64_t *off, *b;     /* [G+1] row offsets, [G+1] tile offsets */
+    const int64_t *qt;          /* swizzled MXFP8: [G+1] 128-row tile offsets (q_g of docs/ops.md 9.8) */
     int64_t G, ntiles;
     /* dequantize */
     moex_quant_orientation orient;
@@ -49,6 +50,21 @@ typedef struct quant_job {
 
 static int64_t grain_rows(int64_t K) {
     return K >= QUANT_GRAIN_ELEMS ? 1 : QUANT_GRAIN_ELEMS / (K > 0 ? K : 1);
+}
+
+/* Where the scale of rowwise block kb of row i (of group g) is, and of column k's columnwise
+ * tile `tile` (of group g, numbered as b): plain (docs/ops.md 9.4) or swizzled (9.8). */
+static int64_t row_scale_at(const quant_job *jb, int64_t i, int64_t g, int64_t kb) {
+    const int64_t nb = moex_i64_cdiv(jb->K, jb->B);
+    if (jb->qt == NULL) return i * nb + kb;
+    const int64_t cols4 = 4 * moex_i64_cdiv(nb, 4);
+    return jb->qt[g] * 128 * cols4 + moex_mx_swizzled_at(i - jb->off[g], kb, cols4);
+}
+
+static int64_t col_scale_at(const quant_job *jb, int64_t k, int64_t g, int64_t tile) {
+    if (jb->qt == NULL) return k * jb->ntiles + tile;
+    return jb->qt[g] * 4 * 128 * moex_i64_cdiv(jb->K, 128) +
+           moex_mx_swizzled_at(k, tile - jb->b[g], 4 * (jb->qt[g + 1] - jb->qt[g]));
 }
 
 /* One block's multiplier and its stored scale (f32 1/s, or the E8M0 byte). */
@@ -138,13 +154,15 @@ static void block_rows(void *arg, int64_t begin, int64_t end) {
     const quant_job *jb = (const quant_job *)arg;
     const int64_t B = jb->B, nb = moex_i64_cdiv(jb->K, B);
     float v[128];
+    int64_t g = jb->qt ? moex_cpu_group_of(jb->off, jb->G, begin) : 0;   /* swizzled: the row's group */
     for (int64_t i = begin; i < end; i++) {
+        while (jb->qt && jb->off[g + 1] <= i) g++;
         for (int64_t j = 0; j < nb; j++) {
             const int64_t k0 = j * B, n = jb->K - k0 < B ? jb->K - k0 : B;
             moex_cpu_load_f32(v, moex_cpu_cat(jb->x, jb->dt, i * jb->K + k0), jb->dt, n);
             float m = 0.0f, mx = 0.0f;
             for (int64_t k = 0; k < n; k++) m = moex_amax_combine(m, v[k]), mx = moex_mx_amax_combine(mx, v[k]);
-            const float s = block_multiplier(jb, m, mx, jb->row_scales, i * nb + j);
+            const float s = block_multiplier(jb, m, mx, jb->row_scales, row_scale_at(jb, i, g, j));
             for (int64_t k = 0; k < n; k++) jb->row_data[i * jb->K + k0 + k] = moex_fp8_encode(v[k] * s, jb->f);
         }
     }
@@ -169,7 +187,7 @@ static void block_tiles(void *arg, int64_t begin, int64_t end) {
             float m = 0.0f, mx = 0.0f;
             for (int64_t r = 0; r < rows; r++)
                 m = moex_amax_combine(m, v[r * QUANT_COLS + c]), mx = moex_mx_amax_combine(mx, v[r * QUANT_COLS + c]);
-            const float s = block_multiplier(jb, m, mx, jb->col_scales, (c0 + c) * jb->ntiles + tile);
+            const float s = block_multiplier(jb, m, mx, jb->col_scales, col_scale_at(jb, c0 + c, g, tile));
             for (int64_t r = 0; r < rows; r++)
                 jb->col_data[(c0 + c) * jb->T + r0 + r] = moex_fp8_encode(v[r * QUANT_COLS + c] * s, jb->f);
         }
@@ -192,8 +210,31 @@ static moex_status quantize_blocks(moex_context *ctx, quant_job *jb) {
     return MOEX_OK;
 }
 
+/* Block recipes' workspace: b [G+1], then q [G+1] when swizzled (ws NULL: the size). */
+static size_t tiles_layout(const moex_quant_params *p, const moex_quant_dims *d, const int64_t *off, void *ws,
+                           quant_job *jb) {
+    moex_carver c = {(char *)ws, 0};
+    int64_t *b = (int64_t *)moex_take(&c, moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)));
+    int64_t *q = p->scale_layout == MOEX_SCALES_MX_SWIZZLED
+                     ? (int64_t *)moex_take(&c, moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)))
+                     : NULL;
+    if (ws) {
+        tile_offsets(off, d->G, d->block, b);
+        if (q) tile_offsets(off, d->G, 128, q);
+        jb->b = b, jb->qt = q;
+    }
+    return c.used;
+}
+
+/* Swizzled scales: every byte of the vectors (the padding is 0, docs/ops.md 9.8). */
+static void zero_swizzled(const moex_quant_params *p, const moex_quant_tensor *row, const moex_quant_tensor *col) {
+    if (p->scale_layout != MOEX_SCALES_MX_SWIZZLED) return;
+    if (moex_present(&row->data)) memset(row->scales.data, 0, (size_t)moex_numel(&row->scales));
+    if (moex_present(&col->data)) memset(col->scales.data, 0, (size_t)moex_numel(&col->scales));
+}
+
 size_t moex_cpu_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d) {
-    return d->block ? moex_sz_bytes(d->G + 1, 1, sizeof(int64_t)) : moex_sz_bytes(d->T, 1, sizeof(float));
+    return d->block ? tiles_layout(&a->params, d, NULL, NULL, NULL) : moex_sz_bytes(d->T, 1, sizeof(float));
 }
 
 moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
@@ -212,8 +253,8 @@ moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_
         jb.row_amax = (float *)ws;
         return quantize_current(ctx, &jb, a);
     }
-    tile_offsets(grp->off, d->G, d->block, (int64_t *)ws);
-    jb.b = (const int64_t *)ws;
+    tiles_layout(&a->params, d, grp->off, ws, &jb);
+    zero_swizzled(&a->params, &a->rowwise, &a->columnwise);
     return quantize_blocks(ctx, &jb);
 }
 
@@ -224,8 +265,8 @@ static float dequant_scale(const quant_job *jb, int64_t i, int64_t k) {
     const void *sc = jb->src_scales;
     if (!jb->B) return ((const float *)sc)[jb->q->recipe == MOEX_QUANT_GROUP ? jb->g : 0];
     const int64_t at = jb->orient == MOEX_QUANT_ROWWISE
-                           ? i * moex_i64_cdiv(jb->K, jb->B) + k / jb->B
-                           : k * jb->ntiles + jb->b[jb->g] + (i - jb->off[jb->g]) / jb->B;
+                           ? row_scale_at(jb, i, jb->g, k / jb->B)
+                           : col_scale_at(jb, k, jb->g, jb->b[jb->g] + (i - jb->off[jb->g]) / jb->B);
     if (jb->q->recipe != MOEX_QUANT_MXFP8) return ((const float *)sc)[at];
     const uint8_t e = ((const uint8_t *)sc)[at];
     return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
@@ -248,7 +289,7 @@ static void dequant_rows(void *arg, int64_t begin, int64_t end) {
 }
 
 size_t moex_cpu_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d) {
-    return moex_sz_bytes(d->G + 1, 1, sizeof(int64_t));
+    return d->block ? tiles_layout(&a->params, d, NULL, NULL, NULL) : 0;
 }
 
 moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
@@ -259,8 +300,7 @@ moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moe
     jb.T = d->T, jb.K = d->K, jb.B = d->block, jb.dt = d->dt, jb.G = d->G, jb.ntiles = d->col_tiles;
     jb.off = grp->off, jb.orient = a->orientation;
     jb.src = (const uint8_t *)a->src.data.data, jb.src_scales = a->src.scales.data, jb.y = a->y.data;
-    if (d->block) tile_offsets(grp->off, d->G, d->block, (int64_t *)ws);
-    jb.b = (const int64_t *)ws;
+    if (d->block) tiles_layout(&a->params, d, grp->off, ws, &jb);
     if (d->K == 0) return MOEX_OK;
     for (int64_t g = 0; g < d->G; g++) {
         jb.g = g;
@@ -287,7 +327,25 @@ typedef struct wq_job {
     void *row_scales, *col_scales;
     float *row_amax;            /* GROUP: [G*N] */
     const float *mult;          /* GROUP: [G] */
+    bool swizzled;              /* MXFP8 scales in the 128x4-tiled layout */
 } wq_job;
+
+/* Where MXFP8 weight scales are: rowwise, row r = g N + n's block j along K; columnwise,
+ * expert g's column k's block i along N. Plain [G*N, ceil(K/32)] and [G*K, ceil(N/32)], or
+ * swizzled, one padded matrix per expert (docs/ops.md 9.8). */
+static int64_t wq_mx_row_at(int64_t N, int64_t K, bool swizzled, int64_t r, int64_t j) {
+    const int64_t nb = moex_i64_cdiv(K, 32), g = r / N;
+    if (!swizzled) return r * nb + j;
+    const int64_t cols4 = 4 * moex_i64_cdiv(nb, 4);
+    return g * 128 * moex_i64_cdiv(N, 128) * cols4 + moex_mx_swizzled_at(r - g * N, j, cols4);
+}
+
+static int64_t wq_mx_col_at(int64_t N, int64_t K, bool swizzled, int64_t g, int64_t k, int64_t i) {
+    const int64_t nb = moex_i64_cdiv(N, 32);
+    if (!swizzled) return (g * K + k) * nb + i;
+    const int64_t cols4 = 4 * moex_i64_cdiv(nb, 4);
+    return g * 128 * moex_i64_cdiv(K, 128) * cols4 + moex_mx_swizzled_at(k, i, cols4);
+}
 
 /* The f32 values of w[g, n, k0 .. k0+len). */
 static void wq_load(const wq_job *jb, float *v, int64_t row, int64_t k0, int64_t len) {
@@ -352,7 +410,7 @@ static void wq_mx_rows(void *arg, int64_t begin, int64_t end) {
             float m = 0.0f;
             for (int64_t k = 0; k < len; k++) m = moex_mx_amax_combine(m, v[k]);
             const int E = moex_mx_exponent(m, jb->f);
-            ((uint8_t *)jb->row_scales)[r * nb + j] = (uint8_t)(E + 127);
+            ((uint8_t *)jb->row_scales)[wq_mx_row_at(jb->N, jb->K, jb->swizzled, r, j)] = (uint8_t)(E + 127);
             const float s = ldexpf(1.0f, -E);
             for (int64_t k = 0; k < len; k++) jb->row_data[r * jb->K + k0 + k] = moex_fp8_encode(v[k] * s, jb->f);
         }
@@ -375,7 +433,7 @@ static void wq_mx_cols(void *arg, int64_t begin, int64_t end) {
             for (int64_t r = 0; r < rows; r++) m = moex_mx_amax_combine(m, v[r * QUANT_COLS + c]);
             const int E = moex_mx_exponent(m, jb->f);
             const int64_t kk = g * jb->K + c0 + c;   /* the row of the [G*K, N] copy */
-            ((uint8_t *)jb->col_scales)[kk * nbi + i] = (uint8_t)(E + 127);
+            ((uint8_t *)jb->col_scales)[wq_mx_col_at(jb->N, jb->K, jb->swizzled, g, c0 + c, i)] = (uint8_t)(E + 127);
             const float s = ldexpf(1.0f, -E);
             for (int64_t r = 0; r < rows; r++)
                 jb->col_data[kk * jb->N + n0 + r] = moex_fp8_encode(v[r * QUANT_COLS + c] * s, jb->f);
@@ -402,6 +460,8 @@ moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, cons
     memset(&jb, 0, sizeof jb);
     jb.q = &a->params, jb.f = moex_fp8_format_of(a->params.fp8);
     jb.G = d->G, jb.N = d->T, jb.K = d->K, jb.dt = d->dt, jb.w = a->w.data;
+    jb.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
+    zero_swizzled(&a->params, &a->rowwise, &a->columnwise);
     if (moex_present(&a->rowwise.data)) jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
     if (moex_present(&a->columnwise.data))
         jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
@@ -460,8 +520,8 @@ static float wdq_scale(const wdq_job *jb, int64_t g, int64_t n, int64_t k) {
         return ((const float *)jb->scales)[at];
     }
     default: {
-        at = row ? (g * jb->N + n) * moex_i64_cdiv(jb->K, 32) + k / 32
-                 : (g * jb->K + k) * moex_i64_cdiv(jb->N, 32) + n / 32;
+        const bool swz = jb->q->scale_layout == MOEX_SCALES_MX_SWIZZLED;
+        at = row ? wq_mx_row_at(jb->N, jb->K, swz, g * jb->N + n, k / 32) : wq_mx_col_at(jb->N, jb->K, swz, g, k, n / 32);
         const uint8_t e = ((const uint8_t *)jb->scales)[at];
         return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
     }

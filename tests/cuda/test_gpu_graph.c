@@ -495,10 +495,10 @@ static void make_qgraph(moex_context *ctx, qgraph *Q, moex_dtype dt) {
     memset(Q, 0, sizeof *Q);
     Q->dt = dt;
     Q->x = dnew(dt, T * K), Q->splits = dnew(MOEX_DTYPE_I64, G);
-    const moex_quant_params ps[QG_NQ] = {{MOEX_QUANT_GROUP, E4, 0.0f, MOEX_SCALE_EXACT},
-                                         {MOEX_QUANT_BLOCK, E4, 1e-3f, MOEX_SCALE_POW2},
-                                         {MOEX_QUANT_MXFP8, E5, 0.0f, MOEX_SCALE_EXACT},
-                                         {MOEX_QUANT_TENSOR, E5, 0.0f, MOEX_SCALE_EXACT}};
+    const moex_quant_params ps[QG_NQ] = {{MOEX_QUANT_GROUP, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN},
+                                         {MOEX_QUANT_BLOCK, E4, 1e-3f, MOEX_SCALE_POW2, MOEX_SCALES_PLAIN},
+                                         {MOEX_QUANT_MXFP8, E5, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN},
+                                         {MOEX_QUANT_TENSOR, E5, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN}};
     static const char *names[QG_NQ][5] = {
         {"GROUP rowwise.data", "GROUP rowwise.scales", "GROUP columnwise.data", "GROUP columnwise.scales", "GROUP amax"},
         {"BLOCK rowwise.data", "BLOCK rowwise.scales", "BLOCK columnwise.data", "BLOCK columnwise.scales", ""},

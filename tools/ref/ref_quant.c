@@ -426,3 +426,16 @@ void ref_weight_dequantize(const moex_quant_params *p, moex_quant_orientation or
                 w[(g * N + n) * K + k] = ref_round(wdt, to_f32(value[code] * scale));
             }
 }
+
+void ref_mx_swizzle(const uint8_t *plain, int64_t ld, int64_t R, int64_t C, uint8_t *out) {
+    const int64_t RB = (R + 127) / 128, CB = (C + 3) / 4;
+    int64_t at = 0;
+    for (int64_t rb = 0; rb < RB; rb++)
+        for (int64_t cb = 0; cb < CB; cb++)
+            for (int64_t r32 = 0; r32 < 32; r32++)
+                for (int64_t r4 = 0; r4 < 4; r4++)
+                    for (int64_t c4 = 0; c4 < 4; c4++) {
+                        const int64_t r = 128 * rb + 32 * r4 + r32, c = 4 * cb + c4;
+                        out[at++] = (r < R && c < C) ? plain[r * ld + c] : 0;
+                    }
+}

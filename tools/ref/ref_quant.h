@@ -136,4 +136,11 @@ void ref_weight_dequantize(const moex_quant_params *p, moex_quant_orientation or
 }
 #endif
 
+/* The 128x4-tiled ("swizzled") layout of MX scales (docs/ops.md 9.8), written from its
+ * description rather than from the library's index formula: a plain [R, C] matrix of E8M0
+ * bytes (row stride ld) padded to [R', C'] = [roundup(R, 128), roundup(C, 4)] and viewed as
+ * [R'/128][4][32][C'/4][4] (row = 128 rb + 32 r4 + r32, column = 4 cb + c4) is stored as
+ * [R'/128][C'/4][32][4][4] at out (R' C' bytes, every one written; padding 0). */
+void ref_mx_swizzle(const uint8_t *plain, int64_t ld, int64_t R, int64_t C, uint8_t *out);
+
 #endif /* MOEX_REF_QUANT_H */
