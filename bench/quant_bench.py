@@ -14,8 +14,12 @@ ranks (32 experts: FC1 [32, 4096, 7168], FC2 [32, 7168, 2048]), both copies, GB/
 copy of the same tensor, and against PyTorch's casts per expert (amax, scale, cast,
 transpose).
 
+The scaled GLU's FP8 z (docs/ops.md 9.9): moex_scaled_glu_forward with zq outputs and no z
+(one fused pass from h) against the GLU writing z and then moex_group_quantize of it.
+
 Usage (GPU machine): PYTHONPATH=python MOEX_LIBRARY=build/libmoex.so python3 bench/quant_bench.py [T K G]
 """
+import ctypes
 import statistics
 import sys
 
@@ -209,6 +213,44 @@ def weights():
         del w, dst
 
 
+def glu_fused():
+    T, F, G = 32768, 2048, 8   # dsv3's expert FC1 output, h [T, 2F]
+    h = torch.randn(T, 2 * F, device="cuda", dtype=torch.bfloat16)
+    splits = torch.full((G,), T // G, dtype=torch.int64, device="cuda")
+    z = torch.empty(T, F, device="cuda", dtype=torch.bfloat16)
+    print(f"\nscaled GLU with FP8 z, h [{T}, {2 * F}] bf16, both copies, {torch.cuda.get_device_name()}")
+    print(f"{'recipe':8s} {'fused ms':>9s} {'glu+quantize ms':>16s} {'speedup':>8s}  check")
+    for name, r in RECIPES.items():
+        qa, out = quant_args(z, splits, r, G)   # quantize of z: the two-call path
+        fused_out = {k: torch.empty_like(v) for k, v in out.items()}
+        g = _capi.ScaledGluArgs()
+        mt._fill(g.h, h), mt._fill(g.splits, splits)
+        g.glu = _capi.GluParams(0, 0, 7.0, 1.702, 1.0)
+        plain = _capi.ScaledGluArgs()
+        ctypes.pointer(plain)[0] = g
+        mt._fill(plain.z, z)
+        g.zq_params = _capi.QuantParams(r, _capi.DTYPE_E4M3, 0.0, 0, 0)
+        for dst, k in ((g.zq_rowwise.data, "rd"), (g.zq_rowwise.scales, "rs"), (g.zq_columnwise.data, "cd"),
+                       (g.zq_columnwise.scales, "cs")):
+            mt._fill(dst, fused_out[k])
+        g.keep = (h, splits, z, fused_out)
+
+        def two():
+            mt._run("scaled_glu_forward", plain, h.device)
+            mt._run("group_quantize", qa, h.device)
+
+        def fused():
+            mt._run("scaled_glu_forward", g, h.device)
+        ms = time_ms({"fused": fused, "two": two})
+        B = {2: 128, 3: 32}.get(r, 0)
+        if B:   # the columnwise scale columns past the groups' tiles are not written
+            bG = sum(-(-int(m) // B) for m in splits.tolist())
+            out["cs"], fused_out["cs"] = out["cs"][:, :bG], fused_out["cs"][:, :bG]
+        ok = all(torch.equal(fused_out[k].view(torch.uint8), out[k].view(torch.uint8)) for k in out)
+        print(f"{name:8s} {ms['fused']:9.3f} {ms['two']:16.3f} {ms['two'] / ms['fused']:7.2f}x  "
+              f"{'bitwise' if ok else 'MISMATCH'}")
+
+
 def check(x, splits, recipe, G, out):
     """Whether the GPU gives the CPU's bytes (every output) for a quantize of the first 300
     rows as one group."""
@@ -230,3 +272,4 @@ def check(x, splits, recipe, G, out):
 if __name__ == "__main__":
     main()
     weights()
+    glu_fused()

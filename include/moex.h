@@ -322,12 +322,56 @@ typedef struct moex_glu_params {
 /* {kind, CONTIGUOUS, limit 7, alpha 1.702, offset 1}: the GPT-OSS constants. */
 MOEX_API moex_glu_params moex_glu_params_default(moex_glu_kind kind);
 
+/* FP8 quantization's types (experimental), used by the GLU's quantized output below and by
+ * the grouped quantization section, which describes the recipes. */
+typedef enum moex_quant_recipe {
+    MOEX_QUANT_TENSOR = 0,
+    MOEX_QUANT_GROUP = 1,
+    MOEX_QUANT_BLOCK = 2,
+    MOEX_QUANT_MXFP8 = 3
+} moex_quant_recipe;
+
+typedef enum moex_scale_rounding {
+    MOEX_SCALE_EXACT = 0,       /* s = fp8_max / amax in f32                                */
+    MOEX_SCALE_POW2 = 1         /* s rounded down to a power of 2 (TENSOR, GROUP, BLOCK)     */
+} moex_scale_rounding;
+
+/* Where the scales of BLOCK and MXFP8 are: as the recipes above (the default), or, for
+ * MXFP8, in the 128x4-tiled ("swizzled") layout that cuBLAS and Transformer Engine consume
+ * for MX GEMMs, each group (or expert) padded to whole tiles: one E8M0 vector per copy,
+ * sized by docs/ops.md 9.8. */
+typedef enum moex_scale_layout {
+    MOEX_SCALES_PLAIN = 0,
+    MOEX_SCALES_MX_SWIZZLED = 1
+} moex_scale_layout;
+
+typedef struct moex_quant_params {
+    moex_quant_recipe recipe;
+    moex_dtype fp8;             /* MOEX_DTYPE_E4M3 or MOEX_DTYPE_E5M2                        */
+    float amax_epsilon;         /* >= 0: amax = max(amax, epsilon) (not MXFP8)               */
+    moex_scale_rounding rounding;
+    moex_scale_layout scale_layout; /* MOEX_SCALES_MX_SWIZZLED: MXFP8 only                  */
+} moex_quant_params;
+
+/* One orientation of a quantized tensor: the FP8 data and its scales. */
+typedef struct moex_quant_tensor {
+    moex_tensor data;           /* rowwise [T, K], columnwise [K, T]; params.fp8           */
+    moex_tensor scales;         /* its recipe's shape (docs/ops.md 9.4); f32 (MXFP8: E8M0) */
+} moex_quant_tensor;
+
 typedef struct moex_scaled_glu_args {
     moex_glu_params glu;
     moex_tensor h;              /* [T, 2F]                                  in            */
     moex_tensor probs;          /* [T] f32; optional (absent: p = 1)        in            */
     moex_tensor splits;         /* [G] I64; optional: only rows < sum(splits) (else all T) */
-    moex_tensor z;              /* [T, F], dtype of h                       =             */
+    moex_tensor z;              /* [T, F], dtype of h; optional when a zq copy is present =  */
+    /* Optional (experimental): z quantized to FP8 as it leaves the GLU, exactly what
+     * moex_group_quantize of z (as stored in h's dtype) with these splits writes (no splits:
+     * one group of all T rows); docs/ops.md 9.9. Absent when both zq data are absent. */
+    moex_quant_params zq_params;
+    moex_quant_tensor zq_rowwise;   /* data [T, F], scales                  =             */
+    moex_quant_tensor zq_columnwise; /* data [F, T], scales                 =             */
+    moex_tensor zq_amax;        /* TENSOR [1], GROUP [G] f32; optional      =             */
 } moex_scaled_glu_args;
 
 typedef struct moex_scaled_glu_grad_args {
@@ -571,41 +615,6 @@ MOEX_API moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_l
  *   MXFP8   1x32 blocks, E8M0 scales (the OCP MX rule), laid out as BLOCK with 32 for 128
  * Current and block scaling take an amax epsilon and optionally round scales to powers of
  * 2; MXFP8 scales are powers of 2 by nature.                                              */
-
-typedef enum moex_quant_recipe {
-    MOEX_QUANT_TENSOR = 0,
-    MOEX_QUANT_GROUP = 1,
-    MOEX_QUANT_BLOCK = 2,
-    MOEX_QUANT_MXFP8 = 3
-} moex_quant_recipe;
-
-typedef enum moex_scale_rounding {
-    MOEX_SCALE_EXACT = 0,       /* s = fp8_max / amax in f32                                */
-    MOEX_SCALE_POW2 = 1         /* s rounded down to a power of 2 (TENSOR, GROUP, BLOCK)     */
-} moex_scale_rounding;
-
-/* Where the scales of BLOCK and MXFP8 are: as the recipes above (the default), or, for
- * MXFP8, in the 128x4-tiled ("swizzled") layout that cuBLAS and Transformer Engine consume
- * for MX GEMMs, each group (or expert) padded to whole tiles: one E8M0 vector per copy,
- * sized by docs/ops.md 9.8. */
-typedef enum moex_scale_layout {
-    MOEX_SCALES_PLAIN = 0,
-    MOEX_SCALES_MX_SWIZZLED = 1
-} moex_scale_layout;
-
-typedef struct moex_quant_params {
-    moex_quant_recipe recipe;
-    moex_dtype fp8;             /* MOEX_DTYPE_E4M3 or MOEX_DTYPE_E5M2                        */
-    float amax_epsilon;         /* >= 0: amax = max(amax, epsilon) (not MXFP8)               */
-    moex_scale_rounding rounding;
-    moex_scale_layout scale_layout; /* MOEX_SCALES_MX_SWIZZLED: MXFP8 only                  */
-} moex_quant_params;
-
-/* One orientation of a quantized tensor: the FP8 data and its scales. */
-typedef struct moex_quant_tensor {
-    moex_tensor data;           /* rowwise [T, K], columnwise [K, T]; params.fp8           */
-    moex_tensor scales;         /* the recipe's shape above; f32 (MXFP8: E8M0)              */
-} moex_quant_tensor;
 
 typedef struct moex_group_quantize_args {
     moex_tensor x;              /* [T, K] f32, bf16 or f16                  in            */

@@ -10,6 +10,7 @@
  * (accumulating, +=) and absent.
  */
 #include "test_util.h"
+#include "ref_quant.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -141,6 +142,170 @@ static void run_case(moex_context *ctx, tu_rng *r, const glu_cfg *c) {
     free(z); free(zbd); free(dh); free(dhbd); free(dp); free(dpbd);
 }
 
+/* ---- the quantized z (docs/ops.md 9.9) ------------------------------------------------- */
+
+/* One quantize of z's outputs: buffers poisoned, tensors of the recipe's shapes (Gq groups). */
+typedef struct zq_out {
+    void *rd, *rs, *cd, *cs, *am;
+    int64_t n_rs, n_cs, n_am;
+} zq_out;
+
+static zq_out zq_make(const moex_quant_params *p, int row, int col, int amax, int64_t Gq, int64_t T, int64_t F,
+                      moex_quant_tensor *rowwise, moex_quant_tensor *columnwise, moex_tensor *am) {
+    zq_out o;
+    memset(&o, 0, sizeof o);
+    int64_t rsh[2], csh[2];
+    const int rn = ref_quant_scales_shape(p->recipe, 0, Gq, T, F, rsh), cn = ref_quant_scales_shape(p->recipe, 1, Gq, T, F, csh);
+    const moex_dtype sdt = p->recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0 : MOEX_DTYPE_F32;
+    o.n_rs = rsh[0] * (rn == 2 ? rsh[1] : 1), o.n_cs = csh[0] * (cn == 2 ? csh[1] : 1);
+    memset(rowwise, 0, sizeof *rowwise), memset(columnwise, 0, sizeof *columnwise), memset(am, 0, sizeof *am);
+    if (row) {
+        o.rd = tu_poisoned(p->fp8, T * F), o.rs = tu_poisoned(sdt, o.n_rs);
+        rowwise->data = moex_tensor_2d(o.rd, p->fp8, T, F);
+        rowwise->scales = rn == 2 ? moex_tensor_2d(o.rs, sdt, rsh[0], rsh[1]) : moex_tensor_1d(o.rs, sdt, rsh[0]);
+    }
+    if (col) {
+        o.cd = tu_poisoned(p->fp8, T * F), o.cs = tu_poisoned(sdt, o.n_cs);
+        columnwise->data = moex_tensor_2d(o.cd, p->fp8, F, T);
+        columnwise->scales = cn == 2 ? moex_tensor_2d(o.cs, sdt, csh[0], csh[1]) : moex_tensor_1d(o.cs, sdt, csh[0]);
+    }
+    if (amax && p->recipe <= MOEX_QUANT_GROUP) {
+        o.n_am = p->recipe == MOEX_QUANT_GROUP ? Gq : 1;
+        o.am = tu_poisoned(MOEX_DTYPE_F32, o.n_am);
+        *am = moex_tensor_1d(o.am, MOEX_DTYPE_F32, o.n_am);
+    }
+    return o;
+}
+
+static void zq_free(zq_out *o) { free(o->rd), free(o->rs), free(o->cd), free(o->cs), free(o->am); }
+
+static int zq_same(const void *a, const void *b, size_t n) { return (a == NULL && b == NULL) || memcmp(a, b, n) == 0; }
+
+/* The GLU with zq outputs (z present or absent) against the plain GLU's z quantized by
+ * moex_group_quantize (same splits; without, one split of all T rows): every byte of every
+ * poisoned output, z itself unchanged. */
+static void zq_case(moex_context *ctx, tu_rng *r, moex_dtype dt, moex_glu_params glu, int64_t T, int64_t F,
+                    int64_t G, const moex_quant_params *p, int row, int col, int with_z, int with_probs) {
+    char label[256];
+    snprintf(label, sizeof label, "zq %s %s %s T=%lld F=%lld G=%lld recipe=%d %s%s%s%s", dt_name(dt),
+             glu.kind == MOEX_GLU_CLAMPED_SWIGLU ? "clamped" : "swiglu",
+             glu.layout == MOEX_GLU_INTERLEAVED_32 ? "interleaved" : "contiguous", (long long)T, (long long)F,
+             (long long)G, (int)p->recipe, moex_dtype_name(p->fp8), row ? " row" : "", col ? " col" : "",
+             with_z ? " +z" : "");
+    tu_log("case %s\n", label);
+    const int failures_before = tu_failures();
+    const int64_t rows = G ? T - 3 : T, Gq = G ? G : 1;
+    int64_t *splits = (int64_t *)tu_alloc((size_t)Gq * sizeof(int64_t));
+    if (G) tu_make_splits(r, G > 2 ? TU_SPLITS_EMPTY_MIDDLE : TU_SPLITS_BALANCED, G, rows, splits);
+    else splits[0] = T;
+    double *h = tu_doubles(T * 2 * F), *probs = tu_doubles(T);
+    for (int64_t i = 0; i < T * 2 * F; i++) h[i] = glu_input(r, 6.0, dt, glu.limit, glu.kind == MOEX_GLU_CLAMPED_SWIGLU);
+    tu_fill_uniform(r, probs, T, 0.05, 1, MOEX_DTYPE_F32);
+    void *hb = tu_buffer(dt, h, T * 2 * F), *pb = tu_buffer(MOEX_DTYPE_F32, probs, T);
+
+    /* the plain GLU, then its z quantized */
+    moex_scaled_glu_args a;
+    memset(&a, 0, sizeof a);
+    a.glu = glu, a.h = moex_tensor_2d(hb, dt, T, 2 * F);
+    if (with_probs) a.probs = moex_tensor_1d(pb, MOEX_DTYPE_F32, T);
+    if (G) a.splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, G);
+    void *z0 = tu_poisoned(dt, T * F), *z1 = tu_poisoned(dt, T * F);
+    a.z = moex_tensor_2d(z0, dt, T, F);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_scaled_glu_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_scaled_glu_forward(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    moex_group_quantize_args q;
+    memset(&q, 0, sizeof q);
+    q.x = moex_tensor_2d(z0, dt, T, F), q.splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, Gq), q.params = *p;
+    zq_out want = zq_make(p, row, col, 1, Gq, T, F, &q.rowwise, &q.columnwise, &q.amax);
+    CHECK_STATUS(ctx, moex_group_quantize_workspace_size(ctx, &q, &bytes), MOEX_OK);
+    ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_group_quantize(ctx, &q, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+
+    /* the GLU with the zq outputs */
+    if (with_z) a.z = moex_tensor_2d(z1, dt, T, F);
+    else memset(&a.z, 0, sizeof a.z);
+    a.zq_params = *p;
+    zq_out got = zq_make(p, row, col, 1, Gq, T, F, &a.zq_rowwise, &a.zq_columnwise, &a.zq_amax);
+    moex_status st = moex_scaled_glu_forward_workspace_size(ctx, &a, &bytes);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    ws = tu_workspace(bytes);
+    if (st == MOEX_OK) CHECK_STATUS(ctx, moex_scaled_glu_forward(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    const size_t sz = p->recipe == MOEX_QUANT_MXFP8 ? 1 : 4;
+    CHECK_MSG(zq_same(got.rd, want.rd, (size_t)(T * F)), "%s: zq_rowwise.data differs from quantize(z)", label);
+    CHECK_MSG(zq_same(got.rs, want.rs, (size_t)want.n_rs * sz), "%s: zq_rowwise.scales differ", label);
+    CHECK_MSG(zq_same(got.cd, want.cd, (size_t)(T * F)), "%s: zq_columnwise.data differs from quantize(z)", label);
+    CHECK_MSG(zq_same(got.cs, want.cs, (size_t)want.n_cs * sz), "%s: zq_columnwise.scales differ", label);
+    CHECK_MSG(zq_same(got.am, want.am, (size_t)want.n_am * 4), "%s: zq_amax differs", label);
+    if (with_z) CHECK_MSG(zq_same(z1, z0, (size_t)(T * F) * moex_dtype_size(dt)), "%s: z differs from the plain GLU's", label);
+    if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
+    zq_free(&want), zq_free(&got);
+    free(splits), free(h), free(probs), free(hb), free(pb), free(z0), free(z1);
+}
+
+static int zq_cases(moex_context *ctx, tu_rng *r) {
+    static const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
+    static const struct { int64_t T, F, G; } shapes[] = {{29, 45, 0}, {150, 96, 5}, {40, 256, 1}, {300, 130, 7},
+                                                          {9, 13, 3}};
+    int n = 0;
+    for (int s = 0; s < 5; s++)
+        for (int rc = 0; rc < 4; rc++)
+            for (int v = 0; v < 3; v++) {
+                const int d = (s + rc + v) % 3;
+                moex_glu_params glu = moex_glu_params_default((moex_glu_kind)((s + v) % 2));
+                glu.layout = shapes[s].F % 32 == 0 && v == 1 ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS;
+                const moex_quant_params p = {(moex_quant_recipe)rc, v == 2 ? MOEX_DTYPE_E5M2 : MOEX_DTYPE_E4M3,
+                                             rc == 3 ? 0.0f : 1e-4f, v == 1 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT,
+                                             MOEX_SCALES_PLAIN};
+                zq_case(ctx, r, dts[d], glu, shapes[s].T, shapes[s].F, shapes[s].G, &p, v != 1, v != 0, v == 2, s != 1);
+                n++;
+            }
+    return n;
+}
+
+/* Refused with nothing written: no z and no zq copy; zq shapes, dtypes, recipes the quantize refuses. */
+static void zq_bad(moex_context *ctx, tu_rng *r) {
+    const int64_t T = 10, F = 20;
+    double h[T * 2 * F];
+    tu_fill_uniform(r, h, T * 2 * F, -2, 2, MOEX_DTYPE_F32);
+    void *hb = tu_buffer(MOEX_DTYPE_F32, h, T * 2 * F);
+    moex_quant_params p = {MOEX_QUANT_BLOCK, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    for (int m = 0; m < 6; m++) {
+        moex_scaled_glu_args a;
+        memset(&a, 0, sizeof a);
+        a.glu = moex_glu_params_default(MOEX_GLU_SWIGLU), a.h = moex_tensor_2d(hb, MOEX_DTYPE_F32, T, 2 * F);
+        a.zq_params = p;
+        zq_out o = zq_make(&p, 1, 1, 0, 1, T, F, &a.zq_rowwise, &a.zq_columnwise, &a.zq_amax);
+        const char *name = "zq_rowwise.scales", *desc = "";
+        switch (m) {
+        case 0: memset(&a.zq_rowwise, 0, sizeof a.zq_rowwise), memset(&a.zq_columnwise, 0, sizeof a.zq_columnwise);
+                name = "z", desc = "neither z nor a zq copy"; break;
+        case 1: a.zq_rowwise.scales.shape[1] += 1, desc = "zq_rowwise.scales one column more"; break;
+        case 2: a.zq_columnwise.data.shape[0] += 1, name = "zq_columnwise.data", desc = "zq_columnwise.data [F+1, T]"; break;
+        case 3: a.zq_params.fp8 = MOEX_DTYPE_BF16, name = "fp8", desc = "zq_params.fp8 bf16"; break;
+        case 4: a.zq_amax = moex_tensor_1d(o.rs, MOEX_DTYPE_F32, 1), name = "zq_amax", desc = "zq_amax with BLOCK"; break;
+        default: a.zq_params.scale_layout = MOEX_SCALES_MX_SWIZZLED, name = "scale_layout", desc = "swizzled BLOCK"; break;
+        }
+        size_t bytes = 0;
+        moex_status st = moex_scaled_glu_forward_workspace_size(ctx, &a, &bytes);
+        CHECK_MSG(st == MOEX_ERR_INVALID_ARG, "zq %s: workspace query: got %s", desc, moex_status_string(st));
+        void *ws = tu_alloc(1 << 16);
+        st = moex_scaled_glu_forward(ctx, &a, ws, 1 << 16, NULL);
+        free(ws);
+        if (!CHECK_REFUSED(ctx, st, "moex_scaled_glu_forward", name)) printf("  (case: zq %s)\n", desc);
+        const int untouched = (!o.rd || tu_first_unpoisoned(o.rd, T * F) < 0) && (!o.cd || tu_first_unpoisoned(o.cd, T * F) < 0) &&
+                              (!o.rs || tu_first_unpoisoned(o.rs, (size_t)o.n_rs * 4) < 0) &&
+                              (!o.cs || tu_first_unpoisoned(o.cs, (size_t)o.n_cs * 4) < 0);
+        CHECK_MSG(untouched, "zq %s: refused, but an output was written", desc);
+        zq_free(&o);
+    }
+    free(hb);
+}
+
 int main(void) {
     moex_context *ctx = tu_cpu_context();
     tu_rng r = tu_rng_seed(4242);
@@ -184,6 +349,8 @@ int main(void) {
         c.T = 9, c.F = 13, c.G = 3, c.rows = 0, c.kind = TU_SPLITS_BALANCED, c.with_probs = 1, c.with_dprobs = 1;
         run_case(ctx, &r, &c), n++;
     }
+    n += zq_cases(ctx, &r);
+    zq_bad(ctx, &r);
     printf("%d cases, worst err/tol %.3g\n", n, worst_seen);
     moex_context_destroy(ctx);
     return tu_finish();

@@ -101,8 +101,6 @@ class UnpermuteGradArgs(ctypes.Structure):
     _fields_ = [("row_map", Tensor), ("dy", Tensor), ("dyp", Tensor)]
 
 
-class ScaledGluArgs(ctypes.Structure):
-    _fields_ = [("glu", GluParams), ("h", Tensor), ("probs", Tensor), ("splits", Tensor), ("z", Tensor)]
 
 
 class ScaledGluGradArgs(ctypes.Structure):
@@ -131,6 +129,12 @@ class QuantParams(ctypes.Structure):
 
 class QuantTensor(ctypes.Structure):
     _fields_ = [("data", Tensor), ("scales", Tensor)]
+
+
+class ScaledGluArgs(ctypes.Structure):
+    _fields_ = [("glu", GluParams), ("h", Tensor), ("probs", Tensor), ("splits", Tensor), ("z", Tensor),
+                ("zq_params", QuantParams), ("zq_rowwise", QuantTensor), ("zq_columnwise", QuantTensor),
+                ("zq_amax", Tensor)]
 
 
 class GroupQuantizeArgs(ctypes.Structure):

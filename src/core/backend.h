@@ -176,12 +176,11 @@ typedef struct moex_backend_ops {
 
     /* The scaled GLU's z quantized straight from h, z not written: the quantize primitive's
      * work for q (its x: z's shape and dtype [T, F], x.data unused; its workspace:
-     * quantize_ws(q)) on z = p glu(h) of `glu` over the rows of g. *ran = false, and nothing
-     * launched, when the backend cannot: the composition then runs glu_fwd into a z buffer
-     * and quantize on it. NULL: never. */
+     * quantize_ws(q)) on z = p glu(h) of `glu` over the rows of g. NULL: the composition
+     * runs glu_fwd into a z buffer and quantize on it. */
     moex_status (*glu_quantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                 const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                const moex_quant_dims *d, void *ws, bool *ran);
+                                const moex_quant_dims *d, void *ws);
 
     /* p[0, n) = 0 (f32). */
     moex_status (*zero_f32)(moex_context *ctx, const moex_call *c, float *p, int64_t n);

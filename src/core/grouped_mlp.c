@@ -25,6 +25,8 @@
  */
 #include "op.h"
 
+#include <string.h>
+
 /* The tensors forward and backward share: x [T,H], w1 [G,2F,H], w2 [G,H,F], probs, glu,
  * splits, b2 per b2_mode. Sets the dims. */
 static moex_status validate_mlp_common(moex_context *ctx, const char *op, const moex_tensor *x,
@@ -103,7 +105,9 @@ static moex_gl_dims fc2_dims(const moex_mlp_dims *d) {
 }
 
 static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
-    moex_glu_dims g = {d->T, d->F, d->G, d->dt};
+    moex_glu_dims g;
+    memset(&g, 0, sizeof g);   /* no quantized z */
+    g.T = d->T, g.F = d->F, g.G = d->G, g.dt = d->dt;
     return g;
 }
 

@@ -36,11 +36,6 @@ typedef struct moex_gl_dims {        /* grouped linear */
     moex_dtype dt;                   /* activation dtype (x, w, y, dy, dx) */
 } moex_gl_dims;
 
-typedef struct moex_glu_dims {       /* scaled GLU */
-    int64_t T, F;
-    int64_t G;                       /* 0 when no splits were given: all T rows */
-    moex_dtype dt;
-} moex_glu_dims;
 
 typedef struct moex_mlp_dims {       /* grouped MLP */
     int64_t G, T, H, F;
@@ -73,6 +68,14 @@ typedef struct moex_quant_dims {     /* grouped quantize and dequantize; weights
     int64_t row_blocks;              /* rowwise scale columns: ceil(K / block) (0: none) */
     int64_t col_tiles;               /* columnwise scale columns: ceil(T / block) + G (0: none) */
 } moex_quant_dims;
+
+typedef struct moex_glu_dims {       /* scaled GLU */
+    int64_t T, F;
+    int64_t G;                       /* 0 when no splits were given: all T rows */
+    moex_dtype dt;
+    bool zq;                         /* forward: z quantized (a zq copy present) */
+    moex_quant_dims q;               /* then: the quantize of z [T, F] (G >= 1) */
+} moex_glu_dims;
 
 /* The dims of any operation (the op table handles them as one type). */
 typedef union moex_dims {

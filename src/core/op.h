@@ -50,6 +50,14 @@ moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t row
 moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
                                 const moex_grouped_linear_args *fwd, void *storage, moex_groups *g);
 
+/* The FP8 outputs of a grouped quantize of [T, K] rows in G groups (d->G, T, K and dt set):
+ * the params, the rowwise and columnwise copies and amax (docs/ops.md 9.4, 9.6), their names
+ * prefixed by `prefix` in messages; sets the rest of d (quantize.c; also the scaled GLU's zq). */
+moex_status moex_quant_check_outputs(moex_context *ctx, const char *op, const char *prefix,
+                                     const moex_quant_params *params, const moex_quant_tensor *rowwise,
+                                     const moex_quant_tensor *columnwise, const moex_tensor *amax,
+                                     moex_quant_dims *d);
+
 /* An op that is one plain primitive: its workspace is the primitive's, its run the
  * primitive (defines moex_op_<name>_ws and moex_op_<name>_run). */
 #define MOEX_ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                   \

@@ -8,6 +8,7 @@
 #include "op.h"
 
 #include <math.h>
+#include <stdio.h>
 
 /* The quantization parameters; sets d->block. */
 static moex_status check_params(moex_context *ctx, const char *op, const moex_quant_params *q, moex_quant_dims *d) {
@@ -128,25 +129,30 @@ static quant_layout layout_of(moex_context *ctx, const moex_quant_dims *d, size_
 
 /* ---- quantize ------------------------------------------------------------------------- */
 
+moex_status moex_quant_check_outputs(moex_context *ctx, const char *op, const char *prefix,
+                                     const moex_quant_params *params, const moex_quant_tensor *rowwise,
+                                     const moex_quant_tensor *columnwise, const moex_tensor *amax,
+                                     moex_quant_dims *d) {
+    char rd[40], rs[40], cd[40], cs[40], am[40];
+    snprintf(rd, sizeof rd, "%srowwise.data", prefix), snprintf(rs, sizeof rs, "%srowwise.scales", prefix);
+    snprintf(cd, sizeof cd, "%scolumnwise.data", prefix), snprintf(cs, sizeof cs, "%scolumnwise.scales", prefix);
+    snprintf(am, sizeof am, "%samax", prefix);
+    MOEX_TRY(check_params(ctx, op, params, d));
+    block_dims(d);
+    bool row, col;
+    MOEX_TRY(check_copies_present(ctx, op, rowwise, columnwise, &row, &col));
+    if (row) MOEX_TRY(check_copy(ctx, op, rd, rs, rowwise, params, d, MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));
+    if (col) MOEX_TRY(check_copy(ctx, op, cd, cs, columnwise, params, d, MOEX_QUANT_COLUMNWISE, MOEX_SPAN_OUT));
+    if (!moex_present(amax)) return MOEX_OK;
+    if (d->block) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s is an output of TENSOR and GROUP only", op, am);
+    const int64_t shape[1] = {params->recipe == MOEX_QUANT_GROUP ? d->G : 1};
+    return moex_check_output(ctx, op, am, amax, 1, shape, MOEX_DT_F32);
+}
+
 moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, const moex_group_quantize_args *a,
                                             moex_purpose p, moex_quant_dims *d) {
     MOEX_TRY(moex_check_grouped_rows(ctx, op, &a->splits, "x", &a->x, &d->G, &d->T, &d->K, &d->dt));
-    MOEX_TRY(check_params(ctx, op, &a->params, d));
-    block_dims(d);
-    bool row, col;
-    MOEX_TRY(check_copies_present(ctx, op, &a->rowwise, &a->columnwise, &row, &col));
-    if (row)
-        MOEX_TRY(check_copy(ctx, op, "rowwise.data", "rowwise.scales", &a->rowwise, &a->params, d,
-                            MOEX_QUANT_ROWWISE, MOEX_SPAN_OUT));
-    if (col)
-        MOEX_TRY(check_copy(ctx, op, "columnwise.data", "columnwise.scales", &a->columnwise, &a->params, d,
-                            MOEX_QUANT_COLUMNWISE, MOEX_SPAN_OUT));
-    if (moex_present(&a->amax)) {
-        if (d->block)
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: amax is an output of TENSOR and GROUP only", op);
-        const int64_t shape[1] = {a->params.recipe == MOEX_QUANT_GROUP ? d->G : 1};
-        MOEX_TRY(moex_check_output(ctx, op, "amax", &a->amax, 1, shape, MOEX_DT_F32));
-    }
+    MOEX_TRY(moex_quant_check_outputs(ctx, op, "", &a->params, &a->rowwise, &a->columnwise, &a->amax, d));
     const int64_t dbshape[2] = {d->G, d->K};
     return moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_F32);
 }

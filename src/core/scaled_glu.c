@@ -3,8 +3,15 @@
  * docs/ops.md). With splits, the groups are prepared and the GLU runs on the rows
  * [0, sum(splits)); without, on all T rows. Workspace: the prepared handle (with splits),
  * then the primitive's region.
+ * The forward's quantized z (docs/ops.md 9.9): the groups are always prepared (no splits: one
+ * group of all T rows); then the backend's glu_quantize when z is absent, the recipe is a
+ * block one and the backend has one (CUDA: z is never stored), else glu_fwd into z (the caller's, or a [T, F] buffer in the
+ * workspace) and the quantize primitive on it. Workspace: the handle, the primitive region
+ * (the larger of glu_fwd's and quantize's), then the z buffer when needed.
  */
 #include "op.h"
+
+#include <string.h>
 
 /* h [T, 2F] sets T, F and the dtype; probs [T] f32 optional; splits optional (G = 0). */
 static moex_status validate_glu_common(moex_context *ctx, const char *op, const moex_glu_params *glu,
@@ -42,6 +49,66 @@ static glu_layout layout_of(moex_context *ctx, const moex_glu_dims *d, size_t su
     return l;
 }
 
+/* ---- the forward with z quantized ---------------------------------------------------- */
+
+/* The quantize of z [T, F] that the zq outputs are (x: z's shape and dtype, data = z). */
+static moex_group_quantize_args zq_args(const moex_scaled_glu_args *a, const moex_glu_dims *d, void *z) {
+    moex_group_quantize_args q;
+    memset(&q, 0, sizeof q);
+    q.x = moex_tensor_2d(z, d->dt, d->T, d->F);
+    q.splits = a->splits;
+    q.params = a->zq_params;
+    q.rowwise = a->zq_rowwise, q.columnwise = a->zq_columnwise, q.amax = a->zq_amax;
+    return q;
+}
+
+/* Whether the backend quantizes straight from h: z absent, a glu_quantize, and a block
+ * recipe (current scaling needs the amax of all of z before any value is cast, so z is
+ * stored once and read back rather than computed twice). */
+static bool zq_fused(moex_context *ctx, const moex_scaled_glu_args *a) {
+    const moex_quant_recipe r = a->zq_params.recipe;
+    return !moex_present(&a->z) && moex_ops(ctx)->glu_quantize != NULL &&
+           (r == MOEX_QUANT_BLOCK || r == MOEX_QUANT_MXFP8);
+}
+
+typedef struct zq_layout {
+    void *groups, *sub, *z;     /* z: the [T, F] buffer when z is absent and not fused */
+    size_t total;
+} zq_layout;
+
+static zq_layout zq_layout_of(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
+    const moex_group_quantize_args q = zq_args(a, d, NULL);
+    const moex_backend_ops *ops = moex_ops(ctx);
+    size_t sub = ops->quantize_ws(ctx, &q, &d->q);
+    if (!zq_fused(ctx, a)) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, a, d));
+    moex_carver c = {(char *)ws, 0};
+    zq_layout l;
+    l.groups = moex_take(&c, ops->groups_ws(ctx, d->q.G, d->T, NULL));
+    l.sub = moex_take(&c, sub);
+    l.z = moex_present(&a->z) || zq_fused(ctx, a) ? NULL
+                                                   : moex_take(&c, moex_sz_bytes(d->T, d->F, moex_dtype_size(d->dt)));
+    l.total = c.used;
+    return l;
+}
+
+static moex_status glu_forward_zq(moex_context *ctx, const moex_call *c, const moex_scaled_glu_args *a,
+                                  const moex_glu_dims *d, void *ws) {
+    const zq_layout l = zq_layout_of(ctx, a, d, ws);
+    const moex_backend_ops *ops = moex_ops(ctx);
+    moex_groups g;
+    if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    else MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, NULL, l.groups, &g));
+    if (zq_fused(ctx, a)) {
+        const moex_group_quantize_args q = zq_args(a, d, NULL);
+        return ops->glu_quantize(ctx, c, &g, a, &q, &d->q, l.sub);
+    }
+    moex_scaled_glu_args fa = *a;   /* the GLU into z */
+    if (!moex_present(&a->z)) fa.z = moex_tensor_2d(l.z, d->dt, d->T, d->F);
+    MOEX_TRY(ops->glu_fwd(ctx, c, d->G > 0 ? &g : NULL, &fa, d, l.sub));
+    const moex_group_quantize_args q = zq_args(a, d, fa.z.data);
+    return ops->quantize(ctx, c, &g, &q, &d->q, l.sub);
+}
+
 /* The workspace query and the run of a GLU op: the groups when splits are given, then the
  * primitive `prim` on them (g NULL: all T rows). */
 #define GLU_OP(name, prim, args_t)                                                                       \
@@ -62,10 +129,28 @@ moex_status moex_op_scaled_glu_forward_validate(moex_context *ctx, const char *o
                                                 moex_purpose p, moex_glu_dims *d) {
     MOEX_TRY(validate_glu_common(ctx, op, &a->glu, &a->h, &a->probs, &a->splits, d));
     const int64_t zshape[2] = {d->T, d->F};
-    return moex_check_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt));
+    d->zq = moex_present(&a->zq_rowwise.data) || moex_present(&a->zq_columnwise.data);
+    if (!d->zq) return moex_check_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
+    memset(&d->q, 0, sizeof d->q);
+    d->q.G = d->G > 0 ? d->G : 1, d->q.T = d->T, d->q.K = d->F, d->q.dt = d->dt;
+    return moex_quant_check_outputs(ctx, op, "zq_", &a->zq_params, &a->zq_rowwise, &a->zq_columnwise, &a->zq_amax,
+                                    &d->q);
 }
 
-GLU_OP(scaled_glu_forward, glu_fwd, moex_scaled_glu_args)
+size_t moex_op_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d) {
+    if (d->zq) return zq_layout_of(ctx, a, d, NULL).total;
+    return layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), NULL).total;
+}
+
+moex_status moex_op_scaled_glu_forward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_args *a,
+                                           const moex_glu_dims *d, void *ws) {
+    if (d->zq) return glu_forward_zq(ctx, c, a, d, ws);
+    const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), ws);
+    moex_groups g;
+    if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    return moex_ops(ctx)->glu_fwd(ctx, c, d->G > 0 ? &g : NULL, a, d, l.sub);
+}
 
 /* ---- backward ------------------------------------------------------------------------ */
 

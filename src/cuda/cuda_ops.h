@@ -237,6 +237,6 @@ moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_
                               const moex_gl_dims *d, bool *ran);
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                   const moex_quant_dims *d, void *ws, bool *ran);
+                                   const moex_quant_dims *d, void *ws);
 
 #endif /* MOEX_CUDA_OPS_H */

@@ -320,7 +320,6 @@ static __device__ __forceinline__ int64_t col_scale_at(const tile_args &a, const
 template <typename SRC, int MODE>
 static __global__ void __launch_bounds__(Q_THREADS, 2)
 tile_kernel(tile_args a, SRC src) {
-    constexpr bool MX = MODE == MX32;
     __shared__ uint32_t red_row[2 * TILE], red_col[4 * TILE];   /* BLOCK128, BLOCK2D: amax partials */
     __shared__ float mult[2][TILE];                             /* BLOCK128: the rows' and columns' s */
     __shared__ float csum[TILE / 8][TILE];                      /* dbias */
@@ -339,7 +338,7 @@ tile_kernel(tile_args a, SRC src) {
             if (SRC::staged && ct == blockIdx.y) src.fetch(stage, row, nr, col);   /* the first piece */
             src.load(stage, row, nr, col, v);
             if (ct + gridDim.y < nct) src.fetch(stage, row, nr, col + (int64_t)gridDim.y * TILE);   /* the next */
-            float rs[8], cs[8];   /* the rows' and the columns' multipliers */
+            float rs[8], cs[8];   /* the rows' and the columns' multipliers (but MX32's) */
             if (MODE == CURRENT) {
                 const float s = a.mult[a.per_group ? w.g : 0];
 #pragma unroll
@@ -405,50 +404,51 @@ tile_kernel(tile_args a, SRC src) {
                 __syncthreads();
 #pragma unroll
                 for (int e = 0; e < 8; e++) rs[e] = mult[0][8 * i + e], cs[e] = mult[1][8 * j + e];
-            } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp */
-                uint32_t ru[8], cu[8];
+            } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp; the rows done before the columns */
+                const int64_t kb = (k0 >> 5) + (j >> 2);
+                if (a.row_data)
 #pragma unroll
-                for (int e = 0; e < 8; e++) ru[e] = cu[e] = 0u;
+                    for (int r = 0; r < 8; r++) {   /* the block's 4 j's: lanes 1, 2 */
+                        uint32_t m = 0u;
 #pragma unroll
-                for (int r = 0; r < 8; r++)
+                        for (int c = 0; c < 8; c++) m = max(m, amax_key<true>(v[r][c]));
+                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+                        const int E = moex_mx_exponent(__uint_as_float(m), a.f);
+                        if ((lane & 3) == 0 && r < nr && (kb << 5) < a.K)
+                            ((uint8_t *)a.row_scales)[row_scale_at(a, w, row + r, kb)] = (uint8_t)(E + 127);
+                        if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], moex_pow2f(-E), a.f), nc);
+                    }
+                if (a.col_data)
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {   /* the block's 4 i's: lanes 4, 8 */
+                        float vc[8];
+                        uint32_t m = 0u;
+#pragma unroll
+                        for (int r = 0; r < 8; r++) vc[r] = v[r][c], m = max(m, amax_key<true>(v[r][c]));
+                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
+                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
+                        const int E = moex_mx_exponent(__uint_as_float(m), a.f);
+                        if ((lane & 0x0C) == 0 && c < nc && 32 * (i >> 2) < w.nr)
+                            ((uint8_t *)a.col_scales)[col_scale_at<MODE>(a, w, col + c, i >> 2)] = (uint8_t)(E + 127);
+                        if (c < nc)
+                            store_8(a.col_data + col_data_at(a, w, row, col + c), cast_8(vc, moex_pow2f(-E), a.f), nr);
+                    }
+            }
+            if (MODE != MX32) {
+                if (a.row_data)
+#pragma unroll
+                    for (int r = 0; r < 8; r++)
+                        if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], rs[r], a.f), nc);
+                if (a.col_data)
 #pragma unroll
                     for (int c = 0; c < 8; c++) {
-                        const uint32_t u = amax_key<MX>(v[r][c]);
-                        ru[r] = max(ru[r], u);
-                        cu[c] = max(cu[c], u);
+                        float vc[8];
+#pragma unroll
+                        for (int r = 0; r < 8; r++) vc[r] = v[r][c];
+                        if (c < nc) store_8(a.col_data + col_data_at(a, w, row, col + c), cast_8(vc, cs[c], a.f), nr);
                     }
-#pragma unroll
-                for (int e = 0; e < 8; e++) {   /* rows: the 4 j's of a block (lanes 1, 2); columns: its 4 i's (4, 8) */
-                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 1));
-                    ru[e] = max(ru[e], __shfl_xor_sync(0xffffffffu, ru[e], 2));
-                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 4));
-                    cu[e] = max(cu[e], __shfl_xor_sync(0xffffffffu, cu[e], 8));
-                }
-                const bool row_writer = (lane & 3) == 0, col_writer = (lane & 0x0C) == 0;
-                const int64_t kb = (k0 >> 5) + (j >> 2);
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    const int Er = moex_mx_exponent(__uint_as_float(ru[e]), a.f);
-                    const int Ec = moex_mx_exponent(__uint_as_float(cu[e]), a.f);
-                    rs[e] = moex_pow2f(-Er), cs[e] = moex_pow2f(-Ec);
-                    if (a.row_data && row_writer && e < nr && (kb << 5) < a.K)
-                        ((uint8_t *)a.row_scales)[row_scale_at(a, w, row + e, kb)] = (uint8_t)(Er + 127);
-                    if (a.col_data && col_writer && e < nc && 32 * (i >> 2) < w.nr)
-                        ((uint8_t *)a.col_scales)[col_scale_at<MODE>(a, w, col + e, i >> 2)] = (uint8_t)(Ec + 127);
-                }
             }
-            if (a.row_data)
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-                    if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], rs[r], a.f), nc);
-            if (a.col_data)
-#pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    float vc[8];
-#pragma unroll
-                    for (int r = 0; r < 8; r++) vc[r] = v[r][c];
-                    if (c < nc) store_8(a.col_data + col_data_at(a, w, row, col + c), cast_8(vc, cs[c], a.f), nr);
-                }
             if (a.partial) {   /* block-uniform: column sums, 8 rows in order, then the 16 pieces in order */
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
@@ -732,12 +732,10 @@ static moex_status quantize_glu(moex_context *ctx, const moex_call *c, const moe
 
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                   const moex_quant_dims *d, void *ws, bool *ran) {
-    *ran = false;
+                                   const moex_quant_dims *d, void *ws) {
     MOEX_TRY(check_groups(ctx, c, g->G));
     const quant_ws l = quant_layout(&q->params, moex_present(&q->columnwise.data), d->G, 0, ws);
     const tile_args t = tile_args_grouped(g, q, d, l);
-    *ran = true;
     const moex_quant_recipe r = q->params.recipe;
     return d->dt == MOEX_DTYPE_F32    ? quantize_glu<float>(ctx, c, g, glu, r, t, l)
            : d->dt == MOEX_DTYPE_BF16 ? quantize_glu<bf16>(ctx, c, g, glu, r, t, l)

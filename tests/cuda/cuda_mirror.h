@@ -181,6 +181,8 @@ static moex_status gpu_glu_forward(moex_context *ctx, const moex_scaled_glu_args
     cm_mirror m = {0};
     moex_scaled_glu_args a = *h;
     cm_tensor(&m, &a.h, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.z, 1);
+    cm_tensor(&m, &a.zq_rowwise.data, 1), cm_tensor(&m, &a.zq_rowwise.scales, 1);
+    cm_tensor(&m, &a.zq_columnwise.data, 1), cm_tensor(&m, &a.zq_columnwise.scales, 1), cm_tensor(&m, &a.zq_amax, 1);
     CM_RUN(ctx, &m, moex_scaled_glu_forward, &a);
 }
 
