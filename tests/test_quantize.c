@@ -386,6 +386,20 @@ static void check_dequantize(const qcase *c, const qlayout *L, const char *label
     free(y);
 }
 
+/* moex_group_quantize with a workspace of the size it asks for; both statuses checked. */
+static moex_status quantize_call(const moex_group_quantize_args *a) {
+    size_t bytes = 0;
+    moex_status st = moex_group_quantize_workspace_size(ctx, a, &bytes);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    if (st == MOEX_OK) {
+        st = moex_group_quantize(ctx, a, ws, bytes, NULL);
+        CHECK_STATUS(ctx, st, MOEX_OK);
+    }
+    free(ws);
+    return st;
+}
+
 /* ---- the swizzled MXFP8 scale layout (docs/ops.md 9.8) ------------------------------- */
 
 /* out (len bytes) = the plain reference scales of one copy placed per group by
@@ -425,15 +439,7 @@ static void check_swizzled(const qcase *c, const qlayout *L, const char *label, 
             copy[o]->data.data = got[o];
             copy[o]->scales = moex_tensor_1d(sc[o], MOEX_DTYPE_E8M0, len[o]);
         }
-    size_t bytes = 0;
-    moex_status st = moex_group_quantize_workspace_size(ctx, &a, &bytes);
-    CHECK_STATUS(ctx, st, MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    if (st == MOEX_OK) {
-        st = moex_group_quantize(ctx, &a, ws, bytes, NULL);
-        CHECK_STATUS(ctx, st, MOEX_OK);
-    }
-    free(ws);
+    const moex_status st = quantize_call(&a);
     for (int o = 0; o < 2 && st == MOEX_OK; o++) {
         if (!data[o]) continue;
         const char *name = o ? "columnwise" : "rowwise";
@@ -516,15 +522,7 @@ static void run_case(const qcase *c) {
         ro.amax = wam;
     }
 
-    size_t bytes = 0;
-    moex_status st = moex_group_quantize_workspace_size(ctx, &a, &bytes);
-    CHECK_STATUS(ctx, st, MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    if (st == MOEX_OK) {
-        st = moex_group_quantize(ctx, &a, ws, bytes, NULL);
-        CHECK_STATUS(ctx, st, MOEX_OK);
-    }
-    free(ws);
+    const moex_status st = quantize_call(&a);
     if (st == MOEX_OK) {
         ref_group_quantize(&c->p, G, T, K, c->splits, c->x, &ro);
         if (c->row) {

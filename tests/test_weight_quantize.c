@@ -439,6 +439,20 @@ static void check_dequantize(const wcase *c, const wlayout *L, const char *label
     free(y);
 }
 
+/* moex_weight_quantize with a workspace of the size it asks for; both statuses checked. */
+static moex_status quantize_call(const moex_weight_quantize_args *a) {
+    size_t bytes = 0;
+    moex_status st = moex_weight_quantize_workspace_size(ctx, a, &bytes);
+    CHECK_STATUS(ctx, st, MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    if (st == MOEX_OK) {
+        st = moex_weight_quantize(ctx, a, ws, bytes, NULL);
+        CHECK_STATUS(ctx, st, MOEX_OK);
+    }
+    free(ws);
+    return st;
+}
+
 /* An MXFP8 case again with MOEX_SCALES_MX_SWIZZLED (docs/ops.md 9.8): the same data bytes
  * as the plain call (rd, cd), every byte of the scale vectors the reference's plain scales
  * (wrs, wcs) placed per expert by ref_mx_swizzle (padding 0), and dequantizing from them gives
@@ -462,15 +476,7 @@ static void check_swizzled(const wcase *c, const wlayout *L, const char *label, 
         copy[o]->data.data = got[o];
         copy[o]->scales = moex_tensor_1d(sc[o], MOEX_DTYPE_E8M0, len[o]);
     }
-    size_t bytes = 0;
-    moex_status st = moex_weight_quantize_workspace_size(ctx, &a, &bytes);
-    CHECK_STATUS(ctx, st, MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    if (st == MOEX_OK) {
-        st = moex_weight_quantize(ctx, &a, ws, bytes, NULL);
-        CHECK_STATUS(ctx, st, MOEX_OK);
-    }
-    free(ws);
+    const moex_status st = quantize_call(&a);
     for (int o = 0; o < 2 && st == MOEX_OK; o++) {
         if (!data[o]) continue;
         const char *name = o ? "columnwise" : "rowwise";
@@ -544,15 +550,7 @@ static void run_case(const wcase *c) {
         ro.amax = wam;
     }
 
-    size_t bytes = 0;
-    moex_status st = moex_weight_quantize_workspace_size(ctx, &a, &bytes);
-    CHECK_STATUS(ctx, st, MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    if (st == MOEX_OK) {
-        st = moex_weight_quantize(ctx, &a, ws, bytes, NULL);
-        CHECK_STATUS(ctx, st, MOEX_OK);
-    }
-    free(ws);
+    const moex_status st = quantize_call(&a);
     if (st == MOEX_OK) {
         ref_weight_quantize(&c->p, G, N, K, c->w, &ro);
         if (c->row) {

@@ -219,6 +219,17 @@ static __device__ __forceinline__ uint32_t amax_key(float v) {
     return (MX && a > 0x7F800000u) ? 0u : a;
 }
 
+/* The amax key (NaN wins) of the block's 128x128 tile, every thread's 8x8 piece v; all
+ * threads get it (red: 32 words of shared scratch, block_max_u32). */
+static __device__ __forceinline__ uint32_t tile_amax(const float (&v)[8][8], uint32_t *red) {
+    uint32_t m = 0u;
+#pragma unroll
+    for (int r = 0; r < 8; r++)
+#pragma unroll
+        for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
+    return block_max_u32(m, red);
+}
+
 /* fp8(v[e] * s) for e < 8, packed little-end first. */
 static __device__ __forceinline__ uint2 cast_8(const float (&v)[8], float s, moex_fp8_format f) {
     uint32_t w[2];
@@ -344,12 +355,7 @@ tile_kernel(tile_args a, SRC src) {
 #pragma unroll
                 for (int e = 0; e < 8; e++) rs[e] = cs[e] = s;
             } else if (MODE == BLOCK2D) {   /* one scale for the tile: [g, i, j] rowwise, [g, j, i] columnwise */
-                uint32_t m = 0u;
-#pragma unroll
-                for (int r = 0; r < 8; r++)
-#pragma unroll
-                    for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
-                m = block_max_u32(m, red_row);
+                const uint32_t m = tile_amax(v, red_row);
                 const float s = moex_quant_scale(__uint_as_float(m), a.eps, a.f.max, a.rounding);
                 if (threadIdx.x == 0) {
                     const int64_t bi = w.t - w.q;
@@ -495,12 +501,7 @@ tile_amax_kernel(tile_args a, SRC src, uint32_t *amax) {
             if (SRC::staged && ct == blockIdx.y) src.fetch(stage, row, nr, col);
             src.load(stage, row, nr, col, v);
             if (ct + gridDim.y < nct) src.fetch(stage, row, nr, col + (int64_t)gridDim.y * TILE);
-            uint32_t m = 0u;
-#pragma unroll
-            for (int r = 0; r < 8; r++)
-#pragma unroll
-                for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
-            m = block_max_u32(m, red);
+            const uint32_t m = tile_amax(v, red);
             if (threadIdx.x == 0 && m != 0u) atomicMax(&amax[a.per_group ? w.g : 0], m);
         }
     }
