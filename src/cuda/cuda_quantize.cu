@@ -211,12 +211,20 @@ struct glu_source {
     }
 };
 
-/* The amax contribution of one value as an ordered bit pattern: |v|, NaN above everything
- * (BLOCK and current scaling: NaN wins) or NaN as 0 (MXFP8: NaN is skipped). */
-template <bool MX>
-static __device__ __forceinline__ uint32_t amax_key(float v) {
+/* The MX amax of v as its exponent field: 0 for 0, subnormals and NaN (NaN is skipped),
+ * 255 for Inf; a block's max of these is the field of its amax. */
+static __device__ __forceinline__ uint32_t mx_field(float v) {
     const uint32_t a = abs_bits(v);
-    return (MX && a > 0x7F800000u) ? 0u : a;
+    return a > 0x7F800000u ? 0u : a >> 23;
+}
+
+/* moex_mx_exponent of an amax from its exponent field b (equal for every amax: an amax with
+ * b = 0 is 0 or subnormal, below 2^-126, so its E clamps to -127 as 0's does). */
+static __device__ __forceinline__ int mx_exponent_of_field(uint32_t b, moex_fp8_format f) {
+    if (b == 0u) return -127;
+    if (b == 255u) return 127;
+    const int E = (int)b - 127 - f.emax;
+    return E < -127 ? -127 : E;
 }
 
 /* The amax key (NaN wins) of the block's 128x128 tile, every thread's 8x8 piece v; all
@@ -226,7 +234,7 @@ static __device__ __forceinline__ uint32_t tile_amax(const float (&v)[8][8], uin
 #pragma unroll
     for (int r = 0; r < 8; r++)
 #pragma unroll
-        for (int c = 0; c < 8; c++) m = max(m, amax_key<false>(v[r][c]));
+        for (int c = 0; c < 8; c++) m = max(m, abs_bits(v[r][c]));
     return block_max_u32(m, red);
 }
 
@@ -375,7 +383,7 @@ tile_kernel(tile_args a, SRC src) {
                 for (int r = 0; r < 8; r++)
 #pragma unroll
                     for (int c = 0; c < 8; c++) {
-                        const uint32_t u = amax_key<false>(v[r][c]);
+                        const uint32_t u = abs_bits(v[r][c]);
                         ru[r] = max(ru[r], u);
                         cu[c] = max(cu[c], u);
                     }
@@ -410,36 +418,58 @@ tile_kernel(tile_args a, SRC src) {
                 __syncthreads();
 #pragma unroll
                 for (int e = 0; e < 8; e++) rs[e] = mult[0][8 * i + e], cs[e] = mult[1][8 * j + e];
-            } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp; the rows done before the columns */
+            } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp; the rows done before the columns.
+                        * A block's exponent needs only the exponent field of its amax, so the 8
+                        * rows' (columns') fields travel as bytes of two words: 4 shuffles, not 16. */
                 const int64_t kb = (k0 >> 5) + (j >> 2);
-                if (a.row_data)
+                if (a.row_data) {
+                    uint32_t m[2] = {0u, 0u};
 #pragma unroll
-                    for (int r = 0; r < 8; r++) {   /* the block's 4 j's: lanes 1, 2 */
-                        uint32_t m = 0u;
+                    for (int r = 0; r < 8; r++) {
+                        uint32_t b = 0u;
 #pragma unroll
-                        for (int c = 0; c < 8; c++) m = max(m, amax_key<true>(v[r][c]));
-                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 1));
-                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-                        const int E = moex_mx_exponent(__uint_as_float(m), a.f);
+                        for (int c = 0; c < 8; c++) b = max(b, mx_field(v[r][c]));
+                        m[r >> 2] |= b << (8 * (r & 3));
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {   /* the block's 4 j's: lanes 1, 2 */
+                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+                    }
+#pragma unroll
+                    for (int r = 0; r < 8; r++) {
+                        const int E = mx_exponent_of_field((m[r >> 2] >> (8 * (r & 3))) & 0xFFu, a.f);
                         if ((lane & 3) == 0 && r < nr && (kb << 5) < a.K)
                             ((uint8_t *)a.row_scales)[row_scale_at(a, w, row + r, kb)] = (uint8_t)(E + 127);
                         if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], moex_pow2f(-E), a.f), nc);
                     }
-                if (a.col_data)
+                }
+                if (a.col_data) {
+                    uint32_t m[2] = {0u, 0u};
 #pragma unroll
-                    for (int c = 0; c < 8; c++) {   /* the block's 4 i's: lanes 4, 8 */
-                        float vc[8];
-                        uint32_t m = 0u;
+                    for (int c = 0; c < 8; c++) {
+                        uint32_t b = 0u;
 #pragma unroll
-                        for (int r = 0; r < 8; r++) vc[r] = v[r][c], m = max(m, amax_key<true>(v[r][c]));
-                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 4));
-                        m = max(m, __shfl_xor_sync(0xffffffffu, m, 8));
-                        const int E = moex_mx_exponent(__uint_as_float(m), a.f);
+                        for (int r = 0; r < 8; r++) b = max(b, mx_field(v[r][c]));
+                        m[c >> 2] |= b << (8 * (c & 3));
+                    }
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {   /* the block's 4 i's: lanes 4, 8 */
+                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 4));
+                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 8));
+                    }
+#pragma unroll
+                    for (int c = 0; c < 8; c++) {
+                        const int E = mx_exponent_of_field((m[c >> 2] >> (8 * (c & 3))) & 0xFFu, a.f);
                         if ((lane & 0x0C) == 0 && c < nc && 32 * (i >> 2) < w.nr)
                             ((uint8_t *)a.col_scales)[col_scale_at<MODE>(a, w, col + c, i >> 2)] = (uint8_t)(E + 127);
+                        float vc[8];
+#pragma unroll
+                        for (int r = 0; r < 8; r++) vc[r] = v[r][c];
                         if (c < nc)
                             store_8(a.col_data + col_data_at(a, w, row, col + c), cast_8(vc, moex_pow2f(-E), a.f), nr);
                     }
+                }
             }
             if (MODE != MX32) {
                 if (a.row_data)
