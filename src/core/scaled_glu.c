@@ -5,9 +5,10 @@
  * then the primitive's region.
  * The forward's quantized z (docs/ops.md 9.9): the groups are always prepared (no splits: one
  * group of all T rows); then the backend's glu_quantize when z is absent, the recipe is a
- * block one and the backend has one (CUDA: z is never stored), else glu_fwd into z (the caller's, or a [T, F] buffer in the
- * workspace) and the quantize primitive on it. Workspace: the handle, the primitive region
- * (the larger of glu_fwd's and quantize's), then the z buffer when needed.
+ * block one and the backend has one (CUDA: z is never stored), else glu_fwd into z (the
+ * caller's, or a [T, F] buffer in the workspace) and the quantize primitive on it.
+ * Workspace: the handle, the primitive region (the larger of glu_fwd's and quantize's), then
+ * the z buffer when needed.
  */
 #include "op.h"
 

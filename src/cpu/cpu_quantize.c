@@ -244,7 +244,8 @@ moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_
     jb.q = &a->params, jb.f = moex_fp8_format_of(a->params.fp8);
     jb.T = d->T, jb.K = d->K, jb.B = d->block, jb.dt = d->dt, jb.G = d->G, jb.ntiles = d->col_tiles;
     jb.x = a->x.data, jb.off = grp->off;
-    if (moex_present(&a->rowwise.data)) jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
+    if (moex_present(&a->rowwise.data))
+        jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
     if (moex_present(&a->columnwise.data))
         jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
     if (moex_present(&a->dbias))
@@ -462,7 +463,8 @@ moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, cons
     jb.G = d->G, jb.N = d->T, jb.K = d->K, jb.dt = d->dt, jb.w = a->w.data;
     jb.swizzled = a->params.scale_layout == MOEX_SCALES_MX_SWIZZLED;
     zero_swizzled(&a->params, &a->rowwise, &a->columnwise);
-    if (moex_present(&a->rowwise.data)) jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
+    if (moex_present(&a->rowwise.data))
+        jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
     if (moex_present(&a->columnwise.data))
         jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
     const int64_t rows = jb.K > 0 ? jb.G * jb.N : 0;   /* validated: G N K < 2^60 */
@@ -521,7 +523,8 @@ static float wdq_scale(const wdq_job *jb, int64_t g, int64_t n, int64_t k) {
     }
     default: {
         const bool swz = jb->q->scale_layout == MOEX_SCALES_MX_SWIZZLED;
-        at = row ? wq_mx_row_at(jb->N, jb->K, swz, g * jb->N + n, k / 32) : wq_mx_col_at(jb->N, jb->K, swz, g, k, n / 32);
+        at = row ? wq_mx_row_at(jb->N, jb->K, swz, g * jb->N + n, k / 32)
+                 : wq_mx_col_at(jb->N, jb->K, swz, g, k, n / 32);
         const uint8_t e = ((const uint8_t *)jb->scales)[at];
         return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
     }

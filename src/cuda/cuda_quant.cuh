@@ -50,7 +50,9 @@ static __device__ __forceinline__ void cp_async_16(void *dst, const void *src, b
                  : "memory");
 }
 static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-static __device__ __forceinline__ void cp_async_wait_all(void) { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+static __device__ __forceinline__ void cp_async_wait_all(void) {
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
 /* The bit pattern of |v|: as unsigned, ordered as the magnitudes, with Inf above every
  * finite value and NaN above Inf (so a max of patterns is moex_amax_combine's NaN-wins max,

@@ -243,7 +243,8 @@ static __device__ __forceinline__ uint2 cast_8(const float (&v)[8], float s, moe
     uint32_t w[2];
 #pragma unroll
     for (int h = 0; h < 2; h++)
-        w[h] = fp8x2_encode(v[4 * h] * s, v[4 * h + 1] * s, f) | (fp8x2_encode(v[4 * h + 2] * s, v[4 * h + 3] * s, f) << 16);
+        w[h] = fp8x2_encode(v[4 * h] * s, v[4 * h + 1] * s, f) |
+               (fp8x2_encode(v[4 * h + 2] * s, v[4 * h + 3] * s, f) << 16);
     return make_uint2(w[0], w[1]);
 }
 
@@ -408,12 +409,15 @@ tile_kernel(tile_args a, SRC src) {
                     const float sc = moex_quant_scale(__uint_as_float(max(red_row[u], red_row[TILE + u])), a.eps,
                                                       a.f.max, a.rounding);
                     mult[0][u] = sc;
-                    if (a.row_data && u < w.nr) ((float *)a.row_scales)[row_scale_at(a, w, w.r0 + u, k0 >> 7)] = 1.0f / sc;
+                    if (a.row_data && u < w.nr)
+                        ((float *)a.row_scales)[row_scale_at(a, w, w.r0 + u, k0 >> 7)] = 1.0f / sc;
                 } else {                    /* column k0 + u, this tile */
-                    const uint32_t m = max(max(red_col[u], red_col[TILE + u]), max(red_col[2 * TILE + u], red_col[3 * TILE + u]));
+                    const uint32_t m =
+                        max(max(red_col[u], red_col[TILE + u]), max(red_col[2 * TILE + u], red_col[3 * TILE + u]));
                     const float sc = moex_quant_scale(__uint_as_float(m), a.eps, a.f.max, a.rounding);
                     mult[1][u] = sc;
-                    if (a.col_data && k0 + u < a.K) ((float *)a.col_scales)[col_scale_at<MODE>(a, w, k0 + u, 0)] = 1.0f / sc;
+                    if (a.col_data && k0 + u < a.K)
+                        ((float *)a.col_scales)[col_scale_at<MODE>(a, w, k0 + u, 0)] = 1.0f / sc;
                 }
                 __syncthreads();
 #pragma unroll
@@ -690,7 +694,8 @@ static moex_status quantize_run(moex_context *ctx, const moex_call *c, const moe
     case MOEX_QUANT_TENSOR:
     case MOEX_QUANT_GROUP: return quantize_current<SRC>(ctx, c, t, l, src);
     case MOEX_QUANT_BLOCK:
-        return t.weights ? quantize_blocks<SRC, BLOCK2D>(ctx, c, g, t, src) : quantize_blocks<SRC, BLOCK128>(ctx, c, g, t, src);
+        return t.weights ? quantize_blocks<SRC, BLOCK2D>(ctx, c, g, t, src)
+                         : quantize_blocks<SRC, BLOCK128>(ctx, c, g, t, src);
     case MOEX_QUANT_MXFP8: return quantize_blocks<SRC, MX32>(ctx, c, g, t, src);
     }
     return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown quantization recipe %d", c->op, (int)recipe);
