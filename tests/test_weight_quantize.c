@@ -1052,6 +1052,16 @@ static void bad_arguments(tu_rng *r) {
     Q(MX, b.params.scale_layout = MOEX_SCALES_MX_SWIZZLED, "rowwise.scales", "swizzled with the plain scales");
     Q(MX, SWZ(swr + 1, swc), "rowwise.scales", "swizzled rowwise.scales one byte long");
     Q(MX, SWZ(swr, swc - 512), "columnwise.scales", "swizzled columnwise.scales one tile short");
+    {   /* 2^54 experts of [1, 1]: 2^54 elements each, but each expert's scales pad to 128 x 4 */
+        const int64_t G = (int64_t)1 << 54;
+        Q(MX,
+          (SWZ(1, 1), b.w = moex_tensor_3d(f.w, MOEX_DTYPE_F32, G, 1, 1),
+           b.rowwise.data = moex_tensor_3d(f.rd, MOEX_DTYPE_E4M3, G, 1, 1),
+           b.columnwise.data = moex_tensor_3d(f.cd, MOEX_DTYPE_E4M3, G, 1, 1)),
+          "rowwise.scales", "swizzled scales of 2^63 bytes");
+        CHECK_MSG(strstr(moex_last_error(ctx), "2^63") != NULL, "swizzled scales of 2^63 bytes: refused as \"%s\"",
+                  moex_last_error(ctx));
+    }
 #undef SWZ
     /* amax */
     Q(GR, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, 1), "amax", "GROUP amax [1]");

@@ -8,14 +8,20 @@
 #include <stdint.h>
 #include <string.h>
 
-/* The bits of an f32, and the f32 of given bits. */
-static inline uint32_t moex_f32_bits(float f) {
+/* The bits of an f32, and the f32 of given bits (also in CUDA device code: quant_math.h). */
+#if defined(__CUDACC__)
+#define MOEX_BITS_FN static __host__ __device__ __forceinline__
+#else
+#define MOEX_BITS_FN static inline
+#endif
+
+MOEX_BITS_FN uint32_t moex_f32_bits(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     return u;
 }
 
-static inline float moex_bits_f32(uint32_t u) {
+MOEX_BITS_FN float moex_bits_f32(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);
     return f;

@@ -10,13 +10,17 @@
  *   moex_quant_scale    the scale rule: s = fp8_max / max(amax, eps), the quantization
  *                       multiplier (the stored dequantization scale is 1 / s)
  *   moex_mx_exponent    the OCP MX shared exponent E of a block (scale byte E + 127)
+ *   moex_pow2f          2^e exactly (the MX multiplier 2^-E)
+ *   moex_e8m0_value     the value of an E8M0 scale byte
  *   moex_mx_swizzled_at where scale (r, c) of a plain [R, C] scale matrix is in the
  *                       128x4-tiled layout (docs/ops.md 9.8)
+ *   moex_mx_expert_scale_at  the same for per-expert (weight) scale matrices, plain or not
  */
 #ifndef MOEX_QUANT_MATH_H
 #define MOEX_QUANT_MATH_H
 
 #include "moex.h"
+#include "moex_half.h"
 
 #include <float.h>
 #include <math.h>
@@ -106,21 +110,14 @@ MOEX_QUANT_FN float moex_quant_scale(float amax, float eps, float fp8_max, moex_
     return s;
 }
 
-/* The bits of a float and back. */
-MOEX_QUANT_FN uint32_t moex_f32_bits(float v) {
-    union { float f; uint32_t u; } b;
-    b.f = v;
-    return b.u;
-}
-MOEX_QUANT_FN float moex_f32_of_bits(uint32_t u) {
-    union { float f; uint32_t u; } b;
-    b.u = u;
-    return b.f;
-}
-
 /* 2^e exactly, for e in [-149, 127] (subnormal below -126). */
 MOEX_QUANT_FN float moex_pow2f(int e) {
-    return moex_f32_of_bits(e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149));
+    return moex_bits_f32(e >= -126 ? (uint32_t)(e + 127) << 23 : 1u << (e + 149));
+}
+
+/* The value of an E8M0 scale byte: 2^(b - 127), 0xFF NaN. */
+MOEX_QUANT_FN float moex_e8m0_value(uint8_t b) {
+    return b == 0xFF ? moex_bits_f32(0x7FC00000u) : moex_pow2f((int)b - 127);
 }
 
 /* The MX shared exponent of a block whose largest non-NaN magnitude is amax (9.3):
@@ -147,6 +144,17 @@ MOEX_QUANT_FN float moex_mx_amax_combine(float m, float x) {
  * roundup(R, 128) * cols4 bytes. */
 MOEX_QUANT_FN int64_t moex_mx_swizzled_at(int64_t r, int64_t c, int64_t cols4) {
     return ((r >> 7) * (cols4 >> 2) + (c >> 2)) * 512 + (r & 31) * 16 + ((r >> 5) & 3) * 4 + (c & 3);
+}
+
+/* Where the E8M0 scale (r, c) of expert g's plain [R, C] scale matrix is, the G experts'
+ * matrices one after the other: plain, [G*R, C] row-major; swizzled (9.8), each matrix
+ * padded to [roundup(R, 128), roundup(C, 4)] in the 128x4-tiled layout. Weights: rowwise
+ * R = N, C = ceil(K/32), (n, k/32); columnwise R = K, C = ceil(N/32), (k, n/32). */
+MOEX_QUANT_FN int64_t moex_mx_expert_scale_at(int64_t R, int64_t C, int swizzled, int64_t g, int64_t r,
+                                              int64_t c) {
+    if (!swizzled) return (g * R + r) * C + c;
+    const int64_t cols4 = 4 * ((C + 3) / 4);
+    return g * 128 * ((R + 127) / 128) * cols4 + moex_mx_swizzled_at(r, c, cols4);
 }
 
 #endif /* MOEX_QUANT_MATH_H */

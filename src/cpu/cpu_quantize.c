@@ -72,7 +72,7 @@ static float block_multiplier(const quant_job *jb, float amax, float mx_amax, vo
     if (jb->q->recipe == MOEX_QUANT_MXFP8) {
         const int E = moex_mx_exponent(mx_amax, jb->f);
         ((uint8_t *)scales)[at] = (uint8_t)(E + 127);
-        return ldexpf(1.0f, -E);
+        return moex_pow2f(-E);
     }
     const float s = moex_quant_scale(amax, jb->q->amax_epsilon, jb->f.max, jb->q->rounding);
     ((float *)scales)[at] = 1.0f / s;
@@ -269,8 +269,7 @@ static float dequant_scale(const quant_job *jb, int64_t i, int64_t k) {
                            ? row_scale_at(jb, i, jb->g, k / jb->B)
                            : col_scale_at(jb, k, jb->g, jb->b[jb->g] + (i - jb->off[jb->g]) / jb->B);
     if (jb->q->recipe != MOEX_QUANT_MXFP8) return ((const float *)sc)[at];
-    const uint8_t e = ((const uint8_t *)sc)[at];
-    return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
+    return moex_e8m0_value(((const uint8_t *)sc)[at]);
 }
 
 static void dequant_rows(void *arg, int64_t begin, int64_t end) {
@@ -330,23 +329,6 @@ typedef struct wq_job {
     const float *mult;          /* GROUP: [G] */
     bool swizzled;              /* MXFP8 scales in the 128x4-tiled layout */
 } wq_job;
-
-/* Where MXFP8 weight scales are: rowwise, row r = g N + n's block j along K; columnwise,
- * expert g's column k's block i along N. Plain [G*N, ceil(K/32)] and [G*K, ceil(N/32)], or
- * swizzled, one padded matrix per expert (docs/ops.md 9.8). */
-static int64_t wq_mx_row_at(int64_t N, int64_t K, bool swizzled, int64_t r, int64_t j) {
-    const int64_t nb = moex_i64_cdiv(K, 32), g = r / N;
-    if (!swizzled) return r * nb + j;
-    const int64_t cols4 = 4 * moex_i64_cdiv(nb, 4);
-    return g * 128 * moex_i64_cdiv(N, 128) * cols4 + moex_mx_swizzled_at(r - g * N, j, cols4);
-}
-
-static int64_t wq_mx_col_at(int64_t N, int64_t K, bool swizzled, int64_t g, int64_t k, int64_t i) {
-    const int64_t nb = moex_i64_cdiv(N, 32);
-    if (!swizzled) return (g * K + k) * nb + i;
-    const int64_t cols4 = 4 * moex_i64_cdiv(nb, 4);
-    return g * 128 * moex_i64_cdiv(K, 128) * cols4 + moex_mx_swizzled_at(k, i, cols4);
-}
 
 /* The f32 values of w[g, n, k0 .. k0+len). */
 static void wq_load(const wq_job *jb, float *v, int64_t row, int64_t k0, int64_t len) {
@@ -411,8 +393,10 @@ static void wq_mx_rows(void *arg, int64_t begin, int64_t end) {
             float m = 0.0f;
             for (int64_t k = 0; k < len; k++) m = moex_mx_amax_combine(m, v[k]);
             const int E = moex_mx_exponent(m, jb->f);
-            ((uint8_t *)jb->row_scales)[wq_mx_row_at(jb->N, jb->K, jb->swizzled, r, j)] = (uint8_t)(E + 127);
-            const float s = ldexpf(1.0f, -E);
+            const int64_t g = r / jb->N;
+            ((uint8_t *)jb->row_scales)[moex_mx_expert_scale_at(jb->N, nb, jb->swizzled, g, r - g * jb->N, j)] =
+                (uint8_t)(E + 127);
+            const float s = moex_pow2f(-E);
             for (int64_t k = 0; k < len; k++) jb->row_data[r * jb->K + k0 + k] = moex_fp8_encode(v[k] * s, jb->f);
         }
 }
@@ -434,8 +418,9 @@ static void wq_mx_cols(void *arg, int64_t begin, int64_t end) {
             for (int64_t r = 0; r < rows; r++) m = moex_mx_amax_combine(m, v[r * QUANT_COLS + c]);
             const int E = moex_mx_exponent(m, jb->f);
             const int64_t kk = g * jb->K + c0 + c;   /* the row of the [G*K, N] copy */
-            ((uint8_t *)jb->col_scales)[wq_mx_col_at(jb->N, jb->K, jb->swizzled, g, c0 + c, i)] = (uint8_t)(E + 127);
-            const float s = ldexpf(1.0f, -E);
+            ((uint8_t *)jb->col_scales)[moex_mx_expert_scale_at(jb->K, nbi, jb->swizzled, g, c0 + c, i)] =
+                (uint8_t)(E + 127);
+            const float s = moex_pow2f(-E);
             for (int64_t r = 0; r < rows; r++)
                 jb->col_data[kk * jb->N + n0 + r] = moex_fp8_encode(v[r * QUANT_COLS + c] * s, jb->f);
         }
@@ -523,10 +508,9 @@ static float wdq_scale(const wdq_job *jb, int64_t g, int64_t n, int64_t k) {
     }
     default: {
         const bool swz = jb->q->scale_layout == MOEX_SCALES_MX_SWIZZLED;
-        at = row ? wq_mx_row_at(jb->N, jb->K, swz, g * jb->N + n, k / 32)
-                 : wq_mx_col_at(jb->N, jb->K, swz, g, k, n / 32);
-        const uint8_t e = ((const uint8_t *)jb->scales)[at];
-        return e == 0xFF ? NAN : ldexpf(1.0f, (int)e - 127);
+        at = row ? moex_mx_expert_scale_at(jb->N, moex_i64_cdiv(jb->K, 32), swz, g, n, k / 32)
+                 : moex_mx_expert_scale_at(jb->K, moex_i64_cdiv(jb->N, 32), swz, g, k, n / 32);
+        return moex_e8m0_value(((const uint8_t *)jb->scales)[at]);
     }
     }
 }

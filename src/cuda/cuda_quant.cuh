@@ -2,7 +2,7 @@
  * cuda_quant.cuh - private: what the CUDA quantization kernels share (cuda_quantize.cu for
  * grouped rows and weights, cuda_weight_dequantize.cu for weights back): grid sizes, the
  * FP8 cast by the conversion instruction (single and paired), 16-bit unpacking, L2 prefetch
- * and cp.async wrappers, amax reductions on |x| bit patterns, E8M0 scale values, and the
+ * and cp.async wrappers, amax reductions on |x| bit patterns, and the
  * kernel that turns amaxes into current-scaling scales.
  */
 #ifndef MOEX_CUDA_QUANT_CUH
@@ -74,11 +74,6 @@ static __device__ __forceinline__ uint32_t block_max_u32(uint32_t v, uint32_t *r
     if (lane == 0) red[warp] = v;
     __syncthreads();
     return warp_max_u32(lane < nw ? red[lane] : 0u);
-}
-
-/* The value of an E8M0 scale byte: 2^(b - 127), 0xFF NaN. */
-static __device__ __forceinline__ float e8m0_value(uint8_t b) {
-    return b == 0xFF ? __uint_as_float(0x7FC00000u) : moex_pow2f((int)b - 127);
 }
 
 /* Current scaling, per set i < n: s = moex_quant_scale(amax) from the amax bit patterns,

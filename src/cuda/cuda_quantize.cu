@@ -810,7 +810,7 @@ static __device__ __forceinline__ float dq_scale(const dq_scales &s, int64_t t, 
         i = t * s.stride + (k >> s.lb);
     else
         i = k * s.stride + (s.recipe == MOEX_QUANT_BLOCK ? (int64_t)s.tiles[g] : s.cso[g]) + (local >> s.lb);
-    return s.recipe == MOEX_QUANT_MXFP8 ? e8m0_value(((const uint8_t *)s.p)[i]) : ((const float *)s.p)[i];
+    return s.recipe == MOEX_QUANT_MXFP8 ? moex_e8m0_value(((const uint8_t *)s.p)[i]) : ((const float *)s.p)[i];
 }
 
 /* y[r, k] = round(decode(q[r, k]) * scale) for r < S: one block per row, threads along k. */

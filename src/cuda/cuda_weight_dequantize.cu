@@ -41,17 +41,9 @@ static __device__ __forceinline__ float wdq_scale_at(const wdq_scales &s, int64_
         const int64_t i = n / WQ_BLOCK, j = k / WQ_BLOCK;
         return ((const float *)s.p)[s.colsrc ? (g * s.nbk + j) * s.nbn + i : (g * s.nbn + i) * s.nbk + j];
     }
-    int64_t at;
-    if (!s.swizzled) {
-        at = s.colsrc ? (g * s.K + k) * s.nbn + n / WQ_MX : (g * s.N + n) * s.nbk + k / WQ_MX;
-    } else if (!s.colsrc) {   /* expert g's [N, ceil(K/32)] matrix, padded to [roundup(N, 128), cols4] */
-        const int64_t cols4 = 4 * cdiv(s.nbk, 4);
-        at = g * WQ_BLOCK * cdiv(s.N, WQ_BLOCK) * cols4 + moex_mx_swizzled_at(n, k / WQ_MX, cols4);
-    } else {                  /* [K, ceil(N/32)], padded to [roundup(K, 128), cols4] */
-        const int64_t cols4 = 4 * cdiv(s.nbn, 4);
-        at = g * WQ_BLOCK * cdiv(s.K, WQ_BLOCK) * cols4 + moex_mx_swizzled_at(k, n / WQ_MX, cols4);
-    }
-    return e8m0_value(((const uint8_t *)s.p)[at]);
+    const int64_t at = s.colsrc ? moex_mx_expert_scale_at(s.K, s.nbn, s.swizzled, g, k, n / WQ_MX)
+                                : moex_mx_expert_scale_at(s.N, s.nbk, s.swizzled, g, n, k / WQ_MX);
+    return moex_e8m0_value(((const uint8_t *)s.p)[at]);
 }
 
 /* w[g, n, k] = round(decode(q) * scale) over the 64x64 tiles of each W_g (block x: tiles,
