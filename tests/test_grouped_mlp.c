@@ -335,6 +335,11 @@ int main(void) {
         {0, 3, 200, 190, 64, 64, TU_SPLITS_EMPTY_MIDDLE, CL, IL, 0, 2, MOEX_BIAS_ADD, 1, 1, 0, G_ALL, AC, 0, 0},
         {0, 4, 160, 150, 72, 40, TU_SPLITS_RANDOM, SW, CO, 0, 0, MOEX_BIAS_NONE, 0, 0, 1, G_ALL, WR, 1, 0},
         {0, 128, 300, 290, 64, 32, TU_SPLITS_SKEWED, CL, IL, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, AC, 0, 0},
+        /* ... and FC2's dgrad with the GLU's backward fused: F past one 256-column tile and not
+         * a multiple of 128 (the dprobs partials of a part-filled 128-column slot) */
+        {0, 4, 520, 500, 200, 264, TU_SPLITS_SKEWED, SW, CO, 0, 0, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 0, 0},
+        {0, 3, 400, 390, 96, 320, TU_SPLITS_EMPTY_MIDDLE, CL, IL, 0, 1, MOEX_BIAS_NONE, 0, 1, 0, G_DX | G_DP, WR, 0,
+         0},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     int n = 0;

@@ -411,9 +411,12 @@ def _mlp_setup(ctx, inputs, output):
     _, h, z = output
     ctx.save_for_backward(x, w1, w2, b2, probs, splits, h, z)
     ctx.b2_mode, ctx.glu, ctx.has_b1 = b2_mode, glu, b1 is not None
+    ctx.set_materialize_grads(False)   # h and z are outputs for the backward only: no zero gradients of them
 
 
 def _mlp_grads(ctx, dy, dh_unused, dz_unused):
+    if dy is None:
+        return (None,) * 14
     x, w1, w2, b2, probs, splits, h, z = ctx.saved_tensors
     n = ctx.needs_input_grad
     needs = [n[0], n[1], n[3], n[2] and ctx.has_b1, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]

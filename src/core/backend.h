@@ -48,6 +48,21 @@ typedef struct moex_fc1_glu_args {
     moex_tensor z;
 } moex_fc1_glu_args;
 
+/* The FC2 backward-data of the grouped MLP with the GLU's backward fused:
+ *   dz = dy W_g [T, F], rounded to the activation dtype as if stored, but not stored;
+ *   dh = glu'(h) dz [T, 2F] (=), with glu and p = probs (1 when absent);
+ *   fc2's bias terms as linear_dgrad computes them (dbias = sum (p) dy, dprobs += dy . b_g),
+ *   then, when dprobs is present, dprobs += the GLU's term sum_j dz_j act(a_j) g(b_j).
+ * fc2.dx is not used. */
+typedef struct moex_fc2_glu_grad_args {
+    moex_grouped_linear_dgrad_args fc2;   /* dy [T, H], w [G, H, F], the bias terms */
+    moex_glu_params glu;
+    moex_tensor h;                        /* [T, 2F] */
+    moex_tensor probs;                    /* [T] f32, or absent (p = 1) */
+    moex_tensor dh;                       /* [T, 2F] */
+    moex_tensor dprobs;                   /* [T] f32 (+=), or absent */
+} moex_fc2_glu_grad_args;
+
 /* A dense GEMM of the MoE layer's router (one group of all rows, f32 accumulation):
  *   MOEX_GEMM_NT:  C[M, N] = A[M, K] B[N, K]^T                     (logits = x Wr^T)
  *   MOEX_GEMM_TN:  C[M, N] = A[K, M]^T B[K, N], "=" or "+="        (dWr = dlogits^T x)
@@ -173,6 +188,14 @@ typedef struct moex_backend_ops {
      * NULL: never. */
     moex_status (*fc1_glu)(moex_context *ctx, const moex_call *c, const moex_groups *g,
                            const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
+
+    /* The grouped MLP's FC2 backward-data with the GLU's backward fused (d: FC2's dims, K = F,
+     * N = H). fc2_glu_grad_ws: its workspace, or SIZE_MAX when the backend cannot run these
+     * args (from shapes, dtypes, layouts and which tensors are present, never split values):
+     * the composition then runs linear_dgrad and glu_bwd. NULL: never. */
+    size_t (*fc2_glu_grad_ws)(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
+    moex_status (*fc2_glu_grad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
 
     /* The scaled GLU's z quantized straight from h, z not written: the quantize primitive's
      * work for q (its x: z's shape and dtype [T, F], x.data unused; its workspace:

@@ -52,7 +52,16 @@ MOEX_GLU_FN int64_t moex_glu_segment(moex_glu_layout layout, int64_t F) {
     return layout == MOEX_GLU_INTERLEAVED_32 ? 32 : F;
 }
 
-MOEX_GLU_FN float moex_glu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/* On the GPU with the hardware exp2 and reciprocal (a few ulp of f32, far below the bf16/f16
+ * rounding of every output; inf and NaN behave as below): the GLU's epilogues are bound by
+ * this math. */
+MOEX_GLU_FN float moex_glu_sigmoid(float x) {
+#if defined(__CUDA_ARCH__)
+    return __fdividef(1.0f, 1.0f + __expf(-x));
+#else
+    return 1.0f / (1.0f + expf(-x));
+#endif
+}
 
 /* a' and b' (the identity for SWIGLU); written so that NaN passes through. */
 MOEX_GLU_FN float moex_glu_clamp_a(moex_glu_consts c, float a) {

@@ -10,11 +10,13 @@
  *            dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += sum_j dy_ij b2_gj (SCALED)
  *            dW2 = dy^T z
  *            dh = glu'(h) dz, dprobs += sum_j dz_ij act(a_ij) g(b_ij)
+ *            (FC2's dz and the GLU in one launch where the backend fuses them: fc2_glu_grad;
+ *            dz then never leaves the chip)
  *            dx = dh W1_g, db1 = sum dh
  *            dW1 = dh^T x
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
- * dtype, as the saved h and z do. The groups are prepared once (split values checked before
+ * dtype, as the saved h and z do (dz rounded to it also where it is not stored). The groups are prepared once (split values checked before
  * anything is written on the CPU) and every primitive runs on them.
  *
  * Workspace: the prepared handle, the intermediates the call needs, and one region shared by
@@ -207,24 +209,14 @@ typedef struct bwd_plan {
     bool fc2_dgrad;             /* dz, db2 or the scaled-b2 dprobs term */
     bool fc1_dgrad;             /* dx or db1 asked */
     bool recompute_z;           /* dw2 asked and z not saved */
+    bool fused;                 /* fc2_glu_grad runs FC2's dgrad and the GLU (dh needed; dz
+                                   not in memory) */
 } bwd_plan;
-
-static bwd_plan bwd_plan_of(const moex_grouped_mlp_grad_args *a) {
-    bwd_plan p;
-    const bool dprobs = moex_present(&a->dprobs);
-    const bool db2 = moex_present(&a->db2) && a->b2_mode != MOEX_BIAS_NONE;
-    p.dprobs_bias = dprobs && a->b2_mode == MOEX_BIAS_SCALED;
-    p.fc1_dgrad = moex_present(&a->dx) || moex_present(&a->db1);
-    p.need_dh = p.fc1_dgrad || moex_weight_present(&a->dw1);
-    p.need_dz = p.need_dh || dprobs;
-    p.fc2_dgrad = p.need_dz || db2 || p.dprobs_bias;
-    p.recompute_z = moex_weight_present(&a->dw2) && !moex_present(&a->z);
-    return p;
-}
 
 /* The primitives' arguments, given where z, dz and dh are. */
 typedef struct bwd_calls {
     moex_scaled_glu_args glu_fwd;            /* recomputes z */
+    moex_fc2_glu_grad_args fc2_glu;          /* FC2's dgrad and the GLU, fused */
     moex_grouped_linear_dgrad_args fc2_dgrad;
     moex_grouped_linear_wgrad_args fc2_wgrad;
     moex_scaled_glu_grad_args glu_bwd;
@@ -249,6 +241,9 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
         .x = zt, .dy = a->dy, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw2};
     c->glu_bwd = (moex_scaled_glu_grad_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits,
                                              .dz = dzt, .dh = dht, .dprobs = a->dprobs};
+    c->fc2_glu = (moex_fc2_glu_grad_args){.fc2 = c->fc2_dgrad, .glu = a->glu, .h = a->h, .probs = a->probs,
+                                          .dh = act_2d(dh, d, 2 * d->F), .dprobs = a->dprobs};
+    c->fc2_glu.fc2.dx = absent_tensor;
     c->fc1_dgrad = (moex_grouped_linear_dgrad_args){
         .dy = dht, .w = a->w1, .bias_mode = moex_present(&a->db1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE,
         .splits = a->splits, .dx = a->dx, .dbias = a->db1};
@@ -256,23 +251,45 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
         .x = a->x, .dy = dht, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw1};
 }
 
+static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d) {
+    bwd_plan p;
+    const bool dprobs = moex_present(&a->dprobs);
+    const bool db2 = moex_present(&a->db2) && a->b2_mode != MOEX_BIAS_NONE;
+    p.dprobs_bias = dprobs && a->b2_mode == MOEX_BIAS_SCALED;
+    p.fc1_dgrad = moex_present(&a->dx) || moex_present(&a->db1);
+    p.need_dh = p.fc1_dgrad || moex_weight_present(&a->dw1);
+    p.need_dz = p.need_dh || dprobs;
+    p.fc2_dgrad = p.need_dz || db2 || p.dprobs_bias;
+    p.recompute_z = moex_weight_present(&a->dw2) && !moex_present(&a->z);
+    p.fused = false;
+    const moex_backend_ops *ops = moex_ops(ctx);
+    if (p.need_dh && ops->fc2_glu_grad) {
+        bwd_calls c;
+        bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
+        const moex_gl_dims d2 = fc2_dims(d);
+        p.fused = ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2) != SIZE_MAX;
+    }
+    return p;
+}
+
 static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
                              void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    const bwd_plan p = bwd_plan_of(a);
+    const bwd_plan p = bwd_plan_of(ctx, a, d);
     bwd_calls c;
     bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
     size_t sub = 0;
     if (p.recompute_z) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu_fwd, &dg));
-    if (p.fc2_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
+    if (p.fused) sub = moex_sz_max(sub, ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2));
+    if (p.fc2_dgrad && !p.fused) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
     if (moex_weight_present(&a->dw2)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc2_wgrad, &d2));
-    if (p.need_dz) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
+    if (p.need_dz && !p.fused) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
     if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
     if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
-    const size_t bytes[3] = {p.recompute_z ? act_bytes(d, d->F) : 0, p.need_dz ? act_bytes(d, d->F) : 0,
-                             p.need_dh ? act_bytes(d, 2 * d->F) : 0};
+    const size_t bytes[3] = {p.recompute_z ? act_bytes(d, d->F) : 0,
+                             p.need_dz && !p.fused ? act_bytes(d, d->F) : 0, p.need_dh ? act_bytes(d, 2 * d->F) : 0};
     return layout_of(ctx, d, bytes, sub, ws);
 }
 
@@ -285,7 +302,7 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
                                              const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const mlp_layout l = bwd_layout(ctx, a, d, ws);
-    const bwd_plan p = bwd_plan_of(a);
+    const bwd_plan p = bwd_plan_of(ctx, a, d);
     moex_groups g;
     MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &g));
     bwd_calls k;
@@ -293,14 +310,18 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
 
-    /* FC2: dz, db2, the scaled-b2 dprobs term, then dW2 (z recomputed when not saved). */
-    if (p.fc2_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
+    /* FC2: dz (or, fused, dh and the GLU's dprobs term), db2, the scaled-b2 dprobs term, then
+     * dW2 (z recomputed when not saved). */
+    if (p.fused)
+        MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub));
+    else if (p.fc2_dgrad)
+        MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
     if (moex_weight_present(&a->dw2)) {
         if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
         MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
     }
     /* GLU: dh (when needed) and the GLU dprobs term. */
-    if (p.need_dz) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
+    if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
     /* FC1: dx and db1, then dW1. */
     if (p.fc1_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc1_dgrad, &d1, l.sub));
     if (moex_weight_present(&a->dw1)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc1_wgrad, &d1, l.sub));

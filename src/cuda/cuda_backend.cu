@@ -97,6 +97,8 @@ static const moex_backend_ops cuda_ops = {
     .check_limits = cuda_check_limits,
     MOEX_PRIMITIVE_FIELDS(moex_cuda),
     .fc1_glu = moex_cuda_fc1_glu,
+    .fc2_glu_grad_ws = moex_cuda_fc2_glu_grad_ws,
+    .fc2_glu_grad = moex_cuda_fc2_glu_grad,
     .glu_quantize = moex_cuda_glu_quantize,
     .zero_f32 = moex_cuda_zero_f32,
     .check_splits = cuda_check_splits,

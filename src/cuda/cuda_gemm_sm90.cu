@@ -19,7 +19,7 @@ moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cu
     const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
     if (!moex_sm90_epilogue_supported(sc, &a, e)) return MOEX_OK;
     const char *why = "";
-    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(sc, &a, (moex_stream)stream, &why)
+    moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(sc, &a, e, (moex_stream)stream, &why)
                            : moex_sm90_grouped_gemm_fwd(sc, &a, e, (moex_stream)stream, &why);
     if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);
     *ran = true;

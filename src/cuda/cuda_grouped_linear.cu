@@ -92,7 +92,7 @@ moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const 
     }
     if (dbias) MOEX_TRY(moex_cuda_group_colsum(ctx, op, s, dy, dt, N, dbias_probs, partial, dbias, stream));
     if (dprobs)
-        MOEX_TRY(moex_cuda_row_dot_bias(ctx, op, s, dy, dt, N, bias->data, bias->dtype, dprobs, stream));
+        MOEX_TRY(moex_cuda_row_dot_bias(ctx, op, s, dy, dt, N, bias->data, bias->dtype, NULL, 0, dprobs, stream));
     return MOEX_OK;
 }
 
@@ -154,6 +154,82 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const 
     return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, dx,
                                       scaled ? (const float *)a->probs.data : NULL, dbias, (float *)ws, &a->bias,
                                       dprobs, (cudaStream_t)c->stream);
+}
+
+/* ---- the grouped MLP's FC2 backward-data with the GLU's backward ------------------- */
+
+/* The Hopper epilogue of a (the dgrad's DGLU), dprobs partials at part. */
+static moex_sm90_epilogue fc2_glu_epilogue(const moex_fc2_glu_grad_args *a, float *part) {
+    moex_sm90_epilogue e = {};
+    e.glu = &a->glu;
+    e.probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+    e.h = a->h.data;
+    e.dh = a->dh.data;
+    e.dprobs_part = part;
+    return e;
+}
+
+/* The kernel's args: x = dy [T, H], W2 [G, H, F], y: dh's memory (not written as dz). */
+static moex_sm90_gemm_args fc2_glu_gemm(const moex_groups *g, const moex_fc2_glu_grad_args *a,
+                                        const moex_gl_dims *d) {
+    const moex_sm90_gemm_args s = {d->dt, d->G, d->T, d->K, d->N, a->fc2.dy.data, a->fc2.w.t.data, a->dh.data,
+                                   g ? g->splits : NULL, NULL, 0, NULL};
+    return s;
+}
+
+/* Workspace: the dprobs partials [T, ceil(F / 128)] when dprobs is asked, then the dbias
+ * partials when dbias is; SIZE_MAX where the Hopper kernel cannot run the args. */
+size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (sc == NULL || a->fc2.w.ptrs) return SIZE_MAX;
+    /* the decision depends on shapes, dtypes and which tensors are present, not on where they
+     * are: a placeholder stands for every pointer */
+    alignas(16) static const float placeholder[4] = {0};
+    moex_fc2_glu_grad_args p = *a;
+    p.fc2.dy.data = p.fc2.w.t.data = p.h.data = p.dh.data = (void *)placeholder;
+    const moex_groups g = {d->G, d->T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    const moex_sm90_gemm_args s = fc2_glu_gemm(&g, &p, d);
+    const moex_sm90_epilogue e = fc2_glu_epilogue(&p, (float *)placeholder);
+    if (!moex_sm90_epilogue_supported(sc, &s, &e)) return SIZE_MAX;
+    moex_carver c = {NULL, 0};
+    if (moex_present(&a->dprobs)) moex_take(&c, moex_sz_bytes(d->T, (d->K + 127) / 128, sizeof(float)));
+    if (moex_present(&a->fc2.dbias)) moex_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));
+    return c.used;
+}
+
+moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws) {
+    const cudaStream_t stream = (cudaStream_t)c->stream;
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    moex_carver wc = {(char *)ws, 0};
+    const int64_t part_ld = (d->K + 127) / 128;
+    float *part = moex_present(&a->dprobs) ? (float *)moex_take(&wc, moex_sz_bytes(d->T, part_ld, sizeof(float)))
+                                            : NULL;
+    float *colsum = moex_present(&a->fc2.dbias)
+                        ? (float *)moex_take(&wc, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N)) : NULL;
+    const moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
+    const moex_sm90_epilogue e = fc2_glu_epilogue(a, part);
+    if (d->T > 0) {   /* (empty tensors may have no memory; the bias terms still write zeros) */
+        if (!moex_sm90_epilogue_supported(sc, &s, &e))
+            return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                             "%s: on Hopper the backward fuses FC2 with the GLU and needs dy, w2, h and the "
+                             "workspace 16-byte aligned (docs/hopper.md)", c->op);
+        const char *why = "";
+        const moex_status st = moex_sm90_grouped_gemm_dgrad(sc, &s, &e, c->stream, &why);
+        if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", c->op, why);
+    }
+    /* fc2's bias terms, then the GLU's dprobs term */
+    const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
+    if (colsum)
+        MOEX_TRY(moex_cuda_group_colsum(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N,
+                                        scaled ? (const float *)a->fc2.probs.data : NULL, colsum,
+                                        (float *)a->fc2.dbias.data, stream));
+    const bool bias_term = scaled && moex_present(&a->fc2.dprobs);
+    if (part || bias_term)
+        MOEX_TRY(moex_cuda_row_dot_bias(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N,
+                                        bias_term ? a->fc2.bias.data : NULL, a->fc2.bias.dtype, part, part_ld,
+                                        (float *)(part ? a->dprobs.data : a->fc2.dprobs.data), stream));
+    return MOEX_OK;
 }
 
 size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {

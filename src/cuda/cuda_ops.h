@@ -171,10 +171,12 @@ moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex
 moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int32_t *tiles, int64_t G,
                                     const float *partial, int64_t N, float *dbias, cudaStream_t stream);
 
-/* dprobs[r] += sum_n src[r, n] * bias_g[n] for every row r < off[G] (g the row's group). */
+/* For every row r < off[G] (g the row's group): dprobs[r] += sum_n src[r, n] * bias_g[n]
+ * (bias != NULL), then dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL). */
 moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex_cuda_sched *s,
                                    const void *src, moex_dtype dt, int64_t N, const void *bias,
-                                   moex_dtype bias_dt, float *dprobs, cudaStream_t stream);
+                                   moex_dtype bias_dt, const float *part, int64_t part_ld, float *dprobs,
+                                   cudaStream_t stream);
 
 /* ---- scaled GLU launchers (cuda_glu.cu), used by the GLU ops and the grouped MLP ----- */
 
@@ -226,7 +228,7 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
 
-/* linear_* and fc1_glu in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
+/* linear_*, fc1_glu and fc2_glu_grad in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
  * dequantize and glu_quantize in cuda_quantize.cu, router_*,
  * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
  * cuda_splits.cu (the schedule's arrays, and for a grouped linear forward the Hopper GEMM's
@@ -235,6 +237,9 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 MOEX_DECLARE_PRIMITIVES(moex_cuda)
 moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
                               const moex_gl_dims *d, bool *ran);
+size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                    const moex_quant_dims *d, void *ws);

@@ -5,7 +5,9 @@
  *                  pass 1 writes one partial per (row tile of 128 rows, column) into the
  *                  workspace, pass 2 (colsum_reduce, also after the quantize kernels'
  *                  partials) sums a group's partials in tile order;
- *   row_dot_bias:  dprobs[r] += sum_n src[r, n] * bias_g[n], one warp per row;
+ *   row_dot_bias:  dprobs[r] += sum_n src[r, n] * bias_g[n], then the sum of a row of
+ *                  partials (the grouped MLP's GLU term, from FC2's fused dgrad), one warp
+ *                  per row;
  *   zero_f32:      a plain kernel that zeroes f32 scratch.
  */
 #include <limits.h>
@@ -90,36 +92,47 @@ moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex
 
 #define ROWDOT_WARPS 8
 
-/* One warp per row r < off[G]: dprobs[r] += sum_n src[r, n] * bias_g[n]. */
+/* One warp per row r < off[G]: dprobs[r] += sum_n src[r, n] * bias_g[n] (bias != NULL), then
+ * dprobs[r] += sum_s part[r, s] (part != NULL, s < part_ld in order). */
 template <typename T>
 static __global__ void row_dot_bias_kernel(const int64_t *off, int G, int64_t T_rows, const T *src, int64_t N,
-                                           const void *bias, int bias_f32, int bias_bf16, float *dprobs) {
+                                           const void *bias, int bias_f32, int bias_bf16, const float *part,
+                                           int64_t part_ld, float *dprobs) {
     int64_t r = (int64_t)blockIdx.x * ROWDOT_WARPS + (threadIdx.x >> 5);
     int lane = threadIdx.x & 31;
     if (r >= T_rows || r >= off[G]) return;
-    int g = find_group_i64(off, G, r);
-    float s = 0.0f;
-    for (int64_t n = lane; n < N; n += 32)
-        s += to_f32(src[r * N + n]) * load_any(bias, bias_f32, bias_bf16, (int64_t)g * N + n);
-    s = warp_sum(s);
-    if (lane == 0) dprobs[r] += s;
+    float d = dprobs[r];
+    if (bias != NULL) {
+        int g = find_group_i64(off, G, r);
+        float s = 0.0f;
+        for (int64_t n = lane; n < N; n += 32)
+            s += to_f32(src[r * N + n]) * load_any(bias, bias_f32, bias_bf16, (int64_t)g * N + n);
+        d += warp_sum(s);
+    }
+    if (part != NULL) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < part_ld; i++) s += part[r * part_ld + i];
+        d += s;
+    }
+    if (lane == 0) dprobs[r] = d;
 }
 
 moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex_cuda_sched *s,
                                    const void *src, moex_dtype dt, int64_t N, const void *bias,
-                                   moex_dtype bias_dt, float *dprobs, cudaStream_t stream) {
+                                   moex_dtype bias_dt, const float *part, int64_t part_ld, float *dprobs,
+                                   cudaStream_t stream) {
     if (s->T == 0) return MOEX_OK;
     unsigned blocks = (unsigned)((s->T + ROWDOT_WARPS - 1) / ROWDOT_WARPS);
     int bf = bias_dt == MOEX_DTYPE_F32, bb = bias_dt == MOEX_DTYPE_BF16;
     if (dt == MOEX_DTYPE_F32)
         row_dot_bias_kernel<float><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                             (const float *)src, N, bias, bf, bb, dprobs);
+                                                                             (const float *)src, N, bias, bf, bb, part, part_ld, dprobs);
     else if (dt == MOEX_DTYPE_BF16)
         row_dot_bias_kernel<bf16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                            (const bf16 *)src, N, bias, bf, bb, dprobs);
+                                                                            (const bf16 *)src, N, bias, bf, bb, part, part_ld, dprobs);
     else
         row_dot_bias_kernel<f16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                           (const f16 *)src, N, bias, bf, bb, dprobs);
+                                                                           (const f16 *)src, N, bias, bf, bb, part, part_ld, dprobs);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }

@@ -21,9 +21,16 @@
  *           whole 64-column segments); for CONTIGUOUS the producer loads the weight tile as
  *           four 64-row boxes so that each block is [NC / 2 rows of the first half (rows
  *           zb ...)][NC / 2 rows of the second half (F + zb ...)], one segment of length NC / 2.
+   DGLU_*  (dgrad) FC2's backward-data of the grouped MLP with the GLU's backward: the block
+           is dz = dy W2 [T, F], rounded to the input dtype as if stored, never stored; the
+           thread reads h [T, 2F] at the two halves of its dz columns and writes
+           dh = glu'(h) dz there (dh may be h itself: each element is read, then written, by
+           one thread), and the GLU's dprobs term of its rows, summed over each 128 dz
+           columns, to a partial [T, ceil(F / 128)] (no atomics: one writer per element).
  * Full blocks (all rows inside the group, all columns inside the output) leave through the
  * swizzled staging buffer and TMA stores, a 64-column box at a time (sm90_stage_pass); other
- * blocks through masked stores from registers. Rows past the group's end are never written.
+ * blocks through masked stores from registers (DGLU: every block, from registers). Rows past
+ * the group's end are never written, nor their h read.
  *
  * K-grouped (wgrad; sm90_grouped_wgrad.cu). A consumer's block is 64 dW rows by 256 columns,
  * the same fragment layout. Blocks inside [N, K] go registers -> 128-byte-swizzled staging ->
@@ -43,8 +50,12 @@ typedef struct sm90_epi {
     const void *bias;           /* [G, N] (GLU: N = 2F); NULL: no bias                       */
     const float *probs;         /* [T]: the scaled bias's and the GLU's p (NULL: p = 1)      */
     uint16_t *z;                /* GLU: [T, F]                                               */
+    const uint16_t *h;          /* DGLU: h [T, 2F], read                                     */
+    uint16_t *dh;               /* DGLU: dh [T, 2F], written (may be h)                      */
+    float *dp_part;             /* DGLU: [T, dp_ld] the dprobs partials, or NULL             */
+    int dp_ld;                  /* DGLU: ceil(F / 128)                                       */
     int bias_f32, bias_scaled;  /* bias dtype f32 (else the input dtype); y += p_r b_g       */
-    int F;                      /* GLU: half width                                           */
+    int F;                      /* GLU, DGLU: half width                                     */
     moex_glu_consts glu;
 } sm90_epi;
 
@@ -90,7 +101,7 @@ template <int EPI, int NC> struct sm90_cols {
         return ob + lc;
     }
     __device__ __forceinline__ bool ok(int lc) const {
-        return EPI >= MOEX_SM90_EPI_GLU_CONTIG ? zcol(lc) < lim : ob + lc < lim;
+        return MOEX_SM90_EPI_IS_GLU(EPI) ? zcol(lc) < lim : ob + lc < lim;
     }
 };
 
@@ -165,7 +176,7 @@ template <int EPI>
 static __device__ __forceinline__ void sm90_epi_probs(const sm90_epi &epi, const sm90_block &k, float *pa, float *pb) {
     *pa = 1.0f;
     *pb = 1.0f;
-    if (epi.probs != NULL && (EPI >= MOEX_SM90_EPI_GLU_CONTIG || epi.bias_scaled)) {
+    if (epi.probs != NULL && (MOEX_SM90_EPI_IS_GLU(EPI) || MOEX_SM90_EPI_IS_DGLU(EPI) || epi.bias_scaled)) {
         *pa = k.oka ? __ldg(epi.probs + k.ra) : 0.0f;
         *pb = k.okb ? __ldg(epi.probs + k.rb) : 0.0f;
     }
@@ -227,12 +238,12 @@ static __device__ __forceinline__ void sm90_epi_rows(float (&acc)[NC / 2], const
             }
         }
     }
-    if (EPI >= MOEX_SM90_EPI_GLU_CONTIG) {
+    if (MOEX_SM90_EPI_IS_GLU(EPI)) {
 #pragma unroll
         for (int i = 0; i < NA; i++) acc[i] = sm90_round<IS_F16>(acc[i]);   /* h as stored */
     }
     const bool full_block = EPI_TMA && k.mr + 64 <= k.row1 &&
-                            (EPI >= MOEX_SM90_EPI_GLU_CONTIG ? cols.ob + NC / 2 <= epi.F : cols.ob + NC <= N);
+                            (MOEX_SM90_EPI_IS_GLU(EPI) ? cols.ob + NC / 2 <= epi.F : cols.ob + NC <= N);
     /* y (or h) */
     if (full_block) {
 #pragma unroll
@@ -248,7 +259,7 @@ static __device__ __forceinline__ void sm90_epi_rows(float (&acc)[NC / 2], const
             if (cols.ok(lc)) sm90_store_pair<IS_F16>(ya, yb, cols.col(lc), k.oka, k.okb, acc, j);
         }
     }
-    if (EPI >= MOEX_SM90_EPI_GLU_CONTIG) {
+    if (MOEX_SM90_EPI_IS_GLU(EPI)) {
         /* z = p glu(h), written over the first half's accumulators */
         constexpr int STEP = sm90_glu_step<EPI, NC>();
 #pragma unroll
@@ -269,6 +280,85 @@ static __device__ __forceinline__ void sm90_epi_rows(float (&acc)[NC / 2], const
                 const int zc = cols.ob + 8 * i + lc0;
                 if (zc < epi.F) sm90_store_pair<IS_F16>(za, zb, zc, k.oka, k.okb, acc, zsel(i));
             }
+        }
+    }
+}
+
+/* Two 16-bit values of the input dtype (packed, the lower first) as f32. */
+template <int IS_F16> static __device__ __forceinline__ float2 sm90_unpack(uint32_t v) {
+    const unsigned short lo = (unsigned short)(v & 0xFFFFu), hi = (unsigned short)(v >> 16);
+    if (IS_F16) return make_float2(__half2float(__ushort_as_half(lo)), __half2float(__ushort_as_half(hi)));
+    return make_float2(__bfloat162float(__ushort_as_bfloat16(lo)), __bfloat162float(__ushort_as_bfloat16(hi)));
+}
+
+/* The h column of the first half of z column zc (the second half's is F or 32 further). */
+template <int EPI> static __device__ __forceinline__ int sm90_dglu_col(int zc) {
+    return EPI == MOEX_SM90_EPI_DGLU_CONTIG ? zc : 64 * (zc / 32) + zc % 32;
+}
+
+/* The DGLU epilogue of one block (see the top of this file): acc is dz of the block's rows
+ * and the dz columns [ob, ob + NC); pa, pb: p of the thread's rows. dh rows past the group's
+ * end and columns past F are neither read nor written. In chunks of 8 fragment columns, every
+ * h pair of the chunk is loaded before any dh pair is stored (dh may be h). */
+template <int IS_F16, int EPI, int NC>
+static __device__ __forceinline__ void sm90_epi_dglu(const float (&acc)[NC / 2], const sm90_epi &epi, int ob,
+                                                     float pa, float pb, const sm90_block &k) {
+    constexpr int NA = NC / 2, NJ = NA / 4, CH = 8;
+    const int F = epi.F, lc0 = 2 * (k.lane % 4);
+    const int bstep = EPI == MOEX_SM90_EPI_DGLU_CONTIG ? F : 32;
+    const int64_t ld = 2 * (int64_t)F;
+    const uint16_t *ha = epi.h + k.ra * ld, *hb = epi.h + k.rb * ld;
+    uint16_t *da = epi.dh + k.ra * ld, *db = epi.dh + k.rb * ld;
+    float sa[NC / 128], sb[NC / 128];   /* the dprobs terms per 128 dz columns */
+#pragma unroll
+    for (int q = 0; q < NC / 128; q++) sa[q] = sb[q] = 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < NJ; j0 += CH) {
+        uint32_t v[CH][4];   /* h pairs: row a first half, row a second, row b first, row b second */
+#pragma unroll
+        for (int jj = 0; jj < CH; jj++) {
+            const int zc = ob + 8 * (j0 + jj) + lc0, c = sm90_dglu_col<EPI>(zc);
+            const bool in = zc < F;
+            v[jj][0] = in && k.oka ? *(const uint32_t *)(ha + c) : 0u;
+            v[jj][1] = in && k.oka ? *(const uint32_t *)(ha + c + bstep) : 0u;
+            v[jj][2] = in && k.okb ? *(const uint32_t *)(hb + c) : 0u;
+            v[jj][3] = in && k.okb ? *(const uint32_t *)(hb + c + bstep) : 0u;
+        }
+#pragma unroll
+        for (int jj = 0; jj < CH; jj++) {
+            const int j = j0 + jj, zc = ob + 8 * j + lc0, c = sm90_dglu_col<EPI>(zc);
+            if (zc >= F) continue;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {   /* r = 0: row a (acc 4j, 4j+1), 1: row b */
+                const float2 a = sm90_unpack<IS_F16>(v[jj][2 * r]), b = sm90_unpack<IS_F16>(v[jj][2 * r + 1]);
+                const float p = r ? pb : pa;
+                float d_a0, d_a1, d_b0, d_b1, t0, t1;
+                moex_glu_backward(epi.glu, a.x, b.x, p, sm90_round<IS_F16>(acc[4 * j + 2 * r]), &d_a0, &d_b0, &t0);
+                moex_glu_backward(epi.glu, a.y, b.y, p, sm90_round<IS_F16>(acc[4 * j + 2 * r + 1]), &d_a1, &d_b1,
+                                  &t1);
+                if (r ? k.okb : k.oka) {
+                    uint16_t *d = r ? db : da;
+                    *(uint32_t *)(d + c) = sm90_io<IS_F16>::pack(d_a0, d_a1);
+                    *(uint32_t *)(d + c + bstep) = sm90_io<IS_F16>::pack(d_b0, d_b1);
+                }
+                if (r)
+                    sb[j / 16] += t0 + t1;
+                else
+                    sa[j / 16] += t0 + t1;
+            }
+        }
+    }
+    if (epi.dp_part == NULL) return;
+#pragma unroll
+    for (int q = 0; q < NC / 128; q++) {   /* the 4 lanes of a row hold its 128 columns' terms */
+        sa[q] += __shfl_xor_sync(0xffffffffu, sa[q], 1);
+        sa[q] += __shfl_xor_sync(0xffffffffu, sa[q], 2);
+        sb[q] += __shfl_xor_sync(0xffffffffu, sb[q], 1);
+        sb[q] += __shfl_xor_sync(0xffffffffu, sb[q], 2);
+        const int slot = ob / 128 + q;
+        if (k.lane % 4 == 0 && ob + 128 * q < F) {
+            if (k.oka) epi.dp_part[k.ra * epi.dp_ld + slot] = sa[q];
+            if (k.okb) epi.dp_part[k.rb * epi.dp_ld + slot] = sb[q];
         }
     }
 }

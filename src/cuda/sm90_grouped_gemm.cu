@@ -1,8 +1,9 @@
 /*
  * sm90_grouped_gemm.cu - the Hopper (sm_90a) M-grouped GEMM kernel and its launch: the
  * forward y_g = x_g W_g^T with its fused epilogues (bias, probs-scaled bias, the grouped
- * MLP's FC1 with the scaled GLU writing h and z) and the dgrad dx_g = dy_g W_g (contract in
- * sm90_grouped_gemm.h and sm90_tuning.h; docs/hopper.md tells the story).
+ * MLP's FC1 with the scaled GLU writing h and z) and the dgrad dx_g = dy_g W_g, plain or as
+ * the grouped MLP's FC2 with the GLU's backward writing dh (contract in sm90_grouped_gemm.h
+ * and sm90_tuning.h; docs/hopper.md tells the story).
  *
  * The kernel is the composition of the shared pieces: the work list, group cursor and tile
  * order of sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, the epilogues of
@@ -29,9 +30,10 @@
 #include "sm90_scheduler.cuh"
 #include "sm90_tuning.h"
 
-/* The products of the kernel (its OP template value): the forward with each epilogue kind
- * (OP = MOEX_SM90_EPI_*), and the dgrad (plain epilogue, weight tile MN-major). */
-enum { SM90_OP_DGRAD = 4 };
+/* The products of the kernel (its OP template value): the forward with each of its epilogue
+ * kinds (OP = MOEX_SM90_EPI_*), and the dgrad (weight tile MN-major) with its own (OP =
+ * SM90_OP_DGRAD + MOEX_SM90_EPI_PLAIN or + a DGLU kind). */
+enum { SM90_OP_DGRAD = 8 };
 
 /* The kernel's parameters, three structs: the tensor maps (__grid_constant__: TMA reads them
  * where they are, by address), the epilogue's inputs (sm90_epi, sm90_epilogue.cuh) and the
@@ -76,8 +78,9 @@ template <int IS_F16, int BM, int CM, int OP, int SK, int EPI_TMA>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_rows_kernel(const __grid_constant__ sm90_rows_maps m, const sm90_epi epi, const sm90_rows_params p) {
 #if MOEX_SM90_DEVICE
-    constexpr int TB = OP == SM90_OP_DGRAD;                        /* weight tile MN-major */
-    constexpr int EPI = TB ? MOEX_SM90_EPI_PLAIN : OP;
+    constexpr int TB = OP >= SM90_OP_DGRAD;                        /* weight tile MN-major */
+    constexpr int EPI = TB ? OP - SM90_OP_DGRAD : OP;
+    constexpr bool GLU = MOEX_SM90_EPI_IS_GLU(EPI), DGLU = MOEX_SM90_EPI_IS_DGLU(EPI);
     constexpr int NC = BM == 128 ? 256 : 128;              /* columns of a consumer's block */
     constexpr int NA = NC / 2;                             /* its accumulators per thread   */
     constexpr int A_ELEMS = BM * SM90_BK, B_ELEMS = SM90_BN * SM90_BK;
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_ring_init<CM>(full, empty);
 
     /* GLU: N = 2F columns of h in column tiles of 128 z columns */
-    const int64_t nt = EPI >= MOEX_SM90_EPI_GLU_CONTIG ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;
+    const int64_t nt = GLU ? (epi.F + 127) / 128 : (N + SM90_BN - 1) / SM90_BN;
     const sm90_units_rows units = {nt, BM, CM};
     const int nk = (K + SM90_BK - 1) / SM90_BK;
     const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
@@ -208,13 +211,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             k.oka = k.ra < cur.row1;
             k.okb = k.rb < cur.row1;
             sm90_cols<EPI, NC> cols;
-            cols.ob = EPI >= MOEX_SM90_EPI_GLU_CONTIG ? (n0 + b_col) / 2 : n0 + b_col;
-            cols.lim = EPI >= MOEX_SM90_EPI_GLU_CONTIG ? epi.F : N;
+            cols.ob = GLU ? (n0 + b_col) / 2 : n0 + b_col;
+            cols.lim = GLU ? epi.F : N;
             /* the epilogue's inputs, fetched while the tile is computed: p of the block's
              * rows and the bias row (after the first k step) */
             float pa, pb;
             sm90_epi_probs<EPI>(epi, k, &pa, &pb);
-            const bool has_bias = EPI != MOEX_SM90_EPI_PLAIN && epi.bias != NULL;
+            const bool has_bias = (EPI == MOEX_SM90_EPI_BIAS || GLU) && epi.bias != NULL;
             uint8_t *stage = sc + c * 2 * SM90_STAGE_HALF_BYTES;
             for (int kq = 0; kq < steps; kq++, it++) {
                 const uint32_t s = sm90_ring_wait(full, it);
@@ -240,8 +243,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
             if (kb0 + steps < nk)   /* the next worker's CTA of the same rank has the rest */
                 sm90_sk_add(acc, sk_part, sk_flag, 2 * (blockIdx.x + CM) + c, c, tid);
-            sm90_epi_rows<IS_F16, EPI_TMA, EPI, NC>(acc, epi, cols, has_bias, pa, pb, stage, &m.y, &m.z, p.y,
-                                                    N, k);
+            if (DGLU)
+                sm90_epi_dglu<IS_F16, EPI, NC>(acc, epi, cols.ob, pa, pb, k);
+            else
+                sm90_epi_rows<IS_F16, EPI_TMA, EPI, NC>(acc, epi, cols, has_bias, pa, pb, stage, &m.y, &m.z, p.y,
+                                                        N, k);
         }
         if (EPI_TMA && tid == 0) sm90_bulk_wait<0>();   /* stores done before the CTA ends */
     }
@@ -254,12 +260,20 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
 typedef void (*sm90_rows_fn)(sm90_rows_maps, sm90_epi, sm90_rows_params);
 
-/* The instance for (dtype, product, plan). Instantiated: every epilogue kind with both tile
- * heights (TMA epilogue, no cluster); the plain forward and the dgrad with both tile
+/* The instance for (dtype, product, plan). Instantiated: every forward epilogue kind with both
+ * tile heights (TMA epilogue, no cluster); the plain forward and the dgrad with both tile
  * heights, at 128 rows also with 2-CTA clusters (their default) and with the register
- * epilogue; each also as its stream-K instance. */
+ * epilogue; each of these also as its stream-K instance; the DGLU dgrad with both tile
+ * heights, at 128 rows with and without clusters, no stream-K instance. */
 template <int F16, int SK> static sm90_rows_fn sm90_rows_pick_t(int op, int bm, int cm, bool epi_tma) {
+    constexpr int DC = SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_CONTIG, DI = SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_INTERLEAVED;
     switch (op) {
+    case DC:
+        if (bm == 64) return sm90_rows_kernel<F16, 64, 1, DC, 0, 1>;
+        return cm > 1 ? sm90_rows_kernel<F16, 128, 2, DC, 0, 1> : sm90_rows_kernel<F16, 128, 1, DC, 0, 1>;
+    case DI:
+        if (bm == 64) return sm90_rows_kernel<F16, 64, 1, DI, 0, 1>;
+        return cm > 1 ? sm90_rows_kernel<F16, 128, 2, DI, 0, 1> : sm90_rows_kernel<F16, 128, 1, DI, 0, 1>;
     case MOEX_SM90_EPI_BIAS:
         return bm == 64 ? sm90_rows_kernel<F16, 64, 1, 1, SK, 1> : sm90_rows_kernel<F16, 128, 1, 1, SK, 1>;
     case MOEX_SM90_EPI_GLU_CONTIG:
@@ -289,16 +303,22 @@ cudaError_t sm90_rows_probe(cudaFuncAttributes *fa) {
 
 cudaError_t sm90_rows_prepare(int sms, int *slots, const char **why) {
     static const int ops[] = {MOEX_SM90_EPI_PLAIN, MOEX_SM90_EPI_BIAS, MOEX_SM90_EPI_GLU_CONTIG,
-                              MOEX_SM90_EPI_GLU_INTERLEAVED, SM90_OP_DGRAD};
+                              MOEX_SM90_EPI_GLU_INTERLEAVED, SM90_OP_DGRAD,
+                              SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_CONTIG,
+                              SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_INTERLEAVED};
+    const int nops = (int)(sizeof ops / sizeof ops[0]);
     static const struct {
         int bm, cm, epi_tma;
     } shapes[] = {{64, 1, 1}, {128, 1, 1}, {128, 2, 1}, {128, 1, 0}};
     for (int f16 = 0; f16 < 2; f16++)
         for (int sk = 0; sk < 2; sk++)
-            for (int o = 0; o < 5; o++)
+            for (int o = 0; o < nops; o++)
                 for (int v = 0; v < 4; v++) {
-                    /* the plain kernels have all four shapes, the others fall back to one of them */
-                    const bool own = ops[o] == MOEX_SM90_EPI_PLAIN || ops[o] == SM90_OP_DGRAD || v < 2;
+                    /* the plain kernels have all four shapes, the DGLU dgrad three, the others two
+                     * (the rest fall back to one of them) */
+                    const bool dglu = ops[o] > SM90_OP_DGRAD;
+                    const bool own = ops[o] == MOEX_SM90_EPI_PLAIN || ops[o] == SM90_OP_DGRAD || v < 2 ||
+                                     (dglu && v < 3);
                     if (!own) continue;
                     const sm90_rows_fn fn = sm90_rows_pick(f16, sk, ops[o], shapes[v].bm, shapes[v].cm,
                                                            shapes[v].epi_tma);
@@ -309,9 +329,19 @@ cudaError_t sm90_rows_prepare(int sms, int *slots, const char **why) {
     return cudaSuccess;
 }
 
-/* The epilogue kind of e (MOEX_SM90_EPI_*), or -1 when the kernels cannot run it. */
-static int sm90_epi_kind(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e) {
+/* The epilogue kind of e (MOEX_SM90_EPI_*) for the forward or the dgrad, or -1 when the
+ * kernels cannot run it. */
+static int sm90_epi_kind(const moex_sm90_gemm_args *a, const moex_sm90_epilogue *e, bool dgrad) {
     if (e == NULL) return MOEX_SM90_EPI_PLAIN;
+    if (dgrad != (e->dh != NULL)) return -1;
+    if (dgrad) {   /* FC2's dz into the GLU's backward: dz [T, F], F = a->K */
+        const int64_t F = a->K;
+        if (e->glu == NULL || e->bias_mode != MOEX_BIAS_NONE || e->h == NULL || !sm90_aligned16(e->h) ||
+            !sm90_aligned16(e->dh) || F % 8 != 0)
+            return -1;
+        if (e->glu->layout == MOEX_GLU_INTERLEAVED_32) return F % 32 == 0 ? MOEX_SM90_EPI_DGLU_INTERLEAVED : -1;
+        return e->glu->layout == MOEX_GLU_CONTIGUOUS ? MOEX_SM90_EPI_DGLU_CONTIG : -1;
+    }
     const bool bias = e->bias_mode != MOEX_BIAS_NONE;
     if (bias) {
         if (e->bias == NULL || !sm90_aligned16(e->bias)) return -1;
@@ -335,7 +365,7 @@ extern "C" bool moex_sm90_supported(const moex_sm90_context *c, const moex_sm90_
 
 extern "C" bool moex_sm90_epilogue_supported(const moex_sm90_context *c, const moex_sm90_gemm_args *a,
                                              const moex_sm90_epilogue *e) {
-    return moex_sm90_supported(c, a) && sm90_epi_kind(a, e) >= 0;
+    return moex_sm90_supported(c, a) && sm90_epi_kind(a, e, e != NULL && e->dh != NULL) >= 0;
 }
 
 /* The shape the heuristic plans for. */
@@ -356,7 +386,7 @@ extern "C" size_t moex_sm90_gemm_workspace_bytes(const moex_sm90_context *c, con
                                                  const moex_sm90_epilogue *e) {
     if (c == NULL) return 0;
     if (a == NULL) return moex_sm90_workspace_bytes_max(&c->dev);
-    const int epi = sm90_epi_kind(a, e);
+    const int epi = sm90_epi_kind(a, e, false);
     if (epi < 0 || a->T <= 0 || a->G < 1) return 0;
     moex_sm90_shape s = sm90_rows_shape(a, epi, false);
     s.workspace = true;
@@ -374,8 +404,9 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     if (tune != NULL) tune->grid_used = 0;
     if (!moex_sm90_supported(ctx, a))
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 grouped GEMM: unsupported device, dtype, shape or alignment");
-    const int epi = sm90_epi_kind(a, e);
-    if (epi < 0) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 grouped GEMM: unsupported epilogue (bias, probs, GLU or z)");
+    const int epi = sm90_epi_kind(a, e, dgrad);
+    if (epi < 0)
+        SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 grouped GEMM: unsupported epilogue (bias, probs, GLU, z, h or dh)");
     if (a->T == 0) return MOEX_OK;
     const moex_sm90_shape shape = sm90_rows_shape(a, epi, dgrad);
     moex_sm90_plan plan;
@@ -383,7 +414,7 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     const int bm = plan.tile_rows, cm = plan.cluster;
     /* kernel view: out = in [T, red] times B_g (red x out_w) */
     const int64_t red = dgrad ? a->N : a->K, out_w = dgrad ? a->K : a->N;
-    const bool glu = epi >= MOEX_SM90_EPI_GLU_CONTIG;
+    const bool glu = MOEX_SM90_EPI_IS_GLU(epi);
 
     sm90_rows_maps km;
     sm90_epi ke;
@@ -417,6 +448,14 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
             ke.F = (int)(a->N / 2);
             ke.glu = moex_glu_consts_of(e->glu);
         }
+        if (MOEX_SM90_EPI_IS_DGLU(epi)) {
+            ke.h = (const uint16_t *)e->h;
+            ke.dh = (uint16_t *)e->dh;
+            ke.dp_part = e->dprobs_part;
+            ke.F = (int)a->K;
+            ke.dp_ld = (int)((a->K + 127) / 128);
+            ke.glu = moex_glu_consts_of(e->glu);
+        }
     }
     kp.y = (uint16_t *)a->y;
     kp.splits = a->splits;
@@ -443,8 +482,8 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaMemsetAsync of the stream-K flags failed");
         }
     }
-    const sm90_rows_fn fn = sm90_rows_pick(a->dtype == MOEX_DTYPE_F16, plan.stream_k, dgrad ? SM90_OP_DGRAD : epi,
-                                           bm, cm, plan.epilogue_tma);
+    const sm90_rows_fn fn = sm90_rows_pick(a->dtype == MOEX_DTYPE_F16, plan.stream_k,
+                                           dgrad ? SM90_OP_DGRAD + epi : epi, bm, cm, plan.epilogue_tma);
     if (cudaLaunchKernelEx(&cfg, fn, km, ke, kp) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: kernel launch failed");
@@ -459,8 +498,9 @@ extern "C" moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_context *c, co
 }
 
 extern "C" moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_context *c, const moex_sm90_gemm_args *a,
-                                                    moex_stream stream, const char **why) {
-    return sm90_rows_run(c, a, NULL, true, NULL, stream, why);
+                                                    const moex_sm90_epilogue *e, moex_stream stream,
+                                                    const char **why) {
+    return sm90_rows_run(c, a, e, true, NULL, stream, why);
 }
 
 extern "C" moex_status moex_sm90_grouped_gemm_fwd_tuned(const moex_sm90_context *c, const moex_sm90_gemm_args *a,

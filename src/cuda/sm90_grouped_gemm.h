@@ -87,7 +87,16 @@ typedef struct moex_sm90_gemm_args {
  *   the GLU reads h as stored; its halves laid out as glu->layout says).
  * bias: f32 or the input dtype, 16-byte aligned; z: the input dtype, 16-byte aligned,
  * F a multiple of 8 (INTERLEAVED_32: of 32). Rows at or past off[G] of y and z are never
- * written, and probs past them never read. */
+ * written, and probs past them never read.
+ * The dgrad's epilogue (dh != NULL; the dgrad only): the FC2 of the grouped MLP's backward
+ * with the GLU's backward, F = K (dx is dz [T, F]): dz = dy W_g, rounded to the input dtype,
+ * is not stored (a->y only names memory of [T, F] elements for the launch: it is not
+ * written); the GLU's backward with glu and p = probs (1 without) reads h [T, 2F] and writes
+ * dh = glu'(h) dz [T, 2F] (=), dh may be h itself; with dprobs_part, the GLU's dprobs term
+ * sum_j dz_j act(a_j) g(b_j) of each row over each 128 dz columns is written to
+ * dprobs_part [T, ceil(F / 128)] (f32, =). h, dh: the input dtype, 16-byte aligned; F a
+ * multiple of 8 (INTERLEAVED_32: of 32); bias_mode NONE. Rows at or past off[G] of dh and
+ * dprobs_part are never written nor those of h read. */
 typedef struct moex_sm90_epilogue {
     moex_bias_mode bias_mode;
     const void *bias;
@@ -95,6 +104,9 @@ typedef struct moex_sm90_epilogue {
     const float *probs;
     const moex_glu_params *glu;
     void *z;
+    const void *h;
+    void *dh;
+    float *dprobs_part;
 } moex_sm90_epilogue;
 
 /* The stream-K workspace the forward of (a, e) will use on c's device (e NULL: no
@@ -106,20 +118,21 @@ size_t moex_sm90_gemm_workspace_bytes(const moex_sm90_context *c, const moex_sm9
 /* Whether the forward and the dgrad can run these args with c (NULL: false): the dtype, the
  * shape limits above and aligned pointers. Reads no device memory and calls no CUDA. */
 bool moex_sm90_supported(const moex_sm90_context *c, const moex_sm90_gemm_args *a);
-/* The same for the forward with the epilogue e (NULL: none): also the epilogue's conditions. */
+/* The same with the epilogue e (NULL: none; the forward's, or with e->dh the dgrad's): also
+ * the epilogue's conditions. */
 bool moex_sm90_epilogue_supported(const moex_sm90_context *c, const moex_sm90_gemm_args *a,
                                   const moex_sm90_epilogue *e);
 
 /* Launch the forward y = x W_g^T with the epilogue e (NULL: none), or the data gradient
- * dx = dy W_g (a->x is dy [T, N], a->y is dx [T, K], a->w is W [G, N, K]), on `stream` (the
- * current device must be c's). No allocation, no synchronisation. On failure returns a status
+ * dx = dy W_g (a->x is dy [T, N], a->y is dx [T, K], a->w is W [G, N, K]) with its epilogue
+ * e (NULL: none), on `stream` (the current device must be c's). No allocation, no synchronisation. On failure returns a status
  * and, when `why` is not NULL, sets *why to a static message (MOEX_ERR_UNSUPPORTED: the
  * args fail moex_sm90_epilogue_supported; MOEX_ERR_CUDA: a CUDA call failed). T == 0
  * launches nothing. */
 moex_status moex_sm90_grouped_gemm_fwd(const moex_sm90_context *c, const moex_sm90_gemm_args *a,
                                        const moex_sm90_epilogue *e, moex_stream stream, const char **why);
 moex_status moex_sm90_grouped_gemm_dgrad(const moex_sm90_context *c, const moex_sm90_gemm_args *a,
-                                         moex_stream stream, const char **why);
+                                         const moex_sm90_epilogue *e, moex_stream stream, const char **why);
 
 /* The weight gradient dW_g = dy_g^T x_g (see the top of this file). */
 typedef struct moex_sm90_wgrad_args {

@@ -55,13 +55,14 @@ void moex_sm90_plan_make(const moex_sm90_device *d, const moex_sm90_shape *s, co
         plan_wgrad(d, s, tune, p);
         return;
     }
-    const bool dgrad = s->product == MOEX_SM90_DGRAD, glu = s->epi >= MOEX_SM90_EPI_GLU_CONTIG;
+    const bool dgrad = s->product == MOEX_SM90_DGRAD, glu = MOEX_SM90_EPI_IS_GLU(s->epi);
     const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
                        ? tune->tile_rows
                        : moex_sm90_tile_rows(s->T, s->G, s->N, s->K);
-    /* 2-CTA clusters for the plain 128-row forward and dgrad with the TMA epilogue: the other
-     * kernels are built without */
-    const bool cluster_ok = s->epi == MOEX_SM90_EPI_PLAIN && bm == 128 && p->epilogue_tma;
+    /* 2-CTA clusters for the plain 128-row forward and dgrad and the DGLU dgrad, with the TMA
+     * epilogue: the other kernels are built without */
+    const bool cluster_ok = (s->epi == MOEX_SM90_EPI_PLAIN || MOEX_SM90_EPI_IS_DGLU(s->epi)) && bm == 128 &&
+                            p->epilogue_tma;
     const int cm = cluster_ok && (tune == NULL || tune->cluster != 1) ? 2 : 1;
     const int band_rows = tune != NULL && tune->band_rows > 0 ? tune->band_rows : MOEX_SM90_BAND_ROWS;
     p->tile_rows = bm;
@@ -80,13 +81,15 @@ void moex_sm90_plan_make(const moex_sm90_device *d, const moex_sm90_shape *s, co
     /* Stream-K: with a workspace, where groups of T / G rows each would leave a last round
      * worth cutting (the kernel decides again from the actual split values). The plain and
      * bias forward only: the dgrad and the GLU did not gain from it (docs/hopper.md);
-     * stream_k = 2 (tests): whenever there is a last round, any product. */
+     * stream_k = 2 (tests): whenever there is a last round, any product but the DGLU dgrad (built
+     * without a stream-K instance). */
     const int mode = tune != NULL ? tune->stream_k : 0;
     p->sk_min = mode == 2 ? 0 : MOEX_SM90_SK_MIN_STEPS;
     if (s->workspace && mode != 1) {
         const int64_t P = p->grid / cm, nk = cdiv(red, MOEX_SM90_TILE_K);
         const int64_t units_est = s->G * moex_sm90_units(cdiv(s->T / s->G, bm), nt, cm);
-        p->stream_k = mode == 2 || (!dgrad && !glu && moex_sm90_sk_worth(units_est, P, (int)nk, p->sk_min));
+        p->stream_k = (mode == 2 && !MOEX_SM90_EPI_IS_DGLU(s->epi)) ||
+                      (!dgrad && !glu && moex_sm90_sk_worth(units_est, P, (int)nk, p->sk_min));
     }
 }
 

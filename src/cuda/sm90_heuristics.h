@@ -72,17 +72,23 @@ typedef enum moex_sm90_product {
     MOEX_SM90_WGRAD = 2
 } moex_sm90_product;
 
-/* The forward's epilogue kinds (the kernel's EPI template value). */
+/* The epilogue kinds (the kernel's EPI template value): the forward's, and the dgrad's. */
 enum {
-    MOEX_SM90_EPI_PLAIN = 0,            /* y = x W^T                        */
+    MOEX_SM90_EPI_PLAIN = 0,            /* y = x W^T (dgrad: dx = dy W)     */
     MOEX_SM90_EPI_BIAS = 1,             /* + b_g or + p_r b_g               */
     MOEX_SM90_EPI_GLU_CONTIG = 2,       /* FC1 + scaled GLU, CONTIGUOUS     */
-    MOEX_SM90_EPI_GLU_INTERLEAVED = 3   /* FC1 + scaled GLU, INTERLEAVED_32 */
+    MOEX_SM90_EPI_GLU_INTERLEAVED = 3,  /* FC1 + scaled GLU, INTERLEAVED_32 */
+    MOEX_SM90_EPI_DGLU_CONTIG = 4,      /* dgrad: FC2's dz into the GLU's backward, CONTIGUOUS */
+    MOEX_SM90_EPI_DGLU_INTERLEAVED = 5  /* dgrad: the same, INTERLEAVED_32  */
 };
+/* The forward's GLU kinds (column tiles of 128 z columns) and the dgrad's. */
+#define MOEX_SM90_EPI_IS_GLU(e) ((e) == MOEX_SM90_EPI_GLU_CONTIG || (e) == MOEX_SM90_EPI_GLU_INTERLEAVED)
+#define MOEX_SM90_EPI_IS_DGLU(e) ((e) == MOEX_SM90_EPI_DGLU_CONTIG || (e) == MOEX_SM90_EPI_DGLU_INTERLEAVED)
 
 typedef struct moex_sm90_shape {
     moex_sm90_product product;
-    int epi;                    /* forward: MOEX_SM90_EPI_*; else PLAIN                   */
+    int epi;                    /* forward: PLAIN, BIAS or a GLU kind; dgrad: PLAIN or a
+                                   DGLU kind; wgrad: PLAIN                               */
     int64_t G, T, K, N;         /* the product's G, T, K, N (sm90_grouped_gemm.h); T > 0  */
     bool workspace;             /* forward, dgrad: a stream-K workspace is given          */
 } moex_sm90_shape;
@@ -108,7 +114,7 @@ int moex_sm90_tile_rows(int64_t T, int64_t G, int64_t N, int64_t K);
 /* The plan for shape s on device d, with the knobs tune (NULL: the production plan; see
  * sm90_tuning.h for what each knob overrides). The rules:
  *   forward, dgrad: tile rows by moex_sm90_tile_rows; 2-CTA clusters for the plain 128-row
- *     products with the TMA epilogue; bands of MOEX_SM90_BAND column tiles in blocks of
+ *     products and the DGLU dgrad with the TMA epilogue; bands of MOEX_SM90_BAND column tiles in blocks of
  *     MOEX_SM90_BAND_ROWS input rows; the grid is the resident CTAs (clusters), at most one
  *     unit each for groups of T / G rows; stream-K when a workspace is given, for the plain
  *     or bias forward only, and only when groups of T / G rows would leave a last round that

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""mlp_bench.py - the grouped MLP forward+backward (SwiGLU times the router's probs, FC2's bias
+scaled by the same probs) of moex against its own six GEMMs run alone and against PyTorch
+(eager, and torch.compile of the same math), with the peak memory of each; balanced and
+skewed splits, in one run on one GPU.
+
+Per config (the MLP shapes of tools/bench_configs.h: G experts, T rows, H hidden, F ffn):
+  moex      moex.torch.grouped_mlp(x, w1, w2, splits, b2=b2, probs=p, scale_b2=True), then
+            the backward of y to x, w1, w2, b2 and p (the time of fwd + bwd, autograd included)
+  gemms     moex's six grouped GEMMs of that step, each timed alone, no epilogue: FC1 and FC2
+            forward, FC2 and FC1 backward-data, FC2 and FC1 backward-weight (the sum of their
+            medians): the rate the MLP aims at
+  eager     the same math in PyTorch: torch._grouped_mm, SwiGLU and the probs in f32, the
+            scaled bias, autograd backward
+  compile   torch.compile of the eager forward (default mode), autograd backward
+TFLOP/s = 18 T H F / time. Peak memory: the most memory torch's allocator held during one
+fwd+bwd beyond what was allocated before it (inputs, weights, dy: the same for all); moex's
+workspaces come from torch's allocator, so they are counted. Gradients are returned by
+torch.autograd.grad (none accumulated). Median of --iters CUDA-event timings after warm-up, each
+behind a 3 ms GPU spin so that the host's time to enqueue the step is not timed (GPU time, for
+every row alike); random data.
+
+Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \
+    python3 bench/mlp_bench.py [--configs dsv3,...] [--splits balanced,skewed] [--iters N]
+    [--no-compile] [--profile]
+--profile prints, per config, the GPU time of each kernel of one moex fwd+bwd (torch.profiler).
+"""
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+
+import moex.torch as mt
+from moex import _capi
+from configs import select
+from torch_baseline import splits_of
+
+BF = torch.bfloat16
+MODELS = {}   # model name: (G, T, H, F), from the configs' fc1 rows
+for _c in select("CUDA").values():
+    if _c.name.endswith("-fc1"):
+        MODELS[_c.name[:-4]] = (_c.G, _c.T, _c.H, _c.F)
+
+
+LEAVES = ("x", "w1", "w2", "b2", "p")
+
+
+def median_ms(fn, iters, spin_cycles=6_000_000):
+    """Median GPU ms of fn(), each run behind a GPU spin (torch.cuda._sleep) so that the host
+    enqueues it while the GPU is busy."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(spin_cycles)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b))
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
+def make_inputs(G, T, H, FF, kind, dev="cuda"):
+    s = splits_of(G, T, kind)
+    splits = torch.tensor(s, device=dev, dtype=torch.int64)
+    return {
+        "splits": splits,
+        "offs": splits.cumsum(0).to(torch.int32),
+        "gid": torch.repeat_interleave(torch.arange(G, device=dev), splits),
+        "x": torch.randn(T, H, device=dev, dtype=BF).requires_grad_(),
+        "w1": (torch.randn(G, 2 * FF, H, device=dev, dtype=BF) / H ** 0.5).requires_grad_(),
+        "w2": (torch.randn(G, H, FF, device=dev, dtype=BF) / FF ** 0.5).requires_grad_(),
+        "b2": (torch.randn(G, H, device=dev, dtype=BF) * 0.1).requires_grad_(),
+        "p": torch.rand(T, device=dev, dtype=torch.float32).requires_grad_(),
+        "dy": torch.randn(T, H, device=dev, dtype=BF),
+    }
+
+
+def torch_mlp(x, w1, w2, b2, p, offs, gid):
+    """The grouped MLP in eager PyTorch: y = p * swiglu(x W1^T) W2^T + p b2 (per group)."""
+    h = torch._grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+    a, b = h.chunk(2, dim=-1)
+    z = (F.silu(a.float()) * b.float() * p[:, None]).to(BF)
+    y = torch._grouped_mm(z, w2.transpose(-2, -1), offs=offs)
+    return (y.float() + p[:, None] * b2.index_select(0, gid).float()).to(BF)
+
+
+def step_fns(d, compiled):
+    """{name: fn} of one forward+backward each, returning the gradients of LEAVES."""
+    leaves = [d[k] for k in LEAVES]
+
+    def backward(y):
+        return torch.autograd.grad(y, leaves, d["dy"])
+
+    fns = {
+        "moex": lambda: backward(mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"],
+                                                scale_b2=True)),
+        "eager": lambda: backward(torch_mlp(d["x"], d["w1"], d["w2"], d["b2"], d["p"], d["offs"], d["gid"])),
+    }
+    if compiled is not None:
+        fns["compile"] = lambda: backward(compiled(d["x"], d["w1"], d["w2"], d["b2"], d["p"], d["offs"], d["gid"]))
+    return fns
+
+
+def gemm_fns(d):
+    """moex's six GEMMs of the step, plain, on inputs of the right shapes."""
+    x, w1, w2, dy, s = d["x"].detach(), d["w1"].detach(), d["w2"].detach(), d["dy"], d["splits"]
+    T, FF = x.shape[0], w2.shape[2]
+    z = torch.randn(T, FF, device=x.device, dtype=BF)
+    dh = torch.randn(T, 2 * FF, device=x.device, dtype=BF)
+    none = _capi.BIAS_NONE
+    return {
+        "fc1_fwd": lambda: mt._forward(x, w1, s, None, None, none),
+        "fc2_fwd": lambda: mt._forward(z, w2, s, None, None, none),
+        "fc2_dgrad": lambda: mt._backward_data(dy, w2, s, None, None, none, True, False, False),
+        "fc1_dgrad": lambda: mt._backward_data(dh, w1, s, None, None, none, True, False, False),
+        "fc2_wgrad": lambda: mt._backward_weight(z, dy, s, _capi.DTYPE_BF16),
+        "fc1_wgrad": lambda: mt._backward_weight(x, dh, s, _capi.DTYPE_BF16),
+    }
+
+
+def peak_bytes(fn):
+    """The most memory held during one fn() beyond what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    grads = fn()
+    torch.cuda.synchronize()
+    del grads
+    return torch.cuda.max_memory_allocated() - base
+
+
+def check_same(fns):
+    """{leaf: relative difference of moex's gradient from eager torch's}: not a test (tests/
+    compare against fp64), a guard that the timed paths compute the same thing."""
+    got, want = fns["moex"](), fns["eager"]()
+    return {k: round(((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item(), 5)
+            for k, a, b in zip(LEAVES, got, want)}
+
+
+def profile(fn, top=14):
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    fn()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((t, e.count, e.key))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    print(f"  kernels of one moex fwd+bwd: {total / 1e3:.3f} ms GPU")
+    for t, n, key in rows[:top]:
+        print(f"    {t / 1e3:8.3f} ms {n:>3}x  {key[:100]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default=",".join(MODELS))
+    ap.add_argument("--splits", default="balanced,skewed")
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
+    compiled = None if args.no_compile else torch.compile(torch_mlp)
+    rows = []
+    for name in args.configs.split(","):
+        G, T, H, FF = MODELS[name]
+        flops = 18.0 * T * H * FF
+        for kind in args.splits.split(","):
+            d = make_inputs(G, T, H, FF, kind)
+            r = {"config": name, "splits": kind, "G": G, "T": T, "H": H, "F": FF}
+            fns = step_fns(d, compiled)
+            r["rel_diff_moex_eager"] = check_same(fns)
+            for fname, fn in fns.items():
+                r[fname + "_peak_gb"] = round(peak_bytes(fn) / 1e9, 3)
+                r[fname] = round(flops / median_ms(fn, args.iters) / 1e9, 1)
+            gms = {g: median_ms(fn, args.iters) for g, fn in gemm_fns(d).items()}
+            r["gemms"] = round(flops / sum(gms.values()) / 1e9, 1)
+            r["gemm_ms"] = {g: round(v, 4) for g, v in gms.items()}
+            best = max(r["eager"], r.get("compile", 0.0))
+            r["vs_gemms"] = round(r["moex"] / r["gemms"], 3)
+            r["vs_torch"] = round(r["moex"] / best, 3)
+            print(json.dumps(r), flush=True)
+            if args.profile:
+                profile(fns["moex"])
+            rows.append(r)
+            del d, fns
+            torch.cuda.empty_cache()
+    print("\ngrouped MLP fwd+bwd (SwiGLU x probs, probs-scaled b2), bf16, TFLOP/s (median); peak GB beyond inputs")
+    print(f"{'config':<11}{'splits':<9}{'moex':>7}{'gemms':>7}{'eager':>7}{'compile':>8}{'/gemms':>8}{'/torch':>8}"
+          f"{'peak moex':>10}{'eager':>7}{'compile':>8}")
+    for r in rows:
+        print(f"{r['config']:<11}{r['splits']:<9}{r['moex']:>7.0f}{r['gemms']:>7.0f}{r['eager']:>7.0f}"
+              f"{r.get('compile', 0):>8.0f}{r['vs_gemms']:>8.3f}{r['vs_torch']:>8.3f}{r['moex_peak_gb']:>10.3f}"
+              f"{r['eager_peak_gb']:>7.3f}{r.get('compile_peak_gb', 0):>8.3f}")
+
+
+if __name__ == "__main__":
+    main()
