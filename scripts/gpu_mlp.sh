@@ -24,7 +24,7 @@ SAN_TESTS=${SAN_TESTS-$TESTS}
 for tool in ${SAN_TOOLS-memcheck racecheck synccheck}; do
     for t in $SAN_TESTS; do
         timeout 300 compute-sanitizer --tool $tool "$BUILD/tests/$t" > "$OUT/${tool}_$t.log" 2>&1
-        echo "$tool $t: rc=$? $(grep 'ERROR SUMMARY' "$OUT/${tool}_$t.log")"
+        echo "$tool $t: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/${tool}_$t.log")"
     done
 done
 "$BUILD/bench/moex_host_time" | tee "$OUT/host_time.log"
