@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import moex.torch as mt
 from moex import _capi
 from configs import select
-from torch_baseline import splits_of
+from torch_baseline import median_ms, splits_of
 
 BF = torch.bfloat16
 MODELS = {}   # model name: (G, T, H, F), from the configs' fc1 rows
@@ -46,23 +46,7 @@ for _c in select("CUDA").values():
 LEAVES = ("x", "w1", "w2", "b2", "p")
 
 
-def median_ms(fn, iters, spin_cycles=6_000_000):
-    """Median GPU ms of fn(), each run behind a GPU spin (torch.cuda._sleep) so that the host
-    enqueues it while the GPU is busy."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(spin_cycles)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b))
-    ts.sort()
-    return ts[len(ts) // 2]
+SPIN = 6_000_000   # GPU cycles of the spin before each timed run: about 3 ms
 
 
 def make_inputs(G, T, H, FF, kind, dev="cuda"):
@@ -185,8 +169,8 @@ def main():
             r["rel_diff_moex_eager"] = check_same(fns)
             for fname, fn in fns.items():
                 r[fname + "_peak_gb"] = round(peak_bytes(fn) / 1e9, 3)
-                r[fname] = round(flops / median_ms(fn, args.iters) / 1e9, 1)
-            gms = {g: median_ms(fn, args.iters) for g, fn in gemm_fns(d).items()}
+                r[fname] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
+            gms = {g: median_ms(fn, args.iters, SPIN) for g, fn in gemm_fns(d).items()}
             r["gemms"] = round(flops / sum(gms.values()) / 1e9, 1)
             r["gemm_ms"] = {g: round(v, 4) for g, v in gms.items()}
             best = max(r["eager"], r.get("compile", 0.0))

@@ -27,13 +27,18 @@ from configs import select   # tools/bench_configs.h, the one list of benchmark 
 CONFIGS = {c.name: (c.G, c.T, c.K, c.N, c.H, c.F) for c in select("CUDA").values()}  # name: G, T, K, N, H, F
 
 
-def median_ms(fn, iters):
+def median_ms(fn, iters, spin_cycles=0):
+    """Median ms of fn() by CUDA events after 3 warm-up calls; with spin_cycles, each run is
+    behind a GPU spin (torch.cuda._sleep), so that the host enqueues it while the GPU is busy
+    and the time is the GPU's."""
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     ts = []
     for _ in range(iters):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if spin_cycles:
+            torch.cuda._sleep(spin_cycles)
         a.record()
         fn()
         b.record()
