@@ -1052,6 +1052,8 @@ static void bad_arguments(tu_rng *r) {
     Q(MX, b.params.scale_layout = MOEX_SCALES_MX_SWIZZLED, "rowwise.scales", "swizzled with the plain scales");
     Q(MX, SWZ(swr + 1, swc), "rowwise.scales", "swizzled rowwise.scales one byte long");
     Q(MX, SWZ(swr, swc - 512), "columnwise.scales", "swizzled columnwise.scales one tile short");
+#ifndef CM_RUN   /* not through the CUDA mirror (cuda_mirror.h), which would first copy 2^54 bytes to the
+                  * device; the check is the core's, the same for every backend */
     {   /* 2^54 experts of [1, 1]: 2^54 elements each, but each expert's scales pad to 128 x 4 */
         const int64_t G = (int64_t)1 << 54;
         Q(MX,
@@ -1062,6 +1064,7 @@ static void bad_arguments(tu_rng *r) {
         CHECK_MSG(strstr(moex_last_error(ctx), "2^63") != NULL, "swizzled scales of 2^63 bytes: refused as \"%s\"",
                   moex_last_error(ctx));
     }
+#endif
 #undef SWZ
     /* amax */
     Q(GR, b.amax = moex_tensor_1d(f.am, MOEX_DTYPE_F32, 1), "amax", "GROUP amax [1]");
