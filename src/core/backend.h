@@ -51,9 +51,10 @@ typedef struct moex_fc1_glu_args {
 /* The FC2 backward-data of the grouped MLP with the GLU's backward fused:
  *   dz = dy W_g [T, F], rounded to the activation dtype as if stored, but not stored;
  *   dh = glu'(h) dz [T, 2F] (=), with glu and p = probs (1 when absent);
- *   fc2's bias terms as linear_dgrad computes them (dbias = sum (p) dy, dprobs += dy . b_g),
- *   then, when dprobs is present, dprobs += the GLU's term sum_j dz_j act(a_j) g(b_j).
- * fc2.dx is not used. */
+ *   dbias = sum (p) dy as linear_dgrad computes it (fc2's bias_mode, probs, dbias);
+ *   when dprobs is present: dprobs += dy . b_g (fc2.bias present, SCALED), then
+ *   dprobs += the GLU's term sum_j dz_j act(a_j) g(b_j).
+ * fc2.dx and fc2.dprobs are not used. */
 typedef struct moex_fc2_glu_grad_args {
     moex_grouped_linear_dgrad_args fc2;   /* dy [T, H], w [G, H, F], the bias terms */
     moex_glu_params glu;

@@ -16,8 +16,9 @@
  *            dW1 = dh^T x
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
- * dtype, as the saved h and z do (dz rounded to it also where it is not stored). The groups are prepared once (split values checked before
- * anything is written on the CPU) and every primitive runs on them.
+ * dtype, as the saved h and z do (dz rounded to it also where it is not stored). The groups
+ * are prepared once (split values checked before anything is written on the CPU) and every
+ * primitive runs on them.
  *
  * Workspace: the prepared handle, the intermediates the call needs, and one region shared by
  * the primitives (they run one after the other). Its size depends on shapes, dtypes and
@@ -243,7 +244,7 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
                                              .dz = dzt, .dh = dht, .dprobs = a->dprobs};
     c->fc2_glu = (moex_fc2_glu_grad_args){.fc2 = c->fc2_dgrad, .glu = a->glu, .h = a->h, .probs = a->probs,
                                           .dh = act_2d(dh, d, 2 * d->F), .dprobs = a->dprobs};
-    c->fc2_glu.fc2.dx = absent_tensor;
+    c->fc2_glu.fc2.dx = c->fc2_glu.fc2.dprobs = absent_tensor;
     c->fc1_dgrad = (moex_grouped_linear_dgrad_args){
         .dy = dht, .w = a->w1, .bias_mode = moex_present(&a->db1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE,
         .splits = a->splits, .dx = a->dx, .dbias = a->db1};
@@ -273,9 +274,9 @@ static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args 
 }
 
 static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
-                             void *ws) {
+                             const bwd_plan *plan, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    const bwd_plan p = bwd_plan_of(ctx, a, d);
+    const bwd_plan p = *plan;
     bwd_calls c;
     bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
@@ -295,14 +296,15 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
 
 size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
                                        const moex_mlp_dims *d) {
-    return bwd_layout(ctx, a, d, NULL).total;
+    const bwd_plan p = bwd_plan_of(ctx, a, d);
+    return bwd_layout(ctx, a, d, &p, NULL).total;
 }
 
 moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call *c,
                                              const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    const mlp_layout l = bwd_layout(ctx, a, d, ws);
     const bwd_plan p = bwd_plan_of(ctx, a, d);
+    const mlp_layout l = bwd_layout(ctx, a, d, &p, ws);
     moex_groups g;
     MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &g));
     bwd_calls k;

@@ -173,7 +173,7 @@ static moex_sm90_epilogue fc2_glu_epilogue(const moex_fc2_glu_grad_args *a, floa
 static moex_sm90_gemm_args fc2_glu_gemm(const moex_groups *g, const moex_fc2_glu_grad_args *a,
                                         const moex_gl_dims *d) {
     const moex_sm90_gemm_args s = {d->dt, d->G, d->T, d->K, d->N, a->fc2.dy.data, a->fc2.w.t.data, a->dh.data,
-                                   g ? g->splits : NULL, NULL, 0, NULL};
+                                   g->splits, NULL, 0, NULL};
     return s;
 }
 
@@ -210,25 +210,27 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     const moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
     const moex_sm90_epilogue e = fc2_glu_epilogue(a, part);
     if (d->T > 0) {   /* (empty tensors may have no memory; the bias terms still write zeros) */
-        if (!moex_sm90_epilogue_supported(sc, &s, &e))
+        if (!moex_sm90_epilogue_supported(sc, &s, &e)) {   /* the plan held for aligned pointers */
+            const char *name = (uintptr_t)s.x % 16 ? "dy" : (uintptr_t)s.w % 16 ? "w2" : "h";
             return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                             "%s: on Hopper the backward fuses FC2 with the GLU and needs dy, w2, h and the "
-                             "workspace 16-byte aligned (docs/hopper.md)", c->op);
+                             "%s: %s is not 16-byte aligned: on Hopper the backward fuses FC2's GEMM with the "
+                             "GLU and needs dy, w2 and h 16-byte aligned (docs/ops.md 4.2)", c->op, name);
+        }
         const char *why = "";
         const moex_status st = moex_sm90_grouped_gemm_dgrad(sc, &s, &e, c->stream, &why);
         if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", c->op, why);
     }
-    /* fc2's bias terms, then the GLU's dprobs term */
+    /* dbias; dprobs: the scaled bias's term, then the GLU's */
     const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
     if (colsum)
         MOEX_TRY(moex_cuda_group_colsum(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N,
                                         scaled ? (const float *)a->fc2.probs.data : NULL, colsum,
                                         (float *)a->fc2.dbias.data, stream));
-    const bool bias_term = scaled && moex_present(&a->fc2.dprobs);
-    if (part || bias_term)
-        MOEX_TRY(moex_cuda_row_dot_bias(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N,
-                                        bias_term ? a->fc2.bias.data : NULL, a->fc2.bias.dtype, part, part_ld,
-                                        (float *)(part ? a->dprobs.data : a->fc2.dprobs.data), stream));
+    if (part) {
+        const void *bias = scaled && moex_present(&a->fc2.bias) ? a->fc2.bias.data : NULL;
+        MOEX_TRY(moex_cuda_row_dot_bias(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N, bias, a->fc2.bias.dtype, part,
+                                        part_ld, (float *)a->dprobs.data, stream));
+    }
     return MOEX_OK;
 }
 

@@ -124,15 +124,17 @@ moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex
     if (s->T == 0) return MOEX_OK;
     unsigned blocks = (unsigned)((s->T + ROWDOT_WARPS - 1) / ROWDOT_WARPS);
     int bf = bias_dt == MOEX_DTYPE_F32, bb = bias_dt == MOEX_DTYPE_BF16;
+    const int64_t *off = s->off;
+    const int G = (int)s->G;
     if (dt == MOEX_DTYPE_F32)
-        row_dot_bias_kernel<float><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                             (const float *)src, N, bias, bf, bb, part, part_ld, dprobs);
+        row_dot_bias_kernel<float><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(off, G, s->T, (const float *)src, N, bias,
+                                                                             bf, bb, part, part_ld, dprobs);
     else if (dt == MOEX_DTYPE_BF16)
-        row_dot_bias_kernel<bf16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                            (const bf16 *)src, N, bias, bf, bb, part, part_ld, dprobs);
+        row_dot_bias_kernel<bf16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(off, G, s->T, (const bf16 *)src, N, bias,
+                                                                            bf, bb, part, part_ld, dprobs);
     else
-        row_dot_bias_kernel<f16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(s->off, (int)s->G, s->T,
-                                                                           (const f16 *)src, N, bias, bf, bb, part, part_ld, dprobs);
+        row_dot_bias_kernel<f16><<<blocks, ROWDOT_WARPS * 32, 0, stream>>>(off, G, s->T, (const f16 *)src, N, bias,
+                                                                           bf, bb, part, part_ld, dprobs);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }

@@ -21,12 +21,12 @@
  *           whole 64-column segments); for CONTIGUOUS the producer loads the weight tile as
  *           four 64-row boxes so that each block is [NC / 2 rows of the first half (rows
  *           zb ...)][NC / 2 rows of the second half (F + zb ...)], one segment of length NC / 2.
-   DGLU_*  (dgrad) FC2's backward-data of the grouped MLP with the GLU's backward: the block
-           is dz = dy W2 [T, F], rounded to the input dtype as if stored, never stored; the
-           thread reads h [T, 2F] at the two halves of its dz columns and writes
-           dh = glu'(h) dz there (dh may be h itself: each element is read, then written, by
-           one thread), and the GLU's dprobs term of its rows, summed over each 128 dz
-           columns, to a partial [T, ceil(F / 128)] (no atomics: one writer per element).
+ *   DGLU_*  (dgrad) FC2's backward-data of the grouped MLP with the GLU's backward: the block
+ *           is dz = dy W2 [T, F], rounded to the input dtype as if stored, never stored; the
+ *           thread reads h [T, 2F] at the two halves of its dz columns and writes
+ *           dh = glu'(h) dz there (dh may be h itself: each element is read, then written, by
+ *           one thread), and the GLU's dprobs term of its rows, summed over each 128 dz
+ *           columns, to a partial [T, ceil(F / 128)] (no atomics: one writer per element).
  * Full blocks (all rows inside the group, all columns inside the output) leave through the
  * swizzled staging buffer and TMA stores, a 64-column box at a time (sm90_stage_pass); other
  * blocks through masked stores from registers (DGLU: every block, from registers). Rows past

@@ -26,6 +26,7 @@ typedef struct cm_buf {
     void *host, *dev;
     size_t bytes;
     int out;
+    void *init;             /* out: the device copy's bytes before the op (host memory) */
 } cm_buf;
 
 typedef struct cm_mirror {
@@ -89,6 +90,11 @@ static void *cm_add(cm_mirror *m, void *host, size_t bytes, int out) {
     b->bytes = bytes;
     b->out = out;
     b->dev = cm_to_dev(host, bytes);
+    b->init = NULL;
+    if (out) {
+        b->init = tu_alloc(bytes ? bytes : 1);
+        cm_to_host(b->init, b->dev, bytes);
+    }
     return b->dev;
 }
 
@@ -122,14 +128,28 @@ static void *cm_workspace(cm_mirror *m, size_t bytes) {
     return p;
 }
 
-/* Synchronises, copies outputs back, frees everything. Returns `st`, or the status of
+/* Synchronises, copies outputs back when the op ran (returned MOEX_OK), frees everything.
+ * A refused op's outputs are not copied back but checked on the device: unchanged, or a test
+ * failure. (A test of a refusal may describe an output larger than its host buffer: copying
+ * that back would write past the buffer.) Returns `st`, or the status of
  * moex_context_check_splits when the op itself succeeded and the flag was set. */
 static moex_status cm_finish(cm_mirror *m, moex_context *ctx, moex_status st) {
     cm_die(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the op");
-    if (st == MOEX_OK) st = moex_context_check_splits(ctx, NULL);
+    const int ran = st == MOEX_OK;
+    if (ran) st = moex_context_check_splits(ctx, NULL);
     for (int i = 0; i < m->n; i++) {
-        if (m->b[i].out) cm_to_host(m->b[i].host, m->b[i].dev, m->b[i].bytes);
-        cudaFree(m->b[i].dev);
+        cm_buf *b = &m->b[i];
+        if (b->out && ran) {
+            cm_to_host(b->host, b->dev, b->bytes);
+        } else if (b->out) {
+            void *now = tu_alloc(b->bytes ? b->bytes : 1);
+            cm_to_host(now, b->dev, b->bytes);
+            tu_record(memcmp(now, b->init, b->bytes) == 0, __FILE__, __LINE__,
+                      "cuda_mirror: a refused call (%s) wrote output buffer %d", moex_status_string(st), i);
+            free(now);
+        }
+        free(b->init);
+        cudaFree(b->dev);
     }
     for (int i = 0; i < m->nextra; i++) cudaFree(m->extra[i]);
     m->n = m->nextra = 0;
