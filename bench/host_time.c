@@ -51,8 +51,22 @@ static double now_us(void) {
     return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec * 1e-3;
 }
 
-/* Device memory of `bytes`, filled with small random bf16 values (or f32 for f32 = 1):
- * nothing is timed on zeros. */
+/* Every device allocation, freed at the end. */
+static void *allocs[64];
+static int nallocs;
+
+static void *dev_alloc(size_t bytes) {
+    if (nallocs == (int)(sizeof allocs / sizeof allocs[0])) {
+        fprintf(stderr, "host_time: too many allocations\n");
+        exit(1);
+    }
+    void *d = NULL;
+    CHECK_CUDA(cudaMalloc(&d, bytes));
+    return allocs[nallocs++] = d;
+}
+
+/* Device memory of `elems` small random bf16 values (or f32 for f32 = 1): nothing is timed
+ * on zeros. */
 static void *dev_random(size_t elems, int f32, unsigned *seed) {
     const size_t es = f32 ? 4 : 2;
     unsigned char *h = malloc(elems * es);
@@ -72,8 +86,7 @@ static void *dev_random(size_t elems, int f32, unsigned *seed) {
             memcpy(h + 2 * i, &b, 2);
         }
     }
-    void *d = NULL;
-    CHECK_CUDA(cudaMalloc(&d, elems * es));
+    void *d = dev_alloc(elems * es);
     CHECK_CUDA(cudaMemcpy(d, h, elems * es, cudaMemcpyHostToDevice));
     free(h);
     return d;
@@ -134,8 +147,7 @@ int main(int argc, char **argv) {
 
     int64_t hsplits[G];
     for (int g = 0; g < G; g++) hsplits[g] = T / G + (g == 1 ? 8 : 0) - (g == 2 ? 8 : 0);
-    int64_t *splits = NULL;
-    CHECK_CUDA(cudaMalloc((void **)&splits, sizeof hsplits));
+    int64_t *splits = dev_alloc(sizeof hsplits);
     CHECK_CUDA(cudaMemcpy(splits, hsplits, sizeof hsplits, cudaMemcpyHostToDevice));
     const moex_tensor sp = moex_tensor_1d(splits, MOEX_DTYPE_I64, G);
 
@@ -174,8 +186,7 @@ int main(int argc, char **argv) {
     moex_grouped_linear_args busy;
     memset(&busy, 0, sizeof busy);
     const int64_t busy_split = BUSY_T;
-    int64_t *busy_splits = NULL;
-    CHECK_CUDA(cudaMalloc((void **)&busy_splits, sizeof busy_split));
+    int64_t *busy_splits = dev_alloc(sizeof busy_split);
     CHECK_CUDA(cudaMemcpy(busy_splits, &busy_split, sizeof busy_split, cudaMemcpyHostToDevice));
     busy.x = moex_tensor_2d(dev_random((size_t)BUSY_T * BUSY_K, 0, &seed), bf, BUSY_T, BUSY_K);
     busy.w = moex_weight_packed(moex_tensor_3d(dev_random((size_t)BUSY_N * BUSY_K, 0, &seed), bf, 1, BUSY_N, BUSY_K));
@@ -188,7 +199,7 @@ int main(int argc, char **argv) {
     CHECK_MOEX(moex_grouped_mlp_backward_workspace_size(ctx, &p.bwd, &w[2]));
     CHECK_MOEX(moex_grouped_linear_forward_workspace_size(ctx, &busy, &w[3]));
     for (int i = 0; i < 4; i++) p.ws_bytes = w[i] > p.ws_bytes ? w[i] : p.ws_bytes;
-    if (p.ws_bytes) CHECK_CUDA(cudaMalloc(&p.ws, p.ws_bytes));
+    if (p.ws_bytes) p.ws = dev_alloc(p.ws_bytes);
 
     row rows[] = {{"grouped_linear_forward", call_gl, &p, {0}},
                   {"grouped_mlp_forward", call_mlp_fwd, &p, {0}},
@@ -221,5 +232,6 @@ int main(int argc, char **argv) {
             printf("  %-40s min %7.2f  median %7.2f\n", rows[i].name, rows[i].us[0], rows[i].us[REPS / 2]);
     }
     moex_context_destroy(ctx);
+    for (int i = 0; i < nallocs; i++) CHECK_CUDA(cudaFree(allocs[i]));
     return 0;
 }
