@@ -32,6 +32,13 @@ static void format_shape(char *buf, size_t n, int ndim, const int64_t *shape) {
 
 /* ---- recorded spans ------------------------------------------------------------------ */
 
+/* The span's name, cut to fit (a plain copy: this runs for every tensor of every call). */
+static void span_name_set(moex_span *s, const char *name) {
+    const size_t n = strnlen(name, sizeof s->name - 1);
+    memcpy(s->name, name, n);
+    s->name[n] = '\0';
+}
+
 /* Records a span; a second record of the same name replaces the first. */
 static moex_status add_span(moex_context *ctx, const char *op, const moex_span *s) {
     int i = 0;
@@ -48,7 +55,7 @@ static moex_status add_span(moex_context *ctx, const char *op, const moex_span *
 static moex_status range_span(moex_context *ctx, const char *op, const char *name, const void *p, size_t bytes,
                               moex_span_role role, moex_span *s) {
     memset(s, 0, sizeof *s);
-    snprintf(s->name, sizeof s->name, "%s", name);
+    span_name_set(s, name);
     s->out = role == MOEX_SPAN_OUT;
     if (!p || bytes == 0) return MOEX_OK;   /* empty: overlaps nothing */
     s->lo = (uintptr_t)p;
@@ -72,30 +79,35 @@ static size_t tensor_bytes(const moex_tensor *t) {
 
 /* ---- tensors ------------------------------------------------------------------------- */
 
-/* ndim, shape, element count, dtype and data of t (no span recorded). */
+/* ndim, shape, element count, dtype and data of t (no span recorded). The messages are
+ * formatted only on failure: validation runs on every call. */
+static moex_status shape_fail(moex_context *ctx, const char *op, const char *name, const moex_tensor *t, int ndim,
+                              const int64_t *shape, const char *why) {
+    char want[128], got[128];
+    format_shape(want, sizeof want, ndim, shape);
+    format_shape(got, sizeof got, t->ndim, t->shape);
+    if (why) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s %s", op, name, got, why);
+    if (t->ndim != ndim)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %d-D %s, got %d-D %s", op, name, ndim,
+                         want, (int)t->ndim, got);
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, want, got);
+}
+
 static moex_status check_shape(moex_context *ctx, const char *op, const char *name, const moex_tensor *t, int ndim,
                                const int64_t *shape, unsigned dtypes) {
-    char want[128], got[128];
     if (t->ndim == 0)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s is required but absent (ndim == 0)", op, name);
     if (t->ndim < 0 || t->ndim > MOEX_MAX_DIMS)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s has ndim %d", op, name, (int)t->ndim);
-    format_shape(want, sizeof want, ndim, shape);
-    format_shape(got, sizeof got, t->ndim, t->shape);
-    if (t->ndim != ndim)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %d-D %s, got %d-D %s", op, name, ndim,
-                         want, (int)t->ndim, got);
+    if (t->ndim != ndim) return shape_fail(ctx, op, name, t, ndim, shape, NULL);
     int64_t numel = 1;
     for (int i = 0; i < ndim; i++) {
-        if (t->shape[i] < 0)
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s has a negative dimension: %s", op, name, got);
-        if (shape[i] >= 0 && t->shape[i] != shape[i])
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, want, got);
+        if (t->shape[i] < 0) return shape_fail(ctx, op, name, t, ndim, shape, "has a negative dimension");
+        if (shape[i] >= 0 && t->shape[i] != shape[i]) return shape_fail(ctx, op, name, t, ndim, shape, NULL);
     }
     for (int i = 0; i < ndim; i++)
         if (!moex_i64_mul(numel, t->shape[i], &numel) || numel > MOEX_MAX_ELEMS)
-            return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s has too many elements (2^60 or more)", op, name,
-                             got);
+            return shape_fail(ctx, op, name, t, ndim, shape, "has too many elements (2^60 or more)");
     if ((unsigned)t->dtype > (unsigned)MOEX_DTYPE_E8M0 || !(dtypes & MOEX_DT(t->dtype))) {
         char dts[64];
         format_dtypes(dts, sizeof dts, dtypes);
@@ -163,7 +175,7 @@ static moex_status check_weight_as(moex_context *ctx, const char *op, const char
     }
     moex_span s;
     memset(&s, 0, sizeof s);
-    snprintf(s.name, sizeof s.name, "%s", name);
+    span_name_set(&s, name);
     s.mats = w->ptrs;
     s.nmats = nmat;
     s.mat_bytes = mat_bytes;
