@@ -29,8 +29,9 @@ typedef struct moex_call {
 
 /* A prepared-splits handle: the row offsets of G groups over T rows, in the backend's
  * memory. CPU: off[G+1] read from host splits and checked (bad splits fail the prepare).
- * CUDA: the device schedule (off clamped to T, and row-tile offsets), built by one launch;
- * bad splits are flagged on the device. */
+ * CUDA: the device schedule (off clamped to T, and row-tile offsets), built by one launch
+ * when a kernel of the call first reads it (moex_cuda_sched_ready), or at the call's end
+ * when none did; bad splits are flagged on the device. */
 typedef struct moex_groups {
     int64_t G, T;
     const int64_t *splits;      /* the splits it was built from (NULL: one group of T rows) */
@@ -157,9 +158,10 @@ typedef struct moex_backend_ops {
     bool host_memory;           /* tensors are host memory: the core may read them */
 
     /* Around every public call's primitives (CUDA: makes ctx->device current and restores
-     * the caller's device in leave). NULL: nothing to do. */
+     * the caller's device in leave; leave also launches the work a call left pending, and
+     * returns its status; st: the primitives' status). NULL: nothing to do. */
     moex_status (*enter)(moex_context *ctx, const moex_call *c, int *scope);
-    void (*leave)(moex_context *ctx, int scope);
+    moex_status (*leave)(moex_context *ctx, int scope, moex_status st);
 
     /* Limits of the backend's grouped kernels for `rows` rows in `groups` groups, and for
      * `experts` experts of a permute (0: none), checked before a call's first launch.

@@ -66,8 +66,7 @@ moex_status moex_op_run(moex_context *ctx, moex_op_id id, const void *args, void
     int scope = 0;
     if (ops->enter) MOEX_TRY(ops->enter(ctx, &c, &scope));
     const moex_status st = o->run(ctx, &c, args, &d, ws);
-    if (ops->leave) ops->leave(ctx, scope);
-    return st;
+    return ops->leave ? ops->leave(ctx, scope, st) : st;
 }
 
 moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups, int64_t experts) {

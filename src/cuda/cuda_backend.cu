@@ -1,6 +1,6 @@
 /*
  * cuda_backend.cu - the CUDA backend's table of primitives (src/core/backend.h): entering a
- * call (the context's device), the limits of its kernels, the bad-input flag (allocated
+ * call (the context's device; on leaving, the schedule the call left pending), the limits of its kernels, the bad-input flag (allocated
  * once here) and moex_context_check_splits, construction and destruction.
  */
 #include <stdlib.h>
@@ -22,6 +22,12 @@ static void device_leave(moex_context *ctx, int prev) {
 
 static moex_status cuda_enter(moex_context *ctx, const moex_call *c, int *scope) {
     return device_enter(ctx, c->op, scope);
+}
+
+static moex_status cuda_leave(moex_context *ctx, int scope, moex_status st) {
+    st = moex_cuda_sched_finish(ctx, st);
+    device_leave(ctx, scope);
+    return st;
 }
 
 /* ---- limits ---------------------------------------------------------------------------
@@ -93,7 +99,7 @@ static const moex_backend_ops cuda_ops = {
     .name = "cuda",
     .host_memory = false,
     .enter = cuda_enter,
-    .leave = device_leave,
+    .leave = cuda_leave,
     .check_limits = cuda_check_limits,
     MOEX_PRIMITIVE_FIELDS(moex_cuda),
     .fc1_glu = moex_cuda_fc1_glu,

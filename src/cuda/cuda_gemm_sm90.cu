@@ -14,10 +14,11 @@ moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cu
                                 const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
     *ran = false;
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
-    if (sc == NULL || !s->splits || w->ptrs) return MOEX_OK;
-    /* Bad splits are flagged by the schedule build; the kernel clamps the same way. */
-    const moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
+    /* T == 0 launches nothing here: the portable path then checks the splits */
+    if (sc == NULL || !s->splits || w->ptrs || s->T == 0) return MOEX_OK;
+    moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
     if (!moex_sm90_epilogue_supported(sc, &a, e)) return MOEX_OK;
+    a.bad_flag = moex_cuda_bad_splits_flag(ctx, s, &a.bad_value);   /* the kernel clamps as the schedule does */
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(sc, &a, e, (moex_stream)stream, &why)
                            : moex_sm90_grouped_gemm_fwd(sc, &a, e, (moex_stream)stream, &why);
@@ -33,10 +34,11 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
                                  moex_grad_mode mode, cudaStream_t stream, bool *ran) {
     *ran = false;
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
-    if (sc == NULL || !s->splits || dw->ptrs) return MOEX_OK;
-    const moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
-                                    mode == MOEX_GRAD_ACCUMULATE, s->splits};
+    if (sc == NULL || !s->splits || dw->ptrs || s->T == 0) return MOEX_OK;
+    moex_sm90_wgrad_args a = {dt, s->G, s->T, K, N, dy, x, dw->t.data, dw->t.dtype,
+                              mode == MOEX_GRAD_ACCUMULATE, s->splits, NULL, 0};
     if (!moex_sm90_wgrad_supported(sc, &a)) return MOEX_OK;
+    a.bad_flag = moex_cuda_bad_splits_flag(ctx, s, &a.bad_value);
     const char *why = "";
     moex_status st = moex_sm90_grouped_gemm_wgrad(sc, &a, (moex_stream)stream, &why);
     if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", op, why);

@@ -107,6 +107,7 @@ size_t moex_cuda_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, co
 moex_status moex_cuda_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
                               const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws) {
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+    if (g) MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
     return moex_cuda_glu_fwd_run(ctx, c->op, &a->glu, g ? g->off + g->G : NULL, d->T, d->F, d->dt, a->h.data, probs,
                                  a->z.data, (cudaStream_t)c->stream);
 }
@@ -120,6 +121,7 @@ moex_status moex_cuda_glu_bwd(moex_context *ctx, const moex_call *c, const moex_
     const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
     float *dprobs = moex_present(&a->dprobs) ? (float *)a->dprobs.data : NULL;
     void *dh = moex_present(&a->dh) ? a->dh.data : NULL;
+    if (g) MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
     return moex_cuda_glu_bwd_run(ctx, c->op, &a->glu, g ? g->off + g->G : NULL, d->T, d->F, d->dt, a->h.data, probs,
                                  a->dz.data, dh, dprobs, (cudaStream_t)c->stream);
 }

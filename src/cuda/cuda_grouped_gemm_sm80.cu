@@ -481,6 +481,7 @@ static int launch_to(moex_dtype to, const gemm_params &p, dim3 grid, cudaStream_
 
 moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *g,
                                cudaStream_t stream) {
+    MOEX_TRY(moex_cuda_sched_ready(ctx, op, g->sched));
     gemm_params p;
     p.kind = g->kind;
     p.off = g->sched->off;

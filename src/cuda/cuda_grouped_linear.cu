@@ -207,7 +207,7 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
                                             : NULL;
     float *colsum = moex_present(&a->fc2.dbias)
                         ? (float *)moex_take(&wc, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N)) : NULL;
-    const moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
+    moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
     const moex_sm90_epilogue e = fc2_glu_epilogue(a, part);
     if (d->T > 0) {   /* (empty tensors may have no memory; the bias terms still write zeros) */
         if (!moex_sm90_epilogue_supported(sc, &s, &e)) {   /* the plan held for aligned pointers */
@@ -216,6 +216,7 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
                              "%s: %s is not 16-byte aligned: on Hopper the backward fuses FC2's GEMM with the "
                              "GLU and needs dy, w2 and h 16-byte aligned (docs/ops.md 4.2)", c->op, name);
         }
+        s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
         const char *why = "";
         const moex_status st = moex_sm90_grouped_gemm_dgrad(sc, &s, &e, c->stream, &why);
         if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", c->op, why);

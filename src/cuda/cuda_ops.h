@@ -37,6 +37,12 @@ typedef struct moex_cuda_state {
                                    cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
     struct moex_sm90_context *sm90_ctx;   /* the Hopper GEMMs' per-context state, owned by
                                    cuda_gemm_sm90.cu (NULL: none)                       */
+    /* The current call's group schedule while its launch is pending (cuda_splits.cu). */
+    moex_groups pending;
+    cudaStream_t pending_stream;
+    int pending_id;             /* the call's moex_op_id                                */
+    bool sched_pending;         /* pending holds groups whose schedule is not launched  */
+    bool splits_checked;        /* a Hopper GEMM of the call checks pending's splits     */
 } moex_cuda_state;
 
 static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
@@ -46,11 +52,25 @@ static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
 /* ---- the group schedule (cuda_splits.cu): the prepared groups of backend.h -----------
  * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T).
  * tiles[G+1] (int32): tiles[g] = sum over groups before g of ceil(rows / MOEX_CUDA_BM).
- * A grid of moex_cuda_max_tiles(T, G) row tiles covers every schedule.                   */
+ * A grid of moex_cuda_max_tiles(T, G) row tiles covers every schedule.
+ * The schedule kernel launches lazily: groups_prepare records it, and a kernel that reads off
+ * or tiles must first call moex_cuda_sched_ready. The Hopper GEMMs read the splits themselves
+ * and flag bad ones (moex_cuda_bad_splits_flag), so a call made only of them launches no
+ * schedule; one that launched neither gets it at its end (moex_cuda_sched_finish), which
+ * checks its splits. */
 
 #define MOEX_CUDA_BM 128        /* row tile of the GEMMs and the row reductions */
 
 typedef moex_groups moex_cuda_sched;
+
+/* Launches s's schedule kernel if it is still pending (s: the call's prepared groups). */
+moex_status moex_cuda_sched_ready(moex_context *ctx, const char *op, const moex_cuda_sched *s);
+/* For a Hopper GEMM launched on s's splits: the flag and the value it sets for bad splits
+ * (*value); records that the call's splits are checked. */
+int *moex_cuda_bad_splits_flag(moex_context *ctx, const moex_cuda_sched *s, int *value);
+/* At the end of a call (st: its status so far): launches a pending schedule whose splits no
+ * Hopper GEMM checked, and forgets it. */
+moex_status moex_cuda_sched_finish(moex_context *ctx, moex_status st);
 
 static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
     return (T + MOEX_CUDA_BM - 1) / MOEX_CUDA_BM + G;

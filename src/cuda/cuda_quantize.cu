@@ -727,6 +727,7 @@ static moex_status quantize_x(moex_context *ctx, const moex_call *c, const moex_
 moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
     MOEX_TRY(check_groups(ctx, c, g->G));
+    MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
     const quant_ws l = quant_layout(&a->params, moex_present(&a->columnwise.data), d->G, dbias_bytes(a, d), ws);
     const tile_args t = tile_args_grouped(g, a, d, l);
     MOEX_TRY(quantize_x(ctx, c, g, a->params.recipe, d->dt, a->x.data, t, l));
@@ -770,6 +771,7 @@ moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const 
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                    const moex_quant_dims *d, void *ws) {
     MOEX_TRY(check_groups(ctx, c, g->G));
+    MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
     const quant_ws l = quant_layout(&q->params, moex_present(&q->columnwise.data), d->G, 0, ws);
     const tile_args t = tile_args_grouped(g, q, d, l);
     const moex_quant_recipe r = q->params.recipe;
@@ -900,6 +902,7 @@ static moex_status dequantize_run(moex_context *ctx, const moex_call *c, const m
 moex_status moex_cuda_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws) {
     MOEX_TRY(check_groups(ctx, c, g->G));
+    MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
     if (d->dt == MOEX_DTYPE_F32) return dequantize_run<float>(ctx, c, g, a, d, ws);
     if (d->dt == MOEX_DTYPE_BF16) return dequantize_run<bf16>(ctx, c, g, a, d, ws);
     return dequantize_run<f16>(ctx, c, g, a, d, ws);

@@ -70,6 +70,7 @@ moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex
                                    const void *src, moex_dtype dt, int64_t N, const float *probs,
                                    float *partial, float *dbias, cudaStream_t stream) {
     if (N == 0) return MOEX_OK;
+    MOEX_TRY(moex_cuda_sched_ready(ctx, op, s));
     int64_t nx = (N + COLS_PER_CTA - 1) / COLS_PER_CTA;
     int64_t mt = moex_cuda_max_tiles(s->T, s->G);
     if (mt > 65535 || s->G > 65535)
@@ -122,6 +123,7 @@ moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex
                                    moex_dtype bias_dt, const float *part, int64_t part_ld, float *dprobs,
                                    cudaStream_t stream) {
     if (s->T == 0) return MOEX_OK;
+    MOEX_TRY(moex_cuda_sched_ready(ctx, op, s));
     unsigned blocks = (unsigned)((s->T + ROWDOT_WARPS - 1) / ROWDOT_WARPS);
     int bf = bias_dt == MOEX_DTYPE_F32, bb = bias_dt == MOEX_DTYPE_BF16;
     const int64_t *off = s->off;

@@ -2,7 +2,7 @@
  * cuda_splits.cu - split values on the device: the group schedule every grouped kernel
  * walks (clamped row offsets and row-tile offsets), and the splits_to_offsets operation.
  * Both are one launch of one block that scans the splits in chunks of 1024; the host
- * never reads a split value.
+ * never reads a split value. The schedule launches on first need (cuda_ops.h).
  */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
@@ -67,14 +67,49 @@ size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_g
     return groups_layout(ctx, G, T, fwd, NULL, &g);
 }
 
+static moex_status sched_launch(moex_context *ctx, const char *op) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    const moex_groups *g = &st->pending;
+    st->sched_pending = false;
+    sched_kernel<<<1, SCAN_THREADS, 0, st->pending_stream>>>(g->splits, g->G, g->T, g->off, g->tiles, st->flag,
+                                                              st->pending_id);
+    CUDA_TRY_LAUNCH(ctx, op);
+    return MOEX_OK;
+}
+
 moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
                                      int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    if (st->sched_pending) MOEX_TRY(sched_launch(ctx, c->op));   /* an earlier handle of the call */
     groups_layout(ctx, G, T, fwd, ws, g);
     g->splits = splits;
-    sched_kernel<<<1, SCAN_THREADS, 0, (cudaStream_t)c->stream>>>(splits, G, T, g->off, g->tiles,
-                                                                   moex_cuda_st(ctx)->flag, c->id);
-    CUDA_TRY_LAUNCH(ctx, c->op);
+    st->pending = *g;
+    st->pending_stream = (cudaStream_t)c->stream;
+    st->pending_id = c->id;
+    st->sched_pending = true;
+    st->splits_checked = false;
     return MOEX_OK;
+}
+
+moex_status moex_cuda_sched_ready(moex_context *ctx, const char *op, const moex_cuda_sched *s) {
+    const moex_cuda_state *st = moex_cuda_st(ctx);
+    return st->sched_pending && st->pending.off == s->off ? sched_launch(ctx, op) : MOEX_OK;
+}
+
+int *moex_cuda_bad_splits_flag(moex_context *ctx, const moex_cuda_sched *s, int *value) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    if (st->pending.off == s->off) st->splits_checked = true;
+    *value = (st->pending_id << 4) | MOEX_CUDA_BAD_SPLITS;
+    return st->flag;
+}
+
+moex_status moex_cuda_sched_finish(moex_context *ctx, moex_status st) {
+    moex_cuda_state *cs = moex_cuda_st(ctx);
+    const bool launch = st == MOEX_OK && cs->sched_pending && !cs->splits_checked;
+    if (launch) st = sched_launch(ctx, moex_op_name((moex_op_id)cs->pending_id));
+    cs->sched_pending = false;
+    cs->pending.off = NULL;
+    return st;
 }
 
 /* ---- splits_to_offsets --------------------------------------------------------------- */

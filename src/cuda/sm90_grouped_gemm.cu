@@ -163,15 +163,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 }
             }
         } else if (tid == 32 && blockIdx.x == 0 && p.bad_flag != NULL) {
-            /* one thread of the grid checks the split values for the caller's flag */
-            int64_t sum = 0;
-            int bad = 0;
-            for (int g = 0; g < G; g++) {
-                int64_t s = splits[g];
-                bad |= s < 0;
-                sum += s < 0 ? 0 : s;
-            }
-            if (bad || sum > T) atomicCAS(p.bad_flag, 0, p.bad_value);
+            sm90_check_splits(splits, G, T, p.bad_flag, p.bad_value);
         }
     } else {
         /* ---- consumers: warpgroup c computes its block of each tile (sm90_epilogue.cuh) ---- */

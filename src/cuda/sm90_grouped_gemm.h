@@ -146,6 +146,8 @@ typedef struct moex_sm90_wgrad_args {
                                    group: unchanged)                                     */
     const int64_t *splits;      /* [G] device; negative values count as 0, the running
                                    sum is clamped to T                                   */
+    int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
+    int bad_value;
 } moex_sm90_wgrad_args;
 
 /* Whether the weight gradient can run these args with c (NULL: false): the dtypes and

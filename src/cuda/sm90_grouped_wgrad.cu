@@ -47,6 +47,8 @@ typedef struct sm90_wgrad_params {
     int band_w;                 /* N units per band of the tile order                          */
     int mode;                   /* SM90W_OUT_*                                                 */
     int epi_tma;                /* blocks inside [N, K] through TMA stores (0: masked stores)  */
+    int *bad_flag;              /* optional: set to bad_value when a split is bad              */
+    int bad_value;
 } sm90_wgrad_params;
 
 #if MOEX_SM90_DEVICE
@@ -119,6 +121,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1) sm90_wgrad_kernel(const __gri
                     }
                 }
             }
+        } else if (tid == 32 && blockIdx.x == 0 && p.bad_flag != NULL) {
+            sm90_check_splits(splits, G, T, p.bad_flag, p.bad_value);
         }
     } else {
         /* ---- consumers: warpgroup c computes dW rows [n0 + 64 c, n0 + 64 c + 64) ---- */
@@ -271,6 +275,8 @@ static moex_status sm90w_run(const moex_sm90_context *ctx, const moex_sm90_wgrad
     kp.K = (int)a->K;
     kp.T = a->T;
     kp.band_w = plan.band;
+    kp.bad_flag = a->bad_flag;
+    kp.bad_value = a->bad_value;
     kp.mode = a->accumulate ? SM90W_OUT_F32_ACC : a->dw_dtype == MOEX_DTYPE_F32 ? SM90W_OUT_F32 : SM90W_OUT_HALF;
 
     cudaLaunchConfig_t cfg;

@@ -338,6 +338,22 @@ static __device__ __forceinline__ void sm90_sk_add(float (&acc)[NA], const float
     }
 }
 
+/* The caller's bad-input flag (optional): one thread sets *flag to value (only if it is 0)
+ * when a split is negative or the splits sum past T, as the CUDA backend's schedule kernel
+ * does (a split past T + 1 counts as T + 1: the sum stays below 2T + 2). */
+static __device__ __forceinline__ void sm90_check_splits(const int64_t *splits, int G, int64_t T, int *flag,
+                                                         int value) {
+    int64_t sum = 0;
+    bool bad = false;
+    for (int g = 0; g < G && !bad; g++) {
+        const int64_t s = splits[g];
+        bad = s < 0;
+        sum += s > T ? T + 1 : s;
+        bad |= sum > T;
+    }
+    if (bad) atomicCAS(flag, 0, value);
+}
+
 #endif /* MOEX_SM90_DEVICE */
 
 #endif /* MOEX_SM90_SCHEDULER_CUH */

@@ -2,8 +2,9 @@
  * test_gpu_splits.c - split values on the GPU:
  *   - splits_to_offsets against the reference (the CPU test's run_case for G = 1, 5, 128
  *     and 3000, i.e. more than one 1024-group scan chunk), through cuda_mirror.h;
- *   - bad splits (a negative split; a sum past T): the grouped linear forward / backward
- *     and the grouped MLP forward write nothing outside their T rows (device buffers with
+ *   - bad splits (a negative split; a sum past T; a sum that wraps int64): the grouped
+ *     linear forward / backward (data; weight: flagged, nothing outside dW) and the grouped
+ *     MLP forward write nothing outside their T rows (device buffers with
  *     poisoned guard rows past T), compute the clamped schedule (checked against the
  *     reference run on the clamped splits), and moex_context_check_splits then reports
  *     MOEX_ERR_BAD_SPLITS naming the operation, once (the record is cleared);
@@ -80,7 +81,25 @@ static void test_bad_splits_linear(moex_context *ctx, tu_rng *r, moex_dtype dt, 
     CHECK_STATUS(ctx, moex_grouped_linear_backward_data(ctx, &da, cm_workspace(&m, bytes), bytes, NULL), MOEX_OK);
     CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_ERR_BAD_SPLITS);
     CHECK_MSG_HAS(ctx, "moex_grouped_linear_backward_data");
+
+    /* the weight gradient alone (on Hopper: no schedule kernel, the GEMM checks the splits) */
+    void *ddw = dev_rows(MOEX_DTYPE_F32, NULL, 0, G * N, K);
+    moex_grouped_linear_wgrad_args wa = {0};
+    wa.x = fa.x;
+    wa.dy = da.dy;
+    wa.splits = fa.splits;
+    wa.dw_mode = MOEX_GRAD_WRITE;
+    wa.dw = moex_weight_packed(moex_tensor_3d(ddw, MOEX_DTYPE_F32, G, N, K));
+    CHECK_STATUS(ctx, moex_grouped_linear_backward_weight_workspace_size(ctx, &wa, &bytes), MOEX_OK);
+    CHECK_STATUS(ctx, moex_grouped_linear_backward_weight(ctx, &wa, cm_workspace(&m, bytes), bytes, NULL), MOEX_OK);
+    CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_ERR_BAD_SPLITS);
+    CHECK_MSG_HAS(ctx, "moex_grouped_linear_backward_weight");
     cm_finish(&m, ctx, MOEX_OK);
+    void *hdw = host_of(MOEX_DTYPE_F32, ddw, (G * N + GUARD_ROWS) * K);
+    CHECK_FINITE("bad splits: dw", MOEX_DTYPE_F32, hdw, G * N * K);
+    CHECK_POISONED("bad splits: dw guard", MOEX_DTYPE_F32, hdw, G * N * K, (G * N + GUARD_ROWS) * K);
+    free(hdw);
+    cudaFree(ddw);
 
     /* reference on the clamped splits */
     int64_t rows = 0;
@@ -257,6 +276,9 @@ int main(void) {
         const int64_t over[4] = {60, 30, 40, 10}, over_c[4] = {60, 30, 10, 0};
         test_bad_splits_linear(ctx, &r, dts[d], neg, neg_c, "negative");
         test_bad_splits_linear(ctx, &r, dts[d], over, over_c, "sum past T");
+        /* a sum that wraps int64 back to a small value */
+        const int64_t wrap[4] = {INT64_MAX, INT64_MAX, 2, 0}, wrap_c[4] = {100, 0, 0, 0};
+        test_bad_splits_linear(ctx, &r, dts[d], wrap, wrap_c, "wrapping sum");
     }
     test_bad_splits_mlp(ctx, &r);
     test_bad_ids(ctx);
