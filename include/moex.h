@@ -402,7 +402,9 @@ MOEX_API moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scal
  *           dprobs += (GLU term) + (scaled-bias term).
  * Intermediates kept in the workspace (z when not saved, dz, dh) are stored in the
  * activation dtype, as the saved h and z are; the GLU always reads h as stored, so a
- * recomputed z is bitwise the saved one.                                                  */
+ * recomputed z is bitwise the saved one. A recomputed z lives in dx's memory when dx is
+ * asked and F <= H (dx is written last), and dh in h's with MOEX_H_OVERWRITE: then the
+ * workspace holds neither.                                                                */
 
 typedef struct moex_grouped_mlp_args {
     moex_tensor x;              /* [T, H]                                   in            */
@@ -419,6 +421,13 @@ typedef struct moex_grouped_mlp_args {
                                    to recompute z from h                    =             */
     moex_tensor y;              /* [T, H], dtype of x                       =             */
 } moex_grouped_mlp_args;
+
+/* What the grouped MLP backward may do with the saved h. */
+typedef enum moex_h_mode {
+    MOEX_H_KEEP = 0,            /* h is read only                                         */
+    MOEX_H_OVERWRITE = 1        /* the backward writes dh over h: h holds no meaning after the
+                                   call, and the workspace holds no dh [T, 2F]            */
+} moex_h_mode;
 
 typedef struct moex_grouped_mlp_grad_args {
     /* the forward's inputs and saved tensors */
@@ -441,6 +450,7 @@ typedef struct moex_grouped_mlp_grad_args {
     moex_tensor db1;            /* [G, 2F] f32                              =             */
     moex_tensor db2;            /* [G, H] f32; ADD/SCALED                   =             */
     moex_tensor dprobs;         /* [T] f32; needs probs                     +=            */
+    moex_h_mode h_mode;         /* MOEX_H_KEEP (0) unless h may be consumed               */
 } moex_grouped_mlp_grad_args;
 
 MOEX_API moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx,

@@ -514,6 +514,9 @@ static void mlp_cases(moex_context *ctx) {
     b = base_mb, b.dy.ndim = 0;                        MB("dy");
     b = base_mb, b.h.ndim = 0;                         MB("h");
     b = base_mb, b.z.shape[1] = 2 * F;                 MB("z");
+    b = base_mb, b.h_mode = (moex_h_mode)2;            MB("h_mode");
+    /* an h the call overwrites is an output: it may not overlap an input */
+    b = base_mb, b.h_mode = MOEX_H_OVERWRITE, b.x.data = b.h.data; MB("overlaps");
 #undef MB
     BAD_SPLITS_CASES(ctx, moex_grouped_mlp_backward, moex_grouped_mlp_grad_args, base_mb, "grouped_mlp_backward");
     b = base_mb, b.z.ndim = 0; /* recompute z: still valid */

@@ -8,7 +8,8 @@
  * sum(splits) < T with NaN input tails (x, dy, probs) and poisoned output tails checked
  * untouched; H and F not powers of two; SwiGLU and clamped SwiGLU (default and custom
  * constants), contiguous and interleaved layouts; b1 absent / activation dtype / f32;
- * b2 NONE / ADD / SCALED; probs present and absent; z saved and recomputed; every
+ * b2 NONE / ADD / SCALED; probs present and absent; z saved and recomputed (in dx's memory
+ * or the workspace); h kept and overwritten by dh (MOEX_H_OVERWRITE); every
  * gradient present and absent; dW written (f32 or activation dtype; empty groups zero)
  * and accumulated (empty groups bitwise unchanged); packed and discrete weights.
  * The backward gets the library's own forward outputs (h, z), as a caller would, and the
@@ -81,18 +82,19 @@ static void check_dw(const char *what, const tu_weight *w, const double *ref, co
     free(wb);
 }
 
-static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c) {
+/* overwrite_h: the backward with MOEX_H_OVERWRITE. */
+static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c, int overwrite_h) {
     const moex_dtype dt = c->dt;
     const int64_t G = c->G, T = c->T, H = c->H, F = c->F, rows = c->rows;
     const int acc = c->dw_mode == MOEX_GRAD_ACCUMULATE;
     char label[320], what[400];
     snprintf(label, sizeof label,
-             "%s G=%lld T=%lld rows=%lld H=%lld F=%lld %s %s%s %s b1=%d b2=%d%s probs=%d save_z=%d grads=%u dw=%s%s %s",
+             "%s G=%lld T=%lld rows=%lld H=%lld F=%lld %s %s%s %s b1=%d b2=%d%s probs=%d save_z=%d grads=%u dw=%s%s %s%s",
              dt_name(dt), (long long)G, (long long)T, (long long)rows, (long long)H, (long long)F,
              tu_splits_name(c->kind), c->glu_kind ? "clamped" : "swiglu", c->custom_clamp ? "(custom)" : "",
              c->layout ? "interleaved" : "contiguous", c->b1, (int)c->b2_mode, c->b2_f32 ? "(f32)" : "", c->probs,
              c->save_z, c->grads, acc ? "acc" : "write", acc ? "" : (c->dw_f32 ? "(f32)" : "(act)"),
-             c->discrete ? "discrete" : "packed");
+             c->discrete ? "discrete" : "packed", overwrite_h ? " h_overwrite" : "");
     tu_log("case %s\n", label);
     int failures_before = tu_failures();
 
@@ -217,6 +219,7 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c) {
     if (gr & G_DB1) ba.db1 = moex_tensor_2d(db1b, MOEX_DTYPE_F32, G, 2 * F);
     if (want_db2) ba.db2 = moex_tensor_2d(db2b, MOEX_DTYPE_F32, G, H);
     if (want_dp) ba.dprobs = moex_tensor_1d(dpb, MOEX_DTYPE_F32, T);
+    ba.h_mode = overwrite_h ? MOEX_H_OVERWRITE : MOEX_H_KEEP;
     CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &ba, &bytes), MOEX_OK);
     ws = tu_workspace(bytes);
     CHECK_STATUS(ctx, moex_grouped_mlp_backward(ctx, &ba, ws, bytes, NULL), MOEX_OK);
@@ -347,7 +350,7 @@ int main(void) {
         for (int i = 0; i < ncases; i++) {
             mlp_cfg c = cases[i];
             c.dt = dts[d];
-            run_case(ctx, &r, &c), n++;
+            run_case(ctx, &r, &c, (i + d) % 2), n++;   /* each case in both h modes over the dtypes */
         }
     }
     printf("%d cases, worst err/tol %.3g\n", n, worst_seen);

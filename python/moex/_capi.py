@@ -15,6 +15,7 @@ BACKEND_CPU, BACKEND_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_I32, DTYPE_I64, DTYPE_E4M3, DTYPE_E5M2, DTYPE_E8M0 = range(8)
 BIAS_NONE, BIAS_ADD, BIAS_SCALED = 0, 1, 2
 GRAD_WRITE, GRAD_ACCUMULATE = 0, 1
+H_KEEP, H_OVERWRITE = 0, 1
 
 
 class Tensor(ctypes.Structure):
@@ -59,7 +60,7 @@ class GroupedMlpGradArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("w1", Weight), ("w2", Weight), ("b2_mode", ctypes.c_int), ("b2", Tensor),
                 ("probs", Tensor), ("glu", GluParams), ("splits", Tensor), ("h", Tensor), ("z", Tensor),
                 ("dy", Tensor), ("dx", Tensor), ("dw_mode", ctypes.c_int), ("dw1", Weight), ("dw2", Weight),
-                ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor)]
+                ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor), ("h_mode", ctypes.c_int)]
 
 
 class MoeLayerArgs(ctypes.Structure):

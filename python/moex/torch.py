@@ -14,7 +14,7 @@ Operators (namespace moex; the math: docs/ops.md section 2):
   grouped_linear_backward_weight_accumulate(x, dy, splits, main_grad) -> None
       main_grad [G, N, K] f32 += dy_g^T x_g
   grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z) -> (y, h, z)
-  grouped_mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)
+  grouped_mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)   (h is overwritten)
       -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4)
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
 rows at or past sum(splits) of y and dx are not written. CPU tensors run on moex's CPU backend,
@@ -371,11 +371,15 @@ def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit
     return _mlp_forward_outputs(x, w1, save_z)
 
 
-@_operator("grouped_mlp_backward", mutates_args=())
+@_operator("grouped_mlp_backward", mutates_args=("h",))
 def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs: Optional[Tensor], splits: Tensor,
                   h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
-                  glu_alpha: float, glu_offset: float, needs: List[bool]) -> List[Tensor]:
-    """needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed."""
+                  glu_alpha: float, glu_offset: float,
+                  needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed.
+    h is consumed: dh is written over it (MOEX_H_OVERWRITE), and its version counter moves, so
+    that a second backward through the same graph (retain_graph) fails in autograd's check
+    instead of reading dh as h."""
     _check_mlp("grouped_mlp_backward", x, w1, w2, splits, probs)
     _check("grouped_mlp_backward", "dy", dy, x.device, (x.dtype,), 2)
     outs = _mlp_backward_outputs(x, w1, w2, needs)
@@ -386,8 +390,9 @@ def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs
                  b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
                  glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
                  z=_absent_if_empty(z), dy=dy, dx=dx, dw_mode=GRAD_WRITE, dw1=dw1, dw2=dw2, db1=db1, db2=db2,
-                 dprobs=dprobs)
+                 dprobs=dprobs, h_mode=_capi.H_OVERWRITE)
     _run("grouped_mlp_backward", args, x.device)
+    torch.autograd.graph.increment_version(h)
     return outs
 
 
@@ -397,7 +402,7 @@ def _mlp_backward_outputs(x, w1, w2, needs):
     f32 = torch.float32
     shapes = [((T, H), x.dtype), ((G, F2, H), w1.dtype), ((G, H, F2 // 2), w2.dtype), ((G, F2), f32),
               ((G, H), f32), ((T,), f32)]
-    return [x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs)]
+    return tuple(x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs))
 
 
 @_mlp_backward.register_fake

@@ -61,7 +61,7 @@ typedef struct moex_fc2_glu_grad_args {
     moex_glu_params glu;
     moex_tensor h;                        /* [T, 2F] */
     moex_tensor probs;                    /* [T] f32, or absent (p = 1) */
-    moex_tensor dh;                       /* [T, 2F] */
+    moex_tensor dh;                       /* [T, 2F]; may be h itself (in place) */
     moex_tensor dprobs;                   /* [T] f32 (+=), or absent */
 } moex_fc2_glu_grad_args;
 
@@ -100,6 +100,8 @@ typedef struct moex_dense_gemm {
  *   dequantize     their way back
  *   weight_quantize, weight_dequantize   the same for grouped weights (9.7; no splits)
  * The splits fields of the args are not read by grouped primitives: the handle has them.
+ * glu_bwd's dh may be its h itself (each pair of h is read before its dh is written: the
+ * grouped MLP's MOEX_H_OVERWRITE).
  * (The rows look like op_list.h's, but primitives are not public operations.) */
 #define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
     X(p, linear_fwd, moex_grouped_linear_args, moex_gl_dims)                                      \

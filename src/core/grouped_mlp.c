@@ -7,8 +7,8 @@
  *            (FC1 and the GLU in one launch where the backend fuses them: fc1_glu)
  *            y = z W2_g^T (+ b2_g | + p b2_g)       FC2      y [T, H]   =
  * backward:  z  = p * glu(h)           only when dw2 is asked and the forward did not save z
- *            dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += sum_j dy_ij b2_gj (SCALED)
  *            dW2 = dy^T z
+ *            dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += sum_j dy_ij b2_gj (SCALED)
  *            dh = glu'(h) dz, dprobs += sum_j dz_ij act(a_ij) g(b_ij)
  *            (FC2's dz and the GLU in one launch where the backend fuses them: fc2_glu_grad;
  *            dz then never leaves the chip)
@@ -16,7 +16,10 @@
  *            dW1 = dh^T x
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
- * dtype, as the saved h and z do (dz rounded to it also where it is not stored). The groups
+ * dtype, as the saved h and z do (dz rounded to it also where it is not stored); a
+ * recomputed z in dx's memory instead when it fits (dx is written last), dh in h's with
+ * MOEX_H_OVERWRITE (dW2 runs first, while h is intact; the GLU backward reads each pair
+ * of h before writing its dh). The groups
  * are prepared once (split values checked before anything is written on the CPU) and every
  * primitive runs on them.
  *
@@ -67,7 +70,11 @@ moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char 
     MOEX_TRY(validate_mlp_common(ctx, op, &a->x, &a->w1, &a->w2, &a->probs, &a->glu, &a->splits, d));
     const int64_t hshape[2] = {d->T, 2 * d->F}, zshape[2] = {d->T, d->F}, yshape[2] = {d->T, d->H},
                   db1shape[2] = {d->G, 2 * d->F}, db2shape[2] = {d->G, d->H}, dpshape[1] = {d->T};
-    MOEX_TRY(moex_check_tensor(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
+    if (a->h_mode != MOEX_H_KEEP && a->h_mode != MOEX_H_OVERWRITE)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown h_mode %d", op, (int)a->h_mode);
+    /* an h the call overwrites may overlap nothing, as an output */
+    if (a->h_mode == MOEX_H_OVERWRITE) MOEX_TRY(moex_check_output(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
+    else MOEX_TRY(moex_check_tensor(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_optional(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, yshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, yshape, MOEX_DT(d->dt)));
@@ -210,6 +217,8 @@ typedef struct bwd_plan {
     bool fc2_dgrad;             /* dz, db2 or the scaled-b2 dprobs term */
     bool fc1_dgrad;             /* dx or db1 asked */
     bool recompute_z;           /* dw2 asked and z not saved */
+    bool z_in_dx;               /* the recomputed z lives in dx's memory (dx asked, F <= H) */
+    bool dh_in_h;               /* dh is written over h (MOEX_H_OVERWRITE) */
     bool fused;                 /* fc2_glu_grad runs FC2's dgrad and the GLU (dh needed; dz
                                    not in memory) */
 } bwd_plan;
@@ -262,6 +271,8 @@ static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args 
     p.need_dz = p.need_dh || dprobs;
     p.fc2_dgrad = p.need_dz || db2 || p.dprobs_bias;
     p.recompute_z = moex_weight_present(&a->dw2) && !moex_present(&a->z);
+    p.z_in_dx = p.recompute_z && moex_present(&a->dx) && d->F <= d->H;
+    p.dh_in_h = p.need_dh && a->h_mode == MOEX_H_OVERWRITE;
     p.fused = false;
     const moex_backend_ops *ops = moex_ops(ctx);
     if (p.need_dh && ops->fc2_glu_grad) {
@@ -289,8 +300,9 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
     if (p.need_dz && !p.fused) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
     if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
     if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
-    const size_t bytes[3] = {p.recompute_z ? act_bytes(d, d->F) : 0,
-                             p.need_dz && !p.fused ? act_bytes(d, d->F) : 0, p.need_dh ? act_bytes(d, 2 * d->F) : 0};
+    const size_t bytes[3] = {p.recompute_z && !p.z_in_dx ? act_bytes(d, d->F) : 0,
+                             p.need_dz && !p.fused ? act_bytes(d, d->F) : 0,
+                             p.need_dh && !p.dh_in_h ? act_bytes(d, 2 * d->F) : 0};
     return layout_of(ctx, d, bytes, sub, ws);
 }
 
@@ -308,21 +320,21 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     moex_groups g;
     MOEX_TRY(begin(ctx, c, &a->splits, d, &l, &g));
     bwd_calls k;
-    bwd_calls_of(a, d, &p, l.buf[0], l.buf[1], l.buf[2], &k);
+    bwd_calls_of(a, d, &p, p.z_in_dx ? a->dx.data : l.buf[0], l.buf[1], p.dh_in_h ? a->h.data : l.buf[2], &k);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
 
-    /* FC2: dz (or, fused, dh and the GLU's dprobs term), db2, the scaled-b2 dprobs term, then
-     * dW2 (z recomputed when not saved). */
-    if (p.fused)
-        MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub));
-    else if (p.fc2_dgrad)
-        MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
+    /* FC2: dW2 (z recomputed when not saved, while h is intact), then dz (or, fused, dh and
+     * the GLU's dprobs term), db2 and the scaled-b2 dprobs term. */
     if (moex_weight_present(&a->dw2)) {
         if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
         MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
     }
-    /* GLU: dh (when needed) and the GLU dprobs term. */
+    if (p.fused)
+        MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub));
+    else if (p.fc2_dgrad)
+        MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
+    /* GLU: dh (when needed; over h with dh_in_h) and the GLU dprobs term. */
     if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
     /* FC1: dx and db1, then dW1. */
     if (p.fc1_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc1_dgrad, &d1, l.sub));

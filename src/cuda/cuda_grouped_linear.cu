@@ -90,10 +90,11 @@ moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const 
         const moex_cuda_gemm g = rows_gemm(s, dt, K, N, dy, w, dx, 0);
         MOEX_TRY(moex_cuda_gemm_run(ctx, op, &g, stream));
     }
-    if (dbias) MOEX_TRY(moex_cuda_group_colsum(ctx, op, s, dy, dt, N, dbias_probs, partial, dbias, stream));
-    if (dprobs)
-        MOEX_TRY(moex_cuda_row_dot_bias(ctx, op, s, dy, dt, N, bias->data, bias->dtype, NULL, 0, dprobs, stream));
-    return MOEX_OK;
+    moex_cuda_row_grads r = {};
+    r.src = dy, r.dt = dt, r.N = N;
+    r.probs = dbias_probs, r.partial = partial, r.dbias = dbias;
+    if (dprobs) r.bias = bias->data, r.bias_dt = bias->dtype, r.dprobs = dprobs;
+    return moex_cuda_row_grads_run(ctx, op, s, &r, stream);
 }
 
 moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
@@ -223,16 +224,16 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     }
     /* dbias; dprobs: the scaled bias's term, then the GLU's */
     const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
-    if (colsum)
-        MOEX_TRY(moex_cuda_group_colsum(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N,
-                                        scaled ? (const float *)a->fc2.probs.data : NULL, colsum,
-                                        (float *)a->fc2.dbias.data, stream));
+    moex_cuda_row_grads r = {};
+    r.src = a->fc2.dy.data, r.dt = d->dt, r.N = d->N;
+    if (colsum) r.probs = scaled ? (const float *)a->fc2.probs.data : NULL, r.partial = colsum;
+    r.dbias = colsum ? (float *)a->fc2.dbias.data : NULL;
     if (part) {
-        const void *bias = scaled && moex_present(&a->fc2.bias) ? a->fc2.bias.data : NULL;
-        MOEX_TRY(moex_cuda_row_dot_bias(ctx, c->op, g, a->fc2.dy.data, d->dt, d->N, bias, a->fc2.bias.dtype, part,
-                                        part_ld, (float *)a->dprobs.data, stream));
+        r.bias = scaled && moex_present(&a->fc2.bias) ? a->fc2.bias.data : NULL;
+        r.bias_dt = a->fc2.bias.dtype;
+        r.part = part, r.part_ld = part_ld, r.dprobs = (float *)a->dprobs.data;
     }
-    return MOEX_OK;
+    return moex_cuda_row_grads_run(ctx, c->op, g, &r, stream);
 }
 
 size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {

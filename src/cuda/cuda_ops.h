@@ -180,23 +180,32 @@ moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const 
 
 /* ---- deterministic reductions (cuda_reduce.cu) ------------------------------------- */
 
-/* dbias[g, n] = sum over rows r of group g of (p_r *) src[r, n] (f32 out, "=").
- * partial: workspace of moex_cuda_colsum_partial_bytes(T, G, N). */
+/* The bias gradients of src = dy [T, N] over the groups' rows, in one pass over src:
+ *   dbias[g, n] = sum over the rows r of group g of (p_r *) src[r, n] (f32, "="; dbias !=
+ *                 NULL; p = probs, or 1 when NULL; partial: workspace of
+ *                 moex_cuda_colsum_partial_bytes(T, G, N));
+ *   for every row r < off[G] (g its group), when dprobs != NULL:
+ *                 dprobs[r] += sum_n src[r, n] * bias_g[n] (bias != NULL), then
+ *                 dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL). */
+typedef struct moex_cuda_row_grads {
+    const void *src;
+    moex_dtype dt;
+    int64_t N;
+    const float *probs;
+    float *partial, *dbias;
+    const void *bias;
+    moex_dtype bias_dt;
+    const float *part;
+    int64_t part_ld;
+    float *dprobs;
+} moex_cuda_row_grads;
 size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N);
-moex_status moex_cuda_group_colsum(moex_context *ctx, const char *op, const moex_cuda_sched *s,
-                                   const void *src, moex_dtype dt, int64_t N, const float *probs,
-                                   float *partial, float *dbias, cudaStream_t stream);
+moex_status moex_cuda_row_grads_run(moex_context *ctx, const char *op, const moex_cuda_sched *s,
+                                    const moex_cuda_row_grads *a, cudaStream_t stream);
 /* Pass 2 alone: dbias[g, n] = the sum of partial[t, n] over group g's row tiles t (tiles[]:
  * the handle's 128-row tile offsets), in tile order. */
 moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int32_t *tiles, int64_t G,
                                     const float *partial, int64_t N, float *dbias, cudaStream_t stream);
-
-/* For every row r < off[G] (g the row's group): dprobs[r] += sum_n src[r, n] * bias_g[n]
- * (bias != NULL), then dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL). */
-moex_status moex_cuda_row_dot_bias(moex_context *ctx, const char *op, const moex_cuda_sched *s,
-                                   const void *src, moex_dtype dt, int64_t N, const void *bias,
-                                   moex_dtype bias_dt, const float *part, int64_t part_ld, float *dprobs,
-                                   cudaStream_t stream);
 
 /* ---- scaled GLU launchers (cuda_glu.cu), used by the GLU ops and the grouped MLP ----- */
 

@@ -227,7 +227,8 @@ static moex_status gpu_mlp_backward(moex_context *ctx, const moex_grouped_mlp_gr
     cm_mirror m = {0};
     moex_grouped_mlp_grad_args a = *h;
     cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w1, 0), cm_weight(&m, &a.w2, 0), cm_tensor(&m, &a.b2, 0);
-    cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.h, 0), cm_tensor(&m, &a.z, 0);
+    cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.z, 0);
+    cm_tensor(&m, &a.h, a.h_mode == MOEX_H_OVERWRITE);   /* an h overwritten comes back as the CPU's does */
     cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.dx, 1), cm_weight(&m, &a.dw1, 1), cm_weight(&m, &a.dw2, 1);
     cm_tensor(&m, &a.db1, 1), cm_tensor(&m, &a.db2, 1), cm_tensor(&m, &a.dprobs, 1);
     CM_RUN(ctx, &m, moex_grouped_mlp_backward, &a);

@@ -104,6 +104,18 @@ def test_module_and_compile(device):
         torch.testing.assert_close(a, e)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_consumes_h(device):
+    """The backward writes dh over the saved h: a second backward through the same graph
+    fails in autograd's version check instead of reading dh as h."""
+    layer = mt.GroupedMLP(4, H, FF, device=device)
+    x = torch.randn(sum(SPLITS), H, device=device, requires_grad=True)
+    loss = layer(x, torch.tensor(SPLITS, device=device)).square().sum()
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_opcheck():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(24, H, generator=g)
