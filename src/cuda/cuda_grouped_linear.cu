@@ -81,20 +81,15 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
 }
 
 moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                   int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
-                                   const float *dbias_probs, float *dbias, float *partial,
-                                   const moex_tensor *bias, float *dprobs, cudaStream_t stream) {
+                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
+                                       const moex_cuda_row_grads *r, cudaStream_t stream) {
     bool ran = false;
     if (dx) MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
     if (dx && !ran) {
         const moex_cuda_gemm g = rows_gemm(s, dt, K, N, dy, w, dx, 0);
         MOEX_TRY(moex_cuda_gemm_run(ctx, op, &g, stream));
     }
-    moex_cuda_row_grads r = {};
-    r.src = dy, r.dt = dt, r.N = N;
-    r.probs = dbias_probs, r.partial = partial, r.dbias = dbias;
-    if (dprobs) r.bias = bias->data, r.bias_dt = bias->dtype, r.dprobs = dprobs;
-    return moex_cuda_row_grads_run(ctx, op, s, &r, stream);
+    return moex_cuda_row_grads_run(ctx, op, s, r, stream);
 }
 
 moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
@@ -141,20 +136,36 @@ moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_
                                     &a->glu, probs, a->fc1.y.data, a->z.data, (cudaStream_t)c->stream, ran);
 }
 
-/* Workspace: the dbias partial sums when dbias is asked. */
+/* The bias gradients of a's dy, their workspace taken from c (base NULL: only counted). */
+static moex_cuda_row_grads dgrad_row_grads(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                                           moex_carver *c) {
+    const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
+    moex_cuda_row_grads r = {};
+    r.src = a->dy.data, r.dt = d->dt, r.N = d->N;
+    if (moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE) {
+        r.dbias = (float *)a->dbias.data;
+        r.probs = scaled ? (const float *)a->probs.data : NULL;
+    }
+    if (moex_present(&a->dprobs) && scaled)
+        r.bias = a->bias.data, r.bias_dt = a->bias.dtype, r.dprobs = (float *)a->dprobs.data;
+    moex_cuda_row_grads_take(c, d->T, d->G, d->N, r.dbias != NULL, r.dprobs != NULL, &r);
+    return r;
+}
+
+/* Workspace: the bias gradients' partial sums. */
 size_t moex_cuda_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
-    return moex_present(&a->dbias) ? moex_cuda_colsum_partial_bytes(d->T, d->G, d->N) : 0;
+    moex_carver c = {NULL, 0};
+    dgrad_row_grads(a, d, &c);
+    return c.used;
 }
 
 moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws) {
-    const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
+    moex_carver wc = {(char *)ws, 0};
+    const moex_cuda_row_grads r = dgrad_row_grads(a, d, &wc);
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
-    float *dbias = moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE ? (float *)a->dbias.data : NULL;
-    float *dprobs = moex_present(&a->dprobs) && scaled ? (float *)a->dprobs.data : NULL;
-    return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, dx,
-                                      scaled ? (const float *)a->probs.data : NULL, dbias, (float *)ws, &a->bias,
-                                      dprobs, (cudaStream_t)c->stream);
+    return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, dx, &r,
+                                      (cudaStream_t)c->stream);
 }
 
 /* ---- the grouped MLP's FC2 backward-data with the GLU's backward ------------------- */
@@ -178,8 +189,29 @@ static moex_sm90_gemm_args fc2_glu_gemm(const moex_groups *g, const moex_fc2_glu
     return s;
 }
 
-/* Workspace: the dprobs partials [T, ceil(F / 128)] when dprobs is asked, then the dbias
- * partials when dbias is; SIZE_MAX where the Hopper kernel cannot run the args. */
+/* The bias gradients of a's dy with the GLU's dprobs partials [T, ceil(F / 128)] (when dprobs
+ * is asked), all their workspace taken from c (base NULL: only counted). */
+static moex_cuda_row_grads fc2_glu_row_grads(const moex_fc2_glu_grad_args *a, const moex_gl_dims *d,
+                                             moex_carver *c) {
+    const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
+    moex_cuda_row_grads r = {};
+    r.src = a->fc2.dy.data, r.dt = d->dt, r.N = d->N;
+    if (moex_present(&a->fc2.dbias)) {
+        r.dbias = (float *)a->fc2.dbias.data;
+        r.probs = scaled ? (const float *)a->fc2.probs.data : NULL;
+    }
+    if (moex_present(&a->dprobs)) {
+        r.part_ld = (d->K + 127) / 128;
+        r.part = (float *)moex_take(c, moex_sz_bytes(d->T, r.part_ld, sizeof(float)));
+        r.dprobs = (float *)a->dprobs.data;
+        if (scaled && moex_present(&a->fc2.bias)) r.bias = a->fc2.bias.data, r.bias_dt = a->fc2.bias.dtype;
+    }
+    moex_cuda_row_grads_take(c, d->T, d->G, d->N, r.dbias != NULL, r.bias != NULL, &r);
+    return r;
+}
+
+/* Workspace: that of fc2_glu_row_grads; SIZE_MAX where the Hopper kernel cannot run the
+ * args. */
 size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d) {
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     if (sc == NULL || a->fc2.w.ptrs) return SIZE_MAX;
@@ -193,8 +225,7 @@ size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args
     const moex_sm90_epilogue e = fc2_glu_epilogue(&p, (float *)placeholder);
     if (!moex_sm90_epilogue_supported(sc, &s, &e)) return SIZE_MAX;
     moex_carver c = {NULL, 0};
-    if (moex_present(&a->dprobs)) moex_take(&c, moex_sz_bytes(d->T, (d->K + 127) / 128, sizeof(float)));
-    if (moex_present(&a->fc2.dbias)) moex_take(&c, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N));
+    fc2_glu_row_grads(a, d, &c);
     return c.used;
 }
 
@@ -203,13 +234,9 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     const cudaStream_t stream = (cudaStream_t)c->stream;
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     moex_carver wc = {(char *)ws, 0};
-    const int64_t part_ld = (d->K + 127) / 128;
-    float *part = moex_present(&a->dprobs) ? (float *)moex_take(&wc, moex_sz_bytes(d->T, part_ld, sizeof(float)))
-                                            : NULL;
-    float *colsum = moex_present(&a->fc2.dbias)
-                        ? (float *)moex_take(&wc, moex_cuda_colsum_partial_bytes(d->T, d->G, d->N)) : NULL;
+    const moex_cuda_row_grads r = fc2_glu_row_grads(a, d, &wc);
     moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
-    const moex_sm90_epilogue e = fc2_glu_epilogue(a, part);
+    const moex_sm90_epilogue e = fc2_glu_epilogue(a, (float *)r.part);
     if (d->T > 0) {   /* (empty tensors may have no memory; the bias terms still write zeros) */
         if (!moex_sm90_epilogue_supported(sc, &s, &e)) {   /* the plan held for aligned pointers */
             const char *name = (uintptr_t)s.x % 16 ? "dy" : (uintptr_t)s.w % 16 ? "w2" : "h";
@@ -223,16 +250,6 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
         if (st != MOEX_OK) return moex_fail(ctx, st, "%s: Hopper grouped GEMM: %s", c->op, why);
     }
     /* dbias; dprobs: the scaled bias's term, then the GLU's */
-    const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
-    moex_cuda_row_grads r = {};
-    r.src = a->fc2.dy.data, r.dt = d->dt, r.N = d->N;
-    if (colsum) r.probs = scaled ? (const float *)a->fc2.probs.data : NULL, r.partial = colsum;
-    r.dbias = colsum ? (float *)a->fc2.dbias.data : NULL;
-    if (part) {
-        r.bias = scaled && moex_present(&a->fc2.bias) ? a->fc2.bias.data : NULL;
-        r.bias_dt = a->fc2.bias.dtype;
-        r.part = part, r.part_ld = part_ld, r.dprobs = (float *)a->dprobs.data;
-    }
     return moex_cuda_row_grads_run(ctx, c->op, g, &r, stream);
 }
 

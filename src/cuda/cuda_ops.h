@@ -167,12 +167,11 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
                                      int64_t K, int64_t F, const void *x, const moex_weight *w, const moex_tensor *bias,
                                      const moex_glu_params *glu, const float *probs, void *h, void *z,
                                      cudaStream_t stream, bool *ran);
-/* dx = dy W_g (dx != NULL); dbias = sum (p) dy (dbias != NULL, p = dbias_probs or 1, partial
- * from moex_cuda_colsum_partial_bytes); dprobs += dy . bias_g (dprobs != NULL). */
+typedef struct moex_cuda_row_grads moex_cuda_row_grads;   /* below */
+/* dx = dy W_g (dx != NULL), then the bias gradients r of dy (moex_cuda_row_grads_run). */
 moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                   int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
-                                   const float *dbias_probs, float *dbias, float *partial,
-                                   const moex_tensor *bias, float *dprobs, cudaStream_t stream);
+                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
+                                       const moex_cuda_row_grads *r, cudaStream_t stream);
 /* dW_g = dy_g^T x_g, written (f32 or dt) or accumulated (f32). */
 moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                    int64_t K, int64_t N, const void *x, const void *dy, const moex_weight *dw,
@@ -182,24 +181,29 @@ moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const 
 
 /* The bias gradients of src = dy [T, N] over the groups' rows, in one pass over src:
  *   dbias[g, n] = sum over the rows r of group g of (p_r *) src[r, n] (f32, "="; dbias !=
- *                 NULL; p = probs, or 1 when NULL; partial: workspace of
- *                 moex_cuda_colsum_partial_bytes(T, G, N));
+ *                 NULL; p = probs, or 1 when NULL);
  *   for every row r < off[G] (g its group), when dprobs != NULL:
  *                 dprobs[r] += sum_n src[r, n] * bias_g[n] (bias != NULL), then
- *                 dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL). */
-typedef struct moex_cuda_row_grads {
+ *                 dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL).
+ * partial and dots: workspace from moex_cuda_row_grads_take (with dbias asked; with the
+ * bias term asked). */
+struct moex_cuda_row_grads {
     const void *src;
     moex_dtype dt;
     int64_t N;
     const float *probs;
-    float *partial, *dbias;
+    float *dbias;
     const void *bias;
     moex_dtype bias_dt;
     const float *part;
     int64_t part_ld;
     float *dprobs;
-} moex_cuda_row_grads;
+    float *partial, *dots;      /* workspace */
+};
 size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N);
+/* Takes the workspace of a for T rows in G groups from c (base NULL: only counts it). */
+void moex_cuda_row_grads_take(moex_carver *c, int64_t T, int64_t G, int64_t N, bool dbias, bool dots,
+                              moex_cuda_row_grads *a);
 moex_status moex_cuda_row_grads_run(moex_context *ctx, const char *op, const moex_cuda_sched *s,
                                     const moex_cuda_row_grads *a, cudaStream_t stream);
 /* Pass 2 alone: dbias[g, n] = the sum of partial[t, n] over group g's row tiles t (tiles[]:
