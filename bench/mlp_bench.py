@@ -7,7 +7,7 @@ skewed splits, in one run on one GPU.
 Per config (the MLP shapes of tools/bench_configs.h: G experts, T rows, H hidden, F ffn):
   moex      moex.torch.grouped_mlp(x, w1, w2, splits, b2=b2, probs=p, scale_b2=True), then
             the backward of y to x, w1, w2, b2 and p (the time of fwd + bwd, autograd included)
-  rz        moex with save_z=False: z not saved by the forward, recomputed by the backward
+  sz        moex with save_z=True: z saved by the forward, not recomputed by the backward
   gemms     moex's six grouped GEMMs of that step, each timed alone, no epilogue: FC1 and FC2
             forward, FC2 and FC1 backward-data, FC2 and FC1 backward-weight (the sum of their
             medians): the rate the MLP aims at
@@ -85,8 +85,8 @@ def step_fns(d, compiled):
     fns = {
         "moex": lambda: backward(mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"],
                                                 scale_b2=True)),
-        "moex_rz": lambda: backward(mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"],
-                                                   scale_b2=True, save_z=False)),
+        "moex_sz": lambda: backward(mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"],
+                                                   scale_b2=True, save_z=True)),
         "eager": lambda: backward(torch_mlp(d["x"], d["w1"], d["w2"], d["b2"], d["p"], d["offs"], d["gid"])),
     }
     if compiled is not None:
@@ -186,12 +186,12 @@ def main():
             del d, fns
             torch.cuda.empty_cache()
     print("\ngrouped MLP fwd+bwd (SwiGLU x probs, probs-scaled b2), bf16, TFLOP/s (median); peak GB beyond inputs")
-    print(f"{'config':<11}{'splits':<9}{'moex':>7}{'rz':>6}{'gemms':>7}{'eager':>7}{'compile':>8}{'/gemms':>8}"
-          f"{'/torch':>8}{'peak moex':>10}{'rz':>7}{'eager':>7}{'compile':>8}")
+    print(f"{'config':<11}{'splits':<9}{'moex':>7}{'sz':>6}{'gemms':>7}{'eager':>7}{'compile':>8}{'/gemms':>8}"
+          f"{'/torch':>8}{'peak moex':>10}{'sz':>7}{'eager':>7}{'compile':>8}")
     for r in rows:
-        print(f"{r['config']:<11}{r['splits']:<9}{r['moex']:>7.0f}{r['moex_rz']:>6.0f}{r['gemms']:>7.0f}"
+        print(f"{r['config']:<11}{r['splits']:<9}{r['moex']:>7.0f}{r['moex_sz']:>6.0f}{r['gemms']:>7.0f}"
               f"{r['eager']:>7.0f}{r.get('compile', 0):>8.0f}{r['vs_gemms']:>8.3f}{r['vs_torch']:>8.3f}"
-              f"{r['moex_peak_gb']:>10.3f}{r['moex_rz_peak_gb']:>7.3f}{r['eager_peak_gb']:>7.3f}"
+              f"{r['moex_peak_gb']:>10.3f}{r['moex_sz_peak_gb']:>7.3f}{r['eager_peak_gb']:>7.3f}"
               f"{r.get('compile_peak_gb', 0):>8.3f}")
 
 

@@ -63,6 +63,8 @@ typedef struct moex_fc2_glu_grad_args {
     moex_tensor probs;                    /* [T] f32, or absent (p = 1) */
     moex_tensor dh;                       /* [T, 2F]; may be h itself (in place) */
     moex_tensor dprobs;                   /* [T] f32 (+=), or absent */
+    moex_tensor z;                        /* [T, F]: z = p glu(h) (=), bitwise glu_fwd's, from
+                                             h before dh is written; or absent */
 } moex_fc2_glu_grad_args;
 
 /* A dense GEMM of the MoE layer's router (one group of all rows, f32 accumulation):

@@ -11,7 +11,8 @@
  *            dz = dy W2_g, db2 = sum dy (or sum p dy), dprobs += sum_j dy_ij b2_gj (SCALED)
  *            dh = glu'(h) dz, dprobs += sum_j dz_ij act(a_ij) g(b_ij)
  *            (FC2's dz and the GLU in one launch where the backend fuses them: fc2_glu_grad;
- *            dz then never leaves the chip)
+ *            dz then never leaves the chip, and a recomputed z comes from the same launch,
+ *            before dW2)
  *            dx = dh W1_g, db1 = sum dh
  *            dW1 = dh^T x
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
@@ -254,7 +255,8 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
     c->glu_bwd = (moex_scaled_glu_grad_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits,
                                              .dz = dzt, .dh = dht, .dprobs = a->dprobs};
     c->fc2_glu = (moex_fc2_glu_grad_args){.fc2 = c->fc2_dgrad, .glu = a->glu, .h = a->h, .probs = a->probs,
-                                          .dh = act_2d(dh, d, 2 * d->F), .dprobs = a->dprobs};
+                                          .dh = act_2d(dh, d, 2 * d->F), .dprobs = a->dprobs,
+                                          .z = p->recompute_z ? zt : absent_tensor};
     c->fc2_glu.fc2.dx = c->fc2_glu.fc2.dprobs = absent_tensor;
     c->fc1_dgrad = (moex_grouped_linear_dgrad_args){
         .dy = dht, .w = a->w1, .bias_mode = moex_present(&a->db1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE,
@@ -294,7 +296,7 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
     bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
-    size_t sub = 0, sub_d2 = 0;   /* sub_d2: FC2's dgrad steps, after dW2 and before FC1 */
+    size_t sub = 0, sub_d2 = 0;   /* sub_d2: the scratch of FC2's dgrad steps, used by no other */
     if (p.recompute_z) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu_fwd, &dg));
     if (moex_weight_present(&a->dw2)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc2_wgrad, &d2));
     if (p.fused) sub_d2 = moex_sz_max(sub_d2, ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2));
@@ -302,15 +304,18 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
     if (p.need_dz && !p.fused) sub_d2 = moex_sz_max(sub_d2, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
     if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
     if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
-    /* dx is written last: until then its memory may hold sub_d2 (at its first aligned byte) */
+    /* dx is written last: until then its memory may hold sub_d2 (at its first aligned byte
+     * past a recomputed z there, which the fused step writes) */
     const size_t dx_bytes = moex_present(&a->dx) ? act_bytes(d, d->H) : 0;
-    const bool in_dx = sub_d2 > 0 && sub_d2 <= dx_bytes && dx_bytes - sub_d2 >= MOEX_WS_ALIGN;
+    const size_t z_bytes = p.z_in_dx ? act_bytes(d, d->F) : 0;
+    const bool in_dx = sub_d2 > 0 && dx_bytes >= z_bytes + MOEX_WS_ALIGN && dx_bytes - z_bytes - MOEX_WS_ALIGN >= sub_d2;
     const size_t bytes[3] = {p.recompute_z && !p.z_in_dx ? act_bytes(d, d->F) : 0,
                              p.need_dz && !p.fused ? act_bytes(d, d->F) : 0,
                              p.need_dh && !p.dh_in_h ? act_bytes(d, 2 * d->F) : 0};
     mlp_layout l = layout_of(ctx, d, bytes, in_dx ? sub : moex_sz_max(sub, sub_d2), ws);
     if (in_dx && ws) {
-        const uintptr_t at = ((uintptr_t)a->dx.data + MOEX_WS_ALIGN - 1) & ~(uintptr_t)(MOEX_WS_ALIGN - 1);
+        const uintptr_t end_z = (uintptr_t)a->dx.data + z_bytes;
+        const uintptr_t at = (end_z + MOEX_WS_ALIGN - 1) & ~(uintptr_t)(MOEX_WS_ALIGN - 1);
         l.sub_d2 = (void *)at;
     }
     return l;
@@ -334,16 +339,19 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
 
-    /* FC2: dW2 (z recomputed when not saved, while h is intact), then dz (or, fused, dh and
-     * the GLU's dprobs term), db2 and the scaled-b2 dprobs term. */
-    if (moex_weight_present(&a->dw2)) {
-        if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
-        MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
-    }
-    if (p.fused)
+    /* FC2: fused, dh and the GLU's dprobs term (and the recomputed z, from h before dh
+     * overwrites it), db2 and the scaled-b2 dprobs term, then dW2; else dW2 first (z
+     * recomputed while h is intact), then dz, db2 and the scaled-b2 dprobs term. */
+    if (p.fused) {
         MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub_d2));
-    else if (p.fc2_dgrad)
-        MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub_d2));
+        if (moex_weight_present(&a->dw2)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
+    } else {
+        if (moex_weight_present(&a->dw2)) {
+            if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
+            MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
+        }
+        if (p.fc2_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub_d2));
+    }
     /* GLU: dh (when needed; over h with dh_in_h) and the GLU dprobs term. */
     if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub_d2));
     /* FC1: dx and db1, then dW1. */

@@ -178,6 +178,7 @@ static moex_sm90_epilogue fc2_glu_epilogue(const moex_fc2_glu_grad_args *a, floa
     e.h = a->h.data;
     e.dh = a->dh.data;
     e.dprobs_part = part;
+    e.z = moex_present(&a->z) ? a->z.data : NULL;
     return e;
 }
 
@@ -220,6 +221,7 @@ size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args
     alignas(16) static const float placeholder[4] = {0};
     moex_fc2_glu_grad_args p = *a;
     p.fc2.dy.data = p.fc2.w.t.data = p.h.data = p.dh.data = (void *)placeholder;
+    if (moex_present(&p.z)) p.z.data = (void *)placeholder;
     const moex_groups g = {d->G, d->T, (const int64_t *)placeholder, NULL, NULL, NULL};
     const moex_sm90_gemm_args s = fc2_glu_gemm(&g, &p, d);
     const moex_sm90_epilogue e = fc2_glu_epilogue(&p, (float *)placeholder);
@@ -236,8 +238,17 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     moex_carver wc = {(char *)ws, 0};
     const moex_cuda_row_grads r = fc2_glu_row_grads(a, d, &wc);
     moex_sm90_gemm_args s = fc2_glu_gemm(g, a, d);
-    const moex_sm90_epilogue e = fc2_glu_epilogue(a, (float *)r.part);
+    moex_sm90_epilogue e = fc2_glu_epilogue(a, (float *)r.part);
     if (d->T > 0) {   /* (empty tensors may have no memory; the bias terms still write zeros) */
+        moex_sm90_epilogue no_z = e;
+        no_z.z = NULL;
+        if (e.z != NULL && !moex_sm90_epilogue_supported(sc, &s, &e) && moex_sm90_epilogue_supported(sc, &s, &no_z)) {
+            e.z = NULL;   /* a misaligned z: by the GLU kernel, before h may be overwritten */
+            const float *probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+            MOEX_TRY(moex_cuda_sched_ready(ctx, c->op, g));
+            MOEX_TRY(moex_cuda_glu_fwd_run(ctx, c->op, &a->glu, g->off + g->G, d->T, d->K, d->dt, a->h.data, probs,
+                                           a->z.data, stream));
+        }
         if (!moex_sm90_epilogue_supported(sc, &s, &e)) {   /* the plan held for aligned pointers */
             const char *name = (uintptr_t)s.x % 16 ? "dy" : (uintptr_t)s.w % 16 ? "w2" : "h";
             return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,

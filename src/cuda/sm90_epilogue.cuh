@@ -49,7 +49,7 @@
 typedef struct sm90_epi {
     const void *bias;           /* [G, N] (GLU: N = 2F); NULL: no bias                       */
     const float *probs;         /* [T]: the scaled bias's and the GLU's p (NULL: p = 1)      */
-    uint16_t *z;                /* GLU: [T, F]                                               */
+    uint16_t *z;                /* GLU: [T, F]; DGLU: [T, F] z = p glu(h) too, or NULL       */
     const uint16_t *h;          /* DGLU: h [T, 2F], read                                     */
     uint16_t *dh;               /* DGLU: dh [T, 2F], written (may be h)                      */
     float *dp_part;             /* DGLU: [T, dp_ld] the dprobs partials, or NULL             */
@@ -299,7 +299,8 @@ template <int EPI> static __device__ __forceinline__ int sm90_dglu_col(int zc) {
 /* The DGLU epilogue of one block (see the top of this file): acc is dz of the block's rows
  * and the dz columns [ob, ob + NC); pa, pb: p of the thread's rows. dh rows past the group's
  * end and columns past F are neither read nor written. In chunks of 8 fragment columns, every
- * h pair of the chunk is loaded before any dh pair is stored (dh may be h). */
+ * h pair of the chunk is loaded before any dh pair is stored (dh may be h). With epi.z, z =
+ * p glu(h) of the same pairs is written too, as the forward's epilogue computes it. */
 template <int IS_F16, int EPI, int NC>
 static __device__ __forceinline__ void sm90_epi_dglu(const float (&acc)[NC / 2], const sm90_epi &epi, int ob,
                                                      float pa, float pb, const sm90_block &k) {
@@ -309,6 +310,7 @@ static __device__ __forceinline__ void sm90_epi_dglu(const float (&acc)[NC / 2],
     const int64_t ld = 2 * (int64_t)F;
     const uint16_t *ha = epi.h + k.ra * ld, *hb = epi.h + k.rb * ld;
     uint16_t *da = epi.dh + k.ra * ld, *db = epi.dh + k.rb * ld;
+    uint16_t *za = epi.z ? epi.z + k.ra * (int64_t)F : NULL, *zb = epi.z ? epi.z + k.rb * (int64_t)F : NULL;
     float sa[NC / 128], sb[NC / 128];   /* the dprobs terms per 128 dz columns */
 #pragma unroll
     for (int q = 0; q < NC / 128; q++) sa[q] = sb[q] = 0.0f;
@@ -340,6 +342,9 @@ static __device__ __forceinline__ void sm90_epi_dglu(const float (&acc)[NC / 2],
                     uint16_t *d = r ? db : da;
                     *(uint32_t *)(d + c) = sm90_io<IS_F16>::pack(d_a0, d_a1);
                     *(uint32_t *)(d + c + bstep) = sm90_io<IS_F16>::pack(d_b0, d_b1);
+                    if (epi.z)
+                        *(uint32_t *)((r ? zb : za) + zc) = sm90_io<IS_F16>::pack(
+                            moex_glu_forward(epi.glu, a.x, b.x, p), moex_glu_forward(epi.glu, a.y, b.y, p));
                 }
                 if (r)
                     sb[j / 16] += t0 + t1;

@@ -329,7 +329,7 @@ static int sm90_epi_kind(const moex_sm90_gemm_args *a, const moex_sm90_epilogue 
     if (dgrad) {   /* FC2's dz into the GLU's backward: dz [T, F], F = a->K */
         const int64_t F = a->K;
         if (e->glu == NULL || e->bias_mode != MOEX_BIAS_NONE || e->h == NULL || !sm90_aligned16(e->h) ||
-            !sm90_aligned16(e->dh) || F % 8 != 0)
+            !sm90_aligned16(e->dh) || (e->z != NULL && !sm90_aligned16(e->z)) || F % 8 != 0)
             return -1;
         if (e->glu->layout == MOEX_GLU_INTERLEAVED_32) return F % 32 == 0 ? MOEX_SM90_EPI_DGLU_INTERLEAVED : -1;
         return e->glu->layout == MOEX_GLU_CONTIGUOUS ? MOEX_SM90_EPI_DGLU_CONTIG : -1;
@@ -443,6 +443,7 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
         if (MOEX_SM90_EPI_IS_DGLU(epi)) {
             ke.h = (const uint16_t *)e->h;
             ke.dh = (uint16_t *)e->dh;
+            ke.z = (uint16_t *)e->z;
             ke.dp_part = e->dprobs_part;
             ke.F = (int)a->K;
             ke.dp_ld = (int)((a->K + 127) / 128);

@@ -94,9 +94,10 @@ typedef struct moex_sm90_gemm_args {
  * written); the GLU's backward with glu and p = probs (1 without) reads h [T, 2F] and writes
  * dh = glu'(h) dz [T, 2F] (=), dh may be h itself; with dprobs_part, the GLU's dprobs term
  * sum_j dz_j act(a_j) g(b_j) of each row over each 128 dz columns is written to
- * dprobs_part [T, ceil(F / 128)] (f32, =). h, dh: the input dtype, 16-byte aligned; F a
- * multiple of 8 (INTERLEAVED_32: of 32); bias_mode NONE. Rows at or past off[G] of dh and
- * dprobs_part are never written nor those of h read. */
+ * dprobs_part [T, ceil(F / 128)] (f32, =); with z, z = p glu(h) [T, F] is written too,
+ * bitwise as the forward's epilogue writes it. h, dh, z: the input dtype, 16-byte aligned;
+ * F a multiple of 8 (INTERLEAVED_32: of 32); bias_mode NONE. Rows at or past off[G] of dh, z
+ * and dprobs_part are never written nor those of h read. */
 typedef struct moex_sm90_epilogue {
     moex_bias_mode bias_mode;
     const void *bias;
