@@ -343,6 +343,8 @@ int main(void) {
         {0, 4, 520, 500, 200, 264, TU_SPLITS_SKEWED, SW, CO, 0, 0, MOEX_BIAS_SCALED, 0, 1, 1, G_ALL, WR, 0, 0},
         {0, 3, 400, 390, 96, 320, TU_SPLITS_EMPTY_MIDDLE, CL, IL, 0, 1, MOEX_BIAS_NONE, 0, 1, 0, G_DX | G_DP, WR, 0,
          0},
+        /* z recomputed into dx's memory (F <= H) with few rows: dx's rows past them untouched */
+        {0, 4, 520, 60, 200, 136, TU_SPLITS_SKEWED, SW, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, WR, 0, 0},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     int n = 0;

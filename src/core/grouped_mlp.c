@@ -18,8 +18,8 @@
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
  * dtype, as the saved h and z do (dz rounded to it also where it is not stored); a
- * recomputed z, and then FC2's dgrad steps' scratch, in dx's memory instead when they fit
- * (dx is written last), dh in h's with
+ * recomputed z in dx's memory instead when F <= H (dx is written last; z's rows past the
+ * groups' end, like dx's, are not written), dh in h's with
  * MOEX_H_OVERWRITE (dW2 runs first, while h is intact; the GLU backward reads each pair
  * of h before writing its dh). The groups
  * are prepared once (split values checked before anything is written on the CPU) and every
@@ -126,12 +126,11 @@ static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
 static const moex_tensor absent_tensor;
 
 /* The workspace: the handle, up to three intermediates (bytes 0: not taken, NULL), the
- * primitives' shared region (the backward's FC2 dgrad steps: sub_d2, in dx's memory when it
- * fits, else sub). */
+ * primitives' shared region. */
 typedef struct mlp_layout {
     void *groups;
     void *buf[3];
-    void *sub, *sub_d2;
+    void *sub;
     size_t total;
 } mlp_layout;
 
@@ -140,7 +139,7 @@ static mlp_layout layout_of(moex_context *ctx, const moex_mlp_dims *d, const siz
     mlp_layout l;
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
-    l.sub = l.sub_d2 = moex_take(&c, sub);
+    l.sub = moex_take(&c, sub);
     l.total = c.used;
     return l;
 }
@@ -220,7 +219,8 @@ typedef struct bwd_plan {
     bool fc2_dgrad;             /* dz, db2 or the scaled-b2 dprobs term */
     bool fc1_dgrad;             /* dx or db1 asked */
     bool recompute_z;           /* dw2 asked and z not saved */
-    bool z_in_dx;               /* the recomputed z lives in dx's memory (dx asked, F <= H) */
+    bool z_in_dx;               /* the recomputed z lives in dx's memory (dx asked, F <= H: z's
+                                   rows < S fill bytes of dx's rows < S only) */
     bool dh_in_h;               /* dh is written over h (MOEX_H_OVERWRITE) */
     bool fused;                 /* fc2_glu_grad runs FC2's dgrad and the GLU (dh needed; dz
                                    not in memory) */
@@ -296,29 +296,18 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
     bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
-    size_t sub = 0, sub_d2 = 0;   /* sub_d2: the scratch of FC2's dgrad steps, used by no other */
+    size_t sub = 0;
     if (p.recompute_z) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu_fwd, &dg));
     if (moex_weight_present(&a->dw2)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc2_wgrad, &d2));
-    if (p.fused) sub_d2 = moex_sz_max(sub_d2, ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2));
-    if (p.fc2_dgrad && !p.fused) sub_d2 = moex_sz_max(sub_d2, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
-    if (p.need_dz && !p.fused) sub_d2 = moex_sz_max(sub_d2, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
+    if (p.fused) sub = moex_sz_max(sub, ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2));
+    if (p.fc2_dgrad && !p.fused) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
+    if (p.need_dz && !p.fused) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
     if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
     if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
-    /* dx is written last: until then its memory may hold sub_d2 (at its first aligned byte
-     * past a recomputed z there, which the fused step writes) */
-    const size_t dx_bytes = moex_present(&a->dx) ? act_bytes(d, d->H) : 0;
-    const size_t z_bytes = p.z_in_dx ? act_bytes(d, d->F) : 0;
-    const bool in_dx = sub_d2 > 0 && dx_bytes >= z_bytes + MOEX_WS_ALIGN && dx_bytes - z_bytes - MOEX_WS_ALIGN >= sub_d2;
     const size_t bytes[3] = {p.recompute_z && !p.z_in_dx ? act_bytes(d, d->F) : 0,
                              p.need_dz && !p.fused ? act_bytes(d, d->F) : 0,
                              p.need_dh && !p.dh_in_h ? act_bytes(d, 2 * d->F) : 0};
-    mlp_layout l = layout_of(ctx, d, bytes, in_dx ? sub : moex_sz_max(sub, sub_d2), ws);
-    if (in_dx && ws) {
-        const uintptr_t end_z = (uintptr_t)a->dx.data + z_bytes;
-        const uintptr_t at = (end_z + MOEX_WS_ALIGN - 1) & ~(uintptr_t)(MOEX_WS_ALIGN - 1);
-        l.sub_d2 = (void *)at;
-    }
-    return l;
+    return layout_of(ctx, d, bytes, sub, ws);
 }
 
 size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
@@ -343,17 +332,17 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
      * overwrites it), db2 and the scaled-b2 dprobs term, then dW2; else dW2 first (z
      * recomputed while h is intact), then dz, db2 and the scaled-b2 dprobs term. */
     if (p.fused) {
-        MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub_d2));
+        MOEX_TRY(ops->fc2_glu_grad(ctx, c, &g, &k.fc2_glu, &d2, l.sub));
         if (moex_weight_present(&a->dw2)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
     } else {
         if (moex_weight_present(&a->dw2)) {
             if (p.recompute_z) MOEX_TRY(ops->glu_fwd(ctx, c, &g, &k.glu_fwd, &dg, l.sub));
             MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc2_wgrad, &d2, l.sub));
         }
-        if (p.fc2_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub_d2));
+        if (p.fc2_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc2_dgrad, &d2, l.sub));
     }
     /* GLU: dh (when needed; over h with dh_in_h) and the GLU dprobs term. */
-    if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub_d2));
+    if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
     /* FC1: dx and db1, then dW1. */
     if (p.fc1_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc1_dgrad, &d1, l.sub));
     if (moex_weight_present(&a->dw1)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc1_wgrad, &d1, l.sub));

@@ -136,19 +136,19 @@ moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_
                                     &a->glu, probs, a->fc1.y.data, a->z.data, (cudaStream_t)c->stream, ran);
 }
 
-/* The bias gradients of a's dy, their workspace taken from c (base NULL: only counted). */
+/* The bias gradients of a's dy, their workspace taken from c (base NULL: only counted; the
+ * size follows which tensors are present, never their pointers, which a size query may not
+ * have). */
 static moex_cuda_row_grads dgrad_row_grads(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                                            moex_carver *c) {
     const bool scaled = a->bias_mode == MOEX_BIAS_SCALED;
+    const bool dbias = moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE;
+    const bool dprobs = moex_present(&a->dprobs) && scaled;
     moex_cuda_row_grads r = {};
     r.src = a->dy.data, r.dt = d->dt, r.N = d->N;
-    if (moex_present(&a->dbias) && a->bias_mode != MOEX_BIAS_NONE) {
-        r.dbias = (float *)a->dbias.data;
-        r.probs = scaled ? (const float *)a->probs.data : NULL;
-    }
-    if (moex_present(&a->dprobs) && scaled)
-        r.bias = a->bias.data, r.bias_dt = a->bias.dtype, r.dprobs = (float *)a->dprobs.data;
-    moex_cuda_row_grads_take(c, d->T, d->G, d->N, r.dbias != NULL, r.dprobs != NULL, &r);
+    if (dbias) r.dbias = (float *)a->dbias.data, r.probs = scaled ? (const float *)a->probs.data : NULL;
+    if (dprobs) r.bias = a->bias.data, r.bias_dt = a->bias.dtype, r.dprobs = (float *)a->dprobs.data;
+    moex_cuda_row_grads_take(c, d->T, d->G, d->N, dbias, dprobs, &r);
     return r;
 }
 
@@ -191,23 +191,23 @@ static moex_sm90_gemm_args fc2_glu_gemm(const moex_groups *g, const moex_fc2_glu
 }
 
 /* The bias gradients of a's dy with the GLU's dprobs partials [T, ceil(F / 128)] (when dprobs
- * is asked), all their workspace taken from c (base NULL: only counted). */
+ * is asked), all their workspace taken from c (base NULL: only counted; by presence, as
+ * dgrad_row_grads). */
 static moex_cuda_row_grads fc2_glu_row_grads(const moex_fc2_glu_grad_args *a, const moex_gl_dims *d,
                                              moex_carver *c) {
     const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
+    const bool dbias = moex_present(&a->fc2.dbias), dprobs = moex_present(&a->dprobs);
+    const bool dots = dprobs && scaled && moex_present(&a->fc2.bias);
     moex_cuda_row_grads r = {};
     r.src = a->fc2.dy.data, r.dt = d->dt, r.N = d->N;
-    if (moex_present(&a->fc2.dbias)) {
-        r.dbias = (float *)a->fc2.dbias.data;
-        r.probs = scaled ? (const float *)a->fc2.probs.data : NULL;
-    }
-    if (moex_present(&a->dprobs)) {
+    if (dbias) r.dbias = (float *)a->fc2.dbias.data, r.probs = scaled ? (const float *)a->fc2.probs.data : NULL;
+    if (dprobs) {
         r.part_ld = (d->K + 127) / 128;
         r.part = (float *)moex_take(c, moex_sz_bytes(d->T, r.part_ld, sizeof(float)));
         r.dprobs = (float *)a->dprobs.data;
-        if (scaled && moex_present(&a->fc2.bias)) r.bias = a->fc2.bias.data, r.bias_dt = a->fc2.bias.dtype;
     }
-    moex_cuda_row_grads_take(c, d->T, d->G, d->N, r.dbias != NULL, r.bias != NULL, &r);
+    if (dots) r.bias = a->fc2.bias.data, r.bias_dt = a->fc2.bias.dtype;
+    moex_cuda_row_grads_take(c, d->T, d->G, d->N, dbias, dots, &r);
     return r;
 }
 
