@@ -19,11 +19,10 @@
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
  * dtype, as the saved h and z do (dz rounded to it also where it is not stored); a
  * recomputed z in dx's memory instead when F <= H (dx is written last; z's rows past the
- * groups' end, like dx's, are not written), dh in h's with
- * MOEX_H_OVERWRITE (dW2 runs first, while h is intact; the GLU backward reads each pair
- * of h before writing its dh). The groups
- * are prepared once (split values checked before anything is written on the CPU) and every
- * primitive runs on them.
+ * groups' end, like dx's, are not written), dh in h's with MOEX_H_OVERWRITE (z is
+ * recomputed before dh is written; the GLU backward reads each pair of h before writing its
+ * dh). The groups are prepared once (split values checked before anything is written on the
+ * CPU) and every primitive runs on them.
  *
  * Workspace: the prepared handle, the intermediates the call needs, and one region shared by
  * the primitives (they run one after the other). Its size depends on shapes, dtypes and

@@ -1,7 +1,8 @@
 /*
  * cuda_backend.cu - the CUDA backend's table of primitives (src/core/backend.h): entering a
- * call (the context's device; on leaving, the schedule the call left pending), the limits of its kernels, the bad-input flag (allocated
- * once here) and moex_context_check_splits, construction and destruction.
+ * call (the context's device; on leaving, the schedule the call left pending), the limits of
+ * its kernels, the bad-input flag (allocated once here) and moex_context_check_splits,
+ * construction and destruction.
  */
 #include <stdlib.h>
 #include <string.h>

@@ -61,14 +61,16 @@ static void recomputed_z_bitwise(moex_context *ctx) {
         free(h);
     }
     void *dsplits = cm_to_dev(splits, sizeof splits);
-    void *h = cm_malloc((size_t)T * 2 * F * 2), *h2 = cm_malloc((size_t)T * 2 * F * 2), *z = cm_malloc((size_t)T * F * 2);
+    void *h = cm_malloc((size_t)T * 2 * F * 2), *h2 = cm_malloc((size_t)T * 2 * F * 2);
+    void *z = cm_malloc((size_t)T * F * 2);
     void *y = cm_malloc((size_t)T * H * 2), *dx = cm_malloc((size_t)T * H * 2 + 16);
     void *dw[3][2];
     for (int k = 0; k < 3; k++)
         for (int j = 0; j < 2; j++) dw[k][j] = cm_malloc((size_t)G * 2 * F * H * 4);
     moex_grouped_mlp_args fa = {
         .x = moex_tensor_2d(dev[0], BF, T, H), .w1 = moex_weight_packed(moex_tensor_3d(dev[1], BF, G, 2 * F, H)),
-        .w2 = moex_weight_packed(moex_tensor_3d(dev[2], BF, G, H, F)), .probs = moex_tensor_1d(dev[4], MOEX_DTYPE_F32, T),
+        .w2 = moex_weight_packed(moex_tensor_3d(dev[2], BF, G, H, F)),
+        .probs = moex_tensor_1d(dev[4], MOEX_DTYPE_F32, T),
         .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .splits = moex_tensor_1d(dsplits, MOEX_DTYPE_I64, G),
         .h = moex_tensor_2d(h, BF, T, 2 * F), .z = moex_tensor_2d(z, BF, T, F), .y = moex_tensor_2d(y, BF, T, H)};
     size_t bytes = 0;
@@ -84,7 +86,8 @@ static void recomputed_z_bitwise(moex_context *ctx) {
             .x = fa.x, .w1 = fa.w1, .w2 = fa.w2, .probs = fa.probs, .glu = fa.glu, .splits = fa.splits,
             .h = moex_tensor_2d(h2, BF, T, 2 * F), .z = k == 0 ? fa.z : (moex_tensor){0},
             .dy = moex_tensor_2d(dev[3], BF, T, H), .dx = moex_tensor_2d((char *)dx + (k == 2 ? 2 : 0), BF, T, H),
-            .dw_mode = MOEX_GRAD_WRITE, .dw1 = moex_weight_packed(moex_tensor_3d(dw[k][0], MOEX_DTYPE_F32, G, 2 * F, H)),
+            .dw_mode = MOEX_GRAD_WRITE,
+            .dw1 = moex_weight_packed(moex_tensor_3d(dw[k][0], MOEX_DTYPE_F32, G, 2 * F, H)),
             .dw2 = moex_weight_packed(moex_tensor_3d(dw[k][1], MOEX_DTYPE_F32, G, H, F)),
             .h_mode = k == 1 ? MOEX_H_OVERWRITE : MOEX_H_KEEP};
         backward(ctx, &b, names[k]);
