@@ -21,17 +21,20 @@ size_t moex_cuda_colsum_partial_bytes(int64_t T, int64_t G, int64_t N) {
     return moex_sz_bytes(moex_cuda_max_tiles(T, G), N, sizeof(float));
 }
 
-/* dbias[g, n] = sum of the partials of group g's tiles, in tile order (0 when empty).
- * Block y: groups, grid-stride. */
+/* The sum of partial[t, n] over group g's row tiles t, in tile order (0 when empty). */
+static __device__ __forceinline__ float group_colsum(const int32_t *tiles, int64_t g, const float *partial,
+                                                     int64_t N, int64_t n) {
+    float s = 0.0f;
+    for (int64_t t = tiles[g]; t < tiles[g + 1]; t++) s += partial[t * N + n];
+    return s;
+}
+
+/* dbias[g, n] = group_colsum. Block y: groups, grid-stride. */
 static __global__ void colsum_reduce_kernel(const int32_t *tiles, int G, const float *partial, int64_t N,
                                             float *dbias) {
     const int64_t n = (int64_t)blockIdx.x * COLS_PER_CTA + threadIdx.x;
     if (n >= N) return;
-    for (int g = blockIdx.y; g < G; g += gridDim.y) {
-        float s = 0.0f;
-        for (int64_t t = tiles[g]; t < tiles[g + 1]; t++) s += partial[t * N + n];
-        dbias[(int64_t)g * N + n] = s;
-    }
+    for (int g = blockIdx.y; g < G; g += gridDim.y) dbias[(int64_t)g * N + n] = group_colsum(tiles, g, partial, N, n);
 }
 
 moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int32_t *tiles, int64_t G,
@@ -156,8 +159,8 @@ row_grads_kernel(const int64_t *off, const int32_t *tiles, int G, row_grads_para
     }
 }
 
-/* Blocks [0, nred): dbias as colsum_reduce_kernel (block b: columns b % nx, groups from
- * b / nx, grid-stride by gy); the rest, a row each thread, r < off[G]:
+/* Blocks [0, nred): dbias[g, n] = group_colsum (block b: columns b % nx, groups from b / nx,
+ * grid-stride by gy); the rest, a row each thread, r < off[G]:
  *   dprobs[r] = (dprobs[r] + sum_c dots[r, c]) + sum_s part[r, s]   (each sum in order). */
 static __global__ void row_grads_finish_kernel(const int64_t *off, const int32_t *tiles, int G, int64_t nx,
                                                int64_t gy, row_grads_params p, float *dbias) {
@@ -165,11 +168,8 @@ static __global__ void row_grads_finish_kernel(const int64_t *off, const int32_t
     if (blockIdx.x < nred) {
         const int64_t n = (blockIdx.x % nx) * COLS_PER_CTA + threadIdx.x;
         if (n >= p.N) return;
-        for (int64_t g = blockIdx.x / nx; g < G; g += gy) {
-            float s = 0.0f;
-            for (int64_t t = tiles[g]; t < tiles[g + 1]; t++) s += p.partial[t * p.N + n];
-            dbias[g * p.N + n] = s;
-        }
+        for (int64_t g = blockIdx.x / nx; g < G; g += gy)
+            dbias[g * p.N + n] = group_colsum(tiles, g, p.partial, p.N, n);
         return;
     }
     const int64_t r = (blockIdx.x - nred) * COLS_PER_CTA + threadIdx.x;
