@@ -190,24 +190,18 @@ static moex_sm90_gemm_args fc2_glu_gemm(const moex_groups *g, const moex_fc2_glu
     return s;
 }
 
-/* The bias gradients of a's dy with the GLU's dprobs partials [T, ceil(F / 128)] (when dprobs
- * is asked), all their workspace taken from c (base NULL: only counted; by presence, as
- * dgrad_row_grads). */
+/* The bias gradients of a's dy, as dgrad_row_grads with the scaled bias's dprobs term into
+ * a's dprobs, then the GLU's dprobs partials [T, ceil(F / 128)] (when dprobs is asked). */
 static moex_cuda_row_grads fc2_glu_row_grads(const moex_fc2_glu_grad_args *a, const moex_gl_dims *d,
                                              moex_carver *c) {
-    const bool scaled = a->fc2.bias_mode == MOEX_BIAS_SCALED;
-    const bool dbias = moex_present(&a->fc2.dbias), dprobs = moex_present(&a->dprobs);
-    const bool dots = dprobs && scaled && moex_present(&a->fc2.bias);
-    moex_cuda_row_grads r = {};
-    r.src = a->fc2.dy.data, r.dt = d->dt, r.N = d->N;
-    if (dbias) r.dbias = (float *)a->fc2.dbias.data, r.probs = scaled ? (const float *)a->fc2.probs.data : NULL;
-    if (dprobs) {
+    moex_grouped_linear_dgrad_args fc2 = a->fc2;
+    fc2.dprobs = a->dprobs;
+    moex_cuda_row_grads r = dgrad_row_grads(&fc2, d, c);
+    if (moex_present(&a->dprobs)) {
         r.part_ld = (d->K + 127) / 128;
         r.part = (float *)moex_take(c, moex_sz_bytes(d->T, r.part_ld, sizeof(float)));
         r.dprobs = (float *)a->dprobs.data;
     }
-    if (dots) r.bias = a->fc2.bias.data, r.bias_dt = a->fc2.bias.dtype;
-    moex_cuda_row_grads_take(c, d->T, d->G, d->N, dbias, dots, &r);
     return r;
 }
 
