@@ -3,7 +3,8 @@
 # CUDA runtime's own floor) and bench/host_time.c against this tree's library and, when BASE
 # names a folder of files from a baseline revision (its paths relative to the repository
 # root, e.g. made by `git archive REV src | tar -x -C .base`), against the library built with
-# those files in place. The two libraries' runs alternate (base, new, new, base, ...), ROUNDS
+# those files in place (built first: $BUILD/libmoex.so is this tree's at the end). The two
+# libraries' runs alternate (base, new, new, base, ...), ROUNDS
 # of each; every row's minimum over the rounds is printed last.
 # Usage: BASE=.base scripts/gpu_host.sh   Logs go to $OUT or $BUILD/host_out.
 # Env: BUILD (default build-host), BASE (default none), ROUNDS (default 3).
@@ -19,19 +20,23 @@ build() {
         { tail -30 "$OUT/build.log"; exit 1; }
     rm -rf "$BUILD/lib_$1" && mkdir -p "$BUILD/lib_$1" && cp -L "$BUILD"/libmoex.so.* "$BUILD/lib_$1/"
 }
-# a warm machine may hold objects of the baseline's files, newer than this tree's copies
-[ -n "${BASE:-}" ] && (cd "$BASE" && find . -type f) | while read -r f; do [ ! -f "$f" ] || touch "$f"; done
-build new
 VARIANTS=new
-if [ -n "${BASE:-}" ]; then
+if [ -n "${BASE:-}" ]; then   # the baseline first, so that the build ends with this tree's objects
     saved=$(mktemp -d)
     (cd "$BASE" && find . -type f) | while read -r f; do
-        mkdir -p "$saved/$(dirname "$f")" && { [ ! -f "$f" ] || cp "$f" "$saved/$f"; } && cp "$BASE/$f" "$f"
+        mkdir -p "$saved/$(dirname "$f")"
+        if [ -f "$f" ]; then cp "$f" "$saved/$f"; else echo "$f" >> "$saved/.added"; fi
+        cp "$BASE/$f" "$f"
     done
     build base
-    cp -r "$saved"/. . && rm -rf "$saved"
+    [ ! -f "$saved/.added" ] || xargs rm -f < "$saved/.added"
+    rm -f "$saved/.added" && cp -r "$saved"/. . && rm -rf "$saved"
     VARIANTS="base new"
 fi
+# the baseline's objects (of this call, or left by an earlier one on a warm machine) are newer
+# than this tree's copies of those files
+[ -n "${BASE:-}" ] && (cd "$BASE" && find . -type f) | while read -r f; do [ ! -f "$f" ] || touch "$f"; done
+build new
 "$BUILD/bench/moex_launch_floor" | tee "$OUT/launch_floor.log"
 for r in $(seq "$ROUNDS"); do
     order=$VARIANTS; [ $((r % 2)) -eq 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | tac | tr '\n' ' ')
