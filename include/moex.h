@@ -445,7 +445,8 @@ typedef struct moex_grouped_mlp_grad_args {
     /* gradients: each optional; absent ones are not computed */
     moex_tensor dx;             /* [T, H], dtype of x                       =             */
     moex_grad_mode dw_mode;     /* for dw1 and dw2                                        */
-    moex_weight dw1;            /* [G, 2F, H]                               = or +=       */
+    moex_weight dw1;            /* [G, 2F, H]; with WRITE, packed: scratch  = or +=
+                                   for the earlier steps before it is written             */
     moex_weight dw2;            /* [G, H, F]                                = or +=       */
     moex_tensor db1;            /* [G, 2F] f32                              =             */
     moex_tensor db2;            /* [G, H] f32; ADD/SCALED                   =             */

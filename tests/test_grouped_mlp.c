@@ -9,7 +9,8 @@
  * untouched; H and F not powers of two; SwiGLU and clamped SwiGLU (default and custom
  * constants), contiguous and interleaved layouts; b1 absent / activation dtype / f32;
  * b2 NONE / ADD / SCALED; probs present and absent; z saved and recomputed (in dx's memory
- * or the workspace); h kept and overwritten by dh (MOEX_H_OVERWRITE); every
+ * or the workspace, or dW1's memory: also checked through the workspace sizes); h kept and
+ * overwritten by dh (MOEX_H_OVERWRITE); every
  * gradient present and absent; dW written (f32 or activation dtype; empty groups zero)
  * and accumulated (empty groups bitwise unchanged); packed and discrete weights.
  * The backward gets the library's own forward outputs (h, z), as a caller would, and the
@@ -304,8 +305,44 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c, int overwri
     tu_weight_free(&w1t); tu_weight_free(&w2t); tu_weight_free(&dw1t); tu_weight_free(&dw2t);
 }
 
+/* The backward's workspace without z, dz and the steps' scratch when they fit in the memory of
+ * a packed dW1 that is written (=): smaller by at least z's bytes than with dW1 accumulated;
+ * not when dW1 is too small to hold them. */
+static void check_ws_in_dw1(moex_context *ctx) {
+    const int64_t G = 2, T = 64, T2 = 4096, H = 256, F = 384;
+    void *m[9];   /* memory for every tensor at the larger T (size queries check pointers) */
+    const size_t sizes[9] = {T2 * H * 2, G * 2 * F * H * 2, G * H * F * 2, G * 8, T2 * 2 * F * 2, T2 * H * 2,
+                             T2 * H * 2, G * 2 * F * H * 4, G * H * F * 4};
+    for (int i = 0; i < 9; i++) m[i] = tu_alloc(sizes[i]);
+    moex_grouped_mlp_grad_args a;
+    memset(&a, 0, sizeof a);
+    a.x = moex_tensor_2d(m[0], MOEX_DTYPE_BF16, T, H);
+    a.w1 = moex_weight_packed(moex_tensor_3d(m[1], MOEX_DTYPE_BF16, G, 2 * F, H));
+    a.w2 = moex_weight_packed(moex_tensor_3d(m[2], MOEX_DTYPE_BF16, G, H, F));
+    a.splits = moex_tensor_1d(m[3], MOEX_DTYPE_I64, G);
+    a.h = moex_tensor_2d(m[4], MOEX_DTYPE_BF16, T, 2 * F);
+    a.dy = moex_tensor_2d(m[5], MOEX_DTYPE_BF16, T, H);
+    a.dx = moex_tensor_2d(m[6], MOEX_DTYPE_BF16, T, H);
+    a.dw1 = moex_weight_packed(moex_tensor_3d(m[7], MOEX_DTYPE_F32, G, 2 * F, H));
+    a.dw2 = moex_weight_packed(moex_tensor_3d(m[8], MOEX_DTYPE_F32, G, H, F));
+    size_t in_dw1 = 0, acc = 0, small = 0;
+    a.dw_mode = MOEX_GRAD_WRITE;
+    CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &a, &in_dw1), MOEX_OK);
+    a.dw_mode = MOEX_GRAD_ACCUMULATE;
+    CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &a, &acc), MOEX_OK);
+    CHECK_MSG(in_dw1 + (size_t)(T * F * 2) <= acc, "backward workspace with dW1 written: %zu bytes, accumulated: %zu",
+              in_dw1, acc);
+    a.dw_mode = MOEX_GRAD_WRITE;   /* z larger than dW1 (and no dx): z in the workspace */
+    a.x.shape[0] = a.h.shape[0] = a.dy.shape[0] = T2;
+    memset(&a.dx, 0, sizeof a.dx);
+    CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &a, &small), MOEX_OK);
+    CHECK_MSG(small >= (size_t)(T2 * F * 2), "backward workspace with a small dW1: %zu bytes", small);
+    for (int i = 0; i < 9; i++) free(m[i]);
+}
+
 int main(void) {
     moex_context *ctx = tu_cpu_context();
+    check_ws_in_dw1(ctx);
     tu_rng r = tu_rng_seed(777);
     static const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
     const moex_glu_kind SW = MOEX_GLU_SWIGLU, CL = MOEX_GLU_CLAMPED_SWIGLU;
@@ -345,6 +382,8 @@ int main(void) {
          0},
         /* z recomputed into dx's memory (F <= H) with few rows: dx's rows past them untouched */
         {0, 4, 520, 60, 200, 136, TU_SPLITS_SKEWED, SW, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, WR, 0, 0},
+        /* z recomputed with F > H, dW1 written: z and the steps' scratch in dW1's memory */
+        {0, 4, 520, 300, 96, 264, TU_SPLITS_RANDOM, CL, CO, 0, 1, MOEX_BIAS_SCALED, 0, 1, 0, G_ALL, WR, 1, 0},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     int n = 0;

@@ -18,11 +18,12 @@
  * Only what the present outputs need is computed. dprobs receives the scaled-bias term first,
  * then the GLU term. The intermediates z, dz and dh live in the workspace in the activation
  * dtype, as the saved h and z do (dz rounded to it also where it is not stored); a
- * recomputed z in dx's memory instead when F <= H (dx is written last; z's rows past the
- * groups' end, like dx's, are not written), dh in h's with MOEX_H_OVERWRITE (z is
- * recomputed before dh is written; the GLU backward reads each pair of h before writing its
- * dh). The groups are prepared once (split values checked before anything is written on the
- * CPU) and every primitive runs on them.
+ * recomputed z in dx's memory instead when F <= H (dx is written after dW2; z's rows past the
+ * groups' end, like dx's, are not written), dh in h's with MOEX_H_OVERWRITE (z is recomputed
+ * before dh is written; the GLU backward reads each pair of h before writing its dh); with
+ * dw_mode WRITE, the other z, dz and the earlier steps' scratch in dW1's memory when they fit
+ * (dW1 is written last). The groups are prepared once (split values checked before anything
+ * is written on the CPU) and every primitive runs on them.
  *
  * Workspace: the prepared handle, the intermediates the call needs, and one region shared by
  * the primitives (they run one after the other). Its size depends on shapes, dtypes and
@@ -125,11 +126,12 @@ static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
 static const moex_tensor absent_tensor;
 
 /* The workspace: the handle, up to three intermediates (bytes 0: not taken, NULL), the
- * primitives' shared region. */
+ * primitives' shared region (sub; the backward's dW1 step has its own, sub_dw1, which is sub
+ * unless the others live in dW1's memory: bwd_layout). */
 typedef struct mlp_layout {
     void *groups;
     void *buf[3];
-    void *sub;
+    void *sub, *sub_dw1;
     size_t total;
 } mlp_layout;
 
@@ -138,7 +140,7 @@ static mlp_layout layout_of(moex_context *ctx, const moex_mlp_dims *d, const siz
     mlp_layout l;
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
-    l.sub = moex_take(&c, sub);
+    l.sub = l.sub_dw1 = moex_take(&c, sub);
     l.total = c.used;
     return l;
 }
@@ -287,6 +289,10 @@ static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args 
     return p;
 }
 
+/* z and dz, and every step's region but dW1's, are dead before dW1 is written (its step runs
+ * last). With dw_mode WRITE and a packed dW1 of enough bytes, they live in dW1's memory (from
+ * its first MOEX_WS_ALIGN-aligned byte): the workspace keeps the handle, dh and dW1's region.
+ * Decided from sizes, modes and presence only, as the workspace size must be. */
 static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
                              const bwd_plan *plan, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
@@ -295,18 +301,34 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
     bwd_calls_of(a, d, &p, NULL, NULL, NULL, &c);
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
-    size_t sub = 0;
+    size_t sub = 0, sub_dw1 = 0;
     if (p.recompute_z) sub = moex_sz_max(sub, ops->glu_fwd_ws(ctx, &c.glu_fwd, &dg));
     if (moex_weight_present(&a->dw2)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc2_wgrad, &d2));
     if (p.fused) sub = moex_sz_max(sub, ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2));
     if (p.fc2_dgrad && !p.fused) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc2_dgrad, &d2));
     if (p.need_dz && !p.fused) sub = moex_sz_max(sub, ops->glu_bwd_ws(ctx, &c.glu_bwd, &dg));
     if (p.fc1_dgrad) sub = moex_sz_max(sub, ops->linear_dgrad_ws(ctx, &c.fc1_dgrad, &d1));
-    if (moex_weight_present(&a->dw1)) sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1));
+    if (moex_weight_present(&a->dw1)) sub_dw1 = ops->linear_wgrad_ws(ctx, &c.fc1_wgrad, &d1);
     const size_t bytes[3] = {p.recompute_z && !p.z_in_dx ? act_bytes(d, d->F) : 0,
                              p.need_dz && !p.fused ? act_bytes(d, d->F) : 0,
                              p.need_dh && !p.dh_in_h ? act_bytes(d, 2 * d->F) : 0};
-    return layout_of(ctx, d, bytes, sub, ws);
+    size_t early = 0;
+    moex_sz_take(&early, bytes[0]);
+    moex_sz_take(&early, bytes[1]);
+    moex_sz_take(&early, sub);
+    const moex_weight *w = &a->dw1;
+    const bool in_dw1 = early > 0 && moex_weight_present(w) && w->ptrs == NULL && a->dw_mode == MOEX_GRAD_WRITE &&
+                        moex_sz_add(early, MOEX_WS_ALIGN) <=
+                            moex_sz_mul(moex_sz_bytes(d->G, 2 * d->F, moex_dtype_size(w->t.dtype)), (size_t)d->H);
+    if (!in_dw1) return layout_of(ctx, d, bytes, moex_sz_max(sub, sub_dw1), ws);
+
+    const size_t ws_bytes[3] = {0, 0, bytes[2]};
+    mlp_layout l = layout_of(ctx, d, ws_bytes, sub_dw1, ws);
+    const uintptr_t at = (uintptr_t)w->t.data;
+    moex_carver e = {at ? (char *)(at + (MOEX_WS_ALIGN - at % MOEX_WS_ALIGN) % MOEX_WS_ALIGN) : NULL, 0};
+    for (int k = 0; k < 2; k++) l.buf[k] = bytes[k] ? moex_take(&e, bytes[k]) : NULL;
+    l.sub = moex_take(&e, sub);
+    return l;
 }
 
 size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
@@ -342,9 +364,9 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     }
     /* GLU: dh (when needed; over h with dh_in_h) and the GLU dprobs term. */
     if (p.need_dz && !p.fused) MOEX_TRY(ops->glu_bwd(ctx, c, &g, &k.glu_bwd, &dg, l.sub));
-    /* FC1: dx and db1, then dW1. */
+    /* FC1: dx and db1, then dW1 (last: z, dz and l.sub may be in its memory). */
     if (p.fc1_dgrad) MOEX_TRY(ops->linear_dgrad(ctx, c, &g, &k.fc1_dgrad, &d1, l.sub));
-    if (moex_weight_present(&a->dw1)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc1_wgrad, &d1, l.sub));
+    if (moex_weight_present(&a->dw1)) MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.fc1_wgrad, &d1, l.sub_dw1));
     return MOEX_OK;
 }
 
