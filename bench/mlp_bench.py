@@ -171,7 +171,7 @@ def main():
             fns = step_fns(d, compiled)
             r["rel_diff_moex_eager"] = check_same(fns)
             for fname, fn in fns.items():
-                r[fname + "_peak_gb"] = round(peak_bytes(fn) / 1e9, 3)
+                r[fname + "_peak_mb"] = round(peak_bytes(fn) / 1e6, 1)
                 r[fname] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
             gms = {g: median_ms(fn, args.iters, SPIN) for g, fn in gemm_fns(d).items()}
             r["gemms"] = round(flops / sum(gms.values()) / 1e9, 1)
@@ -185,14 +185,14 @@ def main():
             rows.append(r)
             del d, fns
             torch.cuda.empty_cache()
-    print("\ngrouped MLP fwd+bwd (SwiGLU x probs, probs-scaled b2), bf16, TFLOP/s (median); peak GB beyond inputs")
+    print("\ngrouped MLP fwd+bwd (SwiGLU x probs, probs-scaled b2), bf16, TFLOP/s (median); peak MB beyond inputs")
     print(f"{'config':<11}{'splits':<9}{'moex':>7}{'sz':>6}{'gemms':>7}{'eager':>7}{'compile':>8}{'/gemms':>8}"
-          f"{'/torch':>8}{'peak moex':>10}{'sz':>7}{'eager':>7}{'compile':>8}")
+          f"{'/torch':>8}{'peak moex':>10}{'sz':>9}{'eager':>9}{'compile':>9}")
     for r in rows:
         print(f"{r['config']:<11}{r['splits']:<9}{r['moex']:>7.0f}{r['moex_sz']:>6.0f}{r['gemms']:>7.0f}"
               f"{r['eager']:>7.0f}{r.get('compile', 0):>8.0f}{r['vs_gemms']:>8.3f}{r['vs_torch']:>8.3f}"
-              f"{r['moex_peak_gb']:>10.3f}{r['moex_sz_peak_gb']:>7.3f}{r['eager_peak_gb']:>7.3f}"
-              f"{r.get('compile_peak_gb', 0):>8.3f}")
+              f"{r['moex_peak_mb']:>10.1f}{r['moex_sz_peak_mb']:>9.1f}{r['eager_peak_mb']:>9.1f}"
+              f"{r.get('compile_peak_mb', 0):>9.1f}")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@
  * never read or written.
  *
  * Every tensor is a dense, row-major, non-owning view (moex_tensor). Activations and weights
- * are f32, bf16 or f16; accumulation is always f32. probs, dbias, dprobs and accumulated
- * weight gradients (main grads) are f32.
+ * are f32, bf16 or f16; accumulation is always f32. probs, dprobs and accumulated weight
+ * gradients (main grads) are f32; bias gradients f32 or the activation dtype (summed in f32,
+ * rounded once), as biases are.
  *
  * Output contracts: each output field below says "=" (overwritten) or "+=" (accumulated).
  * An optional tensor is absent when it is zero-initialised (ndim == 0); an absent optional
@@ -263,7 +264,7 @@ typedef struct moex_grouped_linear_dgrad_args {
     moex_tensor probs;          /* [T] f32; SCALED only                     in            */
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_tensor dx;             /* [T, K], dtype of dy; optional            =             */
-    moex_tensor dbias;          /* [G, N] f32; optional, ADD/SCALED         =             */
+    moex_tensor dbias;          /* [G, N] f32 or dtype of dy; ADD/SCALED    =             */
     moex_tensor dprobs;         /* [T] f32; optional, SCALED only           +=            */
 } moex_grouped_linear_dgrad_args;
 
@@ -448,8 +449,8 @@ typedef struct moex_grouped_mlp_grad_args {
     moex_weight dw1;            /* [G, 2F, H]; with WRITE, packed: scratch  = or +=
                                    for the earlier steps before it is written             */
     moex_weight dw2;            /* [G, H, F]                                = or +=       */
-    moex_tensor db1;            /* [G, 2F] f32                              =             */
-    moex_tensor db2;            /* [G, H] f32; ADD/SCALED                   =             */
+    moex_tensor db1;            /* [G, 2F] f32 or dtype of x                =             */
+    moex_tensor db2;            /* [G, H] f32 or dtype of x; ADD/SCALED     =             */
     moex_tensor dprobs;         /* [T] f32; needs probs                     +=            */
     moex_h_mode h_mode;         /* MOEX_H_KEEP (0) unless h may be consumed               */
 } moex_grouped_mlp_grad_args;
@@ -594,8 +595,8 @@ typedef struct moex_moe_layer_grad_args {
     moex_tensor drouter_w;      /* [E, H]: WRITE f32 or dtype of x; ACCUMULATE f32        */
     moex_weight dw1;            /* [E, 2F, H]                               = or +=       */
     moex_weight dw2;            /* [E, H, F]                                = or +=       */
-    moex_tensor db1;            /* [E, 2F] f32                              =             */
-    moex_tensor db2;            /* [E, H] f32                               =             */
+    moex_tensor db1;            /* [E, 2F] f32 or dtype of x                =             */
+    moex_tensor db2;            /* [E, H] f32 or dtype of x                 =             */
 } moex_moe_layer_grad_args;
 
 MOEX_API moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args,

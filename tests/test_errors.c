@@ -390,7 +390,7 @@ static void grouped_linear_cases(moex_context *ctx) {
     d = base_dg, d.w.t.dtype = F32;                    DG("w");
     d = base_dg, d.dx.dtype = F32;                     DG("dx");
     d = base_dg, d.dx.shape[1] = K + 1;                DG("dx");
-    d = base_dg, d.dbias.dtype = DT;                   DG("dbias");
+    d = base_dg, d.dbias.dtype = MOEX_DTYPE_F16;       DG("dbias"); /* neither dy's dtype nor f32 */
     d = base_dg, d.dbias.shape[0] = G + 1;             DG("dbias");
     d = base_dg, d.dprobs.shape[0] = T - 1;            DG("dprobs");
     d = base_dg, d.dprobs.dtype = DT;                  DG("dprobs");
@@ -503,7 +503,7 @@ static void mlp_cases(moex_context *ctx) {
     b = base_mb, b.dw1 = wp(fx.dw1_bf16, DT, G, 2 * F, H); MB("dw1"); /* ACCUMULATE into bf16 */
     b = base_mb, b.dw2.t.shape[1] = H + 1;             MB("dw2");
     b = base_mb, b.dw_mode = (moex_grad_mode)2;        MB("grad mode");
-    b = base_mb, b.db1.dtype = DT;                     MB("db1");
+    b = base_mb, b.db1.dtype = MOEX_DTYPE_F16;         MB("db1");
     b = base_mb, b.db2.shape[1] = H + 1;               MB("db2");
     b = base_mb, b.b2_mode = MOEX_BIAS_NONE, b.b2.ndim = 0; MB("db2"); /* db2 with NONE */
     b = base_mb, b.probs.ndim = 0;                     MB("probs");   /* dprobs / SCALED without probs */

@@ -106,7 +106,8 @@ static void run_case(moex_context *ctx, tu_rng *r, const gl_cfg *c) {
     /* ---- backward data ---- */
     const int want_dx = c->dgrad_mask & 1, want_db = (c->dgrad_mask & 2) && c->mode != MOEX_BIAS_NONE,
               want_dp = (c->dgrad_mask & 4) && scaled;
-    void *dxb = tu_poisoned(dt, T * K), *dbb = tu_poisoned(MOEX_DTYPE_F32, G * N);
+    const moex_dtype dbdt = c->bias_dt;   /* dbias in the bias's dtype, as PyTorch gives it */
+    void *dxb = tu_poisoned(dt, T * K), *dbb = tu_poisoned(dbdt, G * N);
     void *dpb = tu_buffer_rows(MOEX_DTYPE_F32, dp0, rows, T, 1);
     moex_grouped_linear_dgrad_args da;
     memset(&da, 0, sizeof da);
@@ -118,7 +119,7 @@ static void run_case(moex_context *ctx, tu_rng *r, const gl_cfg *c) {
     if (scaled) da.probs = moex_tensor_1d(pb, MOEX_DTYPE_F32, T);
     da.splits = splits_t;
     if (want_dx) da.dx = moex_tensor_2d(dxb, dt, T, K);
-    if (want_db) da.dbias = moex_tensor_2d(dbb, MOEX_DTYPE_F32, G, N);
+    if (want_db) da.dbias = moex_tensor_2d(dbb, dbdt, G, N);
     if (want_dp) da.dprobs = moex_tensor_1d(dpb, MOEX_DTYPE_F32, T);
     CHECK_STATUS(ctx, moex_grouped_linear_backward_data_workspace_size(ctx, &da, &bytes), MOEX_OK);
     ws = tu_workspace(bytes);
@@ -136,11 +137,11 @@ static void run_case(moex_context *ctx, tu_rng *r, const gl_cfg *c) {
         CHECK_POISONED("dgrad: absent dx untouched", dt, dxb, 0, T * K);
     }
     if (want_db) {
-        m = ref_tol_for(MOEX_DTYPE_F32, dt, 0, rows);
+        m = ref_tol_for(dbdt, dt, 0, rows);
         snprintf(what, sizeof what, "dgrad dbias [%s]", label);
-        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, dbb, db, dbbd, G * N, N, &m));
+        note(CHECK_CLOSE(what, dbdt, dbb, db, dbbd, G * N, N, &m));
     } else {
-        CHECK_POISONED("dgrad: absent dbias untouched", MOEX_DTYPE_F32, dbb, 0, G * N);
+        CHECK_POISONED("dgrad: absent dbias untouched", dbdt, dbb, 0, G * N);
     }
     if (want_dp) {
         for (int64_t i = 0; i < rows; i++) {

@@ -196,8 +196,10 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c, int overwri
     const unsigned gr = c->grads;
     const int want_db2 = (gr & G_DB2) && c->b2_mode != MOEX_BIAS_NONE, want_dp = (gr & G_DP) && c->probs;
     const moex_dtype dwdt = acc || c->dw_f32 ? MOEX_DTYPE_F32 : dt;
-    void *dxb = tu_poisoned(dt, T * H), *db1b = tu_poisoned(MOEX_DTYPE_F32, G * 2 * F);
-    void *db2b = tu_poisoned(MOEX_DTYPE_F32, G * H), *dpb = tu_buffer_rows(MOEX_DTYPE_F32, dp0, rows, T, 1);
+    /* the bias gradients in their bias's dtype, as PyTorch gives them (db1 in dt with b1 absent) */
+    const moex_dtype db1dt = c->b1 == 2 ? MOEX_DTYPE_F32 : dt, db2dt = c->b2_f32 ? MOEX_DTYPE_F32 : dt;
+    void *dxb = tu_poisoned(dt, T * H), *db1b = tu_poisoned(db1dt, G * 2 * F);
+    void *db2b = tu_poisoned(db2dt, G * H), *dpb = tu_buffer_rows(MOEX_DTYPE_F32, dp0, rows, T, 1);
     tu_weight dw1t = tu_weight_make(dwdt, G, 2 * F, H, acc ? dw1_0 : NULL, c->discrete);
     tu_weight dw2t = tu_weight_make(dwdt, G, H, F, acc ? dw2_0 : NULL, c->discrete);
     moex_grouped_mlp_grad_args ba;
@@ -217,8 +219,8 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c, int overwri
     ba.dw_mode = c->dw_mode;
     if (gr & G_DW1) ba.dw1 = dw1t.w;
     if (gr & G_DW2) ba.dw2 = dw2t.w;
-    if (gr & G_DB1) ba.db1 = moex_tensor_2d(db1b, MOEX_DTYPE_F32, G, 2 * F);
-    if (want_db2) ba.db2 = moex_tensor_2d(db2b, MOEX_DTYPE_F32, G, H);
+    if (gr & G_DB1) ba.db1 = moex_tensor_2d(db1b, db1dt, G, 2 * F);
+    if (want_db2) ba.db2 = moex_tensor_2d(db2b, db2dt, G, H);
     if (want_dp) ba.dprobs = moex_tensor_1d(dpb, MOEX_DTYPE_F32, T);
     ba.h_mode = overwrite_h ? MOEX_H_OVERWRITE : MOEX_H_KEEP;
     CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &ba, &bytes), MOEX_OK);
@@ -266,19 +268,20 @@ static void run_case(moex_context *ctx, tu_rng *r, const mlp_cfg *c, int overwri
         CHECK_MSG(ok, "backward: absent dW1/dW2 untouched [%s]", label);
         free(v);
     }
-    m = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
     if (gr & G_DB1) {
+        m = ref_tol_for(db1dt, dt, 1, kb);
         snprintf(what, sizeof what, "backward db1 [%s]", label);
-        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, db1b, g.db1, g.db1b, G * 2 * F, 2 * F, &m));
+        note(CHECK_CLOSE(what, db1dt, db1b, g.db1, g.db1b, G * 2 * F, 2 * F, &m));
     } else {
-        CHECK_POISONED("backward: absent db1 untouched", MOEX_DTYPE_F32, db1b, 0, G * 2 * F);
+        CHECK_POISONED("backward: absent db1 untouched", db1dt, db1b, 0, G * 2 * F);
     }
+    m = ref_tol_for(MOEX_DTYPE_F32, dt, 1, kb);
     if (want_db2) { /* db2 = sum p dy reads only exact inputs: nothing rounded on the way */
-        ref_tol_model m2 = ref_tol_for(MOEX_DTYPE_F32, dt, 0, rows + 1);
+        ref_tol_model m2 = ref_tol_for(db2dt, dt, 0, rows + 1);
         snprintf(what, sizeof what, "backward db2 [%s]", label);
-        note(CHECK_CLOSE(what, MOEX_DTYPE_F32, db2b, g.db2, g.db2b, G * H, H, &m2));
+        note(CHECK_CLOSE(what, db2dt, db2b, g.db2, g.db2b, G * H, H, &m2));
     } else {
-        CHECK_POISONED("backward: absent db2 untouched", MOEX_DTYPE_F32, db2b, 0, G * H);
+        CHECK_POISONED("backward: absent db2 untouched", db2dt, db2b, 0, G * H);
     }
     if (want_dp) {
         for (int64_t i = 0; i < rows; i++) {

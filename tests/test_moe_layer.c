@@ -148,8 +148,8 @@ static void lib_make(const moe_case *c, const moe_data *v, moe_lib *L) {
     L->y = tu_poisoned(c->dt, T * H);
     L->dx = tu_poisoned(c->dt, T * H);
     L->drw = tu_poisoned(c->dw_dt, E * H);
-    L->db1 = tu_poisoned(MOEX_DTYPE_F32, E * 2 * F);
-    L->db2 = tu_poisoned(MOEX_DTYPE_F32, E * H);
+    L->db1 = tu_poisoned(c->dw_dt, E * 2 * F);   /* the bias gradients in the weight gradients' dtype */
+    L->db2 = tu_poisoned(c->dw_dt, E * H);
     L->w1 = tu_weight_make(c->dt, E, 2 * F, H, v->w1, c->discrete);
     L->w2 = tu_weight_make(c->dt, E, H, F, v->w2, c->discrete);
     L->dw1 = tu_weight_make(c->dw_dt, E, 2 * F, H, NULL, c->discrete);
@@ -176,8 +176,8 @@ static void lib_make(const moe_case *c, const moe_data *v, moe_lib *L) {
     g->drouter_w = moex_tensor_2d(L->drw, c->dw_dt, E, H);
     g->dw1 = L->dw1.w;
     g->dw2 = L->dw2.w;
-    g->db1 = moex_tensor_2d(L->db1, MOEX_DTYPE_F32, E, 2 * F);
-    if (c->b2_mode != MOEX_BIAS_NONE) g->db2 = moex_tensor_2d(L->db2, MOEX_DTYPE_F32, E, H);
+    g->db1 = moex_tensor_2d(L->db1, c->dw_dt, E, 2 * F);
+    if (c->b2_mode != MOEX_BIAS_NONE) g->db2 = moex_tensor_2d(L->db2, c->dw_dt, E, H);
 }
 
 static void lib_free(moe_lib *L) {
@@ -281,7 +281,7 @@ static void test_case(tu_rng *r, const moe_case *c) {
     ref_tol_model my = ref_tol_for(c->dt, c->dt, mid, longest(c, 0));
     ref_tol_model mg = ref_tol_for(c->dt, c->dt, mid, longest(c, 0));
     ref_tol_model mw = ref_tol_for(c->dw_dt, c->dt, mid, longest(c, 1));
-    ref_tol_model mb = ref_tol_for(MOEX_DTYPE_F32, c->dt, mid, longest(c, 1));
+    ref_tol_model mb = ref_tol_for(c->dw_dt, c->dt, mid, longest(c, 1));
     for (int64_t i = 0; i < T * H; i++) yb[i] = ref_moe_bound(&my, yb[i], Lt[i / H]);
     with_routing_error(&mg, rg.dxb, T * H, rg.L_max);
     with_routing_error(&mw, rg.drouter_wb, E * H, rg.L_max);
@@ -307,18 +307,20 @@ static void test_case(tu_rng *r, const moe_case *c) {
     free(dw1f);
     free(dw2f);
     snprintf(what, sizeof what, "%s: db1", name);
-    CHECK_CLOSE(what, MOEX_DTYPE_F32, L.db1, rg.db1, rg.db1b, E * 2 * F, 2 * F, &mb);
+    CHECK_CLOSE(what, c->dw_dt, L.db1, rg.db1, rg.db1b, E * 2 * F, 2 * F, &mb);
     if (c->b2_mode != MOEX_BIAS_NONE) {
         snprintf(what, sizeof what, "%s: db2", name);
-        CHECK_CLOSE(what, MOEX_DTYPE_F32, L.db2, rg.db2, rg.db2b, E * H, H, &mb);
+        CHECK_CLOSE(what, c->dw_dt, L.db2, rg.db2, rg.db2b, E * H, H, &mb);
     }
     /* experts that received no token: zero gradients (WRITE) or untouched ones (ACCUMULATE) */
+    double *db1 = tu_read(c->dw_dt, L.db1, E * 2 * F);
     int64_t bad = 0;
     for (int64_t e = 0; e < c->n_empty; e++) {
         for (int64_t i = e * 2 * F * H; i < (e + 1) * 2 * F * H; i++) bad += dw1[i] != acc1[i];
         for (int64_t i = e * H * F; i < (e + 1) * H * F; i++) bad += dw2[i] != acc2[i];
-        for (int64_t i = e * 2 * F; i < (e + 1) * 2 * F; i++) bad += ((float *)L.db1)[i] != 0.0f;
+        for (int64_t i = e * 2 * F; i < (e + 1) * 2 * F; i++) bad += db1[i] != 0.0;
     }
+    free(db1);
     CHECK_MSG(bad == 0, "%s: %lld gradient elements of empty experts are not exactly 0 / untouched", name,
               (long long)bad);
 
@@ -431,7 +433,7 @@ static void test_library_fd(tu_rng *r, const moe_case *c) {
     /* library gradients as doubles, and the library buffer behind each parameter */
     double *gx = tu_read(MOEX_DTYPE_F32, L.dx, c->T * c->H), *grw = tu_read(MOEX_DTYPE_F32, L.drw, c->E * c->H);
     double *g1 = tu_read(MOEX_DTYPE_F32, L.dw1.packed, n1(c)), *g2 = tu_read(MOEX_DTYPE_F32, L.dw2.packed, n2(c));
-    double *gb1 = tu_read(MOEX_DTYPE_F32, L.db1, c->E * 2 * c->F), *gb2 = tu_read(MOEX_DTYPE_F32, L.db2, c->E * c->H);
+    double *gb1 = tu_read(c->dw_dt, L.db1, c->E * 2 * c->F), *gb2 = tu_read(c->dw_dt, L.db2, c->E * c->H);
     ref_moe_grads g = {.dx = gx, .drouter_w = grw, .dw1 = g1, .dw2 = g2, .db1 = gb1, .db2 = gb2};
     param ps[6];
     const int np = params_of(c, &v, &g, ps);

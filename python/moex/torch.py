@@ -8,14 +8,14 @@ Operators (namespace moex; the math: docs/ops.md section 2):
   grouped_linear_forward(x, w, splits, bias, probs, bias_mode) -> y
       y[r] = x[r] W_g^T (+ b_g | + p_r b_g)          x [T, K], w [G, N, K], y [T, N]
   grouped_linear_backward_data(dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias,
-                               need_dprobs) -> (dx [T, K], dbias [G, N] f32, dprobs [T] f32)
+                               need_dprobs) -> (dx [T, K], dbias [G, N] (bias's dtype), dprobs [T] f32)
       (an output not needed comes back empty)
   grouped_linear_backward_weight(x, dy, splits, dw_dtype) -> dw [G, N, K]
   grouped_linear_backward_weight_accumulate(x, dy, splits, main_grad) -> None
       main_grad [G, N, K] f32 += dy_g^T x_g
   grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z) -> (y, h, z)
-  grouped_mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)   (h is overwritten)
-      -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4)
+  grouped_mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)   (h is overwritten)
+      -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4; db1, db2 in b1's, b2's dtype)
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
 rows at or past sum(splits) of y and dx are not written. CPU tensors run on moex's CPU backend,
 CUDA tensors on its CUDA backend for the tensor's device, on torch's current stream, with
@@ -225,7 +225,7 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
     op = "grouped_linear_backward_data"
     _check_group_inputs(op, dy, "dy", w, splits)
     _check_bias(op, bias_mode, bias, probs, dy, w)
-    dx, dbias, dprobs = _backward_data_outputs(dy, w, need_dx, need_dbias, need_dprobs)
+    dx, dbias, dprobs = _backward_data_outputs(dy, w, bias, need_dx, need_dbias, need_dprobs)
     if need_dprobs:
         dprobs.zero_()   # moex accumulates the bias term into dprobs (+=)
     scaled = bias_mode == BIAS_SCALED
@@ -237,18 +237,22 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
     return dx, dbias, dprobs
 
 
-def _backward_data_outputs(dy, w, need_dx, need_dbias, need_dprobs):
-    """dx [T, K], dbias [G, N] f32, dprobs [T] f32, each with 0 rows when not needed."""
+def _bias_grad_dtype(bias: Optional[Tensor]) -> torch.dtype:
+    """A bias gradient's dtype: the bias's (moex sums in f32 and rounds once), f32 without one."""
+    return bias.dtype if bias is not None else torch.float32
+
+
+def _backward_data_outputs(dy, w, bias, need_dx, need_dbias, need_dprobs):
+    """dx [T, K], dbias [G, N] in bias's dtype, dprobs [T] f32, each with 0 rows when not needed."""
     T, N = dy.shape
     G, _, K = w.shape
-    f32 = torch.float32
-    return (dy.new_empty(T if need_dx else 0, K), dy.new_empty(G if need_dbias else 0, N, dtype=f32),
-            dy.new_empty(T if need_dprobs else 0, dtype=f32))
+    return (dy.new_empty(T if need_dx else 0, K), dy.new_empty(G if need_dbias else 0, N, dtype=_bias_grad_dtype(bias)),
+            dy.new_empty(T if need_dprobs else 0, dtype=torch.float32))
 
 
 @_backward_data.register_fake
 def _(dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs):
-    return _backward_data_outputs(dy, w, need_dx, need_dbias, need_dprobs)
+    return _backward_data_outputs(dy, w, bias, need_dx, need_dbias, need_dprobs)
 
 
 def _check_wgrad(op: str, x: Tensor, dy: Tensor, splits: Tensor) -> None:
@@ -306,7 +310,7 @@ def _forward_backward(ctx, dy):
         dx, dbias, dprobs = _backward_data(dy, w, splits, bias, probs, ctx.bias_mode, need_x, need_dbias,
                                            need_dprobs)
         dx = dx if need_x else None
-        dbias = dbias.to(bias.dtype) if need_dbias else None
+        dbias = dbias if need_dbias else None
         dprobs = dprobs if need_dprobs else None
     if need_w:
         dw = _backward_weight(x, dy, splits, _DTYPES[w.dtype])
@@ -372,7 +376,8 @@ def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit
 
 
 @_operator("grouped_mlp_backward", mutates_args=("h",))
-def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs: Optional[Tensor], splits: Tensor,
+def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
+                  probs: Optional[Tensor], splits: Tensor,
                   h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
                   glu_alpha: float, glu_offset: float,
                   needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -382,7 +387,7 @@ def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs
     instead of reading dh as h."""
     _check_mlp("grouped_mlp_backward", x, w1, w2, splits, probs)
     _check("grouped_mlp_backward", "dy", dy, x.device, (x.dtype,), 2)
-    outs = _mlp_backward_outputs(x, w1, w2, needs)
+    outs = _mlp_backward_outputs(x, w1, b1, w2, b2, needs)
     dx, dw1, dw2, db1, db2, dprobs = (o if n else None for o, n in zip(outs, needs))
     if dprobs is not None:
         dprobs.zero_()   # moex accumulates into dprobs (+=)
@@ -396,39 +401,36 @@ def _mlp_backward(x: Tensor, w1: Tensor, w2: Tensor, b2: Optional[Tensor], probs
     return outs
 
 
-def _mlp_backward_outputs(x, w1, w2, needs):
+def _mlp_backward_outputs(x, w1, b1, w2, b2, needs):
     T, H = x.shape
     G, F2, _ = w1.shape
-    f32 = torch.float32
-    shapes = [((T, H), x.dtype), ((G, F2, H), w1.dtype), ((G, H, F2 // 2), w2.dtype), ((G, F2), f32),
-              ((G, H), f32), ((T,), f32)]
+    shapes = [((T, H), x.dtype), ((G, F2, H), w1.dtype), ((G, H, F2 // 2), w2.dtype), ((G, F2), _bias_grad_dtype(b1)),
+              ((G, H), _bias_grad_dtype(b2)), ((T,), torch.float32)]
     return tuple(x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs))
 
 
 @_mlp_backward.register_fake
-def _(x, w1, w2, b2, probs, splits, h, z, dy, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset,
+def _(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset,
       needs):
-    return _mlp_backward_outputs(x, w1, w2, needs)
+    return _mlp_backward_outputs(x, w1, b1, w2, b2, needs)
 
 
 def _mlp_setup(ctx, inputs, output):
     x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, save_z = inputs
     _, h, z = output
-    ctx.save_for_backward(x, w1, w2, b2, probs, splits, h, z)
-    ctx.b2_mode, ctx.glu, ctx.has_b1 = b2_mode, glu, b1 is not None
+    ctx.save_for_backward(x, w1, b1, w2, b2, probs, splits, h, z)
+    ctx.b2_mode, ctx.glu = b2_mode, glu
     ctx.set_materialize_grads(False)   # h and z are outputs for the backward only: no zero gradients of them
 
 
 def _mlp_grads(ctx, dy, dh_unused, dz_unused):
     if dy is None:
         return (None,) * 14
-    x, w1, w2, b2, probs, splits, h, z = ctx.saved_tensors
+    x, w1, b1, w2, b2, probs, splits, h, z = ctx.saved_tensors
     n = ctx.needs_input_grad
-    needs = [n[0], n[1], n[3], n[2] and ctx.has_b1, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]
-    outs = _mlp_backward(x, w1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs)
+    needs = [n[0], n[1], n[3], n[2] and b1 is not None, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]
+    outs = _mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs)
     dx, dw1, dw2, db1, db2, dprobs = (o if k else None for o, k in zip(outs, needs))
-    if db2 is not None:
-        db2 = db2.to(b2.dtype)
     return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * 8
 
 
@@ -771,7 +773,7 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
     _check_moe("moe_layer_backward", x, router_w, w1, w2)
     _check("moe_layer_backward", "dy", dy, x.device, (x.dtype,), 2)
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
-    outs = _moe_backward_outputs(x, router_w, w1, w2, needs)
+    outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
     args = _args(_capi.MoeLayerGradArgs,
                  fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None), dy=dy,
@@ -780,18 +782,17 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
     return outs
 
 
-def _moe_backward_outputs(x, router_w, w1, w2, needs):
+def _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs):
     E, F2, H = w1.shape
-    f32 = torch.float32
     shapes = [(tuple(x.shape), x.dtype), ((E, H), router_w.dtype), ((E, F2, H), w1.dtype),
-              ((E, H, F2 // 2), w2.dtype), ((E, F2), f32), ((E, H), f32)]
+              ((E, H, F2 // 2), w2.dtype), ((E, F2), _bias_grad_dtype(b1)), ((E, H), _bias_grad_dtype(b2))]
     return [x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs)]
 
 
 @_moe_backward.register_fake
 def _(x, router_w, w1, b1, w2, b2, saved, dy, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit,
       glu_alpha, glu_offset, needs):
-    return _moe_backward_outputs(x, router_w, w1, w2, needs)
+    return _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
 
 
 def _moe_setup(ctx, inputs, output):
@@ -807,8 +808,6 @@ def _moe_grads(ctx, dy, dsaved_unused):
     needs = [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
     outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
-    db1 = db1.to(b1.dtype) if db1 is not None else None
-    db2 = db2.to(b2.dtype) if db2 is not None else None
     return (dx, drw, dw1, db1, dw2, db2) + (None,) * 9
 
 
@@ -927,7 +926,7 @@ class _GroupedLinearTE(torch.autograd.Function):
         weight_grads = layer._weight_grad_step(
             lambda: layer._weight_grad(params, x, dy, splits, ctx.first_microbatch), params)
         return (None, None, dx if ctx.needs_input_grad[2] else None, None, None,
-                dbias.to(b.dtype) if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
+                dbias if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
 
 
 class GroupedLinear(_WeightGradOptions, torch.nn.Module):
@@ -1035,8 +1034,8 @@ class _GroupedMLPTE(torch.autograd.Function):
             module._weight_grad([module.w2], z, dy, splits, ctx.first_microbatch)
 
         dw1, dw2 = module._weight_grad_step(step, [module.w1, module.w2])
-        return (None, None, dx if need_x else None, dw1, db1.to(b1.dtype) if need_db1 else None, dw2,
-                db2.to(b2.dtype) if need_db2 else None,
+        return (None, None, dx if need_x else None, dw1, db1 if need_db1 else None, dw2,
+                db2 if need_db2 else None,
                 (dprobs + dprobs_b2 if scaled else dprobs) if need_dprobs else None, None, None, None)
 
 

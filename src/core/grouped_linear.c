@@ -110,7 +110,7 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
     const int64_t dxshape[2] = {d->T, d->K}, dbshape[2] = {d->G, d->N}, dpshape[1] = {d->T};
     MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, dxshape, MOEX_DT(d->dt)));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_BIAS(d->dt)));
     MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, MOEX_DT_F32));
     if (a->bias_mode == MOEX_BIAS_NONE && moex_present(&a->dbias))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dbias is requested but the bias mode is MOEX_BIAS_NONE", op);

@@ -84,8 +84,8 @@ moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char 
         MOEX_TRY(moex_check_dw(ctx, op, "dw1", a->dw_mode, &a->dw1, d->G, 2 * d->F, d->H, d->dt));
     if (moex_weight_present(&a->dw2))
         MOEX_TRY(moex_check_dw(ctx, op, "dw2", a->dw_mode, &a->dw2, d->G, d->H, d->F, d->dt));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_F32));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, db2shape, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_BIAS(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, db2shape, MOEX_DT_BIAS(d->dt)));
     MOEX_TRY(moex_check_optional_output(ctx, op, "dprobs", &a->dprobs, 1, dpshape, MOEX_DT_F32));
     if (a->b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);

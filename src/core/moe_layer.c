@@ -208,8 +208,8 @@ moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *o
         MOEX_TRY(moex_check_weight_output(ctx, op, "dw1", &a->dw1, d->E, 2 * d->F, d->H, dts));
     if (moex_weight_present(&a->dw2))
         MOEX_TRY(moex_check_weight_output(ctx, op, "dw2", &a->dw2, d->E, d->H, d->F, dts));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_F32));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, MOEX_DT_F32));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_BIAS(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, MOEX_DT_BIAS(d->dt)));
     if (a->fwd.b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;

@@ -207,7 +207,8 @@ typedef struct colsum_job {
     int64_t N, blocks;
     const int64_t *off;
     const float *probs;
-    float *dst;
+    void *dst;
+    moex_dtype dst_dt;
 } colsum_job;
 
 static void colsum_tasks(void *arg, int64_t t0, int64_t t1) {
@@ -226,13 +227,13 @@ static void colsum_tasks(void *arg, int64_t t0, int64_t t1) {
                 for (int64_t c = 0; c < n; c++) acc[c] += v[c];
             }
         }
-        for (int64_t c = 0; c < n; c++) j->dst[g * j->N + c0 + c] = acc[c];
+        moex_cpu_store_f32(moex_cpu_at(j->dst, j->dst_dt, g * j->N + c0), j->dst_dt, acc, n);
     }
 }
 
 void moex_cpu_group_colsum(moex_context *ctx, const int64_t *off, int64_t G, const void *src, moex_dtype dt,
-                           int64_t N, const float *probs, float *dst) {
+                           int64_t N, const float *probs, void *dst, moex_dtype dst_dt) {
     if (G <= 0 || N <= 0) return;
-    colsum_job j = {src, dt, N, moex_i64_cdiv(N, COLSUM_COLS), off, probs, dst};
+    colsum_job j = {src, dt, N, moex_i64_cdiv(N, COLSUM_COLS), off, probs, dst, dst_dt};
     moex_cpu_parallel_for(ctx, G * j.blocks, 1, colsum_tasks, &j);
 }

@@ -3,7 +3,7 @@
  *
  *   forward:          y_g  = x_g W_g^T (+ b_g | + p_i b_g)                y      [T, N]  =
  *   backward_data:    dx_g = dy_g W_g                                     dx     [T, K]  =
- *                     dbias_g = sum_i dy_i  (SCALED: sum_i p_i dy_i)      dbias  [G, N]  =  (f32)
+ *                     dbias_g = sum_i dy_i  (SCALED: sum_i p_i dy_i)      dbias  [G, N]  =  (f32 sum)
  *                     dprobs_i += sum_j dy_ij b_gj   (SCALED)             dprobs [T]     += (f32)
  *   backward_weight:  dW_g = dy_g^T x_g                                   dw  [G, N, K]  = or +=
  *
@@ -251,7 +251,7 @@ moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const m
     if (moex_present(&a->dbias))
         moex_cpu_group_colsum(ctx, w.off, G, a->dy.data, dt, N,
                               a->bias_mode == MOEX_BIAS_SCALED ? (const float *)a->probs.data : NULL,
-                              (float *)a->dbias.data);
+                              a->dbias.data, a->dbias.dtype);
 
     if (moex_present(&a->dprobs) && rows > 0) {
         dprobs_job j = {a->dy.data, dt, N, G, a->bias.data, a->bias.dtype, w.off, (float *)a->dprobs.data};

@@ -42,10 +42,11 @@ void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const 
                              int64_t cols);
 
 /* dst[g, n] = sum over the rows i of group g (rows [off[g], off[g+1]), in order) of
- * (probs[i] *) src[i, n], in f32 (probs NULL: 1), for n < N; an empty group gives 0
- * (cpu_common.c). The bias gradients of the grouped linear and of the quantize. */
+ * (probs[i] *) src[i, n], in f32 (probs NULL: 1), for n < N, stored in dst_dt (rounded once);
+ * an empty group gives 0 (cpu_common.c). The bias gradients of the grouped linear and of the
+ * quantize. */
 void moex_cpu_group_colsum(moex_context *ctx, const int64_t *off, int64_t G, const void *src, moex_dtype dt,
-                           int64_t N, const float *probs, float *dst);
+                           int64_t N, const float *probs, void *dst, moex_dtype dst_dt);
 
 /* The pool behind moex_cpu_parallel_for, kept in ctx->backend_state: created by
  * moex_cpu_backend_init, freed by the backend's destroy (accepts a NULL state). */

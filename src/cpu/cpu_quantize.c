@@ -249,7 +249,7 @@ moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_
     if (moex_present(&a->columnwise.data))
         jb.col_data = (uint8_t *)a->columnwise.data.data, jb.col_scales = a->columnwise.scales.data;
     if (moex_present(&a->dbias))
-        moex_cpu_group_colsum(ctx, grp->off, d->G, a->x.data, d->dt, d->K, NULL, (float *)a->dbias.data);
+        moex_cpu_group_colsum(ctx, grp->off, d->G, a->x.data, d->dt, d->K, NULL, a->dbias.data, MOEX_DTYPE_F32);
     if (!d->block) {
         jb.row_amax = (float *)ws;
         return quantize_current(ctx, &jb, a);

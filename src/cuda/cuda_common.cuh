@@ -29,6 +29,13 @@ static __device__ __forceinline__ float load_any(const void *p, int is_f32, int 
     return __half2float(((const f16 *)p)[i]);
 }
 
+/* Writes v, rounded to the tensor's dtype (f32, bf16 or f16, known at run time), to element i. */
+static __device__ __forceinline__ void store_any(void *p, int is_f32, int is_bf16, int64_t i, float v) {
+    if (is_f32) ((float *)p)[i] = v;
+    else if (is_bf16) ((bf16 *)p)[i] = __float2bfloat16_rn(v);
+    else ((f16 *)p)[i] = __float2half_rn(v);
+}
+
 /* Sum over the 32 lanes in a fixed butterfly order: every lane gets the same bits. */
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -146,7 +146,10 @@ static moex_cuda_row_grads dgrad_row_grads(const moex_grouped_linear_dgrad_args 
     const bool dprobs = moex_present(&a->dprobs) && scaled;
     moex_cuda_row_grads r = {};
     r.src = a->dy.data, r.dt = d->dt, r.N = d->N;
-    if (dbias) r.dbias = (float *)a->dbias.data, r.probs = scaled ? (const float *)a->probs.data : NULL;
+    if (dbias) {
+        r.dbias = a->dbias.data, r.dbias_dt = a->dbias.dtype;
+        r.probs = scaled ? (const float *)a->probs.data : NULL;
+    }
     if (dprobs) r.bias = a->bias.data, r.bias_dt = a->bias.dtype, r.dprobs = (float *)a->dprobs.data;
     moex_cuda_row_grads_take(c, d->T, d->G, d->N, dbias, dprobs, &r);
     return r;

@@ -180,8 +180,8 @@ moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const 
 /* ---- deterministic reductions (cuda_reduce.cu) ------------------------------------- */
 
 /* The bias gradients of src = dy [T, N] over the groups' rows, in one pass over src:
- *   dbias[g, n] = sum over the rows r of group g of (p_r *) src[r, n] (f32, "="; dbias !=
- *                 NULL; p = probs, or 1 when NULL);
+ *   dbias[g, n] = sum over the rows r of group g of (p_r *) src[r, n] (summed in f32, stored
+ *                 in dbias_dt, "="; dbias != NULL; p = probs, or 1 when NULL);
  *   for every row r < off[G] (g its group), when dprobs != NULL:
  *                 dprobs[r] += sum_n src[r, n] * bias_g[n] (bias != NULL), then
  *                 dprobs[r] += sum_s part[r, s] over s < part_ld, in order (part != NULL).
@@ -192,7 +192,8 @@ struct moex_cuda_row_grads {
     moex_dtype dt;
     int64_t N;
     const float *probs;
-    float *dbias;
+    void *dbias;
+    moex_dtype dbias_dt;
     const void *bias;
     moex_dtype bias_dt;
     const float *part;

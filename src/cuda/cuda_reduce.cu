@@ -70,7 +70,7 @@ typedef struct row_grads_params {
     const float *probs, *part;
     float *partial, *dots, *dprobs;
     const void *bias;
-    int bias_f32, bias_bf16;
+    int bias_f32, bias_bf16, dbias_f32, dbias_bf16;
     int64_t part_ld, chunks;
 } row_grads_params;
 
@@ -159,17 +159,17 @@ row_grads_kernel(const int64_t *off, const int32_t *tiles, int G, row_grads_para
     }
 }
 
-/* Blocks [0, nred): dbias[g, n] = group_colsum (block b: columns b % nx, groups from b / nx,
- * grid-stride by gy); the rest, a row each thread, r < off[G]:
+/* Blocks [0, nred): dbias[g, n] = group_colsum, rounded to dbias's dtype (block b: columns
+ * b % nx, groups from b / nx, grid-stride by gy); the rest, a row each thread, r < off[G]:
  *   dprobs[r] = (dprobs[r] + sum_c dots[r, c]) + sum_s part[r, s]   (each sum in order). */
 static __global__ void row_grads_finish_kernel(const int64_t *off, const int32_t *tiles, int G, int64_t nx,
-                                               int64_t gy, row_grads_params p, float *dbias) {
+                                               int64_t gy, row_grads_params p, void *dbias) {
     const int64_t nred = p.partial ? nx * gy : 0;
     if (blockIdx.x < nred) {
         const int64_t n = (blockIdx.x % nx) * COLS_PER_CTA + threadIdx.x;
         if (n >= p.N) return;
         for (int64_t g = blockIdx.x / nx; g < G; g += gy)
-            dbias[g * p.N + n] = group_colsum(tiles, g, p.partial, p.N, n);
+            store_any(dbias, p.dbias_f32, p.dbias_bf16, g * p.N + n, group_colsum(tiles, g, p.partial, p.N, n));
         return;
     }
     const int64_t r = (blockIdx.x - nred) * COLS_PER_CTA + threadIdx.x;
@@ -218,6 +218,8 @@ moex_status moex_cuda_row_grads_run(moex_context *ctx, const char *op, const moe
     p.bias = a->bias;
     p.bias_f32 = a->bias_dt == MOEX_DTYPE_F32;
     p.bias_bf16 = a->bias_dt == MOEX_DTYPE_BF16;
+    p.dbias_f32 = a->dbias_dt == MOEX_DTYPE_F32;
+    p.dbias_bf16 = a->dbias_dt == MOEX_DTYPE_BF16;
     p.part = a->part;
     p.part_ld = a->part_ld;
     p.chunks = chunks;

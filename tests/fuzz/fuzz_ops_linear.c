@@ -228,7 +228,7 @@ void fz_op_gl_dgrad(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "dx", &a->dx, FZ_OUT, 0, DT(dt)), S);
     a->dbias = moex_tensor_2d(NULL, F32, G, N);
     if (!dbias && mode != MOEX_BIAS_NONE) a->dbias.ndim = 0;
-    fz_tensor_reg(c, "dbias", &a->dbias, FZ_OUT, mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(F32));
+    fz_tensor_reg(c, "dbias", &a->dbias, FZ_OUT, mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(dt) | DT(F32));
     a->dprobs = moex_tensor_1d(NULL, F32, T);
     if (!dprobs && mode == MOEX_BIAS_SCALED) a->dprobs.ndim = 0;
     fz_tail(c, fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_ACC, mode != MOEX_BIAS_SCALED ? FZ_FORBIDDEN : 0, DT(F32)),

@@ -321,10 +321,10 @@ void fz_op_mlp_bwd(fz_case *c) {
     fz_weight_reg(c, "dw2", &a->dw2, dwrole, FZ_DISCRETE_OK, dwts);
     a->db1 = moex_tensor_2d(NULL, F32, m.G, twoF);
     if (!db1) a->db1.ndim = 0;
-    fz_tensor_reg(c, "db1", &a->db1, FZ_OUT, 0, DT(F32));
+    fz_tensor_reg(c, "db1", &a->db1, FZ_OUT, 0, DT(m.dt) | DT(F32));
     a->db2 = moex_tensor_2d(NULL, F32, m.G, m.H);
     if (!db2 && m.b2_mode != MOEX_BIAS_NONE) a->db2.ndim = 0;
-    fz_tensor_reg(c, "db2", &a->db2, FZ_OUT, m.b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(F32));
+    fz_tensor_reg(c, "db2", &a->db2, FZ_OUT, m.b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(m.dt) | DT(F32));
     a->dprobs = moex_tensor_1d(NULL, F32, m.T);
     if (!dprobs && probs) a->dprobs.ndim = 0;
     fz_tail(c, fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_ACC, probs ? 0 : FZ_FORBIDDEN, DT(F32)), m.S);

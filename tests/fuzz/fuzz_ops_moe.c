@@ -273,10 +273,10 @@ void fz_op_moe(fz_case *c) {
     fz_weight_reg(c, "dw2", &g->dw2, dwrole, FZ_DISCRETE_OK, dwts);
     g->db1 = moex_tensor_2d(NULL, F32, E, twoF);
     if (!db1) g->db1.ndim = 0;
-    fz_tensor_reg(c, "db1", &g->db1, FZ_OUT, 0, DT(F32));
+    fz_tensor_reg(c, "db1", &g->db1, FZ_OUT, 0, DT(dt) | DT(F32));
     g->db2 = moex_tensor_2d(NULL, F32, E, H);
     if (!db2 && f->b2_mode != MOEX_BIAS_NONE) g->db2.ndim = 0;
-    fz_tensor_reg(c, "db2", &g->db2, FZ_OUT, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(F32));
+    fz_tensor_reg(c, "db2", &g->db2, FZ_OUT, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : 0, DT(dt) | DT(F32));
     fz_note(c, " | backward dw_mode=%d dW %s dx=%d drouter_w=%d dw1=%d dw2=%d db1=%d db2=%d", (int)g->dw_mode,
             moex_dtype_name(wdt), dx, drw, dw1, dw2, db1, db2);
     fz_materialize(c);
