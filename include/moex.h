@@ -700,6 +700,53 @@ MOEX_API moex_status moex_weight_dequantize_workspace_size(moex_context *ctx,
 MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight_dequantize_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
+/* ---- FP8 grouped linear (experimental) ------------------------------------------------ *
+ * The grouped linear's GEMMs on FP8 operands as moex_group_quantize and moex_weight_quantize
+ * write them. Each operand stands for its dequantized value (data * scale, docs/ops.md 9.5);
+ * the products are summed in f32 and the result is rounded once:
+ *   forward          y_g = x_g W_g^T (+ b_g | + p_i b_g): x a rowwise copy, data [T, K];
+ *                    w data [G, N, K] with its scales as a rowwise weight copy has them
+ *   backward data    dx_g = dy_g W_g is the forward's call with dy's rowwise copy as x and
+ *                    the weights' columnwise copy (data [G, K, N]) as w, and no bias (its
+ *                    dbias comes with dy's quantize)
+ *   backward weight  dW_g = dy_g^T x_g: dy's and x's columnwise copies, data [N, T], [K, T]
+ * The recipes pair as DeepSeek-V3's BLOCK (1x128 rows with 128x128 weight blocks), current
+ * scaling (TENSOR or GROUP rows with GROUP weights), or MXFP8 with MXFP8; either operand E4M3
+ * or E5M2. Rows >= sum(splits) are neither read nor written.
+ * Every backend runs these through the dequantized operands in f32 (workspace: f32 copies of
+ * both operands and, unless y is f32, of y); the Hopper FP8 kernels are to come. */
+typedef struct moex_grouped_linear_fp8_args {
+    moex_quant_params x_params;
+    moex_quant_tensor x;        /* rowwise: data [T, K], scales             in            */
+    moex_quant_params w_params; /* GROUP, BLOCK or MXFP8                                  */
+    moex_quant_tensor w;        /* data [G, N, K], scales                   in            */
+    moex_tensor splits;         /* [G] I64                                  in            */
+    moex_bias_mode bias_mode;
+    moex_tensor bias;           /* [G, N], dtype of y or f32; ADD/SCALED    in            */
+    moex_tensor probs;          /* [T] f32; SCALED only                     in            */
+    moex_tensor y;              /* [T, N] f32, bf16 or f16                  =             */
+} moex_grouped_linear_fp8_args;
+
+typedef struct moex_grouped_linear_fp8_wgrad_args {
+    moex_quant_params dy_params;
+    moex_quant_tensor dy;       /* columnwise: data [N, T], scales          in            */
+    moex_quant_params x_params;
+    moex_quant_tensor x;        /* columnwise: data [K, T], scales          in            */
+    moex_tensor splits;         /* [G] I64                                  in            */
+    moex_grad_mode dw_mode;
+    moex_weight dw;             /* [G, N, K] f32 (empty groups: WRITE 0)    = or +=       */
+} moex_grouped_linear_fp8_wgrad_args;
+
+MOEX_API moex_status moex_grouped_linear_fp8_forward_workspace_size(moex_context *ctx,
+        const moex_grouped_linear_fp8_args *args, size_t *bytes);
+MOEX_API moex_status moex_grouped_linear_fp8_forward(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
+MOEX_API moex_status moex_grouped_linear_fp8_backward_weight_workspace_size(moex_context *ctx,
+        const moex_grouped_linear_fp8_wgrad_args *args, size_t *bytes);
+MOEX_API moex_status moex_grouped_linear_fp8_backward_weight(moex_context *ctx,
+        const moex_grouped_linear_fp8_wgrad_args *args, void *workspace, size_t workspace_bytes,
+        moex_stream stream);
+
 #ifdef __cplusplus
 }
 #endif

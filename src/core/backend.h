@@ -88,6 +88,12 @@ typedef struct moex_dense_gemm {
     float *r;                   /* NN: the f32 addend */
 } moex_dense_gemm;
 
+/* cast_rows' arguments: f32 rows src [T, N] and their rounded copy dst [T, N]. */
+typedef struct moex_cast_rows_args {
+    const float *src;
+    moex_tensor dst;
+} moex_cast_rows_args;
+
 /* The primitives with a workspace query, written once: X(p, field, args type, dims type),
  * p passed through (a backend's prefix).
  * GROUPED ones run on a prepared handle (moex_groups); the others need none. A backend
@@ -101,6 +107,8 @@ typedef struct moex_dense_gemm {
  *   quantize       the FP8 copies of docs/ops.md section 9 (math: quant_math.h)
  *   dequantize     their way back
  *   weight_quantize, weight_dequantize   the same for grouped weights (9.7; no splits)
+ *   cast_rows      dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into
+ *                  dst's dtype (d: T, N)
  * The splits fields of the args are not read by grouped primitives: the handle has them.
  * glu_bwd's dh may be its h itself (each pair of h is read before its dh is written: the
  * grouped MLP's MOEX_H_OVERWRITE).
@@ -112,7 +120,8 @@ typedef struct moex_dense_gemm {
     X(p, glu_fwd, moex_scaled_glu_args, moex_glu_dims)                                            \
     X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)                                       \
     X(p, quantize, moex_group_quantize_args, moex_quant_dims)                                     \
-    X(p, dequantize, moex_group_dequantize_args, moex_quant_dims)
+    X(p, dequantize, moex_group_dequantize_args, moex_quant_dims)                                 \
+    X(p, cast_rows, moex_cast_rows_args, moex_gl_dims)
 #define MOEX_PLAIN_PRIMITIVES(X, p)                                                               \
     X(p, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                        \
     X(p, router_fwd, moex_router_args, moex_router_dims)                                          \

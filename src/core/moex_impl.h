@@ -69,6 +69,12 @@ typedef struct moex_quant_dims {     /* grouped quantize and dequantize; weights
     int64_t col_tiles;               /* columnwise scale columns: ceil(T / block) + G (0: none) */
 } moex_quant_dims;
 
+typedef struct moex_fp8_dims {       /* FP8 grouped linear: the product's dims (gl.dt: y's dtype; f32 in the
+                                        backward weight), and those of its operands' dequantize */
+    moex_gl_dims gl;
+    moex_quant_dims a, b;            /* forward: x, w (T = N); backward weight: dy, x */
+} moex_fp8_dims;
+
 typedef struct moex_glu_dims {       /* scaled GLU */
     int64_t T, F;
     int64_t G;                       /* 0 when no splits were given: all T rows */
@@ -87,6 +93,7 @@ typedef union moex_dims {
     moex_perm_dims perm;
     moex_moe_dims moe;
     moex_quant_dims quant;
+    moex_fp8_dims fp8;
 } moex_dims;
 
 /* ---- Context ------------------------------------------------------------------------ */

@@ -58,6 +58,19 @@ moex_status moex_quant_check_outputs(moex_context *ctx, const char *op, const ch
                                      const moex_quant_tensor *columnwise, const moex_tensor *amax,
                                      moex_quant_dims *d);
 
+/* An FP8 operand read by a GEMM (fp8_linear.c), checked as the dequantize reads it (quantize.c):
+ *   rows:   a grouped-rows copy of [T, K] rows in G groups (d->G, T, K set), data [T, K]
+ *           (ROWWISE) or [K, T] (COLUMNWISE), and its scales; sets the rest of d;
+ *   weight: a weight copy, data [G, T, K] (d->G, T, K set; scales as a rowwise copy's).
+ * The names are those of the data and scales fields, for messages. */
+moex_status moex_quant_check_rows_input(moex_context *ctx, const char *op, const char *data_name,
+                                        const char *scales_name, const moex_quant_params *params,
+                                        const moex_quant_tensor *copy, moex_quant_orientation orient,
+                                        moex_quant_dims *d);
+moex_status moex_quant_check_weight_input(moex_context *ctx, const char *op, const char *data_name,
+                                          const char *scales_name, const moex_quant_params *params,
+                                          const moex_quant_tensor *copy, moex_quant_dims *d);
+
 /* An op that is one plain primitive: its workspace is the primitive's, its run the
  * primitive (defines moex_op_<name>_ws and moex_op_<name>_run). */
 #define MOEX_ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                   \

@@ -32,7 +32,10 @@
     X(GROUP_QUANTIZE, group_quantize, moex_group_quantize_args, moex_quant_dims)                            \
     X(GROUP_DEQUANTIZE, group_dequantize, moex_group_dequantize_args, moex_quant_dims)                      \
     X(WEIGHT_QUANTIZE, weight_quantize, moex_weight_quantize_args, moex_quant_dims)                         \
-    X(WEIGHT_DEQUANTIZE, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
+    X(WEIGHT_DEQUANTIZE, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)                   \
+    X(GROUPED_LINEAR_FP8_FORWARD, grouped_linear_fp8_forward, moex_grouped_linear_fp8_args, moex_fp8_dims)   \
+    X(GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, grouped_linear_fp8_backward_weight, moex_grouped_linear_fp8_wgrad_args, \
+      moex_fp8_dims)
 
 /* MOEX_OP_NONE (0) names no operation: the CUDA bad-input flag's "nothing seen". */
 #define MOEX_OP_ENUM_(ID, name, args_t, dims_t) MOEX_OP_##ID,

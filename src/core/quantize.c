@@ -259,6 +259,25 @@ moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op
 
 MOEX_ONE_PRIMITIVE(weight_dequantize, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
 
+/* ---- FP8 GEMM operands (op.h) ---------------------------------------------------------- */
+
+moex_status moex_quant_check_rows_input(moex_context *ctx, const char *op, const char *data_name,
+                                        const char *scales_name, const moex_quant_params *params,
+                                        const moex_quant_tensor *copy, moex_quant_orientation orient,
+                                        moex_quant_dims *d) {
+    MOEX_TRY(check_params(ctx, op, params, d));
+    block_dims(d);
+    return check_copy(ctx, op, data_name, scales_name, copy, params, d, orient, MOEX_SPAN_IN);
+}
+
+moex_status moex_quant_check_weight_input(moex_context *ctx, const char *op, const char *data_name,
+                                          const char *scales_name, const moex_quant_params *params,
+                                          const moex_quant_tensor *copy, moex_quant_dims *d) {
+    d->row_blocks = d->col_tiles = 0;
+    MOEX_TRY(check_weight_params(ctx, op, params, d));
+    return check_weight_copy(ctx, op, data_name, scales_name, copy, params, d, MOEX_QUANT_ROWWISE, MOEX_SPAN_IN);
+}
+
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
  * shapes repeat by design. */

@@ -3,6 +3,7 @@
  *   moex_cpu_parallel_for   a range split over a persistent pool of worker threads
  *   moex_cpu_state_create / moex_cpu_state_destroy   the pool, kept in ctx->backend_state
  *   moex_cpu_store_f32_rows  f32 rows rounded into an output, in parallel over the rows
+ *                            (and the cast_rows primitive on it)
  *   moex_cpu_group_colsum    the column sums of each group's rows (bias gradients)
  *
  * The pool: workers are started lazily, the first time a call wants them, up to
@@ -194,6 +195,14 @@ void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const 
     if (rows <= 0 || cols <= 0) return;
     store_job j = {src, dst, dt, cols};
     moex_cpu_parallel_for(ctx, rows, 1 + STORE_GRAIN_ELEMS / cols, store_rows, &j);
+}
+
+size_t moex_cpu_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d) { return 0; }
+
+moex_status moex_cpu_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_cast_rows_args *a,
+                               const moex_gl_dims *d, void *ws) {
+    moex_cpu_store_f32_rows(ctx, a->dst.data, a->dst.dtype, a->src, g->off[g->G], d->N);
+    return MOEX_OK;
 }
 
 /* ---- column sums over group rows ------------------------------------------------------- */

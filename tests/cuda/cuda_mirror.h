@@ -309,6 +309,23 @@ static moex_status gpu_weight_dequantize(moex_context *ctx, const moex_weight_de
     CM_RUN(ctx, &m, moex_weight_dequantize, &a);
 }
 
+static moex_status gpu_fp8_forward(moex_context *ctx, const moex_grouped_linear_fp8_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_linear_fp8_args a = *h;
+    cm_tensor(&m, &a.x.data, 0), cm_tensor(&m, &a.x.scales, 0), cm_tensor(&m, &a.w.data, 0);
+    cm_tensor(&m, &a.w.scales, 0), cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.bias, 0), cm_tensor(&m, &a.probs, 0);
+    cm_tensor(&m, &a.y, 1);
+    CM_RUN(ctx, &m, moex_grouped_linear_fp8_forward, &a);
+}
+
+static moex_status gpu_fp8_wgrad(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *h) {
+    cm_mirror m = {0};
+    moex_grouped_linear_fp8_wgrad_args a = *h;
+    cm_tensor(&m, &a.dy.data, 0), cm_tensor(&m, &a.dy.scales, 0), cm_tensor(&m, &a.x.data, 0);
+    cm_tensor(&m, &a.x.scales, 0), cm_tensor(&m, &a.splits, 0), cm_weight(&m, &a.dw, 1);
+    CM_RUN(ctx, &m, moex_grouped_linear_fp8_backward_weight, &a);
+}
+
 /* The MoE layer's `saved` must outlive one call: each host `saved` pointer gets one device
  * buffer, kept for the life of the test (the forward also copies it back to the host). */
 typedef struct cm_saved {

@@ -1,0 +1,249 @@
+/*
+ * fp8_linear.c - the grouped linear on FP8 operands (experimental): validation and its
+ * composition from the backend primitives (the math: docs/ops.md section 9.10).
+ *
+ * forward:          xf = dequantize(x) [T, K] f32, wf = weight_dequantize(w) [G, N, K] f32,
+ *                   y = xf wf_g^T (+ b_g | + p_i b_g) by linear_fwd in f32, into y when y
+ *                   is f32, else into yf [T, N] f32 and then cast_rows into y
+ * backward weight:  dyf [T, N], xf [T, K] = the columnwise copies dequantized (back to rows),
+ *                   dW = dyf_g^T xf_g by linear_wgrad in f32
+ * Every operand value is its dequantization, so the result is the product of those values
+ * up to f32 rounding: the reference the FP8 GEMM kernels keep. The groups are prepared once;
+ * rows >= sum(splits) are neither read nor written (the dequantize writes rows < S only, and
+ * nothing reads past them).
+ *
+ * Workspace: the prepared handle, the f32 operands (and yf), one region shared by the steps.
+ */
+#include "op.h"
+
+#define MOEX_DT_FP8 (MOEX_DT(MOEX_DTYPE_E4M3) | MOEX_DT(MOEX_DTYPE_E5M2))
+
+/* The recipes of the two operands pair as block with block (BLOCK: 1x128 rows, 128x128
+ * weights; MXFP8 with MXFP8) or current scaling with current scaling (TENSOR or GROUP). */
+static moex_status check_pairing(moex_context *ctx, const char *op, const char *an, moex_quant_recipe a,
+                                 const char *bn, moex_quant_recipe b) {
+    const bool current_a = a == MOEX_QUANT_TENSOR || a == MOEX_QUANT_GROUP;
+    const bool current_b = b == MOEX_QUANT_TENSOR || b == MOEX_QUANT_GROUP;
+    if (current_a && current_b) return MOEX_OK;
+    if (a == b) return MOEX_OK;
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                     "%s: %s.recipe %d does not pair with %s.recipe %d (BLOCK with BLOCK, MXFP8 with MXFP8, "
+                     "TENSOR or GROUP with GROUP)",
+                     op, an, (int)a, bn, (int)b);
+}
+
+static moex_quant_dims quant_dims(int64_t G, int64_t T, int64_t K) {
+    moex_quant_dims q = {G, T, K, MOEX_DTYPE_F32, 0, 0, 0};
+    return q;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+moex_status moex_op_grouped_linear_fp8_forward_validate(moex_context *ctx, const char *op,
+                                                        const moex_grouped_linear_fp8_args *a, moex_purpose p,
+                                                        moex_fp8_dims *d) {
+    const int64_t any2[2] = {-1, -1}, any3[3] = {-1, -1, -1};
+    int64_t G;
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "x.data", &a->x.data, 2, any2, MOEX_DT_FP8));
+    MOEX_TRY(moex_check_tensor(ctx, op, "w.data", &a->w.data, 3, any3, MOEX_DT_FP8));
+    const int64_t T = a->x.data.shape[0], K = a->x.data.shape[1], N = a->w.data.shape[1];
+    MOEX_TRY(moex_check_features(ctx, op, K, N));
+    d->a = quant_dims(G, T, K);
+    MOEX_TRY(moex_quant_check_rows_input(ctx, op, "x.data", "x.scales", &a->x_params, &a->x, MOEX_QUANT_ROWWISE,
+                                         &d->a));
+    d->b = quant_dims(G, N, K);
+    MOEX_TRY(moex_quant_check_weight_input(ctx, op, "w.data", "w.scales", &a->w_params, &a->w, &d->b));
+    if (a->w_params.recipe == MOEX_QUANT_TENSOR)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w_params: TENSOR is not a weight recipe", op);
+    MOEX_TRY(check_pairing(ctx, op, "x_params", a->x_params.recipe, "w_params", a->w_params.recipe));
+    const int64_t yshape[2] = {T, N};
+    MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT_FLOAT));
+    const moex_gl_dims gl = {G, T, K, N, a->y.dtype};
+    d->gl = gl;
+    return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, G, T, N, a->y.dtype, true);
+}
+
+/* The steps' arguments, given the f32 buffers (NULL when only sizes matter). */
+typedef struct fwd_calls {
+    moex_group_dequantize_args x;
+    moex_weight_dequantize_args w;
+    moex_grouped_linear_args linear;
+    moex_gl_dims linear_dims;      /* the f32 product */
+    moex_cast_rows_args cast;
+} fwd_calls;
+
+static void fwd_calls_of(const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *xf, void *wf,
+                         void *yf, fwd_calls *c) {
+    const moex_gl_dims *g = &d->gl;
+    const moex_tensor xt = moex_tensor_2d(xf, MOEX_DTYPE_F32, g->T, g->K);
+    const moex_tensor wt = moex_tensor_3d(wf, MOEX_DTYPE_F32, g->G, g->N, g->K);
+    c->x = (moex_group_dequantize_args){.params = a->x_params, .orientation = MOEX_QUANT_ROWWISE, .src = a->x,
+                                        .splits = a->splits, .y = xt};
+    c->w = (moex_weight_dequantize_args){.params = a->w_params, .orientation = MOEX_QUANT_ROWWISE, .src = a->w,
+                                         .w = wt};
+    c->linear = (moex_grouped_linear_args){
+        .x = xt, .w = moex_weight_packed(wt), .bias_mode = a->bias_mode, .bias = a->bias, .probs = a->probs,
+        .splits = a->splits,
+        .y = g->dt == MOEX_DTYPE_F32 ? a->y : moex_tensor_2d(yf, MOEX_DTYPE_F32, g->T, g->N)};
+    c->linear_dims = *g;
+    c->linear_dims.dt = MOEX_DTYPE_F32;
+    c->cast = (moex_cast_rows_args){.src = (const float *)yf, .dst = a->y};
+}
+
+/* The workspace: the handle, xf, wf, yf (y not f32), the steps' region. */
+typedef struct fp8_layout {
+    void *groups, *buf[3], *sub;
+    size_t total;
+} fp8_layout;
+
+static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, const size_t bytes[3], size_t sub, void *ws) {
+    moex_carver c = {(char *)ws, 0};
+    fp8_layout l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, G, T, NULL));
+    for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
+
+static fp8_layout fwd_layout(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
+                             void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const moex_gl_dims *g = &d->gl;
+    fwd_calls c;
+    fwd_calls_of(a, d, NULL, NULL, NULL, &c);
+    size_t sub = ops->dequantize_ws(ctx, &c.x, &d->a);
+    sub = moex_sz_max(sub, ops->weight_dequantize_ws(ctx, &c.w, &d->b));
+    sub = moex_sz_max(sub, ops->linear_fwd_ws(ctx, &c.linear, &c.linear_dims));
+    sub = moex_sz_max(sub, ops->cast_rows_ws(ctx, &c.cast, g));
+    const size_t bytes[3] = {moex_sz_bytes(g->T, g->K, sizeof(float)),
+                             moex_sz_mul(moex_sz_bytes(g->G, g->N, sizeof(float)), (size_t)g->K),
+                             g->dt == MOEX_DTYPE_F32 ? 0 : moex_sz_bytes(g->T, g->N, sizeof(float))};
+    return layout_of(ctx, g->G, g->T, bytes, sub, ws);
+}
+
+size_t moex_op_grouped_linear_fp8_forward_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a,
+                                             const moex_fp8_dims *d) {
+    return fwd_layout(ctx, a, d, NULL).total;
+}
+
+moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex_call *c,
+                                                   const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
+                                                   void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const fp8_layout l = fwd_layout(ctx, a, d, ws);
+    MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
+    moex_groups g;
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    fwd_calls k;
+    fwd_calls_of(a, d, l.buf[0], l.buf[1], l.buf[2], &k);
+    MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->a, l.sub));
+    MOEX_TRY(ops->weight_dequantize(ctx, c, &k.w, &d->b, l.sub));
+    MOEX_TRY(ops->linear_fwd(ctx, c, &g, &k.linear, &k.linear_dims, l.sub));
+    return d->gl.dt == MOEX_DTYPE_F32 ? MOEX_OK : ops->cast_rows(ctx, c, &g, &k.cast, &d->gl, l.sub);
+}
+
+/* ---- backward weight ----------------------------------------------------------------- */
+
+moex_status moex_op_grouped_linear_fp8_backward_weight_validate(moex_context *ctx, const char *op,
+                                                                const moex_grouped_linear_fp8_wgrad_args *a,
+                                                                moex_purpose p, moex_fp8_dims *d) {
+    const int64_t any2[2] = {-1, -1};
+    int64_t G;
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &G));
+    MOEX_TRY(moex_check_tensor(ctx, op, "dy.data", &a->dy.data, 2, any2, MOEX_DT_FP8));
+    MOEX_TRY(moex_check_tensor(ctx, op, "x.data", &a->x.data, 2, any2, MOEX_DT_FP8));
+    const int64_t N = a->dy.data.shape[0], T = a->dy.data.shape[1], K = a->x.data.shape[0];
+    MOEX_TRY(moex_check_features(ctx, op, K, N));
+    d->a = quant_dims(G, T, N);
+    MOEX_TRY(moex_quant_check_rows_input(ctx, op, "dy.data", "dy.scales", &a->dy_params, &a->dy,
+                                         MOEX_QUANT_COLUMNWISE, &d->a));
+    d->b = quant_dims(G, T, K);
+    MOEX_TRY(moex_quant_check_rows_input(ctx, op, "x.data", "x.scales", &a->x_params, &a->x, MOEX_QUANT_COLUMNWISE,
+                                         &d->b));
+    MOEX_TRY(check_pairing(ctx, op, "dy_params", a->dy_params.recipe, "x_params", a->x_params.recipe));
+    MOEX_TRY(moex_check_grad_mode(ctx, op, a->dw_mode));
+    if (!moex_weight_present(&a->dw)) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dw is required", op);
+    MOEX_TRY(moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, G, N, K, MOEX_DTYPE_F32));
+    const moex_gl_dims gl = {G, T, K, N, MOEX_DTYPE_F32};
+    d->gl = gl;
+    return MOEX_OK;
+}
+
+/* The steps' arguments, given the f32 buffers. */
+typedef struct wgrad_calls {
+    moex_group_dequantize_args dy, x;
+    moex_grouped_linear_wgrad_args wgrad;
+} wgrad_calls;
+
+static void wgrad_calls_of(const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *dyf, void *xf,
+                           wgrad_calls *c) {
+    const moex_gl_dims *g = &d->gl;
+    const moex_tensor dyt = moex_tensor_2d(dyf, MOEX_DTYPE_F32, g->T, g->N);
+    const moex_tensor xt = moex_tensor_2d(xf, MOEX_DTYPE_F32, g->T, g->K);
+    c->dy = (moex_group_dequantize_args){.params = a->dy_params, .orientation = MOEX_QUANT_COLUMNWISE, .src = a->dy,
+                                         .splits = a->splits, .y = dyt};
+    c->x = (moex_group_dequantize_args){.params = a->x_params, .orientation = MOEX_QUANT_COLUMNWISE, .src = a->x,
+                                        .splits = a->splits, .y = xt};
+    c->wgrad = (moex_grouped_linear_wgrad_args){.x = xt, .dy = dyt, .splits = a->splits, .dw_mode = a->dw_mode,
+                                                .dw = a->dw};
+}
+
+static fp8_layout wgrad_layout(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                               const moex_fp8_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const moex_gl_dims *g = &d->gl;
+    wgrad_calls c;
+    wgrad_calls_of(a, d, NULL, NULL, &c);
+    size_t sub = ops->dequantize_ws(ctx, &c.dy, &d->a);
+    sub = moex_sz_max(sub, ops->dequantize_ws(ctx, &c.x, &d->b));
+    sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.wgrad, g));
+    const size_t bytes[3] = {moex_sz_bytes(g->T, g->N, sizeof(float)), moex_sz_bytes(g->T, g->K, sizeof(float)), 0};
+    return layout_of(ctx, g->G, g->T, bytes, sub, ws);
+}
+
+size_t moex_op_grouped_linear_fp8_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                                                     const moex_fp8_dims *d) {
+    return wgrad_layout(ctx, a, d, NULL).total;
+}
+
+moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, const moex_call *c,
+                                                           const moex_grouped_linear_fp8_wgrad_args *a,
+                                                           const moex_fp8_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const fp8_layout l = wgrad_layout(ctx, a, d, ws);
+    MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
+    moex_groups g;
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    wgrad_calls k;
+    wgrad_calls_of(a, d, l.buf[0], l.buf[1], &k);
+    MOEX_TRY(ops->dequantize(ctx, c, &g, &k.dy, &d->a, l.sub));
+    MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->b, l.sub));
+    return ops->linear_wgrad(ctx, c, &g, &k.wgrad, &d->gl, l.sub);
+}
+
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
+
+moex_status moex_grouped_linear_fp8_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
+                                                           size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FP8_FORWARD, args, bytes);
+}
+
+moex_status moex_grouped_linear_fp8_forward(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
+                                            void *workspace, size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FP8_FORWARD, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_grouped_linear_fp8_backward_weight_workspace_size(moex_context *ctx,
+                                                                   const moex_grouped_linear_fp8_wgrad_args *args,
+                                                                   size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, args, bytes);
+}
+
+moex_status moex_grouped_linear_fp8_backward_weight(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *args,
+                                                    void *workspace, size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, args, workspace, workspace_bytes, stream);
+}
