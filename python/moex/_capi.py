@@ -157,6 +157,16 @@ class WeightDequantizeArgs(ctypes.Structure):
     _fields_ = [("params", QuantParams), ("orientation", ctypes.c_int), ("src", QuantTensor), ("w", Tensor)]
 
 
+class GroupedLinearFp8Args(ctypes.Structure):
+    _fields_ = [("x_params", QuantParams), ("x", QuantTensor), ("w_params", QuantParams), ("w", QuantTensor),
+                ("splits", Tensor), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor), ("y", Tensor)]
+
+
+class GroupedLinearFp8WgradArgs(ctypes.Structure):
+    _fields_ = [("dy_params", QuantParams), ("dy", QuantTensor), ("x_params", QuantParams), ("x", QuantTensor),
+                ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
+
+
 class MoexError(RuntimeError):
     """A moex call failed: .status is the moex_status name, the message is moex_last_error."""
 
@@ -174,7 +184,9 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "unpermute_backward": UnpermuteGradArgs, "scaled_glu_forward": ScaledGluArgs,
        "scaled_glu_backward": ScaledGluGradArgs, "splits_to_offsets": SplitsToOffsetsArgs,
        "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs,
-       "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs}
+       "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs,
+       "grouped_linear_fp8_forward": GroupedLinearFp8Args,
+       "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs}
 
 
 def _library_path():

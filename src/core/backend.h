@@ -213,6 +213,14 @@ typedef struct moex_backend_ops {
     moex_status (*fc2_glu_grad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                 const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
 
+    /* The FP8 grouped linear's forward on the backend's FP8 kernels. linear_fp8_ws: its
+     * workspace, or SIZE_MAX when the backend cannot run these args (from shapes, dtypes,
+     * recipes and which tensors are present, never pointers or split values): the composition
+     * then dequantizes. NULL: never. */
+    size_t (*linear_fp8_ws)(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
+    moex_status (*linear_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+
     /* The scaled GLU's z quantized straight from h, z not written: the quantize primitive's
      * work for q (its x: z's shape and dtype [T, F], x.data unused; its workspace:
      * quantize_ws(q)) on z = p glu(h) of `glu` over the rows of g. NULL: the composition

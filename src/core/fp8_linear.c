@@ -2,7 +2,9 @@
  * fp8_linear.c - the grouped linear on FP8 operands (experimental): validation and its
  * composition from the backend primitives (the math: docs/ops.md section 9.10).
  *
- * forward:          xf = dequantize(x) [T, K] f32, wf = weight_dequantize(w) [G, N, K] f32,
+ * forward:          the backend's FP8 kernels where it has them for the args (linear_fp8:
+ *                   on Hopper, current scaling without a bias), else
+ *                   xf = dequantize(x) [T, K] f32, wf = weight_dequantize(w) [G, N, K] f32,
  *                   y = xf wf_g^T (+ b_g | + p_i b_g) by linear_fwd in f32, into y when y
  *                   is f32, else into yf [T, N] f32 and then cast_rows into y
  * backward weight:  dyf [T, N], xf [T, K] = the columnwise copies dequantized (back to rows),
@@ -107,10 +109,21 @@ static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, const size_
     return l;
 }
 
+/* The backend's own FP8 kernels' workspace, or SIZE_MAX when they cannot run a. */
+static size_t fwd_fast_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    return ops->linear_fp8_ws ? ops->linear_fp8_ws(ctx, a, d) : SIZE_MAX;
+}
+
 static fp8_layout fwd_layout(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
                              void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
+    const size_t fast = fwd_fast_ws(ctx, a, d);
+    if (fast != SIZE_MAX) {
+        const size_t none[3] = {0, 0, 0};
+        return layout_of(ctx, g->G, g->T, none, fast, ws);
+    }
     fwd_calls c;
     fwd_calls_of(a, d, NULL, NULL, NULL, &c);
     size_t sub = ops->dequantize_ws(ctx, &c.x, &d->a);
@@ -136,6 +149,7 @@ moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex
     MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
     moex_groups g;
     MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    if (fwd_fast_ws(ctx, a, d) != SIZE_MAX) return ops->linear_fp8(ctx, c, &g, a, d, l.sub);
     fwd_calls k;
     fwd_calls_of(a, d, l.buf[0], l.buf[1], l.buf[2], &k);
     MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->a, l.sub));

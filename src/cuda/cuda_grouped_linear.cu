@@ -261,6 +261,48 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     return moex_cuda_row_grads_run(ctx, c->op, g, &r, stream);
 }
 
+/* ---- the FP8 grouped linear's forward (current scaling, no bias) ------------------------ */
+
+/* The Hopper FP8 kernel's args for a (the scales: x TENSOR [1] or GROUP [G], w GROUP [G]). */
+static moex_sm90_fp8_args linear_fp8_args(const moex_groups *g, const moex_grouped_linear_fp8_args *a,
+                                          const moex_fp8_dims *d) {
+    const moex_gl_dims *l = &d->gl;
+    const moex_sm90_fp8_args s = {a->x_params.fp8, a->w_params.fp8, l->dt, l->G, l->T, l->K, l->N,
+                                  a->x.data.data, a->w.data.data, a->y.data, g->splits,
+                                  (const float *)a->x.scales.data, a->x_params.recipe == MOEX_QUANT_GROUP,
+                                  (const float *)a->w.scales.data, NULL, 0};
+    return s;
+}
+
+/* Workspace: none; SIZE_MAX unless the recipes are current scaling, there is no bias and the
+ * kernel takes the shapes and dtypes (pointers stand in: alignment is checked at run time). */
+size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    const bool current = (a->x_params.recipe == MOEX_QUANT_TENSOR || a->x_params.recipe == MOEX_QUANT_GROUP) &&
+                         a->w_params.recipe == MOEX_QUANT_GROUP;
+    if (sc == NULL || !current || a->bias_mode != MOEX_BIAS_NONE) return SIZE_MAX;
+    alignas(16) static const float placeholder[4] = {0};
+    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    moex_grouped_linear_fp8_args p = *a;
+    p.x.data.data = p.w.data.data = p.y.data = p.x.scales.data = p.w.scales.data = (void *)placeholder;
+    const moex_sm90_fp8_args s = linear_fp8_args(&g, &p, d);
+    return moex_sm90_fp8_supported(sc, &s) ? 0 : SIZE_MAX;
+}
+
+moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                 const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    moex_sm90_fp8_args s = linear_fp8_args(g, a, d);
+    if (!moex_sm90_fp8_supported(sc, &s))   /* the plan held for aligned pointers */
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: on Hopper the FP8 forward needs x.data, w.data and y 16-byte aligned (docs/ops.md 9.10)",
+                         c->op);
+    s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
+    const char *why = "";
+    const moex_status st = moex_sm90_fp8_gemm(sc, &s, c->stream, &why);
+    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
+}
+
 size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {
     return 0;
 }

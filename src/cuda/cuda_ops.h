@@ -262,7 +262,7 @@ moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, 
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
 
-/* linear_*, fc1_glu and fc2_glu_grad in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
+/* linear_*, fc1_glu, fc2_glu_grad and linear_fp8 in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
  * dequantize and glu_quantize in cuda_quantize.cu, router_*,
  * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
  * cuda_splits.cu (the schedule's arrays, and for a grouped linear forward the Hopper GEMM's
@@ -274,6 +274,9 @@ moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_
 size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
 moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
+moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                 const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                    const moex_quant_dims *d, void *ws);

@@ -161,6 +161,35 @@ bool moex_sm90_wgrad_supported(const moex_sm90_context *c, const moex_sm90_wgrad
 moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_context *c, const moex_sm90_wgrad_args *a,
                                          moex_stream stream, const char **why);
 
+/* M-grouped FP8 forward with current scaling (sm90_fp8_gemm.cu): for the rows r of group g
+ *   y[r, :] = (xs * ws[g]) x[r, :] W_g^T     x [T, K], W [G, N, K] FP8, y [T, N]
+ * with xs = x_scales[g] (x_scale_per_group) or x_scales[0], f32 sums of the exact FP8
+ * products moved out of the tensor cores every 128 k, y bf16 or f16 ("=", rows at or past
+ * off[G] never written). x and W E4M3 or E5M2 each, both K-major (the backward data passes
+ * dy and the weights' columnwise copy). */
+typedef struct moex_sm90_fp8_args {
+    moex_dtype x_fmt, w_fmt, y_dtype;
+    int64_t G, T, K, N;
+    const void *x, *w;
+    void *y;
+    const int64_t *splits;      /* [G] device                                            */
+    const float *x_scales;      /* [1] or [G] device                                     */
+    int x_scale_per_group;
+    const float *w_scales;      /* [G] device                                            */
+    int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
+    int bad_value;
+} moex_sm90_fp8_args;
+
+/* Whether the FP8 forward can run these args with c (NULL: false): formats, y bf16 or f16,
+ * K a multiple of 16 and N of 8 (>= 16 / 8), the M-grouped limits, x, w, y 16-byte aligned,
+ * splits 8-byte aligned. Reads no device memory and calls no CUDA. */
+bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_sm90_fp8_args *a);
+
+/* Launches the FP8 forward on `stream`. No allocation, no synchronisation, no workspace.
+ * Errors as for moex_sm90_grouped_gemm_fwd. */
+moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,
+                               const char **why);
+
 #ifdef __cplusplus
 }
 #endif

@@ -141,6 +141,34 @@ SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16_tb, f16, 0, 1)
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_bf16_tatb, bf16, 1, 1)
 SM90_DEFINE_WGMMA_M64N256K16(wgmma_m64n256k16_f16_tatb, f16, 1, 1)
 
+/* FP8 (sm90_fp8_gemm.cu): `name(d, desc_a, desc_b, scale_d)`, one m64n128k32 step with A and B
+ * K-major in `a` and `b` (e4m3 or e5m2; FP8 wgmma has no transpose), f32 accumulators. */
+#define SM90_DEFINE_WGMMA_FP8(name, a, b)                                                          \
+    static __device__ __forceinline__ void name(float (&d)[64], uint64_t desc_a, uint64_t desc_b, \
+                                                uint32_t scale_d) {                               \
+        asm volatile("{\n.reg .pred p;\n"                                                       \
+                     "setp.ne.b32 p, %66, 0;\n"                                                  \
+                     "wgmma.mma_async.sync.aligned.m64n128k32.f32." #a "." #b " "               \
+                     "{" SM90_ACC64_TEXT "}, %64, %65, p, 1, 1;\n"                               \
+                     "}\n"                                                                     \
+                     : SM90_ACC64_OPERANDS(d)                                                   \
+                     : "l"(desc_a), "l"(desc_b), "r"(scale_d));                                 \
+    }
+SM90_DEFINE_WGMMA_FP8(wgmma_m64n128k32_e4m3_e4m3, e4m3, e4m3)
+SM90_DEFINE_WGMMA_FP8(wgmma_m64n128k32_e4m3_e5m2, e4m3, e5m2)
+SM90_DEFINE_WGMMA_FP8(wgmma_m64n128k32_e5m2_e4m3, e5m2, e4m3)
+SM90_DEFINE_WGMMA_FP8(wgmma_m64n128k32_e5m2_e5m2, e5m2, e5m2)
+
+/* The FP8 step for the formats (1: E5M2, 0: E4M3) of A and B. */
+template <int A5, int B5>
+static __device__ __forceinline__ void sm90_wgmma_fp8(float (&d)[64], uint64_t da, uint64_t db, uint32_t keep) {
+    if (A5) {
+        if (B5) wgmma_m64n128k32_e5m2_e5m2(d, da, db, keep); else wgmma_m64n128k32_e5m2_e4m3(d, da, db, keep);
+    } else {
+        if (B5) wgmma_m64n128k32_e4m3_e5m2(d, da, db, keep); else wgmma_m64n128k32_e4m3_e4m3(d, da, db, keep);
+    }
+}
+
 /* One wgmma step of the shape the accumulators say (128 per thread: m64n256k16; 64:
  * m64n128k16) in the input dtype (IS_F16: f16, else bf16), B MN-major when TB, and A too
  * when TA (m64n256k16 with TB only). */

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""fp8_bench.py - the FP8 grouped linear forward on the GPU (moex_grouped_linear_fp8_forward,
+docs/ops.md 9.10) against moex's bf16 forward, torch._scaled_grouped_mm (rowwise scales) and
+dense torch._scaled_mm of the same total size (the ceiling), on the CUDA configs of
+tools/bench_configs.h, balanced and skewed.
+
+moex's operands: x quantized per group (GROUP, E4M3) and the weights per expert (GROUP, E4M3)
+by moex_group_quantize / moex_weight_quantize, once; the timed call is the GEMM alone (on
+Hopper the FP8 kernel of sm90_fp8_gemm.cu). torch: x E4M3 with one f32 scale per row, W E4M3
+with one per output column of each expert. TFLOP/s = 2 T K N / time, median of --iters CUDA
+event timings, each behind a GPU spin. A check line per config gives the relative error of
+moex's FP8 y and of torch's against the bf16 product.
+
+Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \\
+    python3 bench/fp8_bench.py [--configs dsv3-fc1,...] [--splits balanced,skewed] [--iters N]
+"""
+import argparse
+import json
+
+import torch
+
+import moex.torch as mt
+from moex import _capi
+from configs import select
+from torch_baseline import median_ms, splits_of
+
+SPIN = 2_000_000
+E4M3 = torch.float8_e4m3fn
+
+
+def quantized(x, splits, w):
+    """moex's GROUP quantization of x (rowwise) and w (rowwise copy), and the forward's args."""
+    T, K = x.shape
+    G, N, _ = w.shape
+    out = dict(xd=torch.empty(T, K, dtype=E4M3, device=x.device), xs=torch.empty(G, device=x.device),
+               wd=torch.empty(G, N, K, dtype=E4M3, device=x.device), ws=torch.empty(G, device=x.device),
+               y=torch.empty(T, N, dtype=torch.bfloat16, device=x.device))
+    params = _capi.QuantParams(1, _capi.DTYPE_E4M3, 0.0, 0, 0)
+    q = _capi.GroupQuantizeArgs()
+    mt._fill(q.x, x), mt._fill(q.splits, splits)
+    q.params = params
+    mt._fill(q.rowwise.data, out["xd"]), mt._fill(q.rowwise.scales, out["xs"])
+    mt._run("group_quantize", q, x.device)
+    wq = _capi.WeightQuantizeArgs()
+    mt._fill(wq.w, w)
+    wq.params = params
+    mt._fill(wq.rowwise.data, out["wd"]), mt._fill(wq.rowwise.scales, out["ws"])
+    mt._run("weight_quantize", wq, x.device)
+    a = _capi.GroupedLinearFp8Args()
+    a.x_params = a.w_params = params
+    mt._fill(a.x.data, out["xd"]), mt._fill(a.x.scales, out["xs"])
+    mt._fill(a.w.data, out["wd"]), mt._fill(a.w.scales, out["ws"])
+    mt._fill(a.splits, splits), mt._fill(a.y, out["y"])
+    a.keep = (x, splits, w)
+    return a, out
+
+
+def torch_rowwise(x, w, offs):
+    """torch._scaled_grouped_mm's operands: x E4M3 with row scales, W^T column-major with
+    column scales, and the call; None when this torch lacks it or refuses the shapes."""
+    if not hasattr(torch, "_scaled_grouped_mm"):
+        return None
+    xa = x.float().abs().amax(dim=1).clamp_min(1e-12)
+    sx = (xa / 448.0).float()
+    xq = (x.float() / sx[:, None]).to(E4M3)
+    wa = w.float().abs().amax(dim=2).clamp_min(1e-12)   # [G, N]
+    sw = (wa / 448.0).float()
+    wq = (w.float() / sw[:, :, None]).to(E4M3)          # [G, N, K]
+    wt = wq.transpose(-2, -1)                           # [G, K, N], column-major
+    try:
+        def run():
+            return torch._scaled_grouped_mm(xq, wt, sx, sw, offs=offs, out_dtype=torch.bfloat16,
+                                            use_fast_accum=True)
+        run()
+        return run
+    except (RuntimeError, TypeError):
+        return None
+
+
+def dense_fp8(T, K, N, dev):
+    a = torch.randn(T, K, device=dev).to(E4M3)
+    b = torch.randn(N, K, device=dev).to(E4M3).t()
+    one = torch.ones((), device=dev)
+    return lambda: torch._scaled_mm(a, b, one, one, out_dtype=torch.bfloat16, use_fast_accum=True)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--configs", default=",".join(select("CUDA")))
+    ap.add_argument("--splits", default="balanced,skewed")
+    ap.add_argument("--iters", type=int, default=20)
+    args = ap.parse_args()
+    configs = select("CUDA")
+    torch.manual_seed(0)
+    dev = torch.device("cuda")
+    print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
+    rows = []
+    for name in args.configs.split(","):
+        c = configs[name]
+        G, T, K, N = c.G, c.T, c.K, c.N
+        flops = 2.0 * T * K * N
+        dense = dense_fp8(T, K, N, dev)
+        for kind in args.splits.split(","):
+            s = splits_of(G, T, kind)
+            splits = torch.tensor(s, device=dev, dtype=torch.int64)
+            offs = splits.cumsum(0).to(torch.int32)
+            x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+            w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5)
+            a, out = quantized(x, splits, w)
+            fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_forward", a, dev),
+                   "moex_bf16": lambda: mt._forward(x, w, splits, None, None, _capi.BIAS_NONE),
+                   "dense_fp8": dense}
+            tr = torch_rowwise(x, w, offs)
+            if tr is not None:
+                fns["torch_fp8"] = tr
+            r = {"config": name, "splits": kind}
+            for k, fn in fns.items():
+                r[k] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
+            ref = mt._forward(x, w, splits, None, None, _capi.BIAS_NONE).float()
+            fns["moex_fp8"]()
+            r["err_moex_fp8"] = round(((out["y"].float() - ref).norm() / ref.norm()).item(), 4)
+            if tr is not None:
+                r["err_torch_fp8"] = round(((tr().float() - ref).norm() / ref.norm()).item(), 4)
+            r["vs_torch"] = round(r["moex_fp8"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    print(f"\nFP8 grouped forward (GROUP scales, E4M3, y bf16), TFLOP/s (median)")
+    print(f"{'config':15s}{'splits':10s}{'moex fp8':>9s}{'bf16':>7s}{'torch fp8':>10s}{'dense fp8':>10s}"
+          f"{'/torch':>8s}{'/bf16':>7s}{'err':>8s}{'err t':>8s}")
+    for r in rows:
+        print(f"{r['config']:15s}{r['splits']:10s}{r['moex_fp8']:>9.1f}{r['moex_bf16']:>7.1f}"
+              f"{r.get('torch_fp8', 0):>10.1f}{r['dense_fp8']:>10.1f}{r['vs_torch'] or 0:>8.3f}"
+              f"{r['moex_fp8'] / r['moex_bf16']:>7.3f}{r['err_moex_fp8']:>8.4f}{r.get('err_torch_fp8', 0):>8.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+/*
+ * sm90_fp8_gemm.cu - the Hopper (sm_90a) M-grouped FP8 GEMM with current scaling (contract:
+ * moex_sm90_fp8_args in sm90_grouped_gemm.h): y_g = (xs ws_g) x_g W_g^T, x and W FP8 and
+ * K-major, y bf16 or f16.
+ *
+ * The kernel reuses the bf16 kernels' pieces (the group cursor and work list of
+ * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX) in their
+ * simplest form: a persistent grid, one CTA per SM, one TMA producer warpgroup and two wgmma
+ * consumer warpgroups; tiles of 128 rows x 128 columns (each consumer 64 x 128); a stage is
+ * 128 k of both operands (one 128-byte swizzle row, 16 KB each). The tensor cores' FP8
+ * accumulation keeps fewer bits than f32, so each stage's four m64n128k32 steps go into a
+ * partial sum that is added to the f32 accumulators once the stage is done (DeepSeek-V3's
+ * promotion every 128 k). The epilogue scales by xs ws_g and stores pairs of columns from
+ * registers, masked to the group's rows and the output width. No clusters, no stream-K, no
+ * bias: the caller falls back where these do not fit.
+ */
+#include "sm90_grouped_gemm.h"
+#include "sm90_pipeline.cuh"
+#include "sm90_scheduler.cuh"
+
+#define F8_BM 128                               /* rows per tile: two consumers of 64 */
+#define F8_BN 128                               /* columns per tile                   */
+#define F8_BK 128                               /* k per stage (bytes of one row)     */
+#define F8_STAGE_BYTES ((F8_BM + F8_BN) * F8_BK)
+#define F8_SMEM_BYTES ((size_t)SM90_STAGES * F8_STAGE_BYTES + 2 * SM90_STAGES * 8 + 1024)
+
+typedef struct sm90_fp8_params {
+    void *y;
+    const int64_t *splits;
+    int G;
+    int64_t T;
+    int N, K;
+    const float *xs, *ws;
+    int xs_group;
+    int *bad_flag;
+    int bad_value;
+} sm90_fp8_params;
+
+#if MOEX_SM90_DEVICE
+/* The first row and column of unit t of the cursor's group: row tiles by column tiles, the
+ * column tile fastest. */
+static __device__ __forceinline__ void f8_tile(const sm90_cursor *c, int64_t t, int64_t nt, int64_t *m0, int *n0) {
+    const int64_t l = t - c->tile0;
+    *m0 = c->row0 + (l / nt) * F8_BM;
+    *n0 = (int)(l % nt) * F8_BN;
+}
+
+/* y[r, n..n+1] = (a, b) rounded, for a row r < row1 and n < N (n + 1 too when < N). */
+template <int YF16>
+static __device__ __forceinline__ void f8_store(void *y, int64_t r, int n, int N, float a, float b) {
+    if (YF16) {
+        __half *p = (__half *)y + r * N + n;
+        if (n + 1 < N) *(__half2 *)p = __floats2half2_rn(a, b);
+        else *p = __float2half_rn(a);
+    } else {
+        __nv_bfloat16 *p = (__nv_bfloat16 *)y + r * N + n;
+        if (n + 1 < N) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
+        else *p = __float2bfloat16_rn(a);
+    }
+}
+#endif
+
+/* X5, W5: x, W in E5M2 (else E4M3); YF16: y in f16 (else bf16). */
+template <int X5, int W5, int YF16>
+__global__ void __launch_bounds__(SM90_THREADS, 1)
+    sm90_fp8_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
+                    const sm90_fp8_params p) {
+#if MOEX_SM90_DEVICE
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *smem = sm90_smem_aligned(smem_raw);
+    uint8_t *sa = smem;                                            /* [STAGES][BM][BK] */
+    uint8_t *sb = sa + SM90_STAGES * F8_BM * F8_BK;                /* [STAGES][BN][BK] */
+    uint64_t *full = (uint64_t *)(sb + SM90_STAGES * F8_BN * F8_BK);
+    uint64_t *empty = full + SM90_STAGES;
+    const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
+    sm90_ring_init<1>(full, empty);
+    const int64_t nt = (p.N + F8_BN - 1) / F8_BN;
+    const sm90_units_rows units = {nt, F8_BM, 1};
+    const int nk = (p.K + F8_BK - 1) / F8_BK;
+
+    if (wg == 0) {
+        /* ---- producer: one thread issues every load ---- */
+        sm90_setmaxnreg_dec<40>();
+        if (tid == 0) {
+            sm90_tma_prefetch_map(&mx);
+            sm90_tma_prefetch_map(&mw);
+            sm90_walk wk;
+            sm90_walk_start(&wk, false, 0, nk, 1, 0);
+            uint32_t it = 0;
+            while (sm90_walk_next<false>(&wk, p.splits, p.G, p.T, units)) {
+                int64_t m0;
+                int n0;
+                f8_tile(&wk.cur, wk.w.t, nt, &m0, &n0);
+                for (int kb = 0; kb < nk; kb++, it++) {
+                    const uint32_t s = sm90_ring_fill(full, empty, it, F8_STAGE_BYTES);
+                    sm90_tma_load_2d(sa + s * F8_BM * F8_BK, &mx, &full[s], kb * F8_BK, (int32_t)m0);
+                    sm90_tma_load_3d(sb + s * F8_BN * F8_BK, &mw, &full[s], kb * F8_BK, n0, wk.cur.g);
+                }
+            }
+        } else if (tid == 32 && blockIdx.x == 0 && p.bad_flag != NULL) {
+            sm90_check_splits(p.splits, p.G, p.T, p.bad_flag, p.bad_value);
+        }
+    } else {
+        /* ---- consumers: warpgroup c computes rows [64 c, 64 c + 64) of each tile ---- */
+        sm90_setmaxnreg_inc<232>();
+        const int c = wg - 1, lane = tid % 32;
+        const int rl = (tid / 32) * 16 + lane / 4;   /* block row of acc[4 j + {0, 1}]; + 8: {2, 3} */
+        uint64_t da0 = sm90_desc_sw128(sa + 64 * c * F8_BK), db0 = sm90_desc_sw128(sb);
+        sm90_desc_hold(da0);
+        sm90_desc_hold(db0);
+        float acc[64], part[64];
+        uint32_t it = 0;
+        sm90_walk wk;
+        sm90_walk_start(&wk, false, 0, nk, 1, 0);
+        while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
+            int64_t m0;
+            int n0;
+            f8_tile(&wk.cur, wk.w.t, nt, &m0, &n0);
+#pragma unroll
+            for (int i = 0; i < 64; i++) acc[i] = 0.0f;
+            for (int kb = 0; kb < nk; kb++, it++) {
+                const uint32_t s = sm90_ring_wait(full, it);
+                sm90_wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < F8_BK / 32; kk++)
+                    sm90_wgmma_fp8<X5, W5>(part, sm90_desc_add(da0, s * F8_BM * F8_BK + kk * 32),
+                                           sm90_desc_add(db0, s * F8_BN * F8_BK + kk * 32), kk != 0);
+                sm90_wgmma_commit();
+                sm90_wgmma_wait<0>();
+                sm90_ring_release<1>(empty, it, tid);
+#pragma unroll
+                for (int i = 0; i < 64; i++) acc[i] += part[i];
+            }
+            const int g = wk.cur.g;
+            const float sc = p.xs[p.xs_group ? g : 0] * p.ws[g];
+            const int64_t ra = m0 + 64 * c + rl, rb = ra + 8, row1 = wk.cur.row1;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const int n = n0 + 8 * j + 2 * (lane % 4);
+                if (n >= p.N) continue;
+                if (ra < row1) f8_store<YF16>(p.y, ra, n, p.N, sc * acc[4 * j], sc * acc[4 * j + 1]);
+                if (rb < row1) f8_store<YF16>(p.y, rb, n, p.N, sc * acc[4 * j + 2], sc * acc[4 * j + 3]);
+            }
+        }
+    }
+#endif /* MOEX_SM90_DEVICE */
+}
+
+/* ---- host side ---------------------------------------------------------------------------- */
+
+typedef void (*sm90_fp8_fn)(CUtensorMap, CUtensorMap, sm90_fp8_params);
+
+template <int X5, int W5> static sm90_fp8_fn sm90_fp8_pick_y(bool yf16) {
+    return yf16 ? sm90_fp8_kernel<X5, W5, 1> : sm90_fp8_kernel<X5, W5, 0>;
+}
+
+static sm90_fp8_fn sm90_fp8_pick(bool x5, bool w5, bool yf16) {
+    if (x5) return w5 ? sm90_fp8_pick_y<1, 1>(yf16) : sm90_fp8_pick_y<1, 0>(yf16);
+    return w5 ? sm90_fp8_pick_y<0, 1>(yf16) : sm90_fp8_pick_y<0, 0>(yf16);
+}
+
+cudaError_t sm90_fp8_prepare(int sms, const char **why) {
+    for (int v = 0; v < 8; v++) {
+        int slots = 0;
+        const cudaError_t e = sm90_prepare_kernel((const void *)sm90_fp8_pick(v & 1, v & 2, v & 4), F8_SMEM_BYTES, 1,
+                                                  sms, &slots, why);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+static bool sm90_fp8_format(moex_dtype f) { return f == MOEX_DTYPE_E4M3 || f == MOEX_DTYPE_E5M2; }
+
+extern "C" bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_sm90_fp8_args *a) {
+    if (c == NULL || a == NULL || !sm90_fp8_format(a->x_fmt) || !sm90_fp8_format(a->w_fmt)) return false;
+    if (a->y_dtype != MOEX_DTYPE_BF16 && a->y_dtype != MOEX_DTYPE_F16) return false;
+    if (!sm90_shape_ok(a->G, a->T, a->K, a->N, a->splits) || a->K % 16 != 0) return false;
+    return sm90_aligned16(a->x) && sm90_aligned16(a->w) && sm90_aligned16(a->y) && a->x_scales != NULL &&
+           a->w_scales != NULL;
+}
+
+/* A 2-D or 3-D row-major FP8 tensor map (bytes), as sm90_make_map. */
+static bool sm90_fp8_map(const moex_sm90_context *c, CUtensorMap *m, const void *base, int rank,
+                         const cuuint64_t *dims, const cuuint32_t *box) {
+    cuuint64_t strides[2];
+    strides[0] = dims[0];
+    if (rank == 3) strides[1] = dims[0] * dims[1];
+    const cuuint32_t estr[3] = {1, 1, 1};
+    return c->encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
+                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,
+                                          const char **why) {
+    if (!moex_sm90_fp8_supported(c, a))
+        SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 FP8 GEMM: unsupported device, formats, shape or alignment");
+    if (a->T == 0) return MOEX_OK;
+    CUtensorMap mx, mw;
+    const cuuint64_t xdims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->T};
+    const cuuint32_t xbox[2] = {F8_BK, F8_BM};
+    const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
+    const cuuint32_t wbox[3] = {F8_BK, F8_BN, 1};
+    if (!sm90_fp8_map(c, &mx, a->x, 2, xdims, xbox) || !sm90_fp8_map(c, &mw, a->w, 3, wdims, wbox))
+        SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: cuTensorMapEncodeTiled failed");
+    sm90_fp8_params kp;
+    memset(&kp, 0, sizeof kp);
+    kp.y = a->y;
+    kp.splits = a->splits;
+    kp.G = (int)a->G;
+    kp.T = a->T;
+    kp.N = (int)a->N;
+    kp.K = (int)a->K;
+    kp.xs = a->x_scales;
+    kp.ws = a->w_scales;
+    kp.xs_group = a->x_scale_per_group;
+    kp.bad_flag = a->bad_flag;
+    kp.bad_value = a->bad_value;
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+    sm90_launch_config(&cfg, attr, c->dev.sms, F8_SMEM_BYTES, 1, false, stream);
+    const sm90_fp8_fn fn = sm90_fp8_pick(a->x_fmt == MOEX_DTYPE_E5M2, a->w_fmt == MOEX_DTYPE_E5M2,
+                                         a->y_dtype == MOEX_DTYPE_F16);
+    if (cudaLaunchKernelEx(&cfg, fn, mx, mw, kp) != cudaSuccess) {
+        cudaGetLastError();
+        SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: kernel launch failed");
+    }
+    return MOEX_OK;
+}
