@@ -4,12 +4,14 @@ docs/ops.md 9.10) against moex's bf16 forward, torch._scaled_grouped_mm (rowwise
 dense torch._scaled_mm of the same total size (the ceiling), on the CUDA configs of
 tools/bench_configs.h, balanced and skewed.
 
-moex's operands: x quantized per group (GROUP, E4M3) and the weights per expert (GROUP, E4M3)
-by moex_group_quantize / moex_weight_quantize, once; the timed call is the GEMM alone (on
-Hopper the FP8 kernel of sm90_fp8_gemm.cu). torch: x E4M3 with one f32 scale per row, W E4M3
-with one per output column of each expert. TFLOP/s = 2 T K N / time, median of --iters CUDA
-event timings, each behind a GPU spin. A check line per config gives the relative error of
-moex's FP8 y and of torch's against the bf16 product.
+moex's operands: x and the weights quantized by moex_group_quantize / moex_weight_quantize
+(E4M3), once, per group and expert (GROUP) and per 1x128 / 128x128 block (BLOCK); the timed
+call is the GEMM alone (on Hopper the FP8 kernel of sm90_fp8_gemm.cu). torch: x E4M3 with one
+f32 scale per row, W E4M3 with one per output column of each expert, with its default
+accumulation and with use_fast_accum (no promotion out of the tensor cores' FP8
+accumulation). TFLOP/s = 2 T K N / time, median of --iters CUDA event timings, each behind a
+GPU spin. The err columns: the relative error (Frobenius) of each FP8 y against moex's bf16
+product.
 
 Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \\
     python3 bench/fp8_bench.py [--configs dsv3-fc1,...] [--splits balanced,skewed] [--iters N]
@@ -28,14 +30,17 @@ SPIN = 2_000_000
 E4M3 = torch.float8_e4m3fn
 
 
-def quantized(x, splits, w):
-    """moex's GROUP quantization of x (rowwise) and w (rowwise copy), and the forward's args."""
+def quantized(x, splits, w, recipe):
+    """moex's quantization of x (rowwise) and w (rowwise copy) by `recipe` (1 GROUP, 2 BLOCK),
+    and the forward's args."""
     T, K = x.shape
     G, N, _ = w.shape
-    out = dict(xd=torch.empty(T, K, dtype=E4M3, device=x.device), xs=torch.empty(G, device=x.device),
-               wd=torch.empty(G, N, K, dtype=E4M3, device=x.device), ws=torch.empty(G, device=x.device),
+    kb, nb = -(-K // 128), -(-N // 128)
+    xs, ws = ((T, kb), (G, nb, kb)) if recipe == 2 else ((G,), (G,))
+    out = dict(xd=torch.empty(T, K, dtype=E4M3, device=x.device), xs=torch.empty(xs, device=x.device),
+               wd=torch.empty(G, N, K, dtype=E4M3, device=x.device), ws=torch.empty(ws, device=x.device),
                y=torch.empty(T, N, dtype=torch.bfloat16, device=x.device))
-    params = _capi.QuantParams(1, _capi.DTYPE_E4M3, 0.0, 0, 0)
+    params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     q = _capi.GroupQuantizeArgs()
     mt._fill(q.x, x), mt._fill(q.splits, splits)
     q.params = params
@@ -55,7 +60,7 @@ def quantized(x, splits, w):
     return a, out
 
 
-def torch_rowwise(x, w, offs):
+def torch_rowwise(x, w, offs, fast):
     """torch._scaled_grouped_mm's operands: x E4M3 with row scales, W^T column-major with
     column scales, and the call; None when this torch lacks it or refuses the shapes."""
     if not hasattr(torch, "_scaled_grouped_mm"):
@@ -70,7 +75,7 @@ def torch_rowwise(x, w, offs):
     try:
         def run():
             return torch._scaled_grouped_mm(xq, wt, sx, sw, offs=offs, out_dtype=torch.bfloat16,
-                                            use_fast_accum=True)
+                                            use_fast_accum=fast)
         run()
         return run
     except (RuntimeError, TypeError):
@@ -106,31 +111,42 @@ def main():
             offs = splits.cumsum(0).to(torch.int32)
             x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
             w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5)
-            a, out = quantized(x, splits, w)
+            a, out = quantized(x, splits, w, 1)
+            ab, outb = quantized(x, splits, w, 2)
             fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_forward", a, dev),
+                   "moex_block": lambda: mt._run("grouped_linear_fp8_forward", ab, dev),
                    "moex_bf16": lambda: mt._forward(x, w, splits, None, None, _capi.BIAS_NONE),
                    "dense_fp8": dense}
-            tr = torch_rowwise(x, w, offs)
+            tr = torch_rowwise(x, w, offs, False)
             if tr is not None:
                 fns["torch_fp8"] = tr
+            trf = torch_rowwise(x, w, offs, True)
+            if trf is not None:
+                fns["torch_fp8_fast"] = trf
             r = {"config": name, "splits": kind}
             for k, fn in fns.items():
                 r[k] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
             ref = mt._forward(x, w, splits, None, None, _capi.BIAS_NONE).float()
             fns["moex_fp8"]()
+            fns["moex_block"]()
             r["err_moex_fp8"] = round(((out["y"].float() - ref).norm() / ref.norm()).item(), 4)
+            r["err_moex_block"] = round(((outb["y"].float() - ref).norm() / ref.norm()).item(), 4)
             if tr is not None:
                 r["err_torch_fp8"] = round(((tr().float() - ref).norm() / ref.norm()).item(), 4)
             r["vs_torch"] = round(r["moex_fp8"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
+            r["block_vs_torch"] = round(r["moex_block"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
             rows.append(r)
             print(json.dumps(r), flush=True)
-    print(f"\nFP8 grouped forward (GROUP scales, E4M3, y bf16), TFLOP/s (median)")
-    print(f"{'config':15s}{'splits':10s}{'moex fp8':>9s}{'bf16':>7s}{'torch fp8':>10s}{'dense fp8':>10s}"
-          f"{'/torch':>8s}{'/bf16':>7s}{'err':>8s}{'err t':>8s}")
+    print(f"\nFP8 grouped forward (E4M3, y bf16), TFLOP/s (median): moex GROUP and BLOCK scaling, moex bf16, "
+          f"torch rowwise (default accumulation; 'fast': use_fast_accum), dense (fast accum)")
+    print(f"{'config':15s}{'splits':10s}{'group':>7s}{'block':>7s}{'bf16':>7s}{'torch':>7s}{'fast':>7s}{'dense':>7s}"
+          f"{'grp/t':>7s}{'blk/t':>7s}{'blk/bf16':>9s}{'err g':>7s}{'err b':>7s}{'err t':>7s}")
     for r in rows:
-        print(f"{r['config']:15s}{r['splits']:10s}{r['moex_fp8']:>9.1f}{r['moex_bf16']:>7.1f}"
-              f"{r.get('torch_fp8', 0):>10.1f}{r['dense_fp8']:>10.1f}{r['vs_torch'] or 0:>8.3f}"
-              f"{r['moex_fp8'] / r['moex_bf16']:>7.3f}{r['err_moex_fp8']:>8.4f}{r.get('err_torch_fp8', 0):>8.4f}")
+        print(f"{r['config']:15s}{r['splits']:10s}{r['moex_fp8']:>7.0f}{r['moex_block']:>7.0f}{r['moex_bf16']:>7.0f}"
+              f"{r.get('torch_fp8', 0):>7.0f}{r.get('torch_fp8_fast', 0):>7.0f}{r['dense_fp8']:>7.0f}"
+              f"{r['vs_torch'] or 0:>7.3f}"
+              f"{r['block_vs_torch'] or 0:>7.3f}{r['moex_block'] / r['moex_bf16']:>9.3f}{r['err_moex_fp8']:>7.4f}"
+              f"{r['err_moex_block']:>7.4f}{r.get('err_torch_fp8', 0):>7.4f}")
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@
 #include "../tools/bench_configs.h"
 #include "test_util.h"
 
-static const moex_sm90_device H200 = {132, 66, 66};
+static const moex_sm90_device H200 = {132, 66, 66, 66};
 
 static moex_sm90_plan plan(moex_sm90_product product, int epi, int64_t G, int64_t T, int64_t K, int64_t N,
                            bool workspace, const moex_sm90_tuning *tune) {
@@ -231,7 +231,7 @@ static void edge_cases(void) {
               "dsv3-fc1 workspace %zu", moex_sm90_plan_workspace_bytes(&H200, &p));
     p = plan(MOEX_SM90_FORWARD, MOEX_SM90_EPI_PLAIN, G, T, K, N, false, NULL);
     CHECK_MSG(!p.stream_k, "no workspace, no stream-K");
-    const moex_sm90_device none = {0, 0, 0};
+    const moex_sm90_device none = {0, 0, 0, 0};
     CHECK(moex_sm90_workspace_bytes_max(&none) == 0);
     /* the last-round test itself */
     CHECK(!moex_sm90_sk_worth(66, 66, 100, 40) && !moex_sm90_sk_worth(132, 66, 100, 40));

@@ -1,13 +1,16 @@
 /*
  * sm90_fp8_gemm.cu - the Hopper (sm_90a) M-grouped FP8 GEMM with current scaling (contract:
- * moex_sm90_fp8_args in sm90_grouped_gemm.h): y_g = (xs ws_g) x_g W_g^T, x and W FP8 and
- * K-major, y bf16 or f16.
+ * moex_sm90_fp8_args in sm90_grouped_gemm.h): y_g = x_g W_g^T with x and W FP8, K-major, and
+ * scaled per group (current scaling) or per 1x128 / 128x128 block (BLOCK), y bf16 or f16.
  *
  * The kernel reuses the bf16 kernels' pieces (the group cursor and work list of
- * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX) in their
- * simplest form: a persistent grid, one CTA per SM, one TMA producer warpgroup and two wgmma
- * consumer warpgroups; tiles of 128 rows x 128 columns (each consumer 64 x 128); a stage is
- * 128 k of both operands (one 128-byte swizzle row, 16 KB each). The tensor cores' FP8
+ * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX): a persistent
+ * grid, one CTA per SM, one TMA producer warpgroup and two wgmma consumer warpgroups; tiles of
+ * 128 rows x 128 columns (each consumer 64 x 128); a stage is 128 k of both operands (one
+ * 128-byte swizzle row, 16 KB each). In 2-CTA clusters (CM = 2, the default) the two CTAs
+ * take two tiles that share an operand, as the bf16 kernel's do: a pair of row tiles (the
+ * weight tile) or, on a group's odd last row tile, a pair of column tiles (the input tile);
+ * each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
  * accumulation keeps fewer bits than f32, so each stage's four m64n128k32 steps go into a
  * partial sum that is added to the f32 accumulators once the stage is done (DeepSeek-V3's
  * promotion every 128 k). The epilogue scales by xs ws_g and stores pairs of columns from
@@ -23,6 +26,7 @@
 #define F8_BK 128                               /* k per stage (bytes of one row)     */
 #define F8_STAGE_BYTES ((F8_BM + F8_BN) * F8_BK)
 #define F8_SMEM_BYTES ((size_t)SM90_STAGES * F8_STAGE_BYTES + 2 * SM90_STAGES * 8 + 1024)
+#define F8_CLUSTER_MIN_K 2560                   /* clusters from this reduction length on */
 
 typedef struct sm90_fp8_params {
     void *y;
@@ -30,19 +34,31 @@ typedef struct sm90_fp8_params {
     int G;
     int64_t T;
     int N, K;
-    const float *xs, *ws;
+    const float *xs, *ws;       /* current: [1] or [G], and [G]; BLOCK: [T, nk], [G, nt, nk] */
     int xs_group;
     int *bad_flag;
     int bad_value;
 } sm90_fp8_params;
 
 #if MOEX_SM90_DEVICE
-/* The first row and column of unit t of the cursor's group: row tiles by column tiles, the
- * column tile fastest. */
-static __device__ __forceinline__ void f8_tile(const sm90_cursor *c, int64_t t, int64_t nt, int64_t *m0, int *n0) {
-    const int64_t l = t - c->tile0;
-    *m0 = c->row0 + (l / nt) * F8_BM;
-    *n0 = (int)(l % nt) * F8_BN;
+/* The first row and column of this CTA's tile (cluster rank `rank` of CM) of unit t of the
+ * cursor's group (sm90_units_rows with F8_BM, CM), the column unit fastest. Returns 1 for a
+ * column pair (the CTAs share the input tile; the second column tile may be past the output
+ * width), 0 otherwise (CM = 2: a row pair, sharing the weight tile). */
+template <int CM>
+static __device__ __forceinline__ int f8_tile(const sm90_cursor *c, int64_t t, int64_t nt, int rank, int64_t *m0,
+                                              int *n0) {
+    int64_t l = t - c->tile0;
+    const int64_t rows = CM == 1 ? c->mt : c->mt / 2;
+    if (l < rows * nt) {
+        *m0 = c->row0 + ((l / nt) * CM + rank) * F8_BM;
+        *n0 = (int)(l % nt) * F8_BN;
+        return 0;
+    }
+    l -= rows * nt;
+    *m0 = c->row0 + (c->mt - 1) * F8_BM;
+    *n0 = (int)(2 * l + rank) * F8_BN;
+    return 1;
 }
 
 /* y[r, n..n+1] = (a, b) rounded, for a row r < row1 and n < N (n + 1 too when < N). */
@@ -60,11 +76,17 @@ static __device__ __forceinline__ void f8_store(void *y, int64_t r, int n, int N
 }
 #endif
 
-/* X5, W5: x, W in E5M2 (else E4M3); YF16: y in f16 (else bf16). */
-template <int X5, int W5, int YF16>
+/* The tensor maps: boxes of 128 k by 128 rows (x) or 128 weight rows (w), and by 64 (the
+ * halves a cluster's CTAs load of a shared tile). */
+typedef struct sm90_fp8_maps {
+    CUtensorMap x, xh, w, wh;
+} sm90_fp8_maps;
+
+/* X5, W5: x, W in E5M2 (else E4M3); YF16: y in f16 (else bf16); CM: CTAs per cluster; BLK:
+ * block scaling (else current scaling). */
+template <int X5, int W5, int YF16, int CM, int BLK>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
-    sm90_fp8_kernel(const __grid_constant__ CUtensorMap mx, const __grid_constant__ CUtensorMap mw,
-                    const sm90_fp8_params p) {
+    sm90_fp8_kernel(const __grid_constant__ sm90_fp8_maps m, const sm90_fp8_params p) {
 #if MOEX_SM90_DEVICE
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = sm90_smem_aligned(smem_raw);
@@ -73,28 +95,42 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *full = (uint64_t *)(sb + SM90_STAGES * F8_BN * F8_BK);
     uint64_t *empty = full + SM90_STAGES;
     const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
-    sm90_ring_init<1>(full, empty);
+    sm90_ring_init<CM>(full, empty);
     const int64_t nt = (p.N + F8_BN - 1) / F8_BN;
-    const sm90_units_rows units = {nt, F8_BM, 1};
+    const sm90_units_rows units = {nt, F8_BM, CM};
     const int nk = (p.K + F8_BK - 1) / F8_BK;
+    const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
 
     if (wg == 0) {
         /* ---- producer: one thread issues every load ---- */
         sm90_setmaxnreg_dec<40>();
         if (tid == 0) {
-            sm90_tma_prefetch_map(&mx);
-            sm90_tma_prefetch_map(&mw);
+            sm90_tma_prefetch_map(&m.x);
+            sm90_tma_prefetch_map(CM > 1 ? &m.wh : &m.w);
             sm90_walk wk;
-            sm90_walk_start(&wk, false, 0, nk, 1, 0);
+            sm90_walk_start(&wk, false, 0, nk, CM, 0);
             uint32_t it = 0;
+            const uint16_t both = (uint16_t)((1u << CM) - 1u);
             while (sm90_walk_next<false>(&wk, p.splits, p.G, p.T, units)) {
                 int64_t m0;
                 int n0;
-                f8_tile(&wk.cur, wk.w.t, nt, &m0, &n0);
+                const int colpair = f8_tile<CM>(&wk.cur, wk.w.t, nt, rank, &m0, &n0);
                 for (int kb = 0; kb < nk; kb++, it++) {
                     const uint32_t s = sm90_ring_fill(full, empty, it, F8_STAGE_BYTES);
-                    sm90_tma_load_2d(sa + s * F8_BM * F8_BK, &mx, &full[s], kb * F8_BK, (int32_t)m0);
-                    sm90_tma_load_3d(sb + s * F8_BN * F8_BK, &mw, &full[s], kb * F8_BK, n0, wk.cur.g);
+                    uint8_t *a = sa + s * F8_BM * F8_BK, *b = sb + s * F8_BN * F8_BK;
+                    const int g = wk.cur.g;
+                    if (CM > 1 && colpair) {   /* 64 of the shared input rows each, into both CTAs */
+                        sm90_tma_load_2d_multicast(a + rank * 64 * F8_BK, &m.xh, &full[s], kb * F8_BK,
+                                                   (int32_t)(m0 + 64 * rank), both);
+                        sm90_tma_load_3d(b, &m.w, &full[s], kb * F8_BK, n0, g);
+                    } else if (CM > 1) {      /* 64 of the shared weight rows each, into both CTAs */
+                        sm90_tma_load_2d(a, &m.x, &full[s], kb * F8_BK, (int32_t)m0);
+                        sm90_tma_load_3d_multicast(b + rank * 64 * F8_BK, &m.wh, &full[s], kb * F8_BK,
+                                                   n0 + 64 * rank, g, both);
+                    } else {
+                        sm90_tma_load_2d(a, &m.x, &full[s], kb * F8_BK, (int32_t)m0);
+                        sm90_tma_load_3d(b, &m.w, &full[s], kb * F8_BK, n0, g);
+                    }
                 }
             }
         } else if (tid == 32 && blockIdx.x == 0 && p.bad_flag != NULL) {
@@ -111,14 +147,26 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         float acc[64], part[64];
         uint32_t it = 0;
         sm90_walk wk;
-        sm90_walk_start(&wk, false, 0, nk, 1, 0);
+        sm90_walk_start(&wk, false, 0, nk, CM, 0);
         while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
             int64_t m0;
             int n0;
-            f8_tile(&wk.cur, wk.w.t, nt, &m0, &n0);
+            f8_tile<CM>(&wk.cur, wk.w.t, nt, rank, &m0, &n0);
+            const int g = wk.cur.g;
+            const int64_t ra = m0 + 64 * c + rl, rb = ra + 8, row1 = wk.cur.row1;
+            /* BLOCK: this thread's rows' scale rows (rows past T read row T - 1, never stored)
+             * and the weight block row of the tile */
+            const float *sxa = p.xs + (ra < p.T ? ra : p.T - 1) * nk, *sxb = p.xs + (rb < p.T ? rb : p.T - 1) * nk;
+            const float *swt = p.ws + ((int64_t)g * nt + n0 / F8_BN) * nk;
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             for (int kb = 0; kb < nk; kb++, it++) {
+                float fa = 1.0f, fb = 1.0f;
+                if (BLK) {   /* loaded now, used once the stage's steps are done */
+                    const float w = __ldg(swt + kb);
+                    fa = __ldg(sxa + kb) * w;
+                    fb = __ldg(sxb + kb) * w;
+                }
                 const uint32_t s = sm90_ring_wait(full, it);
                 sm90_wgmma_fence();
 #pragma unroll
@@ -127,13 +175,19 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                                            sm90_desc_add(db0, s * F8_BN * F8_BK + kk * 32), kk != 0);
                 sm90_wgmma_commit();
                 sm90_wgmma_wait<0>();
-                sm90_ring_release<1>(empty, it, tid);
+                sm90_ring_release<CM>(empty, it, tid);
+                if (BLK) {
 #pragma unroll
-                for (int i = 0; i < 64; i++) acc[i] += part[i];
+                    for (int i = 0; i < 64; i += 4) {
+                        acc[i] += fa * part[i], acc[i + 1] += fa * part[i + 1];
+                        acc[i + 2] += fb * part[i + 2], acc[i + 3] += fb * part[i + 3];
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 64; i++) acc[i] += part[i];
+                }
             }
-            const int g = wk.cur.g;
-            const float sc = p.xs[p.xs_group ? g : 0] * p.ws[g];
-            const int64_t ra = m0 + 64 * c + rl, rb = ra + 8, row1 = wk.cur.row1;
+            const float sc = BLK ? 1.0f : p.xs[p.xs_group ? g : 0] * p.ws[g];
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int n = n0 + 8 * j + 2 * (lane % 4);
@@ -143,27 +197,34 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
         }
     }
+    /* no CTA of a cluster leaves while its peer may still arrive on its barriers */
+    if (CM > 1) sm90_cluster_sync();
 #endif /* MOEX_SM90_DEVICE */
 }
 
 /* ---- host side ---------------------------------------------------------------------------- */
 
-typedef void (*sm90_fp8_fn)(CUtensorMap, CUtensorMap, sm90_fp8_params);
+typedef void (*sm90_fp8_fn)(sm90_fp8_maps, sm90_fp8_params);
 
-template <int X5, int W5> static sm90_fp8_fn sm90_fp8_pick_y(bool yf16) {
-    return yf16 ? sm90_fp8_kernel<X5, W5, 1> : sm90_fp8_kernel<X5, W5, 0>;
+template <int X5, int W5, int BLK> static sm90_fp8_fn sm90_fp8_pick_y(bool yf16, int cm) {
+    if (cm > 1) return yf16 ? sm90_fp8_kernel<X5, W5, 1, 2, BLK> : sm90_fp8_kernel<X5, W5, 0, 2, BLK>;
+    return yf16 ? sm90_fp8_kernel<X5, W5, 1, 1, BLK> : sm90_fp8_kernel<X5, W5, 0, 1, BLK>;
 }
 
-static sm90_fp8_fn sm90_fp8_pick(bool x5, bool w5, bool yf16) {
-    if (x5) return w5 ? sm90_fp8_pick_y<1, 1>(yf16) : sm90_fp8_pick_y<1, 0>(yf16);
-    return w5 ? sm90_fp8_pick_y<0, 1>(yf16) : sm90_fp8_pick_y<0, 0>(yf16);
+template <int BLK> static sm90_fp8_fn sm90_fp8_pick_b(bool x5, bool w5, bool yf16, int cm) {
+    if (x5) return w5 ? sm90_fp8_pick_y<1, 1, BLK>(yf16, cm) : sm90_fp8_pick_y<1, 0, BLK>(yf16, cm);
+    return w5 ? sm90_fp8_pick_y<0, 1, BLK>(yf16, cm) : sm90_fp8_pick_y<0, 0, BLK>(yf16, cm);
 }
 
-cudaError_t sm90_fp8_prepare(int sms, const char **why) {
-    for (int v = 0; v < 8; v++) {
-        int slots = 0;
-        const cudaError_t e = sm90_prepare_kernel((const void *)sm90_fp8_pick(v & 1, v & 2, v & 4), F8_SMEM_BYTES, 1,
-                                                  sms, &slots, why);
+static sm90_fp8_fn sm90_fp8_pick(bool x5, bool w5, bool yf16, int cm, bool block) {
+    return block ? sm90_fp8_pick_b<1>(x5, w5, yf16, cm) : sm90_fp8_pick_b<0>(x5, w5, yf16, cm);
+}
+
+cudaError_t sm90_fp8_prepare(int sms, int *slots, const char **why) {
+    for (int v = 0; v < 32; v++) {
+        const int cm = v & 8 ? 2 : 1;
+        const cudaError_t e = sm90_prepare_kernel((const void *)sm90_fp8_pick(v & 1, v & 2, v & 4, cm, v & 16),
+                                                  F8_SMEM_BYTES, cm, sms, slots, why);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -196,12 +257,13 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     if (!moex_sm90_fp8_supported(c, a))
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 FP8 GEMM: unsupported device, formats, shape or alignment");
     if (a->T == 0) return MOEX_OK;
-    CUtensorMap mx, mw;
+    sm90_fp8_maps km;
     const cuuint64_t xdims[2] = {(cuuint64_t)a->K, (cuuint64_t)a->T};
-    const cuuint32_t xbox[2] = {F8_BK, F8_BM};
+    const cuuint32_t xbox[2] = {F8_BK, F8_BM}, xhbox[2] = {F8_BK, 64};
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
-    const cuuint32_t wbox[3] = {F8_BK, F8_BN, 1};
-    if (!sm90_fp8_map(c, &mx, a->x, 2, xdims, xbox) || !sm90_fp8_map(c, &mw, a->w, 3, wdims, wbox))
+    const cuuint32_t wbox[3] = {F8_BK, F8_BN, 1}, whbox[3] = {F8_BK, 64, 1};
+    if (!sm90_fp8_map(c, &km.x, a->x, 2, xdims, xbox) || !sm90_fp8_map(c, &km.xh, a->x, 2, xdims, xhbox) ||
+        !sm90_fp8_map(c, &km.w, a->w, 3, wdims, wbox) || !sm90_fp8_map(c, &km.wh, a->w, 3, wdims, whbox))
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: cuTensorMapEncodeTiled failed");
     sm90_fp8_params kp;
     memset(&kp, 0, sizeof kp);
@@ -216,12 +278,18 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     kp.xs_group = a->x_scale_per_group;
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
+    /* 2-CTA clusters, as many as fit at once, on long reductions (their pairs of tiles wait
+     * for each other: on short ones single CTAs measured faster); else one CTA per SM */
+    const int cm = c->dev.fp8_cluster_slots > 0 && a->K >= F8_CLUSTER_MIN_K ? 2 : 1;
+    const int grid = cm > 1 ? 2 * (c->dev.fp8_cluster_slots < c->dev.sms / 2 ? c->dev.fp8_cluster_slots
+                                                                               : c->dev.sms / 2)
+                            : c->dev.sms;
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
-    sm90_launch_config(&cfg, attr, c->dev.sms, F8_SMEM_BYTES, 1, false, stream);
+    sm90_launch_config(&cfg, attr, grid, F8_SMEM_BYTES, cm, false, stream);
     const sm90_fp8_fn fn = sm90_fp8_pick(a->x_fmt == MOEX_DTYPE_E5M2, a->w_fmt == MOEX_DTYPE_E5M2,
-                                         a->y_dtype == MOEX_DTYPE_F16);
-    if (cudaLaunchKernelEx(&cfg, fn, mx, mw, kp) != cudaSuccess) {
+                                         a->y_dtype == MOEX_DTYPE_F16, cm, a->block != 0);
+    if (cudaLaunchKernelEx(&cfg, fn, km, kp) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: kernel launch failed");
     }

@@ -161,21 +161,24 @@ bool moex_sm90_wgrad_supported(const moex_sm90_context *c, const moex_sm90_wgrad
 moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_context *c, const moex_sm90_wgrad_args *a,
                                          moex_stream stream, const char **why);
 
-/* M-grouped FP8 forward with current scaling (sm90_fp8_gemm.cu): for the rows r of group g
- *   y[r, :] = (xs * ws[g]) x[r, :] W_g^T     x [T, K], W [G, N, K] FP8, y [T, N]
- * with xs = x_scales[g] (x_scale_per_group) or x_scales[0], f32 sums of the exact FP8
- * products moved out of the tensor cores every 128 k, y bf16 or f16 ("=", rows at or past
- * off[G] never written). x and W E4M3 or E5M2 each, both K-major (the backward data passes
- * dy and the weights' columnwise copy). */
+/* M-grouped FP8 forward (sm90_fp8_gemm.cu): for the rows r of group g
+ *   y[r, :] = x[r, :] W_g^T     x [T, K], W [G, N, K] FP8 (dequantized values), y [T, N]
+ * scaled as moex_group_quantize / moex_weight_quantize scale them: current scaling (x_scales
+ * [1], or [G] with x_scale_per_group; w_scales [G]) or BLOCK (block != 0: x_scales [T,
+ * ceil(K/128)], w_scales [G, ceil(N/128), ceil(K/128)]); f32 sums of the FP8 products moved
+ * out of the tensor cores every 128 k, y bf16 or f16 ("=", rows at or past off[G] never
+ * written). x and W E4M3 or E5M2 each, both K-major (the backward data passes dy and the
+ * weights' columnwise copy). */
 typedef struct moex_sm90_fp8_args {
     moex_dtype x_fmt, w_fmt, y_dtype;
     int64_t G, T, K, N;
     const void *x, *w;
     void *y;
     const int64_t *splits;      /* [G] device                                            */
-    const float *x_scales;      /* [1] or [G] device                                     */
+    int block;                  /* BLOCK scales (else current scaling)                   */
+    const float *x_scales;      /* device, as above                                      */
     int x_scale_per_group;
-    const float *w_scales;      /* [G] device                                            */
+    const float *w_scales;      /* device, as above                                      */
     int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
     int bad_value;
 } moex_sm90_fp8_args;

@@ -64,6 +64,7 @@ typedef struct moex_sm90_device {
     int rows_cluster_slots;     /* 2-CTA clusters of the forward/dgrad kernels resident at
                                    once (the fewest over their cluster instances)        */
     int wgrad_cluster_slots;    /* the same for the wgrad kernels                         */
+    int fp8_cluster_slots;      /* the same for the FP8 kernels (sm90_fp8_gemm.cu)        */
 } moex_sm90_device;
 
 typedef enum moex_sm90_product {
