@@ -56,8 +56,6 @@ moex_status moex_op_grouped_linear_fp8_forward_validate(moex_context *ctx, const
                                          &d->a));
     d->b = quant_dims(G, N, K);
     MOEX_TRY(moex_quant_check_weight_input(ctx, op, "w.data", "w.scales", &a->w_params, &a->w, &d->b));
-    if (a->w_params.recipe == MOEX_QUANT_TENSOR)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w_params: TENSOR is not a weight recipe", op);
     MOEX_TRY(check_pairing(ctx, op, "x_params", a->x_params.recipe, "w_params", a->w_params.recipe));
     const int64_t yshape[2] = {T, N};
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT_FLOAT));
