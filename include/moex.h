@@ -713,8 +713,8 @@ MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight
  * The recipes pair as DeepSeek-V3's BLOCK (1x128 rows with 128x128 weight blocks), current
  * scaling (TENSOR or GROUP rows with GROUP weights), or MXFP8 with MXFP8; either operand E4M3
  * or E5M2. Rows >= sum(splits) are neither read nor written.
- * On Hopper the forward of current-scaled or BLOCK operands without a bias, y bf16 or f16, K
- * a multiple of 16 and N of 8, runs on the FP8 tensor cores (x.data, w.data and y 16-byte
+ * On Hopper the forward of current-scaled or BLOCK operands, y bf16 or f16, K a multiple of
+ * 16 and N of 8, runs on the FP8 tensor cores (x.data, w.data and y 16-byte
  * aligned); everything else runs through the dequantized operands in f32 (workspace: f32
  * copies of both operands and, unless y is f32, of y). docs/ops.md 9.10. */
 typedef struct moex_grouped_linear_fp8_args {

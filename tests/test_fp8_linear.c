@@ -12,8 +12,8 @@
  * multiples of 128 or 32; rows past sum(splits) (FP8 NaN codes in the inputs; y's and dx's
  * tails poisoned and checked untouched); the backward data as the forward with dy's rowwise
  * copy and the weights' columnwise copy; the backward weight written (empty groups 0) and
- * accumulated into f32 main grads; current and block scaling without a bias at K and N
- * multiples of 16 (on Hopper: the FP8 kernel, checked to run by its workspace, several 128-deep stages and a
+ * accumulated into f32 main grads; current and block scaling at K and N multiples of 16
+ * with and without a bias (on Hopper: the FP8 kernel, checked to run by its workspace, several 128-deep stages and a
  * tail). Refusals: recipes that do not pair, TENSOR weights, an FP8 tensor of another dtype,
  * shapes that disagree, a non-f32 dW.
  * tests/cuda/test_gpu_fp8_linear.c runs this file on the GPU.
@@ -191,8 +191,8 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     fa.y = moex_tensor_2d(yb, c->ydt, T, N);
     CHECK_STATUS(ctx, moex_grouped_linear_fp8_forward_workspace_size(ctx, &fa, &bytes), MOEX_OK);
 #ifdef TFP8_GPU   /* the Hopper kernel's cases run it: no f32 copies of the operands */
-    const int hopper = (c->wr == MOEX_QUANT_GROUP || c->wr == MOEX_QUANT_BLOCK) && c->mode == MOEX_BIAS_NONE &&
-                       K % 16 == 0 && N % 8 == 0 && c->ydt != MOEX_DTYPE_F32;
+    const int hopper = (c->wr == MOEX_QUANT_GROUP || c->wr == MOEX_QUANT_BLOCK) && K % 16 == 0 && N % 8 == 0 &&
+                       c->ydt != MOEX_DTYPE_F32;
     CHECK_MSG(!hopper || bytes < (size_t)(T * K * 4), "fp8 forward: %zu bytes of workspace: not the FP8 kernel [%s]",
               bytes, label);
 #endif
@@ -331,14 +331,14 @@ int main(void) {
         run_case(ctx, &r, &a), run_case(ctx, &r, &b), run_case(ctx, &r, &e);
         n += 3;
     }
-    /* current scaling without a bias, K and N multiples of 16 (both products): on Hopper the
-     * FP8 kernel (128 x 128 tiles, 128-deep stages, clusters from K 2560 on); several stages
-     * and a k tail */
+    /* current scaling, K and N multiples of 16 (both products), bias ADD (f32), SCALED (y's
+     * dtype) and none: on Hopper the FP8 kernel (128 x 128 tiles, 128-deep stages, clusters
+     * from K 2560 on); several stages and a k tail */
     {
         const fp8_case a = {6, 330, 272, 208, classes, 0, 0, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP, MOEX_DTYPE_BF16,
-                            MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
+                            MOEX_BIAS_ADD, MOEX_GRAD_WRITE};
         const fp8_case b = {6, 330, 1040, 400, classes, 0, 0, MOEX_QUANT_TENSOR, MOEX_QUANT_GROUP, MOEX_DTYPE_F16,
-                            MOEX_BIAS_NONE, MOEX_GRAD_ACCUMULATE};
+                            MOEX_BIAS_SCALED, MOEX_GRAD_ACCUMULATE};
         const fp8_case e = {3, 1000, 512, 256, NULL, TU_SPLITS_RANDOM, 990, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP,
                             MOEX_DTYPE_BF16, MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
         /* K >= 2560: 2-CTA clusters (row pairs; odd last row tiles as column pairs) */

@@ -3,7 +3,7 @@
  * composition from the backend primitives (the math: docs/ops.md section 9.10).
  *
  * forward:          the backend's FP8 kernels where it has them for the args (linear_fp8:
- *                   on Hopper, current or block scaling without a bias), else
+ *                   on Hopper, current or block scaling), else
  *                   xf = dequantize(x) [T, K] f32, wf = weight_dequantize(w) [G, N, K] f32,
  *                   y = xf wf_g^T (+ b_g | + p_i b_g) by linear_fwd in f32, into y when y
  *                   is f32, else into yf [T, N] f32 and then cast_rows into y

@@ -261,33 +261,36 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
     return moex_cuda_row_grads_run(ctx, c->op, g, &r, stream);
 }
 
-/* ---- the FP8 grouped linear's forward (current or block scaling, no bias) ---------------- */
+/* ---- the FP8 grouped linear's forward (current or block scaling) -------------------------- */
 
 /* The Hopper FP8 kernel's args for a (the scales: x TENSOR [1] or GROUP [G] with w GROUP [G];
  * or both BLOCK). */
 static moex_sm90_fp8_args linear_fp8_args(const moex_groups *g, const moex_grouped_linear_fp8_args *a,
                                           const moex_fp8_dims *d) {
     const moex_gl_dims *l = &d->gl;
+    const bool bias = a->bias_mode != MOEX_BIAS_NONE;
     const moex_sm90_fp8_args s = {a->x_params.fp8, a->w_params.fp8, l->dt, l->G, l->T, l->K, l->N,
                                   a->x.data.data, a->w.data.data, a->y.data, g->splits,
                                   a->w_params.recipe == MOEX_QUANT_BLOCK, (const float *)a->x.scales.data,
-                                  a->x_params.recipe == MOEX_QUANT_GROUP, (const float *)a->w.scales.data, NULL, 0};
+                                  a->x_params.recipe == MOEX_QUANT_GROUP, (const float *)a->w.scales.data,
+                                  bias ? a->bias.data : NULL, a->bias.dtype == MOEX_DTYPE_F32,
+                                  a->bias_mode == MOEX_BIAS_SCALED, (const float *)a->probs.data, NULL, 0};
     return s;
 }
 
-/* Workspace: none; SIZE_MAX unless the recipes are current scaling or BLOCK, there is no bias
- * and the kernel takes the shapes and dtypes (pointers stand in: alignment is checked at run
- * time). */
+/* Workspace: none; SIZE_MAX unless the recipes are current scaling or BLOCK and the kernel
+ * takes the shapes and dtypes (pointers stand in: alignment is checked at run time). */
 size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d) {
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     const moex_quant_recipe xr = a->x_params.recipe, wr = a->w_params.recipe;
     const bool current = (xr == MOEX_QUANT_TENSOR || xr == MOEX_QUANT_GROUP) && wr == MOEX_QUANT_GROUP;
     const bool block = xr == MOEX_QUANT_BLOCK && wr == MOEX_QUANT_BLOCK;
-    if (sc == NULL || !(current || block) || a->bias_mode != MOEX_BIAS_NONE) return SIZE_MAX;
+    if (sc == NULL || !(current || block)) return SIZE_MAX;
     alignas(16) static const float placeholder[4] = {0};
     const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
     moex_grouped_linear_fp8_args p = *a;
     p.x.data.data = p.w.data.data = p.y.data = p.x.scales.data = p.w.scales.data = (void *)placeholder;
+    p.bias.data = p.probs.data = (void *)placeholder;
     const moex_sm90_fp8_args s = linear_fp8_args(&g, &p, d);
     return moex_sm90_fp8_supported(sc, &s) ? 0 : SIZE_MAX;
 }

@@ -1,21 +1,22 @@
 /*
- * sm90_fp8_gemm.cu - the Hopper (sm_90a) M-grouped FP8 GEMM with current scaling (contract:
- * moex_sm90_fp8_args in sm90_grouped_gemm.h): y_g = x_g W_g^T with x and W FP8, K-major, and
+ * sm90_fp8_gemm.cu - the Hopper (sm_90a) M-grouped FP8 GEMM (contract: moex_sm90_fp8_args in
+ * sm90_grouped_gemm.h): y_g = x_g W_g^T (+ b_g | + p_r b_g) with x and W FP8 and K-major,
  * scaled per group (current scaling) or per 1x128 / 128x128 block (BLOCK), y bf16 or f16.
  *
  * The kernel reuses the bf16 kernels' pieces (the group cursor and work list of
  * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX): a persistent
  * grid, one CTA per SM, one TMA producer warpgroup and two wgmma consumer warpgroups; tiles of
  * 128 rows x 128 columns (each consumer 64 x 128); a stage is 128 k of both operands (one
- * 128-byte swizzle row, 16 KB each). In 2-CTA clusters (CM = 2, the default) the two CTAs
- * take two tiles that share an operand, as the bf16 kernel's do: a pair of row tiles (the
+ * 128-byte swizzle row, 16 KB each). In 2-CTA clusters (CM = 2, on long reductions) the two
+ * CTAs take two tiles that share an operand, as the bf16 kernel's do: a pair of row tiles (the
  * weight tile) or, on a group's odd last row tile, a pair of column tiles (the input tile);
  * each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
  * accumulation keeps fewer bits than f32, so each stage's four m64n128k32 steps go into a
- * partial sum that is added to the f32 accumulators once the stage is done (DeepSeek-V3's
- * promotion every 128 k). The epilogue scales by xs ws_g and stores pairs of columns from
- * registers, masked to the group's rows and the output width. No clusters, no stream-K, no
- * bias: the caller falls back where these do not fit.
+ * product of their own that is added to the f32 sums once the stage is done (DeepSeek-V3's
+ * promotion every 128 k); with BLOCK the product is scaled there by the row's x scale and the
+ * weight block's (a tile's 128 columns are one weight block). The epilogue scales by xs ws_g
+ * (current scaling), adds the bias term and stores pairs of columns from registers, masked to
+ * the group's rows and the output width. No stream-K, no GLU: the caller falls back for those.
  */
 #include "sm90_grouped_gemm.h"
 #include "sm90_pipeline.cuh"
@@ -36,6 +37,9 @@ typedef struct sm90_fp8_params {
     int N, K;
     const float *xs, *ws;       /* current: [1] or [G], and [G]; BLOCK: [T, nk], [G, nt, nk] */
     int xs_group;
+    const void *bias;           /* [G, N] f32 or y's dtype, or NULL                       */
+    int bias_f32, bias_scaled;  /* SCALED: the bias times probs[r]                        */
+    const float *probs;
     int *bad_flag;
     int bad_value;
 } sm90_fp8_params;
@@ -59,6 +63,23 @@ static __device__ __forceinline__ int f8_tile(const sm90_cursor *c, int64_t t, i
     *m0 = c->row0 + (c->mt - 1) * F8_BM;
     *n0 = (int)(2 * l + rank) * F8_BN;
     return 1;
+}
+
+/* The bias of group g at columns n and n + 1 (when < N), as f32; f32 or y's dtype. */
+template <int YF16>
+static __device__ __forceinline__ void f8_bias(const sm90_fp8_params &p, int g, int n, float *b0, float *b1) {
+    const int64_t i = (int64_t)g * p.N + n;
+    const bool two = n + 1 < p.N;
+    if (p.bias_f32) {
+        const float *b = (const float *)p.bias + i;
+        *b0 = __ldg(b), *b1 = two ? __ldg(b + 1) : 0.0f;
+    } else if (YF16) {
+        const __half *b = (const __half *)p.bias + i;
+        *b0 = __half2float(b[0]), *b1 = two ? __half2float(b[1]) : 0.0f;
+    } else {
+        const __nv_bfloat16 *b = (const __nv_bfloat16 *)p.bias + i;
+        *b0 = __bfloat162float(b[0]), *b1 = two ? __bfloat162float(b[1]) : 0.0f;
+    }
 }
 
 /* y[r, n..n+1] = (a, b) rounded, for a row r < row1 and n < N (n + 1 too when < N). */
@@ -188,12 +209,19 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 }
             }
             const float sc = BLK ? 1.0f : p.xs[p.xs_group ? g : 0] * p.ws[g];
+            /* the bias term's factor of each row: 1, or p_r (SCALED; rows past T never stored) */
+            const float pa = p.bias_scaled && ra < row1 ? p.probs[ra] : 1.0f;
+            const float pb = p.bias_scaled && rb < row1 ? p.probs[rb] : 1.0f;
 #pragma unroll
             for (int j = 0; j < 16; j++) {
                 const int n = n0 + 8 * j + 2 * (lane % 4);
                 if (n >= p.N) continue;
-                if (ra < row1) f8_store<YF16>(p.y, ra, n, p.N, sc * acc[4 * j], sc * acc[4 * j + 1]);
-                if (rb < row1) f8_store<YF16>(p.y, rb, n, p.N, sc * acc[4 * j + 2], sc * acc[4 * j + 3]);
+                float b0 = 0.0f, b1 = 0.0f;
+                if (p.bias != NULL) f8_bias<YF16>(p, g, n, &b0, &b1);
+                if (ra < row1)
+                    f8_store<YF16>(p.y, ra, n, p.N, sc * acc[4 * j] + pa * b0, sc * acc[4 * j + 1] + pa * b1);
+                if (rb < row1)
+                    f8_store<YF16>(p.y, rb, n, p.N, sc * acc[4 * j + 2] + pb * b0, sc * acc[4 * j + 3] + pb * b1);
             }
         }
     }
@@ -276,6 +304,10 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     kp.xs = a->x_scales;
     kp.ws = a->w_scales;
     kp.xs_group = a->x_scale_per_group;
+    kp.bias = a->bias;
+    kp.bias_f32 = a->bias_f32;
+    kp.bias_scaled = a->bias_scaled;
+    kp.probs = a->probs;
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
     /* 2-CTA clusters, as many as fit at once, on long reductions (their pairs of tiles wait

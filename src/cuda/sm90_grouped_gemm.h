@@ -166,8 +166,8 @@ moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_context *c, const moex_
  * scaled as moex_group_quantize / moex_weight_quantize scale them: current scaling (x_scales
  * [1], or [G] with x_scale_per_group; w_scales [G]) or BLOCK (block != 0: x_scales [T,
  * ceil(K/128)], w_scales [G, ceil(N/128), ceil(K/128)]); f32 sums of the FP8 products moved
- * out of the tensor cores every 128 k, y bf16 or f16 ("=", rows at or past off[G] never
- * written). x and W E4M3 or E5M2 each, both K-major (the backward data passes dy and the
+ * out of the tensor cores every 128 k, plus an optional bias (or probs-scaled bias) of the
+ * group, y bf16 or f16 ("=", rows at or past off[G] never written). x and W E4M3 or E5M2 each, both K-major (the backward data passes dy and the
  * weights' columnwise copy). */
 typedef struct moex_sm90_fp8_args {
     moex_dtype x_fmt, w_fmt, y_dtype;
@@ -179,6 +179,9 @@ typedef struct moex_sm90_fp8_args {
     const float *x_scales;      /* device, as above                                      */
     int x_scale_per_group;
     const float *w_scales;      /* device, as above                                      */
+    const void *bias;           /* [G, N] f32 or y's dtype, or NULL: y += b_g (+= p_r b_g) */
+    int bias_f32, bias_scaled;
+    const float *probs;         /* [T] f32: bias_scaled                                  */
     int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
     int bad_value;
 } moex_sm90_fp8_args;
