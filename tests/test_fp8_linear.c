@@ -345,6 +345,13 @@ int main(void) {
         const fp8_case f = {3, 700, 2704, 264, NULL, TU_SPLITS_RANDOM, 690, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP,
                             MOEX_DTYPE_BF16, MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
         run_case(ctx, &r, &a), run_case(ctx, &r, &b), run_case(ctx, &r, &e), run_case(ctx, &r, &f);
+        /* clusters, the last group's odd last row tile as a column pair whose second tile lies
+         * past N (its BLOCK weight scales must not be read past the last group's) */
+        static const int64_t two[2] = {256, 100};
+        const fp8_case h = {2, 356, 2576, 264, two, 0, 0, MOEX_QUANT_BLOCK, MOEX_QUANT_BLOCK, MOEX_DTYPE_BF16,
+                            MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
+        run_case(ctx, &r, &h);
+        n += 1;
         /* the same with BLOCK scaling (1x128 rows, 128x128 weight blocks) */
         fp8_case ab = a, bb = b, eb = e, fb = f;
         ab.xr = ab.wr = bb.xr = bb.wr = eb.xr = eb.wr = fb.xr = fb.wr = MOEX_QUANT_BLOCK;

@@ -175,10 +175,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             f8_tile<CM>(&wk.cur, wk.w.t, nt, rank, &m0, &n0);
             const int g = wk.cur.g;
             const int64_t ra = m0 + 64 * c + rl, rb = ra + 8, row1 = wk.cur.row1;
-            /* BLOCK: this thread's rows' scale rows (rows past T read row T - 1, never stored)
-             * and the weight block row of the tile */
+            /* BLOCK: this thread's rows' scale rows and the tile's weight block row (rows past T
+             * read row T - 1, a column tile past N, a cluster's second of a column pair, reads
+             * the last: never stored) */
             const float *sxa = p.xs + (ra < p.T ? ra : p.T - 1) * nk, *sxb = p.xs + (rb < p.T ? rb : p.T - 1) * nk;
-            const float *swt = p.ws + ((int64_t)g * nt + n0 / F8_BN) * nk;
+            const float *swt = p.ws + ((int64_t)g * nt + (n0 / F8_BN < nt ? n0 / F8_BN : nt - 1)) * nk;
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             for (int kb = 0; kb < nk; kb++, it++) {
