@@ -15,6 +15,10 @@ product.
 
 Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \\
     python3 bench/fp8_bench.py [--configs dsv3-fc1,...] [--splits balanced,skewed] [--iters N]
+    [--product forward|dgrad]
+--product dgrad times dx = dy W: moex's FP8 call on dy's rowwise copy and the weights' columnwise
+copy (quantized here as W^T [G, K, N], the same codes and scales), moex's bf16 backward data,
+torch._scaled_grouped_mm on dy and W.
 """
 import argparse
 import json
@@ -94,7 +98,9 @@ def main():
     ap.add_argument("--configs", default=",".join(select("CUDA")))
     ap.add_argument("--splits", default="balanced,skewed")
     ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--product", choices=("forward", "dgrad"), default="forward")
     args = ap.parse_args()
+    dgrad = args.product == "dgrad"
     configs = select("CUDA")
     torch.manual_seed(0)
     dev = torch.device("cuda")
@@ -104,29 +110,38 @@ def main():
         c = configs[name]
         G, T, K, N = c.G, c.T, c.K, c.N
         flops = 2.0 * T * K * N
-        dense = dense_fp8(T, K, N, dev)
+        dense = dense_fp8(T, N, K, dev) if dgrad else dense_fp8(T, K, N, dev)
         for kind in args.splits.split(","):
             s = splits_of(G, T, kind)
             splits = torch.tensor(s, device=dev, dtype=torch.int64)
             offs = splits.cumsum(0).to(torch.int32)
-            x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
             w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5)
-            a, out = quantized(x, splits, w, 1)
-            ab, outb = quantized(x, splits, w, 2)
+            if dgrad:   # dx = dy W: the forward's product of dy [T, N] and W^T [G, K, N]
+                x = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+                wp = w.transpose(1, 2).contiguous()
+
+                def bf16():
+                    return mt._backward_data(x, w, splits, None, None, _capi.BIAS_NONE, True, False, False)[0]
+            else:
+                x, wp = torch.randn(T, K, device=dev, dtype=torch.bfloat16), w
+
+                def bf16():
+                    return mt._forward(x, w, splits, None, None, _capi.BIAS_NONE)
+            a, out = quantized(x, splits, wp, 1)
+            ab, outb = quantized(x, splits, wp, 2)
             fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_forward", a, dev),
                    "moex_block": lambda: mt._run("grouped_linear_fp8_forward", ab, dev),
-                   "moex_bf16": lambda: mt._forward(x, w, splits, None, None, _capi.BIAS_NONE),
-                   "dense_fp8": dense}
-            tr = torch_rowwise(x, w, offs, False)
+                   "moex_bf16": bf16, "dense_fp8": dense}
+            tr = torch_rowwise(x, wp, offs, False)
             if tr is not None:
                 fns["torch_fp8"] = tr
-            trf = torch_rowwise(x, w, offs, True)
+            trf = torch_rowwise(x, wp, offs, True)
             if trf is not None:
                 fns["torch_fp8_fast"] = trf
             r = {"config": name, "splits": kind}
             for k, fn in fns.items():
                 r[k] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
-            ref = mt._forward(x, w, splits, None, None, _capi.BIAS_NONE).float()
+            ref = bf16().float()
             fns["moex_fp8"]()
             fns["moex_block"]()
             r["err_moex_fp8"] = round(((out["y"].float() - ref).norm() / ref.norm()).item(), 4)
@@ -137,7 +152,7 @@ def main():
             r["block_vs_torch"] = round(r["moex_block"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
             rows.append(r)
             print(json.dumps(r), flush=True)
-    print(f"\nFP8 grouped forward (E4M3, y bf16), TFLOP/s (median): moex GROUP and BLOCK scaling, moex bf16, "
+    print(f"\nFP8 grouped {args.product} (E4M3, y bf16), TFLOP/s (median): moex GROUP and BLOCK scaling, moex bf16, "
           f"torch rowwise (default accumulation; 'fast': use_fast_accum), dense (fast accum)")
     print(f"{'config':15s}{'splits':10s}{'group':>7s}{'block':>7s}{'bf16':>7s}{'torch':>7s}{'fast':>7s}{'dense':>7s}"
           f"{'grp/t':>7s}{'blk/t':>7s}{'blk/bf16':>9s}{'err g':>7s}{'err b':>7s}{'err t':>7s}")
