@@ -301,6 +301,10 @@ static void check_refusals(moex_context *ctx, tu_rng *r) {
     wa.splits = base.splits;
     wa.dw = moex_weight_packed(moex_tensor_3d(dwb, MOEX_DTYPE_BF16, G, N, K));   /* not f32 */
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "dw", NULL);
+    const moex_weight dw_given = wa.dw;
+    memset(&wa.dw, 0, sizeof wa.dw);   /* absent */
+    CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "dw is required", NULL);
+    wa.dw = dw_given;
     wa.dw.t.dtype = MOEX_DTYPE_F32, wa.x_params = gp;
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "x.scales", NULL);
     CHECK_POISONED("refused fp8 backward weights: dw untouched", MOEX_DTYPE_BF16, dwb, 0, G * N * K);

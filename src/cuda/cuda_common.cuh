@@ -32,8 +32,8 @@ static __device__ __forceinline__ float load_any(const void *p, int is_f32, int 
 /* Writes v, rounded to the tensor's dtype (f32, bf16 or f16, known at run time), to element i. */
 static __device__ __forceinline__ void store_any(void *p, int is_f32, int is_bf16, int64_t i, float v) {
     if (is_f32) ((float *)p)[i] = v;
-    else if (is_bf16) ((bf16 *)p)[i] = __float2bfloat16_rn(v);
-    else ((f16 *)p)[i] = __float2half_rn(v);
+    else if (is_bf16) ((bf16 *)p)[i] = from_f32<bf16>(v);
+    else ((f16 *)p)[i] = from_f32<f16>(v);
 }
 
 /* Sum over the 32 lanes in a fixed butterfly order: every lane gets the same bits. */

@@ -133,20 +133,22 @@ static inline CUtensorMapL2promotion sm90_l2_promotion(int bytes) {
     }
 }
 
-/* A 2-D or 3-D row-major bf16/f16/f32 tensor map through c's encoder: dims innermost first,
- * box as given (its inner extent at most 128 bytes), 128-byte swizzle, zero fill outside the
- * tensor, L2 promotion `promo`. */
+/* A 2-D or 3-D row-major bf16/f16/f32 or FP8 (as bytes) tensor map through c's encoder: dims
+ * innermost first, box as given (its inner extent at most 128 bytes), 128-byte swizzle, zero
+ * fill outside the tensor, L2 promotion `promo`. */
 static inline bool sm90_make_map(const moex_sm90_context *c, CUtensorMap *m, moex_dtype dt, const void *base,
                                  int rank, const cuuint64_t *dims, const cuuint32_t *box,
                                  CUtensorMapL2promotion promo) {
     if (!sm90_aligned16(base)) return false;
-    const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : 2;
+    const bool fp8 = dt == MOEX_DTYPE_E4M3 || dt == MOEX_DTYPE_E5M2;
+    const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : fp8 ? 1 : 2;
     cuuint64_t strides[2];
     strides[0] = dims[0] * es;
     if (rank == 3) strides[1] = dims[0] * dims[1] * es;
     const cuuint32_t estr[3] = {1, 1, 1};
     CUresult r = c->encode(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                               : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                              : fp8                  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
                                                      : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                            (cuuint32_t)rank, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                            CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

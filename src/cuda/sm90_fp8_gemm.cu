@@ -269,18 +269,6 @@ extern "C" bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_s
            a->w_scales != NULL;
 }
 
-/* A 2-D or 3-D row-major FP8 tensor map (bytes), as sm90_make_map. */
-static bool sm90_fp8_map(const moex_sm90_context *c, CUtensorMap *m, const void *base, int rank,
-                         const cuuint64_t *dims, const cuuint32_t *box) {
-    cuuint64_t strides[2];
-    strides[0] = dims[0];
-    if (rank == 3) strides[1] = dims[0] * dims[1];
-    const cuuint32_t estr[3] = {1, 1, 1};
-    return c->encode(m, CU_TENSOR_MAP_DATA_TYPE_UINT8, (cuuint32_t)rank, (void *)base, dims, strides, box, estr,
-                     CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-                     CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,
                                           const char **why) {
     if (!moex_sm90_fp8_supported(c, a))
@@ -291,8 +279,11 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     const cuuint32_t xbox[2] = {F8_BK, F8_BM}, xhbox[2] = {F8_BK, 64};
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
     const cuuint32_t wbox[3] = {F8_BK, F8_BN, 1}, whbox[3] = {F8_BK, 64, 1};
-    if (!sm90_fp8_map(c, &km.x, a->x, 2, xdims, xbox) || !sm90_fp8_map(c, &km.xh, a->x, 2, xdims, xhbox) ||
-        !sm90_fp8_map(c, &km.w, a->w, 3, wdims, wbox) || !sm90_fp8_map(c, &km.wh, a->w, 3, wdims, whbox))
+    const CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
+    if (!sm90_make_map(c, &km.x, a->x_fmt, a->x, 2, xdims, xbox, promo) ||
+        !sm90_make_map(c, &km.xh, a->x_fmt, a->x, 2, xdims, xhbox, promo) ||
+        !sm90_make_map(c, &km.w, a->w_fmt, a->w, 3, wdims, wbox, promo) ||
+        !sm90_make_map(c, &km.wh, a->w_fmt, a->w, 3, wdims, whbox, promo))
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: cuTensorMapEncodeTiled failed");
     sm90_fp8_params kp;
     memset(&kp, 0, sizeof kp);

@@ -2,8 +2,8 @@
  * test_gpu_robustness.c - issue 13's rules on the CUDA backend (tests/test_robustness.c
  * holds the CPU cases): the overlap rule with device pointers (an output on an input, on
  * another output, on the workspace, on `saved`), sizes that would wrap (the MoE layer's
- * saved and workspace queries), the grouped MLP backward's aligned-pointer rule on Hopper,
- * and empty tensors with NULL data. Every tensor lives in one
+ * saved and workspace queries), the aligned-pointer rules of the grouped MLP backward and the
+ * FP8 grouped linear on Hopper, and empty tensors with NULL data. Every tensor lives in one
  * device arena poisoned with 0xFF; each refused call must leave the arena bitwise as it was.
  */
 #include "cuda_mirror.h"
@@ -100,6 +100,16 @@ static void moe_saved_case(moex_context *ctx) {
     REFUSED(ctx, moex_moe_layer_forward(ctx, &a, base + 16384 + saved_bytes + 256, ws_bytes, NULL), "y", "saved");
 }
 
+/* Whether this context's device runs the Hopper kernels (a 9.0 GPU, not forced portable). */
+static int on_hopper(void) {
+    int dev, major, minor;
+    cm_die(cudaGetDevice(&dev), "cudaGetDevice");
+    cm_die(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
+    cm_die(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
+    const char *env = getenv("MOEX_CUDA_GEMM");
+    return major == 9 && minor == 0 && !(env && strcmp(env, "portable") == 0);
+}
+
 /* The grouped MLP backward with h one element past 16-byte alignment: on Hopper (its FC2 and
  * GLU fused, which needs dy, w2 and h aligned) MOEX_ERR_UNSUPPORTED naming h, nothing written
  * (the workspace lies outside the arena); elsewhere (no fused path) it runs. */
@@ -121,12 +131,7 @@ static void mlp_misaligned_case(moex_context *ctx) {
     size_t bytes;
     CHECK_STATUS(ctx, moex_grouped_mlp_backward_workspace_size(ctx, &a, &bytes), MOEX_OK);
     void *ws = cm_malloc(bytes);
-    int dev, major, minor;
-    cm_die(cudaGetDevice(&dev), "cudaGetDevice");
-    cm_die(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), "cudaDeviceGetAttribute");
-    cm_die(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev), "cudaDeviceGetAttribute");
-    const char *env = getenv("MOEX_CUDA_GEMM");
-    const int hopper = major == 9 && minor == 0 && !(env && strcmp(env, "portable") == 0);
+    const int hopper = on_hopper();
     take_snapshot();
     const moex_status st = moex_grouped_mlp_backward(ctx, &a, ws, bytes, NULL);
     if (hopper) {
@@ -134,6 +139,46 @@ static void mlp_misaligned_case(moex_context *ctx) {
         CHECK_MSG(strstr(moex_last_error(ctx), "h is not 16-byte aligned") != NULL, "message \"%s\"",
                   moex_last_error(ctx));
         check_arena("misaligned h", __LINE__);
+    } else {
+        CHECK_STATUS(ctx, st, MOEX_OK);
+    }
+    cudaFree(ws);
+}
+
+/* The FP8 grouped linear forward with y one element past 16-byte alignment: on Hopper (its FP8
+ * kernel, which needs x.data, w.data and y aligned) MOEX_ERR_UNSUPPORTED, nothing written;
+ * elsewhere (the dequantizing path) it runs. */
+static void fp8_misaligned_case(moex_context *ctx) {
+    enum { G = 2, T = 16, K = 32, N = 16 };
+    const int64_t splits[G] = {7, 9};
+    const float scales[G] = {1.0f, 0.5f};
+    unsigned char *base = arena + 400000;
+    cm_die(cudaMemcpy(base, splits, sizeof splits, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cm_die(cudaMemset(base + 4096, 0, 4096), "cudaMemset");   /* FP8 zeros (x, w) */
+    cm_die(cudaMemcpy(base + 8192, scales, sizeof scales, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cm_die(cudaMemcpy(base + 8448, scales, sizeof scales, cudaMemcpyHostToDevice), "cudaMemcpy");
+    moex_quant_params q;
+    memset(&q, 0, sizeof q);
+    q.recipe = MOEX_QUANT_GROUP, q.fp8 = MOEX_DTYPE_E4M3;
+    moex_grouped_linear_fp8_args a;
+    memset(&a, 0, sizeof a);
+    a.x_params = a.w_params = q;
+    a.x.data = moex_tensor_2d(base + 4096, MOEX_DTYPE_E4M3, T, K);
+    a.x.scales = moex_tensor_1d(base + 8192, F32, G);
+    a.w.data = moex_tensor_3d(base + 5120, MOEX_DTYPE_E4M3, G, N, K);
+    a.w.scales = moex_tensor_1d(base + 8448, F32, G);
+    a.splits = moex_tensor_1d(base, I64, G);
+    a.y = moex_tensor_2d(base + 12288 + 2, MOEX_DTYPE_BF16, T, N);
+    size_t bytes;
+    CHECK_STATUS(ctx, moex_grouped_linear_fp8_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = cm_malloc(bytes);
+    const int hopper = on_hopper();
+    take_snapshot();
+    const moex_status st = moex_grouped_linear_fp8_forward(ctx, &a, ws, bytes, NULL);
+    if (hopper) {
+        CHECK_STATUS(ctx, st, MOEX_ERR_UNSUPPORTED);
+        CHECK_MSG(strstr(moex_last_error(ctx), "16-byte aligned") != NULL, "message \"%s\"", moex_last_error(ctx));
+        check_arena("misaligned FP8 y", __LINE__);
     } else {
         CHECK_STATUS(ctx, st, MOEX_OK);
     }
@@ -171,6 +216,7 @@ int main(void) {
     size_cases(ctx);
     moe_saved_case(ctx);
     mlp_misaligned_case(ctx);
+    fp8_misaligned_case(ctx);
     empty_case(ctx);
     cudaFree(arena);
     free(snapshot);
