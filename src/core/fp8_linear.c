@@ -91,10 +91,12 @@ static void fwd_calls_of(const moex_grouped_linear_fp8_args *a, const moex_fp8_d
     c->cast = (moex_cast_rows_args){.src = (const float *)yf, .dst = a->y};
 }
 
-/* The workspace: the handle, xf, wf, yf (y not f32), the steps' region. */
+/* The workspace: the handle, xf, wf, yf (y not f32), the steps' region; fast: the forward
+ * runs on the backend's FP8 kernels (no buffers). */
 typedef struct fp8_layout {
     void *groups, *buf[3], *sub;
     size_t total;
+    bool fast;
 } fp8_layout;
 
 static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, const size_t bytes[3], size_t sub, void *ws) {
@@ -104,23 +106,20 @@ static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, const size_
     for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
     l.sub = moex_take(&c, sub);
     l.total = c.used;
+    l.fast = false;
     return l;
-}
-
-/* The backend's own FP8 kernels' workspace, or SIZE_MAX when they cannot run a. */
-static size_t fwd_fast_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d) {
-    const moex_backend_ops *ops = moex_ops(ctx);
-    return ops->linear_fp8_ws ? ops->linear_fp8_ws(ctx, a, d) : SIZE_MAX;
 }
 
 static fp8_layout fwd_layout(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
                              void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
-    const size_t fast = fwd_fast_ws(ctx, a, d);
+    const size_t fast = ops->linear_fp8_ws ? ops->linear_fp8_ws(ctx, a, d) : SIZE_MAX;   /* its own kernels */
     if (fast != SIZE_MAX) {
         const size_t none[3] = {0, 0, 0};
-        return layout_of(ctx, g->G, g->T, none, fast, ws);
+        fp8_layout l = layout_of(ctx, g->G, g->T, none, fast, ws);
+        l.fast = true;
+        return l;
     }
     fwd_calls c;
     fwd_calls_of(a, d, NULL, NULL, NULL, &c);
@@ -147,7 +146,7 @@ moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex
     MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
     moex_groups g;
     MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
-    if (fwd_fast_ws(ctx, a, d) != SIZE_MAX) return ops->linear_fp8(ctx, c, &g, a, d, l.sub);
+    if (l.fast) return ops->linear_fp8(ctx, c, &g, a, d, l.sub);
     fwd_calls k;
     fwd_calls_of(a, d, l.buf[0], l.buf[1], l.buf[2], &k);
     MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->a, l.sub));
