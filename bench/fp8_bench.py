@@ -15,7 +15,9 @@ product.
 
 Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \\
     python3 bench/fp8_bench.py [--configs dsv3-fc1,...] [--splits balanced,skewed] [--iters N]
-    [--product forward|dgrad]
+    [--product forward|dgrad|wgrad]
+--product wgrad times dW += dy^T x: moex's FP8 call on the columnwise copies of dy and x (GROUP and
+BLOCK), moex's bf16 backward weight, both into an f32 main grad, and dense FP8 of the same size.
 --product dgrad times dx = dy W: moex's FP8 call on dy's rowwise copy and the weights' columnwise
 copy (quantized here as W^T [G, K, N], the same codes and scales), moex's bf16 backward data,
 torch._scaled_grouped_mm on dy and W.
@@ -64,6 +66,60 @@ def quantized(x, splits, w, recipe):
     return a, out
 
 
+def quantized_wgrad(x, dy, splits, recipe):
+    """moex's columnwise copies of dy [T, N] and x [T, K] by `recipe` (1 GROUP, 2 BLOCK; E4M3)
+    and the backward weight's args, accumulating into an f32 main grad [G, N, K]."""
+    T, K = x.shape
+    N, G = dy.shape[1], splits.shape[0]
+    ld = -(-T // 128) + G
+    params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
+    keep = [x, dy, splits]
+
+    def columnwise(t):
+        d = torch.empty(t.shape[1], T, dtype=E4M3, device=t.device)
+        sc = torch.empty((t.shape[1], ld) if recipe == 2 else (G,), device=t.device)
+        q = _capi.GroupQuantizeArgs()
+        mt._fill(q.x, t), mt._fill(q.splits, splits)
+        q.params = params
+        mt._fill(q.columnwise.data, d), mt._fill(q.columnwise.scales, sc)
+        mt._run("group_quantize", q, t.device)
+        keep.extend((d, sc))
+        return d, sc
+
+    dw = torch.zeros(G, N, K, device=x.device)
+    a = _capi.GroupedLinearFp8WgradArgs()
+    a.dy_params = a.x_params = params
+    (dd, ds), (xd, xs) = columnwise(dy), columnwise(x)
+    mt._fill(a.dy.data, dd), mt._fill(a.dy.scales, ds), mt._fill(a.x.data, xd), mt._fill(a.x.scales, xs)
+    mt._fill(a.splits, splits), mt._fill(a.dw.t, dw)
+    a.dw_mode = _capi.GRAD_ACCUMULATE
+    a.keep = keep
+    return a, dw
+
+
+def wgrad_row(name, kind, G, T, K, N, splits, iters, dev):
+    """The weight gradient dW_g += dy_g^T x_g: moex FP8 (GROUP, BLOCK) and bf16, dense FP8."""
+    x = torch.randn(T, K, device=dev, dtype=torch.bfloat16)
+    dy = torch.randn(T, N, device=dev, dtype=torch.bfloat16)
+    flops = 2.0 * T * K * N
+    a, dw = quantized_wgrad(x, dy, splits, 1)
+    ab, dwb = quantized_wgrad(x, dy, splits, 2)
+    main = torch.zeros(G, N, K, device=dev)
+    fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_backward_weight", a, dev),
+           "moex_block": lambda: mt._run("grouped_linear_fp8_backward_weight", ab, dev),
+           "moex_bf16": lambda: mt._backward_weight_accumulate(x, dy, splits, main),
+           "dense_fp8": dense_fp8(N, T, K, dev)}
+    r = {"config": name, "splits": kind}
+    for k, fn in fns.items():
+        r[k] = round(flops / median_ms(fn, iters, SPIN) / 1e9, 1)
+    ref = mt._backward_weight(x, dy, splits, _capi.DTYPE_F32)
+    for key, args, out in (("err_moex_fp8", a, dw), ("err_moex_block", ab, dwb)):
+        out.zero_()
+        mt._run("grouped_linear_fp8_backward_weight", args, dev)
+        r[key] = round(((out - ref).norm() / ref.norm()).item(), 4)
+    return r
+
+
 def torch_rowwise(x, w, offs, fast):
     """torch._scaled_grouped_mm's operands: x E4M3 with row scales, W^T column-major with
     column scales, and the call; None when this torch lacks it or refuses the shapes."""
@@ -98,7 +154,7 @@ def main():
     ap.add_argument("--configs", default=",".join(select("CUDA")))
     ap.add_argument("--splits", default="balanced,skewed")
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--product", choices=("forward", "dgrad"), default="forward")
+    ap.add_argument("--product", choices=("forward", "dgrad", "wgrad"), default="forward")
     args = ap.parse_args()
     dgrad = args.product == "dgrad"
     configs = select("CUDA")
@@ -110,10 +166,15 @@ def main():
         c = configs[name]
         G, T, K, N = c.G, c.T, c.K, c.N
         flops = 2.0 * T * K * N
-        dense = dense_fp8(T, N, K, dev) if dgrad else dense_fp8(T, K, N, dev)
+        dense = dense_fp8(T, N, K, dev) if dgrad else dense_fp8(T, K, N, dev) if args.product == "forward" else None
         for kind in args.splits.split(","):
             s = splits_of(G, T, kind)
             splits = torch.tensor(s, device=dev, dtype=torch.int64)
+            if args.product == "wgrad":
+                r = wgrad_row(name, kind, G, T, K, N, splits, args.iters, dev)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                continue
             offs = splits.cumsum(0).to(torch.int32)
             w = (torch.randn(G, N, K, device=dev, dtype=torch.bfloat16) / K ** 0.5)
             if dgrad:   # dx = dy W: the forward's product of dy [T, N] and W^T [G, K, N]
@@ -152,6 +213,16 @@ def main():
             r["block_vs_torch"] = round(r["moex_block"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
             rows.append(r)
             print(json.dumps(r), flush=True)
+    if args.product == "wgrad":
+        print("\nFP8 grouped weight gradient dW += dy^T x (E4M3 columnwise copies, f32 main grad), TFLOP/s (median): "
+              "moex GROUP and BLOCK scaling, moex bf16, dense FP8 (fast accum); err: relative to moex bf16's f32 dW")
+        print(f"{'config':15s}{'splits':10s}{'group':>7s}{'block':>7s}{'bf16':>7s}{'dense':>7s}{'blk/bf16':>9s}"
+              f"{'err g':>7s}{'err b':>7s}")
+        for r in rows:
+            print(f"{r['config']:15s}{r['splits']:10s}{r['moex_fp8']:>7.0f}{r['moex_block']:>7.0f}"
+                  f"{r['moex_bf16']:>7.0f}{r['dense_fp8']:>7.0f}{r['moex_block'] / r['moex_bf16']:>9.3f}"
+                  f"{r['err_moex_fp8']:>7.4f}{r['err_moex_block']:>7.4f}")
+        return
     print(f"\nFP8 grouped {args.product} (E4M3, y bf16), TFLOP/s (median): moex GROUP and BLOCK scaling, moex bf16, "
           f"torch rowwise (default accumulation; 'fast': use_fast_accum), dense (fast accum)")
     print(f"{'config':15s}{'splits':10s}{'group':>7s}{'block':>7s}{'bf16':>7s}{'torch':>7s}{'fast':>7s}{'dense':>7s}"

@@ -220,6 +220,11 @@ typedef struct moex_backend_ops {
     size_t (*linear_fp8_ws)(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
     moex_status (*linear_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
                               const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+    /* The same for the FP8 grouped linear's backward weight. */
+    size_t (*linear_fp8_wgrad_ws)(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                                  const moex_fp8_dims *d);
+    moex_status (*linear_fp8_wgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                    const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *ws);
 
     /* The scaled GLU's z quantized straight from h, z not written: the quantize primitive's
      * work for q (its x: z's shape and dtype [T, F], x.data unused; its workspace:

@@ -7,7 +7,9 @@
  *                   xf = dequantize(x) [T, K] f32, wf = weight_dequantize(w) [G, N, K] f32,
  *                   y = xf wf_g^T (+ b_g | + p_i b_g) by linear_fwd in f32, into y when y
  *                   is f32, else into yf [T, N] f32 and then cast_rows into y
- * backward weight:  dyf [T, N], xf [T, K] = the columnwise copies dequantized (back to rows),
+ * backward weight:  the backend's FP8 kernels where it has them for the args
+ *                   (linear_fp8_wgrad: on Hopper, current or block scaling), else
+ *                   dyf [T, N], xf [T, K] = the columnwise copies dequantized (back to rows),
  *                   dW = dyf_g^T xf_g by linear_wgrad in f32
  * Every operand value is its dequantization, so the result is the product of those values
  * up to f32 rounding: the reference the FP8 GEMM kernels keep. The groups are prepared once;
@@ -205,6 +207,13 @@ static fp8_layout wgrad_layout(moex_context *ctx, const moex_grouped_linear_fp8_
                                const moex_fp8_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
+    const size_t fast = ops->linear_fp8_wgrad_ws ? ops->linear_fp8_wgrad_ws(ctx, a, d) : SIZE_MAX;
+    if (fast != SIZE_MAX) {   /* its own kernels */
+        const size_t none[3] = {0, 0, 0};
+        fp8_layout l = layout_of(ctx, g->G, g->T, none, fast, ws);
+        l.fast = true;
+        return l;
+    }
     wgrad_calls c;
     wgrad_calls_of(a, d, NULL, NULL, &c);
     size_t sub = ops->dequantize_ws(ctx, &c.dy, &d->a);
@@ -227,6 +236,7 @@ moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, co
     MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
     moex_groups g;
     MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    if (l.fast) return ops->linear_fp8_wgrad(ctx, c, &g, a, d, l.sub);
     wgrad_calls k;
     wgrad_calls_of(a, d, l.buf[0], l.buf[1], &k);
     MOEX_TRY(ops->dequantize(ctx, c, &g, &k.dy, &d->a, l.sub));

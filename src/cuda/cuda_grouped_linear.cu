@@ -309,6 +309,55 @@ moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const mo
     return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
 }
 
+/* ---- the FP8 grouped linear's backward weight (current or block scaling) ------------------ */
+
+/* The Hopper FP8 weight gradient's args for a (the scales as linear_fp8_args pairs them). */
+static moex_sm90_fp8_wgrad_args linear_fp8_wgrad_args(const moex_groups *g, const moex_grouped_linear_fp8_wgrad_args *a,
+                                                      const moex_fp8_dims *d) {
+    const moex_gl_dims *l = &d->gl;
+    const moex_sm90_fp8_wgrad_args s = {a->dy_params.fp8, a->x_params.fp8, l->G, l->T, l->K, l->N,
+                                        a->dy.data.data, a->x.data.data, (float *)a->dw.t.data,
+                                        a->dw_mode == MOEX_GRAD_ACCUMULATE, g->splits,
+                                        a->x_params.recipe == MOEX_QUANT_BLOCK, (const float *)a->dy.scales.data,
+                                        a->dy_params.recipe == MOEX_QUANT_GROUP, (const float *)a->x.scales.data,
+                                        a->x_params.recipe == MOEX_QUANT_GROUP, NULL, 0};
+    return s;
+}
+
+/* Workspace: none; SIZE_MAX unless both recipes are current scaling or both BLOCK, dw is
+ * packed and the kernel takes the shapes (pointers stand in: alignment is checked at run
+ * time). */
+size_t moex_cuda_linear_fp8_wgrad_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                                     const moex_fp8_dims *d) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    const moex_quant_recipe yr = a->dy_params.recipe, xr = a->x_params.recipe;
+    const bool current = (yr == MOEX_QUANT_TENSOR || yr == MOEX_QUANT_GROUP) &&
+                         (xr == MOEX_QUANT_TENSOR || xr == MOEX_QUANT_GROUP);
+    const bool block = yr == MOEX_QUANT_BLOCK && xr == MOEX_QUANT_BLOCK;
+    if (sc == NULL || !(current || block) || a->dw.ptrs != NULL) return SIZE_MAX;
+    alignas(16) static const float placeholder[4] = {0};
+    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    moex_grouped_linear_fp8_wgrad_args p = *a;
+    p.dy.data.data = p.x.data.data = p.dw.t.data = p.dy.scales.data = p.x.scales.data = (void *)placeholder;
+    const moex_sm90_fp8_wgrad_args s = linear_fp8_wgrad_args(&g, &p, d);
+    return moex_sm90_fp8_wgrad_supported(sc, &s) ? 0 : SIZE_MAX;
+}
+
+moex_status moex_cuda_linear_fp8_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                       const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *ws) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    moex_sm90_fp8_wgrad_args s = linear_fp8_wgrad_args(g, a, d);
+    if (!moex_sm90_fp8_wgrad_supported(sc, &s))   /* the plan held for aligned pointers */
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: on Hopper the FP8 backward weight needs dy.data, x.data and dw 16-byte aligned "
+                         "(docs/ops.md 9.10)",
+                         c->op);
+    s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
+    const char *why = "";
+    const moex_status st = moex_sm90_fp8_wgrad(sc, &s, c->stream, &why);
+    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 weight gradient: %s", c->op, why);
+}
+
 size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {
     return 0;
 }

@@ -277,6 +277,10 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
 size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
 moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+size_t moex_cuda_linear_fp8_wgrad_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                                     const moex_fp8_dims *d);
+moex_status moex_cuda_linear_fp8_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                       const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *ws);
 moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                    const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                    const moex_quant_dims *d, void *ws);

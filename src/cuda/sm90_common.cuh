@@ -63,6 +63,7 @@ struct moex_sm90_context {
 cudaError_t sm90_rows_prepare(int sms, int *slots, const char **why);
 cudaError_t sm90_wgrad_prepare(int sms, int *slots, const char **why);
 cudaError_t sm90_fp8_prepare(int sms, int *slots, const char **why);
+cudaError_t sm90_fp8_wgrad_prepare(int sms, int *slots, const char **why);
 /* The attributes of one M-grouped kernel: its binaryVersion says whether this binary has the
  * sm_90a image (a JIT of the sm_80 PTX would compile the guarded kernel bodies out). */
 cudaError_t sm90_rows_probe(cudaFuncAttributes *fa);

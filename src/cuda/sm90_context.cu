@@ -41,7 +41,8 @@ static moex_status sm90_context_fill(moex_sm90_context *c, const char **why) {
     const char *w = "";
     if (sm90_rows_prepare(c->dev.sms, &c->dev.rows_cluster_slots, &w) != cudaSuccess ||
         sm90_wgrad_prepare(c->dev.sms, &c->dev.wgrad_cluster_slots, &w) != cudaSuccess ||
-        sm90_fp8_prepare(c->dev.sms, &c->dev.fp8_cluster_slots, &w) != cudaSuccess) {
+        sm90_fp8_prepare(c->dev.sms, &c->dev.fp8_cluster_slots, &w) != cudaSuccess ||
+        sm90_fp8_wgrad_prepare(c->dev.sms, &c->dev.fp8_cluster_slots, &w) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, w);
     }

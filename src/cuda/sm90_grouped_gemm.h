@@ -196,6 +196,40 @@ bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_sm90_fp8_arg
 moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,
                                const char **why);
 
+/* K-grouped FP8 weight gradient (sm90_fp8_wgrad.cu): for each group g of rows [o_g, o_g+1)
+ *   dW_g (=|+=) dy_g^T x_g      dy: columnwise copy [N, T], x: columnwise copy [K, T], FP8
+ *                                (dequantized values), dW [G, N, K] f32
+ * scaled as moex_group_quantize scales columnwise copies: current scaling (dy_scales,
+ * x_scales [1], or [G] with *_scale_per_group) or BLOCK (block != 0: dy_scales [N, ld],
+ * x_scales [K, ld], ld = ceil(T/128) + G, group g's 1x128 blocks from its first row); f32
+ * sums of the FP8 products moved out of the tensor cores every 128 rows. A group with no rows
+ * writes zeros (accumulate: leaves dW_g alone). dy and x E4M3 or E5M2 each. */
+typedef struct moex_sm90_fp8_wgrad_args {
+    moex_dtype dy_fmt, x_fmt;
+    int64_t G, T, K, N;
+    const void *dy, *x;
+    float *dw;
+    int accumulate;
+    const int64_t *splits;      /* [G] device                                            */
+    int block;                  /* BLOCK scales (else current scaling)                   */
+    const float *dy_scales;     /* device, as above                                      */
+    int dy_scale_per_group;
+    const float *x_scales;      /* device, as above                                      */
+    int x_scale_per_group;
+    int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
+    int bad_value;
+} moex_sm90_fp8_wgrad_args;
+
+/* Whether the FP8 weight gradient can run these args with c (NULL: false): formats, K and N
+ * multiples of 8 (>= 8), T a multiple of 16 (the copies' row stride), the common limits,
+ * dy, x, dw 16-byte aligned. Reads no device memory and calls no CUDA. */
+bool moex_sm90_fp8_wgrad_supported(const moex_sm90_context *c, const moex_sm90_fp8_wgrad_args *a);
+
+/* Launches the FP8 weight gradient on `stream`. No allocation, no synchronisation, no
+ * workspace; T == 0 writes zeros (=) or nothing (+=). Errors as for moex_sm90_grouped_gemm_fwd. */
+moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moex_sm90_fp8_wgrad_args *a, moex_stream stream,
+                                const char **why);
+
 #ifdef __cplusplus
 }
 #endif
