@@ -37,14 +37,15 @@ E4M3 = torch.float8_e4m3fn
 
 
 def quantized(x, splits, w, recipe):
-    """moex's quantization of x (rowwise) and w (rowwise copy) by `recipe` (1 GROUP, 2 BLOCK),
-    and the forward's args."""
+    """moex's quantization of x (rowwise) and w (rowwise copy) by `recipe` (1 GROUP, 2 BLOCK,
+    3 MXFP8), and the forward's args."""
     T, K = x.shape
     G, N, _ = w.shape
     kb, nb = -(-K // 128), -(-N // 128)
-    xs, ws = ((T, kb), (G, nb, kb)) if recipe == 2 else ((G,), (G,))
-    out = dict(xd=torch.empty(T, K, dtype=E4M3, device=x.device), xs=torch.empty(xs, device=x.device),
-               wd=torch.empty(G, N, K, dtype=E4M3, device=x.device), ws=torch.empty(ws, device=x.device),
+    xs, ws = {1: ((G,), (G,)), 2: ((T, kb), (G, nb, kb)), 3: ((T, -(-K // 32)), (G, N, -(-K // 32)))}[recipe]
+    sdt = torch.float8_e8m0fnu if recipe == 3 else torch.float32
+    out = dict(xd=torch.empty(T, K, dtype=E4M3, device=x.device), xs=torch.empty(xs, dtype=sdt, device=x.device),
+               wd=torch.empty(G, N, K, dtype=E4M3, device=x.device), ws=torch.empty(ws, dtype=sdt, device=x.device),
                y=torch.empty(T, N, dtype=torch.bfloat16, device=x.device))
     params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     q = _capi.GroupQuantizeArgs()
@@ -190,8 +191,10 @@ def main():
                     return mt._forward(x, w, splits, None, None, _capi.BIAS_NONE)
             a, out = quantized(x, splits, wp, 1)
             ab, outb = quantized(x, splits, wp, 2)
+            am, outm = quantized(x, splits, wp, 3)
             fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_forward", a, dev),
                    "moex_block": lambda: mt._run("grouped_linear_fp8_forward", ab, dev),
+                   "moex_mx": lambda: mt._run("grouped_linear_fp8_forward", am, dev),
                    "moex_bf16": bf16, "dense_fp8": dense}
             tr = torch_rowwise(x, wp, offs, False)
             if tr is not None:
@@ -207,6 +210,8 @@ def main():
             fns["moex_block"]()
             r["err_moex_fp8"] = round(((out["y"].float() - ref).norm() / ref.norm()).item(), 4)
             r["err_moex_block"] = round(((outb["y"].float() - ref).norm() / ref.norm()).item(), 4)
+            fns["moex_mx"]()
+            r["err_moex_mx"] = round(((outm["y"].float() - ref).norm() / ref.norm()).item(), 4)
             if tr is not None:
                 r["err_torch_fp8"] = round(((tr().float() - ref).norm() / ref.norm()).item(), 4)
             r["vs_torch"] = round(r["moex_fp8"] / r["torch_fp8"], 3) if "torch_fp8" in r else None
@@ -224,15 +229,16 @@ def main():
                   f"{r['err_moex_fp8']:>7.4f}{r['err_moex_block']:>7.4f}")
         return
     print(f"\nFP8 grouped {args.product} (E4M3, y bf16), TFLOP/s (median): moex GROUP and BLOCK scaling, moex bf16, "
-          f"torch rowwise (default accumulation; 'fast': use_fast_accum), dense (fast accum)")
+          f"torch rowwise (default accumulation; 'fast': use_fast_accum), dense (fast accum); "
+          f"mx: moex MXFP8 (on Hopper: through its dequantized operands)")
     print(f"{'config':15s}{'splits':10s}{'group':>7s}{'block':>7s}{'bf16':>7s}{'torch':>7s}{'fast':>7s}{'dense':>7s}"
-          f"{'grp/t':>7s}{'blk/t':>7s}{'blk/bf16':>9s}{'err g':>7s}{'err b':>7s}{'err t':>7s}")
+          f"{'grp/t':>7s}{'blk/t':>7s}{'blk/bf16':>9s}{'err g':>7s}{'err b':>7s}{'err t':>7s}{'mx':>6s}{'err mx':>7s}")
     for r in rows:
         print(f"{r['config']:15s}{r['splits']:10s}{r['moex_fp8']:>7.0f}{r['moex_block']:>7.0f}{r['moex_bf16']:>7.0f}"
               f"{r.get('torch_fp8', 0):>7.0f}{r.get('torch_fp8_fast', 0):>7.0f}{r['dense_fp8']:>7.0f}"
               f"{r['vs_torch'] or 0:>7.3f}"
               f"{r['block_vs_torch'] or 0:>7.3f}{r['moex_block'] / r['moex_bf16']:>9.3f}{r['err_moex_fp8']:>7.4f}"
-              f"{r['err_moex_block']:>7.4f}{r.get('err_torch_fp8', 0):>7.4f}")
+              f"{r['err_moex_block']:>7.4f}{r.get('err_torch_fp8', 0):>7.4f}{r['moex_mx']:>6.0f}{r['err_moex_mx']:>7.4f}")
 
 
 if __name__ == "__main__":

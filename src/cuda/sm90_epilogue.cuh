@@ -406,22 +406,23 @@ template <int IS_F16, bool F32> static __device__ __forceinline__ void sm90w_sta
         *(uint32_t *)p = sm90_io<IS_F16>::pack(x, y);
 }
 
-/* The TMA epilogue of one consumer block dW_g[n .. n + 64, k0 .. k0 + 256), in the input
- * dtype (F32 = false: four boxes of 64 columns) or in f32 (eight boxes of 32 columns; add:
- * "+=" through TMA reduce-adds). Thread (warp, lane) holds rows rl = 16 warp + lane / 4 and
- * rl + 8 ((rl + 8) % 8 == rl % 8), columns 8 j + 2 (lane % 4) (+1) for j < 32. 16-bit: box
+/* The TMA epilogue of one consumer block dW_g[n .. n + 64, k0 .. k0 + 8 NJ) (NJ = 32: 256
+ * columns, the bf16 kernel's; 16: 128, the FP8 kernel's), in the input dtype (F32 = false:
+ * boxes of 64 columns) or in f32 (boxes of 32 columns; add: "+=" through TMA reduce-adds).
+ * Thread (warp, lane) holds rows rl = 16 warp + lane / 4 and
+ * rl + 8 ((rl + 8) % 8 == rl % 8), columns 8 j + 2 (lane % 4) (+1) for j < NJ. 16-bit: box
  * j / 8, 16-byte chunk j % 8 of the row, byte 4 (lane % 4) in it; f32: box j / 4, bytes
  * 32 (j % 4) + 8 (lane % 4) of the row, i.e. chunk 2 (j % 4) + (lane % 4) / 2, byte
  * 8 (lane % 2) in it; chunk c of row r is stored at chunk c ^ (r % 8). live = 0 writes
  * zeros. */
-template <int IS_F16, bool F32>
-static __device__ __forceinline__ void sm90w_epilogue_tma(const float (&acc)[128], bool live, uint8_t *stage,
+template <int IS_F16, bool F32, int NJ = 32>
+static __device__ __forceinline__ void sm90w_epilogue_tma(const float (&acc)[4 * NJ], bool live, uint8_t *stage,
                                                           const CUtensorMap *tm, int k0, int n, int g, bool add,
                                                           int bar, int tid) {
     constexpr int JB = F32 ? 4 : 8;   /* fragment columns (of 8 columns) per box */
     const int warp = tid / 32, lane = tid % 32, rl = warp * 16 + lane / 4;
 #pragma unroll
-    for (int b = 0; b < 32 / JB; b++) {
+    for (int b = 0; b < NJ / JB; b++) {
         uint8_t *half = stage + (b & 1) * SM90_STAGE_HALF_BYTES;
         uint8_t *ta = half + rl * 128 + (F32 ? (lane % 2) * 8 : (lane % 4) * 4), *tb = ta + 8 * 128;
 #pragma unroll

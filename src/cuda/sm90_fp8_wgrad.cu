@@ -27,6 +27,7 @@
  * rows writes zeros (=) or leaves dW_g alone (+=). Every output tile is computed by one CTA,
  * windows in row order: deterministic.
  */
+#include "sm90_epilogue.cuh"
 #include "sm90_grouped_gemm.h"
 #include "sm90_pipeline.cuh"
 #include "sm90_scheduler.cuh"
@@ -35,10 +36,12 @@
 #define F8W_BK 128                              /* dW columns (K) per tile                  */
 #define F8W_BR 128                              /* group rows per stage (bytes of one row)  */
 #define F8W_STAGE_BYTES ((F8W_BN + F8W_BK) * F8W_BR)
-#define F8W_SCALE_BYTES (2 * 3 * F8W_BK * 4)    /* x scales: [consumer][stage % 3][BK]      */
 #define F8W_HEAD_BYTES (2 * 64 * F8W_BR)        /* each consumer's copy of a window's head  */
+#define F8W_STAGING_BYTES (2 * 2 * SM90_STAGE_HALF_BYTES)   /* each consumer's two TMA boxes */
+#define F8W_SCALE_BYTES (SM90_STAGES * (F8W_BN + F8W_BK) * 4)   /* BLK: each stage's scales */
 #define F8W_SMEM_BYTES                                                                                    \
-    ((size_t)SM90_STAGES * F8W_STAGE_BYTES + F8W_HEAD_BYTES + F8W_SCALE_BYTES + 2 * SM90_STAGES * 8 + 1024)
+    ((size_t)SM90_STAGES * F8W_STAGE_BYTES + F8W_HEAD_BYTES + F8W_STAGING_BYTES + F8W_SCALE_BYTES +       \
+     3 * SM90_STAGES * 8 + 1024)
 #define F8W_BAND 8                              /* N tiles per band of the tile order       */
 
 typedef struct sm90_fp8_wgrad_params {
@@ -50,12 +53,14 @@ typedef struct sm90_fp8_wgrad_params {
     int dys_group, xs_group;
     int64_t ld;                 /* BLOCK: ceil(T / 128) + G                              */
     int accumulate;
+    int epi_tma;                /* full tiles through the TMA epilogue (else register stores) */
     int *bad_flag;
     int bad_value;
 } sm90_fp8_wgrad_params;
 
 typedef struct sm90_fp8_wgrad_maps {
     CUtensorMap dy, x;          /* [N, T], [K, T]: boxes of 128 rows of 128 bytes        */
+    CUtensorMap dw;             /* [G, N, K] f32: boxes [1][64][32] (with epi_tma)        */
 } sm90_fp8_wgrad_maps;
 
 #if MOEX_SM90_DEVICE
@@ -114,6 +119,44 @@ static __device__ __forceinline__ void f8w_split_head(uint8_t *win, uint8_t *hea
     *(uint4 *)(head + at) = h;
 }
 
+/* acc += part scaled by sdy (pa: row rl, pb: row rl + 8) sx[k] (the tile's 128 x scales). */
+static __device__ __forceinline__ void f8w_promote(float (&acc)[64], const float (&part)[64], const float *sx,
+                                                   float pa, float pb, int lane) {
+    const float *xk = sx + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const float2 v = *(const float2 *)(xk + 8 * j);
+        acc[4 * j] += pa * v.x * part[4 * j];
+        acc[4 * j + 1] += pa * v.y * part[4 * j + 1];
+        acc[4 * j + 2] += pb * v.x * part[4 * j + 2];
+        acc[4 * j + 3] += pb * v.y * part[4 * j + 3];
+    }
+}
+
+/* The register epilogue: rows n and n + 8 of dW_g, columns k0 + 8 j + 2 (lane % 4) (+1),
+ * masked to N and K (K % 8 == 0: the pair's second column too), written (=) or added (+=);
+ * live = false writes zeros. */
+static __device__ __forceinline__ void f8w_store(const float (&acc)[64], bool live, const sm90_fp8_wgrad_params &p,
+                                                 int g, int n, int k0, int lane) {
+    float *dwg = p.dw + (int64_t)g * p.N * p.K;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int k = k0 + 8 * j + 2 * (lane % 4);
+        if (k >= p.K) continue;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            if (n + 8 * h >= p.N) continue;
+            float2 *o = (float2 *)(dwg + (int64_t)(n + 8 * h) * p.K + k);
+            float2 v = live ? make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) : make_float2(0.0f, 0.0f);
+            if (p.accumulate) {
+                const float2 u = *o;
+                v.x += u.x, v.y += u.y;
+            }
+            *o = v;
+        }
+    }
+}
+
 /* This CTA's tile of unit t of the cursor's group: first dW row *n0 and column *k0 (bands of
  * F8W_BAND N tiles, N tiles fastest, as sm90_wgrad_tile orders them). */
 static __device__ __forceinline__ void f8w_tile(const sm90_cursor *c, int64_t t, int64_t tn, int64_t tk, int *n0,
@@ -132,20 +175,24 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 #if MOEX_SM90_DEVICE
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = sm90_smem_aligned(smem_raw);
-    uint8_t *sa = smem;                                            /* [STAGES][BN][BR] dy */
-    uint8_t *sb = sa + SM90_STAGES * F8W_BN * F8W_BR;              /* [STAGES][BK][BR] x  */
-    uint8_t *sh = sb + SM90_STAGES * F8W_BK * F8W_BR;              /* [2][64][BR] heads    */
-    float *sxs = (float *)(sh + F8W_HEAD_BYTES);                   /* [2][3][BK]          */
-    uint64_t *full = (uint64_t *)((uint8_t *)sxs + F8W_SCALE_BYTES);
+    uint8_t *sa = smem;                                            /* [STAGES][BN][BR] dy      */
+    uint8_t *sb = sa + SM90_STAGES * F8W_BN * F8W_BR;              /* [STAGES][BK][BR] x       */
+    uint8_t *sh = sb + SM90_STAGES * F8W_BK * F8W_BR;              /* [2][64][BR] heads         */
+    uint8_t *stg = sh + F8W_HEAD_BYTES;                            /* [2][2][8 KB] staging      */
+    float *ssc = (float *)(stg + F8W_STAGING_BYTES);               /* [STAGES][BN + BK] scales  */
+    uint64_t *full = (uint64_t *)(ssc + SM90_STAGES * (F8W_BN + F8W_BK));
     uint64_t *empty = full + SM90_STAGES;
+    uint64_t *sfull = empty + SM90_STAGES;                         /* BLK: a stage's scales     */
     const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
+    if (BLK && threadIdx.x == 0)
+        for (int i = 0; i < SM90_STAGES; i++) sm90_mbar_init(&sfull[i], 32);   /* fenced by the ring's init */
     sm90_ring_init<1>(full, empty);
     const int64_t tn = (p.N + F8W_BN - 1) / F8W_BN, tk = (p.K + F8W_BK - 1) / F8W_BK;
     const sm90_units_fixed units = {tn * tk};
 
     if (wg == 0) {
-        /* ---- producer: one thread issues every load ---- */
-        sm90_setmaxnreg_dec<40>();
+        /* ---- producer: thread 0 issues every load, warp 1 (BLK) writes the stages' scales ---- */
+        sm90_setmaxnreg_dec<72>();   /* warp 1's walk and loads: fewer spill */
         if (tid == 0) {
             sm90_tma_prefetch_map(&m.dy);
             sm90_tma_prefetch_map(&m.x);
@@ -164,12 +211,46 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     sm90_tma_load_2d(sb + s * F8W_BK * F8W_BR, &m.x, &full[s], r, k0);
                 }
             }
-        } else if (tid == 32 && blockIdx.x == 0 && p.bad_flag != NULL) {
+        } else if (BLK && tid / 32 == 1) {
+            /* window kb's scales: block kb's (past the last block: the last, on zeros) of the
+             * tile's 128 dy rows and 128 x columns (rows past N or K read the last: never
+             * stored), into the stage's slot once the stage is free */
+            const int lane = tid % 32;
+            int bg = 0;           /* the group whose first block column is bcol */
+            int64_t brow = 0, bcol = 0;
+            sm90_walk wk;
+            sm90_walk_start(&wk, false, 0, 0, 1, 0);
+            uint32_t it = 0;
+            while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
+                int n0, k0;
+                f8w_tile(&wk.cur, wk.w.t, tn, tk, &n0, &k0);
+                const int64_t rows = wk.cur.row1 - wk.cur.row0;
+                const int64_t nks = rows > 0 ? (rows + (wk.cur.row0 & 15) + F8W_BR - 1) / F8W_BR : 0;
+                const int64_t nblk = (rows + F8W_BR - 1) / F8W_BR;
+                if (nks > 0) f8w_block_seek(&bg, &brow, &bcol, wk.cur.g, p.splits, p.T);
+                for (int64_t kb = 0; kb < nks; kb++, it++) {
+                    const int64_t j = bcol + (kb < nblk ? kb : nblk - 1);
+                    float v[8];
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        const int n = n0 + lane + 32 * i, k = k0 + lane + 32 * i;
+                        v[i] = __ldg(p.dys + (int64_t)(n < p.N ? n : p.N - 1) * p.ld + j);
+                        v[4 + i] = __ldg(p.xs + (int64_t)(k < p.K ? k : p.K - 1) * p.ld + j);
+                    }
+                    const uint32_t s = it % SM90_STAGES;
+                    sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
+                    float *slot = ssc + s * (F8W_BN + F8W_BK);
+#pragma unroll
+                    for (int i = 0; i < 4; i++) slot[lane + 32 * i] = v[i], slot[F8W_BN + lane + 32 * i] = v[4 + i];
+                    sm90_mbar_arrive(&sfull[s]);
+                }
+            }
+        } else if (tid == 64 && blockIdx.x == 0 && p.bad_flag != NULL) {
             sm90_check_splits(p.splits, p.G, p.T, p.bad_flag, p.bad_value);
         }
     } else {
         /* ---- consumers: warpgroup c computes dW rows [n0 + 64 c, n0 + 64 c + 64) ---- */
-        sm90_setmaxnreg_inc<232>();
+        sm90_setmaxnreg_inc<208>();   /* 128 x 72 + 256 x 208 registers */
         const int c = wg - 1, lane = tid % 32;
         const int rl = (tid / 32) * 16 + lane / 4;   /* block row of acc[4 j + {0, 1}]; + 8: {2, 3} */
         uint64_t da0 = sm90_desc_sw128(sa + 64 * c * F8W_BR), db0 = sm90_desc_sw128(sb);
@@ -177,11 +258,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         const uint64_t dh = sm90_desc_sw128(head);
         sm90_desc_hold(da0);
         sm90_desc_hold(db0);
-        float *xsc = sxs + c * 3 * F8W_BK;   /* this consumer's x scales of stages it % 3 */
         float acc[64], part[64];
         uint32_t it = 0;
-        int bg = 0;           /* BLOCK: the group whose first block column is bcol */
-        int64_t brow = 0, bcol = 0;
         sm90_walk wk;
         sm90_walk_start(&wk, false, 0, 0, 1, 0);
         while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
@@ -192,28 +270,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             const int o = (int)(wk.cur.row0 & 15);   /* the first window's head: the previous group's */
             const int64_t nks = rows > 0 ? (rows + o + F8W_BR - 1) / F8W_BR : 0;
             const int end = (int)((rows + o) - (nks - 1) * F8W_BR);   /* the last window's bytes in the group */
-            const int64_t nblk = (rows + F8W_BR - 1) / F8W_BR;
             if (nks == 0 && p.accumulate) continue;   /* += an empty sum: dW_g unchanged */
-            const int na = n0 + 64 * c + rl, nb = na + 8;
-            /* BLOCK: this thread's scale rows (rows past N or K read the last: never stored) */
-            const float *sdya = p.dys, *sdyb = p.dys, *sxk = p.xs;
-            if (BLK) {
-                f8w_block_seek(&bg, &brow, &bcol, g, p.splits, p.T);
-                sdya = p.dys + (int64_t)(na < p.N ? na : p.N - 1) * p.ld + bcol;
-                sdyb = p.dys + (int64_t)(nb < p.N ? nb : p.N - 1) * p.ld + bcol;
-                sxk = p.xs + (int64_t)(k0 + tid < p.K ? k0 + tid : p.K - 1) * p.ld + bcol;
-            }
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             float pa = 0.0f, pb = 0.0f;   /* BLOCK: block kb - 1's dy scales */
             for (int64_t kb = 0; kb < nks; kb++, it++) {
-                float fa = 1.0f, fb = 1.0f, fx = 1.0f;
-                if (BLK) {   /* block kb's (past the last block: the last, on zeros), used once promoted */
-                    const int64_t j = kb < nblk ? kb : nblk - 1;
-                    fa = __ldg(sdya + j);
-                    fb = __ldg(sdyb + j);
-                    fx = __ldg(sxk + j);
-                }
                 const uint32_t s = sm90_ring_wait(full, it);
                 uint8_t *wa = sa + s * F8W_BN * F8W_BR + 64 * c * F8W_BR, *wb = sb + s * F8W_BK * F8W_BR + 64 * c * F8W_BR;
                 const int lo = kb == 0 ? o : 0, hi = kb == nks - 1 ? end : F8W_BR;   /* the group's bytes */
@@ -224,26 +285,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     sm90_named_barrier(1, 256);
                 }
                 const bool split = BLK && kb > 0 && o > 0;   /* the head is block kb - 1's */
-                if (BLK) {   /* the tile's 128 x scales of this stage, one per thread */
-                    if (split) f8w_split_head(wa, head, o, tid);
-                    xsc[(it % 3) * F8W_BK + tid] = fx;
-                    if (split) sm90_fence_proxy_async_smem();
+                if (split) {   /* on stage it - 1's scales, still held (released below) */
+                    f8w_split_head(wa, head, o, tid);
+                    sm90_fence_proxy_async_smem();
                     sm90_named_barrier(2 + c, 128);
-                }
-                if (split) {
                     sm90_wgmma_fence();
                     sm90_wgmma_fp8<D5, X5>(part, dh, sm90_desc_add(db0, s * F8W_BK * F8W_BR), 0);
                     sm90_wgmma_commit();
                     sm90_wgmma_wait<0>();
-                    const float *xk = xsc + ((it + 2) % 3) * F8W_BK + 2 * (lane % 4);   /* stage it - 1's */
-#pragma unroll
-                    for (int j = 0; j < 16; j++) {
-                        const float2 sx = *(const float2 *)(xk + 8 * j);
-                        acc[4 * j] += pa * sx.x * part[4 * j];
-                        acc[4 * j + 1] += pa * sx.y * part[4 * j + 1];
-                        acc[4 * j + 2] += pb * sx.x * part[4 * j + 2];
-                        acc[4 * j + 3] += pb * sx.y * part[4 * j + 3];
-                    }
+                    f8w_promote(acc, part, ssc + ((it - 1) % SM90_STAGES) * (F8W_BN + F8W_BK) + F8W_BN, pa, pb,
+                                lane);
                 }
                 sm90_wgmma_fence();
 #pragma unroll
@@ -252,50 +303,39 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                                            sm90_desc_add(db0, s * F8W_BK * F8W_BR + kk * 32), kk != 0);
                 sm90_wgmma_commit();
                 sm90_wgmma_wait<0>();
-                sm90_ring_release<1>(empty, it, tid);
+                /* every warp of the consumer issued this stage's wgmmas: all are past stage
+                 * it - 1's promotion, so it goes back to the producers */
+                if (kb > 0) sm90_ring_release<1>(empty, it - 1, tid);
                 if (BLK) {
-                    const float *xk = xsc + (it % 3) * F8W_BK + 2 * (lane % 4);
-#pragma unroll
-                    for (int j = 0; j < 16; j++) {
-                        const float2 sx = *(const float2 *)(xk + 8 * j);
-                        acc[4 * j] += fa * sx.x * part[4 * j];
-                        acc[4 * j + 1] += fa * sx.y * part[4 * j + 1];
-                        acc[4 * j + 2] += fb * sx.x * part[4 * j + 2];
-                        acc[4 * j + 3] += fb * sx.y * part[4 * j + 3];
-                    }
-                    pa = fa, pb = fb;
+                    const float *slot = ssc + s * (F8W_BN + F8W_BK);
+                    sm90_mbar_wait(&sfull[s], (it / SM90_STAGES) & 1u);
+                    pa = slot[64 * c + rl], pb = slot[64 * c + rl + 8];
+                    f8w_promote(acc, part, slot + F8W_BN, pa, pb, lane);
                 } else {
 #pragma unroll
                     for (int i = 0; i < 64; i++) acc[i] += part[i];
                 }
             }
+            if (nks > 0) {   /* the last stage, once every warp has promoted it */
+                if (BLK) sm90_named_barrier(2 + c, 128);
+                sm90_ring_release<1>(empty, it - 1, tid);
+            }
             /* an empty group writes zeros (=) */
-            const float sc = nks == 0 ? 0.0f : BLK ? 1.0f : p.dys[p.dys_group ? g : 0] * p.xs[p.xs_group ? g : 0];
-            float *dwg = p.dw + (int64_t)g * p.N * p.K;
+            const bool live = nks > 0;
+            if (!BLK) {
+                const float sc = p.dys[p.dys_group ? g : 0] * p.xs[p.xs_group ? g : 0];
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int k = k0 + 8 * j + 2 * (lane % 4);   /* K % 8 == 0: k + 1 < K too */
-                if (k >= p.K) continue;
-                if (na < p.N) {
-                    float2 *o = (float2 *)(dwg + (int64_t)na * p.K + k);
-                    float2 v = make_float2(sc * acc[4 * j], sc * acc[4 * j + 1]);
-                    if (p.accumulate) {
-                        const float2 u = *o;
-                        v.x += u.x, v.y += u.y;
-                    }
-                    *o = v;
-                }
-                if (nb < p.N) {
-                    float2 *o = (float2 *)(dwg + (int64_t)nb * p.K + k);
-                    float2 v = make_float2(sc * acc[4 * j + 2], sc * acc[4 * j + 3]);
-                    if (p.accumulate) {
-                        const float2 u = *o;
-                        v.x += u.x, v.y += u.y;
-                    }
-                    *o = v;
-                }
+                for (int i = 0; i < 64; i++) acc[i] *= sc;
+            }
+            const int nc = n0 + 64 * c;   /* this consumer's first dW row */
+            if (p.epi_tma && nc + 64 <= p.N && k0 + F8W_BK <= p.K) {
+                sm90w_epilogue_tma<0, true, 16>(acc, live, stg + c * 2 * SM90_STAGE_HALF_BYTES, &m.dw, k0, nc, g,
+                                                p.accumulate != 0, 2 + c, tid);
+            } else {
+                f8w_store(acc, live, p, g, nc + rl, k0, lane);
             }
         }
+        if (tid == 0) sm90_bulk_wait<0>();   /* TMA stores done before the CTA ends (none: a no-op) */
     }
 #endif /* MOEX_SM90_DEVICE */
 }
@@ -365,6 +405,11 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     kp.xs_group = a->x_scale_per_group;
     kp.ld = (a->T + F8W_BR - 1) / F8W_BR + a->G;
     kp.accumulate = a->accumulate;
+    /* dW through TMA stores (reduce-adds for +=); a shape the encoder refuses keeps the
+     * register epilogue */
+    const cuuint64_t dwdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
+    const cuuint32_t dwbox[3] = {32, 64, 1};
+    kp.epi_tma = sm90_make_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, 3, dwdims, dwbox, promo);
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
     cudaLaunchConfig_t cfg;
