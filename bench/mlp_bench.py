@@ -25,6 +25,10 @@ Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \
     python3 bench/mlp_bench.py [--configs dsv3,...] [--splits balanced,skewed] [--iters N]
     [--no-compile] [--profile]
 --profile prints, per config, the GPU time of each kernel of one moex fwd+bwd (torch.profiler).
+--fp8 block,current,mxfp8 adds moex with that FP8 recipe (fp8_recipe=, docs/ops.md 9.11: every
+GEMM of the step on FP8 operands quantized in the step, bf16 master weights) and a table of
+its rate against moex bf16's and the relative (Frobenius) difference of its y and gradients
+from moex bf16's; --fp8-only times only moex bf16 and the FP8 recipes.
 """
 import argparse
 import json
@@ -94,6 +98,26 @@ def step_fns(d, compiled):
     return fns
 
 
+def fp8_fns(d, recipes):
+    """{fp8_<recipe>: fn} of moex's step with each FP8 recipe, and {recipe: fn} of its y."""
+    leaves = [d[k] for k in LEAVES]
+
+    def run(rec):
+        return mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"], scale_b2=True,
+                              fp8_recipe=rec)
+
+    steps = {f"fp8_{rec}": (lambda rec=rec: torch.autograd.grad(run(rec), leaves, d["dy"])) for rec in recipes}
+    return steps, {rec: (lambda rec=rec: run(rec)) for rec in recipes}
+
+
+def ys_bf16(d):
+    return mt.grouped_mlp(d["x"], d["w1"], d["w2"], d["splits"], b2=d["b2"], probs=d["p"], scale_b2=True)
+
+
+def rel_diff(a, b):
+    return round(((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-30)).item(), 4)
+
+
 def gemm_fns(d):
     """moex's six GEMMs of the step, plain, on inputs of the right shapes."""
     x, w1, w2, dy, s = d["x"].detach(), d["w1"].detach(), d["w2"].detach(), d["dy"], d["splits"]
@@ -157,10 +181,13 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--fp8", default="", help="FP8 recipes to time too, e.g. block,current")
+    ap.add_argument("--fp8-only", action="store_true", help="time only moex bf16 and the --fp8 recipes")
     args = ap.parse_args()
+    recipes = [r for r in args.fp8.split(",") if r]
     torch.manual_seed(0)
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
-    compiled = None if args.no_compile else torch.compile(torch_mlp)
+    compiled = None if args.no_compile or args.fp8_only else torch.compile(torch_mlp)
     rows = []
     for name in args.configs.split(","):
         G, T, H, FF = MODELS[name]
@@ -169,10 +196,28 @@ def main():
             d = make_inputs(G, T, H, FF, kind)
             r = {"config": name, "splits": kind, "G": G, "T": T, "H": H, "F": FF}
             fns = step_fns(d, compiled)
-            r["rel_diff_moex_eager"] = check_same(fns)
+            if args.fp8_only:
+                fns = {"moex": fns["moex"]}
+            else:
+                r["rel_diff_moex_eager"] = check_same(fns)
+            steps, ys = fp8_fns(d, recipes)
+            fns.update(steps)
             for fname, fn in fns.items():
                 r[fname + "_peak_mb"] = round(peak_bytes(fn) / 1e6, 1)
                 r[fname] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
+            if recipes:
+                y16, g16 = ys_bf16(d), fns["moex"]()
+                for rec in recipes:
+                    r[f"fp8_{rec}_vs_bf16"] = round(r[f"fp8_{rec}"] / r["moex"], 3)
+                    r[f"fp8_{rec}_diff"] = dict(y=rel_diff(ys[rec](), y16),
+                                                **{k: rel_diff(a, b) for k, a, b in zip(LEAVES, steps[f"fp8_{rec}"](),
+                                                                                        g16)})
+            if args.fp8_only:
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+                del d, fns
+                torch.cuda.empty_cache()
+                continue
             gms = {g: median_ms(fn, args.iters, SPIN) for g, fn in gemm_fns(d).items()}
             r["gemms"] = round(flops / sum(gms.values()) / 1e9, 1)
             r["gemm_ms"] = {g: round(v, 4) for g, v in gms.items()}
@@ -185,6 +230,19 @@ def main():
             rows.append(r)
             del d, fns
             torch.cuda.empty_cache()
+    if recipes:
+        print("\ngrouped MLP fwd+bwd in FP8 (fp8_recipe=) against moex bf16, TFLOP/s (median; 18 T H F flops); "
+              "diff: relative difference of y and dx from moex bf16's; peak MB beyond inputs")
+        print(f"{'config':<11}{'splits':<9}{'recipe':<9}{'bf16':>7}{'fp8':>7}{'fp8/bf16':>9}{'diff y':>8}{'diff dx':>8}"
+              f"{'peak bf16':>10}{'peak fp8':>9}")
+        for r in rows:
+            for rec in recipes:
+                k = f"fp8_{rec}"
+                print(f"{r['config']:<11}{r['splits']:<9}{rec:<9}{r['moex']:>7.0f}{r[k]:>7.0f}{r[k + '_vs_bf16']:>9.3f}"
+                      f"{r[k + '_diff']['y']:>8.4f}{r[k + '_diff']['x']:>8.4f}{r['moex_peak_mb']:>10.1f}"
+                      f"{r[k + '_peak_mb']:>9.1f}")
+    if args.fp8_only:
+        return
     print("\ngrouped MLP fwd+bwd (SwiGLU x probs, probs-scaled b2), bf16, TFLOP/s (median); peak MB beyond inputs")
     print(f"{'config':<11}{'splits':<9}{'moex':>7}{'sz':>6}{'gemms':>7}{'eager':>7}{'compile':>8}{'/gemms':>8}"
           f"{'/torch':>8}{'peak moex':>10}{'sz':>9}{'eager':>9}{'compile':>9}")

@@ -212,6 +212,43 @@ typedef enum moex_grad_mode {
     MOEX_GRAD_ACCUMULATE = 1  /* dW += ...  into an f32 main grad (empty groups unchanged)    */
 } moex_grad_mode;
 
+/* FP8 training (experimental): the recipe a layer's GEMMs run in, as the `fp8` field of the
+ * grouped linear, grouped MLP and MoE layer arguments (zero-initialised: off, the GEMMs run
+ * in the activation dtype). With a recipe, each GEMM quantizes its operands as it needs them
+ * (moex_group_quantize, moex_weight_quantize; weights from their bf16/f16/f32 master copy on
+ * every call) and runs moex_grouped_linear_fp8_*; the outputs and the gradients keep the
+ * dtypes and the "=" / "+=" contracts of the plain call, and the main grads stay f32. Bias
+ * gradients and dprobs are the plain call's sums; the MLP keeps h, z, dz and dh in the
+ * activation dtype as the plain path does (its workspace holds dz, dh and the FP8 copies:
+ * MOEX_H_OVERWRITE and the memory reuse of the plain backward do not apply). Discrete weights
+ * (and discrete bf16/f16 dW) are handled one expert at a time through their pointer array,
+ * which must then be host memory: on CUDA they are MOEX_ERR_UNSUPPORTED. Every field is
+ * validated, also with MOEX_FP8_OFF (which then ignores them: the plain path, bitwise).
+ * docs/ops.md 9.11 says which operand gets which recipe and orientation.
+ *   BLOCK    DeepSeek-V3's: 1x128 activations and gradients, 128x128 weight blocks (the
+ *            recipe to pick on Hopper)
+ *   CURRENT  current scaling, one scale per group (activations, gradients) or expert (weights)
+ *   MXFP8    1x32 blocks with E8M0 scales (correct on Hopper, not its fast recipe)        */
+typedef enum moex_fp8_mode {
+    MOEX_FP8_OFF = 0,
+    MOEX_FP8_BLOCK = 1,
+    MOEX_FP8_CURRENT = 2,
+    MOEX_FP8_MXFP8 = 3
+} moex_fp8_mode;
+
+typedef enum moex_fp8_dtypes {
+    MOEX_FP8_E4M3_ALL = 0,      /* every operand E4M3                                      */
+    MOEX_FP8_HYBRID = 1         /* activations and weights E4M3, gradients E5M2             */
+} moex_fp8_dtypes;
+
+typedef struct moex_fp8_recipe {
+    moex_fp8_mode mode;
+    moex_fp8_dtypes dtypes;
+    int32_t pow2_scales;        /* nonzero: scales rounded down to powers of 2 (MOEX_SCALE_POW2);
+                                   BLOCK and CURRENT only                                  */
+    float amax_epsilon;         /* >= 0, as moex_quant_params.amax_epsilon (not MXFP8)      */
+} moex_fp8_recipe;
+
 /* ---- splits_to_offsets --------------------------------------------------------------- */
 
 #define MOEX_MAX_OFFSETS 8
@@ -254,6 +291,7 @@ typedef struct moex_grouped_linear_args {
     moex_tensor probs;          /* [T] f32; SCALED only                     in            */
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_tensor y;              /* [T, N], dtype of x                       =             */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_grouped_linear_args;
 
 typedef struct moex_grouped_linear_dgrad_args {
@@ -266,6 +304,7 @@ typedef struct moex_grouped_linear_dgrad_args {
     moex_tensor dx;             /* [T, K], dtype of dy; optional            =             */
     moex_tensor dbias;          /* [G, N] f32 or dtype of dy; ADD/SCALED    =             */
     moex_tensor dprobs;         /* [T] f32; optional, SCALED only           +=            */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_grouped_linear_dgrad_args;
 
 typedef struct moex_grouped_linear_wgrad_args {
@@ -274,6 +313,7 @@ typedef struct moex_grouped_linear_wgrad_args {
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_grad_mode dw_mode;
     moex_weight dw;             /* [G, N, K]: WRITE f32 or dtype of x (=); ACCUMULATE f32 (+=) */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_grouped_linear_wgrad_args;
 
 MOEX_API moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx,
@@ -421,6 +461,7 @@ typedef struct moex_grouped_mlp_args {
     moex_tensor z;              /* [T, F], dtype of x; optional: absent asks the backward
                                    to recompute z from h                    =             */
     moex_tensor y;              /* [T, H], dtype of x                       =             */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_grouped_mlp_args;
 
 /* What the grouped MLP backward may do with the saved h. */
@@ -453,6 +494,7 @@ typedef struct moex_grouped_mlp_grad_args {
     moex_tensor db2;            /* [G, H] f32 or dtype of x; ADD/SCALED     =             */
     moex_tensor dprobs;         /* [T] f32; needs probs                     +=            */
     moex_h_mode h_mode;         /* MOEX_H_KEEP (0) unless h may be consumed               */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_grouped_mlp_grad_args;
 
 MOEX_API moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx,
@@ -584,6 +626,7 @@ typedef struct moex_moe_layer_args {
     void *saved;                /* forward: =; backward: in                               */
     size_t saved_bytes;
     moex_tensor y;              /* [T, H], dtype of x; forward only         =             */
+    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
 } moex_moe_layer_args;
 
 typedef struct moex_moe_layer_grad_args {
@@ -714,9 +757,11 @@ MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight
  * scaling (TENSOR or GROUP rows with GROUP weights), or MXFP8 with MXFP8; either operand E4M3
  * or E5M2. Rows >= sum(splits) are neither read nor written.
  * On Hopper the forward of current-scaled or BLOCK operands, y bf16 or f16, K a multiple of
- * 16 and N of 8, runs on the FP8 tensor cores (x.data, w.data and y 16-byte
- * aligned); everything else runs through the dequantized operands in f32 (workspace: f32
- * copies of both operands and, unless y is f32, of y). docs/ops.md 9.10. */
+ * 16 and N of 8, runs on the FP8 tensor cores (x.data, w.data and y 16-byte aligned), and so
+ * does the backward weight of such copies with K and N multiples of 8 and T of 16 (dy.data,
+ * x.data and dw 16-byte aligned); everything else (MXFP8 included: Hopper has no MX
+ * instruction) runs through the dequantized operands in f32 (workspace: f32 copies of both
+ * operands and, unless y is f32, of y). docs/ops.md 9.10. */
 typedef struct moex_grouped_linear_fp8_args {
     moex_quant_params x_params;
     moex_quant_tensor x;        /* rowwise: data [T, K], scales             in            */

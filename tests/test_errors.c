@@ -363,6 +363,13 @@ static void grouped_linear_cases(moex_context *ctx) {
     a = base_fw, a.bias_mode = MOEX_BIAS_ADD, a.probs.ndim = 0, a.bias.ndim = 0; FW("bias");
     a = base_fw, a.bias_mode = MOEX_BIAS_NONE, a.probs.ndim = 0; FW("bias"); /* bias given with NONE */
     a = base_fw, a.bias_mode = MOEX_BIAS_ADD;          FW("probs");          /* probs given without SCALED */
+    /* the FP8 recipe (docs/ops.md 9.11) */
+    a = base_fw, a.fp8.mode = (moex_fp8_mode)7;        FW("fp8.mode");
+    a = base_fw, a.fp8.mode = MOEX_FP8_BLOCK, a.fp8.dtypes = (moex_fp8_dtypes)2; FW("fp8.dtypes");
+    a = base_fw, a.fp8.mode = MOEX_FP8_CURRENT, a.fp8.amax_epsilon = -1.0f; FW("fp8.amax_epsilon");
+    a = base_fw, a.fp8.mode = MOEX_FP8_BLOCK, a.fp8.amax_epsilon = NAN; FW("fp8.amax_epsilon");
+    a = base_fw, a.fp8.mode = MOEX_FP8_OFF, a.fp8.amax_epsilon = INFINITY; FW("fp8.amax_epsilon");
+    a = base_fw, a.fp8.mode = MOEX_FP8_MXFP8, a.fp8.pow2_scales = 1; FW("fp8.pow2_scales");
 #undef FW
     BAD_SPLITS_CASES(ctx, moex_grouped_linear_forward, moex_grouped_linear_args, base_fw, "grouped_linear_forward");
     /* T = 0: tensors without elements may have NULL data (valid) */
@@ -372,6 +379,14 @@ static void grouped_linear_cases(moex_context *ctx) {
     /* discrete weights work (valid) */
     a = base_fw, a.w.t.data = NULL, a.w.ptrs = fx.wptr;
     OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
+    a.fp8.mode = MOEX_FP8_BLOCK;   /* with the FP8 recipe too (host-memory pointers) */
+    {
+        size_t need = 0;
+        CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &need), MOEX_OK);
+        CHECK_MSG(need <= WS_BYTES, "FP8 forward workspace of %zu bytes fits the fixture", need);
+        if (need <= WS_BYTES) OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
+        BAD(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, need - 1, NULL), "workspace");
+    }
     {   /* ... but not with a NULL matrix pointer */
         void *saved_ptr = fx.wptr[1];
         fx.wptr[1] = NULL;
@@ -399,6 +414,8 @@ static void grouped_linear_cases(moex_context *ctx) {
     d = base_dg, d.bias_mode = MOEX_BIAS_NONE, d.bias.ndim = 0, d.probs.ndim = 0, d.dprobs.ndim = 0; DG("dbias");
     d = base_dg, d.bias_mode = MOEX_BIAS_ADD, d.probs.ndim = 0; DG("dprobs");
     d = base_dg, d.bias_mode = (moex_bias_mode)-1;     DG("bias mode");
+    d = base_dg, d.fp8.mode = (moex_fp8_mode)-1;       DG("fp8.mode");
+    d = base_dg, d.fp8.mode = MOEX_FP8_BLOCK, d.fp8.amax_epsilon = -0.5f; DG("fp8.amax_epsilon");
 #undef DG
     BAD_SPLITS_CASES(ctx, moex_grouped_linear_backward_data, moex_grouped_linear_dgrad_args, base_dg, "grouped_linear_backward_data");
 
@@ -415,6 +432,8 @@ static void grouped_linear_cases(moex_context *ctx) {
     w = base_wg, w.dy.shape[0] = T + 1;                WG("dy");
     w = base_wg, w.dy.dtype = F32;                     WG("dy");
     w = base_wg, w.x.ndim = 1;                         WG("x");
+    w = base_wg, w.fp8.mode = MOEX_FP8_MXFP8, w.fp8.dtypes = (moex_fp8_dtypes)9; WG("fp8.dtypes");
+    w = base_wg, w.fp8.mode = (moex_fp8_mode)4;        WG("fp8.mode");
 #undef WG
     BAD_SPLITS_CASES(ctx, moex_grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, base_wg, "grouped_linear_backward_weight");
     w = base_wg, w.dw_mode = MOEX_GRAD_WRITE, w.dw = wp(fx.dw_bf16, DT, G, N, K); /* WRITE bf16 is valid */
@@ -491,6 +510,9 @@ static void mlp_cases(moex_context *ctx) {
     a = base_mf, a.glu.layout = MOEX_GLU_INTERLEAVED_32, a.w1.t.shape[1] = 2 * 20, a.h.shape[1] = 40,
     a.b1.shape[1] = 40, a.w2.t.shape[2] = 20, a.z.shape[1] = 20; MF("32");
     a = base_mf, a.glu.kind = MOEX_GLU_CLAMPED_SWIGLU, a.glu.limit = -1.0f; MF("limit");
+    a = base_mf, a.fp8.mode = (moex_fp8_mode)5;        MF("fp8.mode");
+    a = base_mf, a.fp8.mode = MOEX_FP8_CURRENT, a.fp8.dtypes = (moex_fp8_dtypes)-1; MF("fp8.dtypes");
+    a = base_mf, a.fp8.mode = MOEX_FP8_BLOCK, a.fp8.amax_epsilon = -INFINITY; MF("fp8.amax_epsilon");
 #undef MF
     BAD_SPLITS_CASES(ctx, moex_grouped_mlp_forward, moex_grouped_mlp_args, base_mf, "grouped_mlp_forward");
 
@@ -517,6 +539,9 @@ static void mlp_cases(moex_context *ctx) {
     b = base_mb, b.h_mode = (moex_h_mode)2;            MB("h_mode");
     /* an h the call overwrites is an output: it may not overlap an input */
     b = base_mb, b.h_mode = MOEX_H_OVERWRITE, b.x.data = b.h.data; MB("overlaps");
+    b = base_mb, b.fp8.mode = (moex_fp8_mode)99;       MB("fp8.mode");
+    b = base_mb, b.fp8.mode = MOEX_FP8_MXFP8, b.fp8.pow2_scales = -1; MB("fp8.pow2_scales");
+    b = base_mb, b.fp8.mode = MOEX_FP8_BLOCK, b.dw1 = wp(fx.dw1_bf16, DT, G, 2 * F, H); MB("dw1"); /* still */
 #undef MB
     BAD_SPLITS_CASES(ctx, moex_grouped_mlp_backward, moex_grouped_mlp_grad_args, base_mb, "grouped_mlp_backward");
     b = base_mb, b.z.ndim = 0; /* recompute z: still valid */

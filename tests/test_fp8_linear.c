@@ -300,6 +300,11 @@ static void check_refusals(moex_context *ctx, tu_rng *r) {
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_forward(ctx, &a, ws, sizeof ws, NULL), "w.data", NULL);
     a = base, a.w.scales.shape[1] += 1;
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_forward(ctx, &a, ws, sizeof ws, NULL), "w.scales", NULL);
+    float probs[40] = {0};   /* probs without the scaled bias (tests/fuzz finding fp8-1) */
+    a = base, a.probs = moex_tensor_1d(probs, MOEX_DTYPE_F32, T);
+    CHECK_REFUSED(ctx, moex_grouped_linear_fp8_forward(ctx, &a, ws, sizeof ws, NULL), "probs", "SCALED");
+    size_t qbytes = 0;
+    CHECK_STATUS(ctx, moex_grouped_linear_fp8_forward_workspace_size(ctx, &a, &qbytes), MOEX_ERR_INVALID_ARG);
     CHECK_POISONED("refused fp8 forwards: y untouched", MOEX_DTYPE_BF16, yb, 0, T * N);
 
     moex_grouped_linear_fp8_wgrad_args wa;

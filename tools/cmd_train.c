@@ -8,6 +8,10 @@
  *   loss:             MSE = mean over T*H of (y_student - y_teacher)^2
  *   optimiser:        Adam on f32 master weights (kept on the host, copied to the backend
  *                     in the activation dtype every step), cosine learning-rate decay
+ *   --fp8 RECIPE:     the student's forward and backward (every moex call of the training
+ *                     loop and of the evaluation) with moex_moe_layer_args.fp8 set, so its
+ *                     expert GEMMs run in FP8 (docs/ops.md 9.11); the teacher, the fixed
+ *                     target, always runs in the activation dtype
  *
  * The teacher's router logits have standard deviation 2 and its experts share half of
  * their weight variance (TEACHER_SHARED, see trainer_setup); the student's initial weights
@@ -38,18 +42,22 @@
 static const char *const dtype_words[] = {"f32", "bf16", NULL};
 static const moex_dtype dtype_values[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16};
 static const char *const backend_words[] = {"auto", "cpu", "cuda", NULL};
+/* --fp8: the index is the moex_fp8_mode; --fp8-format: the moex_fp8_dtypes */
+static const char *const fp8_words[] = {"off", "block", "current", "mxfp8", NULL};
+static const char *const fp8_format_words[] = {"e4m3", "hybrid", NULL};
 
 typedef struct train_opts {
     int64_t experts, topk, hidden, ffn, tokens, steps, seed, threads, max_memory;
     double lr;
-    int dtype, backend, json;
+    int dtype, backend, fp8, fp8_format, json;
     const char *out;
 } train_opts;
 
 /* Defaults: finish in well under a minute on 2 cores with final loss <= initial / 10. */
 static const train_opts default_opts = {
     .experts = 8, .topk = 2, .hidden = 32, .ffn = 64, .tokens = 512, .steps = 5000,
-    .seed = 1, .threads = 0, .max_memory = 0, .lr = 1e-2, .dtype = 0, .backend = 0, .json = 0, .out = ".",
+    .seed = 1, .threads = 0, .max_memory = 0, .lr = 1e-2, .dtype = 0, .backend = 0, .fp8 = 0, .fp8_format = 0,
+    .json = 0, .out = ".",
 };
 
 static void usage(FILE *out) {
@@ -74,6 +82,13 @@ static void usage(FILE *out) {
             "  --steps S        optimiser steps (default %lld)\n"
             "  --lr LR          peak Adam learning rate, cosine decay to LR/20 (default %g)\n"
             "  --dtype D        f32 | bf16: activations and weights the layer sees (default f32)\n"
+            "  --fp8 RECIPE     off | block | current | mxfp8: the student's expert GEMMs, forward\n"
+            "                   and backward, in FP8 (experimental; docs/ops.md 9.11): block is\n"
+            "                   DeepSeek-V3's 1x128 / 128x128 block scaling, current one scale per\n"
+            "                   expert's rows and one per expert's weights, mxfp8 1x32 blocks with\n"
+            "                   E8M0 scales. The teacher stays in --dtype (default off)\n"
+            "  --fp8-format F   e4m3 | hybrid: with --fp8, every operand E4M3, or the gradients\n"
+            "                   E5M2 (default e4m3)\n"
             "  --backend B      auto | cpu | cuda (default auto: cuda when a CUDA context can be\n"
             "                   created, else cpu)\n"
             "  --threads N      CPU threads (default: the library's, MOEX_NUM_THREADS or all)\n"
@@ -114,6 +129,7 @@ typedef struct trainer {
     train_opts o;
     moex_backend backend;
     moex_dtype dt;
+    moex_fp8_recipe fp8;         /* the student's (--fp8); the teacher runs without */
     moex_context *ctx;
     int64_t E, k, H, F, T;
     moe_net teacher, student;
@@ -239,6 +255,7 @@ static moex_moe_layer_args layer_args(const trainer *t, const moe_net *net) {
     a.saved = net->saved;
     a.saved_bytes = t->saved_bytes;
     a.y = moex_tensor_2d(t->dev_y, t->dt, t->T, t->H);
+    if (net == &t->student) a.fp8 = t->fp8;   /* the backward gets it through g.fwd */
     return a;
 }
 
@@ -264,24 +281,29 @@ static int lib_ok(trainer *t, moex_status st, const char *what) {
 
 static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
 
-/* t->saved_bytes and t->ws_bytes (the larger of the forward's and backward's workspace),
- * from the library's queries on placeholder buffers: known before anything is allocated. */
+/* t->saved_bytes and t->ws_bytes (the largest of the forwards' and the backward's workspace:
+ * the student's with its FP8 recipe, the teacher's without), from the library's queries on
+ * placeholder buffers: known before anything is allocated. */
 static int trainer_query_sizes(trainer *t) {
     trainer p = *t;
     void *nd = cli_no_data();
-    param *ps[NET_PARAMS] = {&p.student.router, &p.student.w1, &p.student.w2};
-    p.dev_x = p.dev_y = p.dev_dy = p.student.saved = nd;
-    for (int i = 0; i < NET_PARAMS; i++) ps[i]->dev_w = ps[i]->dev_g = nd;
+    param *ps[2 * NET_PARAMS] = {&p.student.router, &p.student.w1, &p.student.w2,
+                                 &p.teacher.router, &p.teacher.w1, &p.teacher.w2};
+    p.dev_x = p.dev_y = p.dev_dy = p.student.saved = p.teacher.saved = nd;
+    for (int i = 0; i < 2 * NET_PARAMS; i++) ps[i]->dev_w = ps[i]->dev_g = nd;
     moex_moe_layer_args fa = layer_args(&p, &p.student);
     if (lib_ok(t, moex_moe_layer_saved_size(t->ctx, &fa, &t->saved_bytes), "moex_moe_layer_saved_size")) return -1;
     p.saved_bytes = t->saved_bytes;
     fa = layer_args(&p, &p.student);
+    p.teacher.saved = p.student.saved;
+    moex_moe_layer_args ta = layer_args(&p, &p.teacher);
     moex_moe_layer_grad_args ga = grad_args(&p);
-    size_t ws_f = 0, ws_b = 0;
+    size_t ws_f = 0, ws_t = 0, ws_b = 0;
     if (lib_ok(t, moex_moe_layer_forward_workspace_size(t->ctx, &fa, &ws_f), "moex_moe_layer_forward_workspace_size") ||
+        lib_ok(t, moex_moe_layer_forward_workspace_size(t->ctx, &ta, &ws_t), "moex_moe_layer_forward_workspace_size") ||
         lib_ok(t, moex_moe_layer_backward_workspace_size(t->ctx, &ga, &ws_b), "moex_moe_layer_backward_workspace_size"))
         return -1;
-    t->ws_bytes = max_size(ws_f, ws_b);
+    t->ws_bytes = max_size(max_size(ws_f, ws_t), ws_b);
     return 0;
 }
 
@@ -549,6 +571,8 @@ int cli_cmd_train(int argc, char **argv) {
         {"lr", CLI_OPT_DOUBLE, &t.o.lr, .min = 1e-12, .max = 10.0},
         {"dtype", CLI_OPT_CHOICE, &t.o.dtype, .choices = dtype_words},
         {"backend", CLI_OPT_CHOICE, &t.o.backend, .choices = backend_words},
+        {"fp8", CLI_OPT_CHOICE, &t.o.fp8, .choices = fp8_words},
+        {"fp8-format", CLI_OPT_CHOICE, &t.o.fp8_format, .choices = fp8_format_words},
         {"threads", CLI_OPT_INT, &t.o.threads, .imin = 1, .imax = 1024},
         {"seed", CLI_OPT_INT, &t.o.seed, .imin = 0, .imax = INT64_C(1) << 53},
         {"max-memory", CLI_OPT_BYTES, &t.o.max_memory, .imin = 1, .imax = INT64_MAX},
@@ -568,6 +592,8 @@ int cli_cmd_train(int argc, char **argv) {
     }
 
     t.dt = dtype_values[t.o.dtype];
+    t.fp8.mode = (moex_fp8_mode)t.o.fp8;
+    t.fp8.dtypes = (moex_fp8_dtypes)t.o.fp8_format;
     if (t.o.backend == 0)
         t.backend = cli_cuda_available() ? MOEX_BACKEND_CUDA : MOEX_BACKEND_CPU;
     else
@@ -621,9 +647,10 @@ int cli_cmd_train(int argc, char **argv) {
 
     int tty = !t.o.json && isatty(STDOUT_FILENO);
     if (!t.o.json) {
-        printf("moex train: backend %s, dtype %s, experts %lld, topk %lld, hidden %lld, ffn %lld, "
+        printf("moex train: backend %s, dtype %s, fp8 %s%s%s, experts %lld, topk %lld, hidden %lld, ffn %lld, "
                "tokens %lld, steps %lld, lr %g, seed %lld\n",
-               cli_backend_name(t.backend), moex_dtype_name(t.dt), (long long)t.E, (long long)t.k,
+               cli_backend_name(t.backend), moex_dtype_name(t.dt), fp8_words[t.o.fp8], t.o.fp8 ? "/" : "",
+               t.o.fp8 ? fp8_format_words[t.o.fp8_format] : "", (long long)t.E, (long long)t.k,
                (long long)t.H, (long long)t.F, (long long)t.T, (long long)t.o.steps, t.o.lr,
                (long long)t.o.seed);
         fflush(stdout);
@@ -669,10 +696,11 @@ int cli_cmd_train(int argc, char **argv) {
     if (t.o.json) {
         printf("{\"initial_loss\": %.9g, \"final_loss\": %.9g, \"loss_ratio\": %.6g, \"steps\": %lld, "
                "\"tokens_per_step\": %lld, \"time_s\": %.4f, \"tokens_per_s\": %.1f, \"backend\": \"%s\", "
-               "\"dtype\": \"%s\", \"experts\": %lld, \"topk\": %lld, \"hidden\": %lld, \"ffn\": %lld, "
-               "\"lr\": %g, \"seed\": %lld, \"csv\": ",
+               "\"dtype\": \"%s\", \"fp8\": \"%s\", \"fp8_format\": \"%s\", \"experts\": %lld, "
+               "\"topk\": %lld, \"hidden\": %lld, \"ffn\": %lld, \"lr\": %g, \"seed\": %lld, \"csv\": ",
                initial, final, ratio, (long long)t.o.steps, (long long)t.T, seconds, tokens_per_s,
-               cli_backend_name(t.backend), moex_dtype_name(t.dt), (long long)t.E, (long long)t.k,
+               cli_backend_name(t.backend), moex_dtype_name(t.dt), fp8_words[t.o.fp8],
+               fp8_format_words[t.o.fp8_format], (long long)t.E, (long long)t.k,
                (long long)t.H, (long long)t.F, t.o.lr, (long long)t.o.seed);
         json_string(stdout, csv_path);
         printf(", \"svg\": ");

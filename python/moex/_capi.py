@@ -29,18 +29,31 @@ class Weight(ctypes.Structure):
     _fields_ = [("t", Tensor), ("ptrs", ctypes.c_void_p)]
 
 
+FP8_OFF, FP8_BLOCK, FP8_CURRENT, FP8_MXFP8 = 0, 1, 2, 3
+FP8_E4M3_ALL, FP8_HYBRID = 0, 1
+
+
+class Fp8Recipe(ctypes.Structure):
+    """moex_fp8_recipe (experimental): mode (FP8_*), dtypes (FP8_E4M3_ALL, FP8_HYBRID),
+    pow2_scales, amax_epsilon; zero: off."""
+    _fields_ = [("mode", ctypes.c_int), ("dtypes", ctypes.c_int), ("pow2_scales", ctypes.c_int32),
+                ("amax_epsilon", ctypes.c_float)]
+
+
 class GroupedLinearArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("w", Weight), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor),
-                ("splits", Tensor), ("y", Tensor)]
+                ("splits", Tensor), ("y", Tensor), ("fp8", Fp8Recipe)]
 
 
 class GroupedLinearDgradArgs(ctypes.Structure):
     _fields_ = [("dy", Tensor), ("w", Weight), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor),
-                ("splits", Tensor), ("dx", Tensor), ("dbias", Tensor), ("dprobs", Tensor)]
+                ("splits", Tensor), ("dx", Tensor), ("dbias", Tensor), ("dprobs", Tensor),
+                ("fp8", Fp8Recipe)]
 
 
 class GroupedLinearWgradArgs(ctypes.Structure):
-    _fields_ = [("x", Tensor), ("dy", Tensor), ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
+    _fields_ = [("x", Tensor), ("dy", Tensor), ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight),
+                ("fp8", Fp8Recipe)]
 
 
 class GluParams(ctypes.Structure):
@@ -53,21 +66,22 @@ class GluParams(ctypes.Structure):
 class GroupedMlpArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("w1", Weight), ("b1", Tensor), ("w2", Weight), ("b2_mode", ctypes.c_int),
                 ("b2", Tensor), ("probs", Tensor), ("glu", GluParams), ("splits", Tensor), ("h", Tensor),
-                ("z", Tensor), ("y", Tensor)]
+                ("z", Tensor), ("y", Tensor), ("fp8", Fp8Recipe)]
 
 
 class GroupedMlpGradArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("w1", Weight), ("w2", Weight), ("b2_mode", ctypes.c_int), ("b2", Tensor),
                 ("probs", Tensor), ("glu", GluParams), ("splits", Tensor), ("h", Tensor), ("z", Tensor),
                 ("dy", Tensor), ("dx", Tensor), ("dw_mode", ctypes.c_int), ("dw1", Weight), ("dw2", Weight),
-                ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor), ("h_mode", ctypes.c_int)]
+                ("db1", Tensor), ("db2", Tensor), ("dprobs", Tensor), ("h_mode", ctypes.c_int),
+                ("fp8", Fp8Recipe)]
 
 
 class MoeLayerArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("router_w", Tensor), ("topk", ctypes.c_int32), ("score", ctypes.c_int),
                 ("norm", ctypes.c_int), ("w1", Weight), ("b1", Tensor), ("w2", Weight), ("b2_mode", ctypes.c_int),
                 ("b2", Tensor), ("glu", GluParams), ("saved", ctypes.c_void_p), ("saved_bytes", ctypes.c_size_t),
-                ("y", Tensor)]
+                ("y", Tensor), ("fp8", Fp8Recipe)]
 
 
 class MoeLayerGradArgs(ctypes.Structure):

@@ -5,17 +5,27 @@ and the MoE layer likewise; the functions gmm, grouped_linear and grouped_mlp, a
 GroupedLinear, GroupedMLP and MoELayer.
 
 Operators (namespace moex; the math: docs/ops.md section 2):
-  grouped_linear_forward(x, w, splits, bias, probs, bias_mode) -> y
+  grouped_linear_forward(x, w, splits, bias, probs, bias_mode, fp8...) -> y
       y[r] = x[r] W_g^T (+ b_g | + p_r b_g)          x [T, K], w [G, N, K], y [T, N]
   grouped_linear_backward_data(dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias,
-                               need_dprobs) -> (dx [T, K], dbias [G, N] (bias's dtype), dprobs [T] f32)
+                               need_dprobs, fp8...) -> (dx [T, K], dbias [G, N] (bias's dtype), dprobs [T] f32)
       (an output not needed comes back empty)
-  grouped_linear_backward_weight(x, dy, splits, dw_dtype) -> dw [G, N, K]
-  grouped_linear_backward_weight_accumulate(x, dy, splits, main_grad) -> None
+  grouped_linear_backward_weight(x, dy, splits, dw_dtype, fp8...) -> dw [G, N, K]
+  grouped_linear_backward_weight_accumulate(x, dy, splits, main_grad, fp8...) -> None
       main_grad [G, N, K] f32 += dy_g^T x_g
-  grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z) -> (y, h, z)
-  grouped_mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs)   (h is overwritten)
-      -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4; db1, db2 in b1's, b2's dtype)
+  grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z, fp8...) -> (y, h, z)
+  grouped_mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu..., needs, fp8...)
+      -> [dx, dw1, dw2, db1, db2, dprobs] (docs/ops.md section 4; db1, db2 in b1's, b2's dtype;
+      h is overwritten)
+  moe_layer_forward(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu..., fp8...) -> (y, saved)
+  moe_layer_backward(x, router_w, w1, b1, w2, b2, saved, dy, topk, ..., needs, fp8...) -> [dx, drouter_w, ...]
+fp8... are the FP8 training recipe (experimental; docs/ops.md 9.11), the fields of
+moex_fp8_recipe: fp8_mode: int = 0 (0 off, 1 BLOCK, 2 CURRENT, 3 MXFP8), fp8_dtypes: int = 0
+(0 E4M3, 1 HYBRID: E5M2 gradients), fp8_pow2_scales: bool = False, fp8_amax_epsilon: float =
+0.0; the defaults are off, the plain path. With a recipe, every GEMM of the call runs on FP8
+operands, quantized inside the call; inputs, outputs and their dtypes are the plain call's.
+The modules and functions take it as fp8_recipe="block" | "current" | "mxfp8" and
+fp8_format="e4m3" | "hybrid".
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
 rows at or past sum(splits) of y and dx are not written. CPU tensors run on moex's CPU backend,
 CUDA tensors on its CUDA backend for the tensor's device, on torch's current stream, with
@@ -43,6 +53,47 @@ _DTYPES.update({getattr(torch, name): code for name, code in (("float8_e4m3fn", 
                 if hasattr(torch, name)})
 _TORCH_DTYPES = {v: k for k, v in _DTYPES.items()}
 _FLOATS = (torch.float32, torch.bfloat16, torch.float16)
+
+# ---- the FP8 training recipe (experimental; docs/ops.md 9.11) ---------------------------------
+
+_FP8_RECIPES = {"block": _capi.FP8_BLOCK, "current": _capi.FP8_CURRENT, "mxfp8": _capi.FP8_MXFP8}
+_FP8_FORMATS = {"e4m3": _capi.FP8_E4M3_ALL, "hybrid": _capi.FP8_HYBRID}
+_FP8_OFF = (_capi.FP8_OFF, _capi.FP8_E4M3_ALL, False, 0.0)
+Fp8 = Tuple[int, int, bool, float]   # the operators' fp8 arguments: mode, dtypes, pow2_scales, amax_epsilon
+
+
+def _fp8_code(owner: str, fp8_recipe: Optional[str], fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
+              fp8_amax_epsilon: float = 0.0) -> Fp8:
+    """The operators' fp8 arguments for a recipe named as the modules take it (None: off).
+
+    fp8_recipe: None (off: the GEMMs run in the activation dtype), "block" (DeepSeek-V3's 1x128
+    activations and gradients, 128x128 weight blocks: the recipe for Hopper), "current" (current
+    scaling, one scale per group or expert) or "mxfp8" (1x32 blocks, E8M0 scales); fp8_format
+    "e4m3" (every operand E4M3) or "hybrid" (gradients E5M2, as Transformer Engine's
+    Format.HYBRID); fp8_pow2_scales rounds scales down to powers of 2 (block and current);
+    fp8_amax_epsilon >= 0 floors each amax (not mxfp8)."""
+    if fp8_recipe is not None and fp8_recipe not in _FP8_RECIPES:
+        raise ValueError(f"moex.{owner}: fp8_recipe must be None or one of {list(_FP8_RECIPES)}, "
+                         f"got {fp8_recipe!r}")
+    if fp8_format not in _FP8_FORMATS:
+        raise ValueError(f"moex.{owner}: fp8_format must be one of {list(_FP8_FORMATS)}, got {fp8_format!r}")
+    eps = float(fp8_amax_epsilon)
+    if not (eps >= 0.0 and eps != float("inf")):
+        raise ValueError(f"moex.{owner}: fp8_amax_epsilon must be finite and >= 0, got {fp8_amax_epsilon!r}")
+    if fp8_recipe == "mxfp8" and (fp8_pow2_scales or eps != 0.0):
+        raise ValueError(f"moex.{owner}: fp8_recipe 'mxfp8' has power-of-2 (E8M0) scales and no amax epsilon: "
+                         "fp8_pow2_scales and fp8_amax_epsilon apply to 'block' and 'current' only")
+    if fp8_recipe is None:
+        return _FP8_OFF
+    return _FP8_RECIPES[fp8_recipe], _FP8_FORMATS[fp8_format], bool(fp8_pow2_scales), eps
+
+
+def _fp8_recipe(mode: int, dtypes: int, pow2_scales: bool, amax_epsilon: float) -> Optional[_capi.Fp8Recipe]:
+    """The moex_fp8_recipe of an operator's fp8 arguments; None (the zero struct: off) for the
+    defaults."""
+    if (mode, dtypes, pow2_scales, amax_epsilon) == _FP8_OFF:
+        return None
+    return _capi.Fp8Recipe(mode, dtypes, int(pow2_scales), amax_epsilon)
 
 
 # ---- calling the C library -------------------------------------------------------------------
@@ -166,6 +217,10 @@ class _Operator:
         self.impl = impl
         self.op = torch.library.custom_op(f"moex::{name}", impl, mutates_args=mutates_args)
         self.function = None
+        # the trailing defaults (the fp8 recipe): the eager path passes them explicitly, so that
+        # setup_context and backward see every input, as the operator's autograd does
+        self.num_params = impl.__code__.co_argcount
+        self.defaults = impl.__defaults__ or ()
 
     def register_fake(self, fake):
         return self.op.register_fake(fake)
@@ -190,6 +245,8 @@ class _Operator:
     def __call__(self, *args):
         if not _eager(args):
             return self.op(*args)
+        if len(args) < self.num_params:
+            args = args + self.defaults[len(self.defaults) - (self.num_params - len(args)):]
         if self.function is not None and torch.is_grad_enabled() and any(
                 isinstance(a, Tensor) and a.requires_grad for a in args):
             return self.function.apply(*args)
@@ -204,24 +261,26 @@ def _operator(name: str, mutates_args):
 
 @_operator("grouped_linear_forward", mutates_args=())
 def _forward(x: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
-             bias_mode: int) -> Tensor:
+             bias_mode: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     _check_group_inputs("grouped_linear_forward", x, "x", w, splits)
     _check_bias("grouped_linear_forward", bias_mode, bias, probs, x, w)
     y = x.new_empty(x.shape[0], w.shape[1])
     args = _args(_capi.GroupedLinearArgs, x=x, w=w, bias_mode=bias_mode, bias=bias if bias_mode != BIAS_NONE else None,
-                 probs=probs if bias_mode == BIAS_SCALED else None, splits=splits, y=y)
+                 probs=probs if bias_mode == BIAS_SCALED else None, splits=splits, y=y,
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_linear_forward", args, x.device)
     return y
 
 
 @_forward.register_fake
-def _(x, w, splits, bias, probs, bias_mode):
+def _(x, w, splits, bias, probs, bias_mode, *fp8):
     return x.new_empty(x.shape[0], w.shape[1])
 
 
 @_operator("grouped_linear_backward_data", mutates_args=())
 def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
-                   bias_mode: int, need_dx: bool, need_dbias: bool, need_dprobs: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                   bias_mode: int, need_dx: bool, need_dbias: bool, need_dprobs: bool,
+                   fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
     op = "grouped_linear_backward_data"
     _check_group_inputs(op, dy, "dy", w, splits)
     _check_bias(op, bias_mode, bias, probs, dy, w)
@@ -232,7 +291,8 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
     args = _args(_capi.GroupedLinearDgradArgs, dy=dy, w=w, bias_mode=bias_mode,
                  bias=bias if scaled and need_dprobs else None, probs=probs if scaled else None, splits=splits,
                  dx=dx if need_dx else None, dbias=dbias if need_dbias else None,
-                 dprobs=dprobs if need_dprobs else None)
+                 dprobs=dprobs if need_dprobs else None,
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_linear_backward_data", args, dy.device)
     return dx, dbias, dprobs
 
@@ -251,7 +311,7 @@ def _backward_data_outputs(dy, w, bias, need_dx, need_dbias, need_dprobs):
 
 
 @_backward_data.register_fake
-def _(dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs):
+def _(dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs, *fp8):
     return _backward_data_outputs(dy, w, bias, need_dx, need_dbias, need_dprobs)
 
 
@@ -263,58 +323,61 @@ def _check_wgrad(op: str, x: Tensor, dy: Tensor, splits: Tensor) -> None:
         raise ValueError(f"moex.{op}: x has {x.shape[0]} rows, dy {dy.shape[0]}")
 
 
-def _wgrad_args(x, dy, splits, mode, dw):
-    return _args(_capi.GroupedLinearWgradArgs, x=x, dy=dy, splits=splits, dw_mode=mode, dw=dw)
+def _wgrad_args(x, dy, splits, mode, dw, fp8: Fp8):
+    return _args(_capi.GroupedLinearWgradArgs, x=x, dy=dy, splits=splits, dw_mode=mode, dw=dw, fp8=_fp8_recipe(*fp8))
 
 
 @_operator("grouped_linear_backward_weight", mutates_args=())
-def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int) -> Tensor:
+def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     _check_wgrad("grouped_linear_backward_weight", x, dy, splits)
     dw = x.new_empty(splits.shape[0], dy.shape[1], x.shape[1], dtype=_TORCH_DTYPES[dw_dtype])
-    _run("grouped_linear_backward_weight", _wgrad_args(x, dy, splits, GRAD_WRITE, dw), x.device)
+    fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+    _run("grouped_linear_backward_weight", _wgrad_args(x, dy, splits, GRAD_WRITE, dw, fp8), x.device)
     return dw
 
 
 @_backward_weight.register_fake
-def _(x, dy, splits, dw_dtype):
+def _(x, dy, splits, dw_dtype, *fp8):
     return x.new_empty(splits.shape[0], dy.shape[1], x.shape[1], dtype=_TORCH_DTYPES[dw_dtype])
 
 
 @_operator("grouped_linear_backward_weight_accumulate", mutates_args=("main_grad",))
-def _backward_weight_accumulate(x: Tensor, dy: Tensor, splits: Tensor, main_grad: Tensor) -> None:
+def _backward_weight_accumulate(x: Tensor, dy: Tensor, splits: Tensor, main_grad: Tensor,
+                                fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> None:
     op = "grouped_linear_backward_weight_accumulate"
     _check_wgrad(op, x, dy, splits)
     _check(op, "main_grad", main_grad, x.device, (torch.float32,), 3)
-    _run("grouped_linear_backward_weight", _wgrad_args(x, dy, splits, GRAD_ACCUMULATE, main_grad), x.device)
+    fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+    _run("grouped_linear_backward_weight", _wgrad_args(x, dy, splits, GRAD_ACCUMULATE, main_grad, fp8), x.device)
 
 
 @_backward_weight_accumulate.register_fake
-def _(x, dy, splits, main_grad):
+def _(x, dy, splits, main_grad, *fp8):
     return None
 
 
 def _forward_setup(ctx, inputs, output):
-    x, w, splits, bias, probs, bias_mode = inputs
+    x, w, splits, bias, probs, bias_mode, *fp8 = inputs
     ctx.save_for_backward(x, w, splits, bias, probs)
-    ctx.bias_mode = bias_mode
+    ctx.bias_mode, ctx.fp8 = bias_mode, fp8
 
 
 def _forward_backward(ctx, dy):
     x, w, splits, bias, probs = ctx.saved_tensors
-    need_x, need_w, _, need_bias, need_probs, _ = ctx.needs_input_grad
+    need_x, need_w, _, need_bias, need_probs = ctx.needs_input_grad[:5]
     dy = dy.contiguous()
     dx = dw = dbias = dprobs = None
     need_dbias = need_bias and ctx.bias_mode != BIAS_NONE
     need_dprobs = need_probs and ctx.bias_mode == BIAS_SCALED
     if need_x or need_dbias or need_dprobs:
         dx, dbias, dprobs = _backward_data(dy, w, splits, bias, probs, ctx.bias_mode, need_x, need_dbias,
-                                           need_dprobs)
+                                           need_dprobs, *ctx.fp8)
         dx = dx if need_x else None
         dbias = dbias if need_dbias else None
         dprobs = dprobs if need_dprobs else None
     if need_w:
-        dw = _backward_weight(x, dy, splits, _DTYPES[w.dtype])
-    return dx, dw, None, dbias, dprobs, None
+        dw = _backward_weight(x, dy, splits, _DTYPES[w.dtype], *ctx.fp8)
+    return (dx, dw, None, dbias, dprobs, None) + (None,) * len(_FP8_OFF)
 
 
 _forward.register_autograd(_forward_backward, setup_context=_forward_setup)
@@ -352,13 +415,14 @@ def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs
 def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  probs: Optional[Tensor], splits: Tensor, b2_mode: int, glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float,
-                 save_z: bool) -> Tuple[Tensor, Tensor, Tensor]:
+                 save_z: bool, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
     _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs)
     y, h, z = _mlp_forward_outputs(x, w1, save_z)
     args = _args(_capi.GroupedMlpArgs, x=x, w1=w1, b1=b1, w2=w2, b2_mode=b2_mode,
                  b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
                  glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
-                 z=z if save_z else None, y=y)
+                 z=z if save_z else None, y=y,
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_mlp_forward", args, x.device)
     return y, h, z
 
@@ -371,7 +435,8 @@ def _mlp_forward_outputs(x, w1, save_z):
 
 
 @_mlp_forward.register_fake
-def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, save_z):
+def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, save_z,
+      *fp8):
     return _mlp_forward_outputs(x, w1, save_z)
 
 
@@ -379,12 +444,13 @@ def _(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit
 def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                   probs: Optional[Tensor], splits: Tensor,
                   h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
-                  glu_alpha: float, glu_offset: float,
-                  needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  glu_alpha: float, glu_offset: float, needs: List[bool],
+                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed.
     h is consumed: dh is written over it (MOEX_H_OVERWRITE), and its version counter moves, so
     that a second backward through the same graph (retain_graph) fails in autograd's check
-    instead of reading dh as h."""
+    instead of reading dh as h (with an FP8 recipe moex leaves h as it was, but h is treated as
+    consumed all the same)."""
     _check_mlp("grouped_mlp_backward", x, w1, w2, splits, probs)
     _check("grouped_mlp_backward", "dy", dy, x.device, (x.dtype,), 2)
     outs = _mlp_backward_outputs(x, w1, b1, w2, b2, needs)
@@ -395,7 +461,8 @@ def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: O
                  b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
                  glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
                  z=_absent_if_empty(z), dy=dy, dx=dx, dw_mode=GRAD_WRITE, dw1=dw1, dw2=dw2, db1=db1, db2=db2,
-                 dprobs=dprobs, h_mode=_capi.H_OVERWRITE)
+                 dprobs=dprobs, h_mode=_capi.H_OVERWRITE,
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_mlp_backward", args, x.device)
     torch.autograd.graph.increment_version(h)
     return outs
@@ -411,27 +478,29 @@ def _mlp_backward_outputs(x, w1, b1, w2, b2, needs):
 
 @_mlp_backward.register_fake
 def _(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset,
-      needs):
+      needs, *fp8):
     return _mlp_backward_outputs(x, w1, b1, w2, b2, needs)
 
 
 def _mlp_setup(ctx, inputs, output):
-    x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, save_z = inputs
+    x, w1, b1, w2, b2, probs, splits, b2_mode = inputs[:8]
+    glu, fp8 = inputs[8:13], inputs[14:]
     _, h, z = output
     ctx.save_for_backward(x, w1, b1, w2, b2, probs, splits, h, z)
-    ctx.b2_mode, ctx.glu = b2_mode, glu
+    ctx.b2_mode, ctx.glu, ctx.fp8 = b2_mode, glu, fp8
     ctx.set_materialize_grads(False)   # h and z are outputs for the backward only: no zero gradients of them
 
 
 def _mlp_grads(ctx, dy, dh_unused, dz_unused):
     if dy is None:
-        return (None,) * 14
+        return (None,) * (14 + len(_FP8_OFF))
     x, w1, b1, w2, b2, probs, splits, h, z = ctx.saved_tensors
     n = ctx.needs_input_grad
     needs = [n[0], n[1], n[3], n[2] and b1 is not None, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]
-    outs = _mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs)
+    outs = _mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs,
+                         *ctx.fp8)
     dx, dw1, dw2, db1, db2, dprobs = (o if k else None for o, k in zip(outs, needs))
-    return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * 8
+    return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * (8 + len(_FP8_OFF))
 
 
 _mlp_forward.register_autograd(_mlp_grads, setup_context=_mlp_setup)
@@ -440,7 +509,8 @@ _mlp_forward.register_autograd(_mlp_grads, setup_context=_mlp_setup)
 def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optional[Tensor] = None,
                 b2: Optional[Tensor] = None, probs: Optional[Tensor] = None, scale_b2: bool = False,
                 glu: str = "swiglu", layout: str = "contiguous", limit: float = 7.0, alpha: float = 1.702,
-                offset: float = 1.0, save_z: bool = False) -> Tensor:
+                offset: float = 1.0, save_z: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3",
+                fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     """The grouped MLP (docs/ops.md section 4): for the rows of group g,
     y = p * glu(x W1_g^T + b1_g) W2_g^T + b2_g (or + p b2_g with scale_b2), p = probs or 1.
 
@@ -448,13 +518,19 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     b2 [G, H], probs [T] f32; glu "swiglu" or "clamped_swiglu" (limit, alpha, offset);
     save_z keeps z for the backward; by default only h is kept, and the backward recomputes z
     from h (on Hopper in FC2's fused backward step, at almost no cost). Differentiable in x, the
-    weights, the biases and probs."""
+    weights, the biases and probs.
+
+    fp8_recipe (experimental): None (off), "block", "current" or "mxfp8" runs every GEMM of the
+    forward and the backward on FP8 operands (docs/ops.md 9.11); fp8_format "e4m3" or "hybrid"
+    (E5M2 gradients), fp8_pow2_scales and fp8_amax_epsilon as the modules take them
+    (GroupedLinear). Outputs and gradients keep their dtypes."""
     glu_code = _glu_code("grouped_mlp", glu, layout, limit, alpha, offset)
+    fp8 = _fp8_code("grouped_mlp", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
     if scale_b2 and (b2 is None or probs is None):
         raise ValueError("moex.grouped_mlp: scale_b2 needs b2 and probs")
     mode = BIAS_NONE if b2 is None else (BIAS_SCALED if scale_b2 else BIAS_ADD)
     y, _, _ = _mlp_forward(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2, probs,
-                           _splits_tensor(splits, x.device), mode, *glu_code, save_z)
+                           _splits_tensor(splits, x.device), mode, *glu_code, save_z, *fp8)
     return y
 
 
@@ -712,13 +788,13 @@ def unpermute(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
 
 # ---- the MoE layer ------------------------------------------------------------------------------
 
-def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y, view=_view):
+def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y, fp8: Fp8, view=_view):
     return _capi.MoeLayerArgs(
         x=view(x), router_w=view(router_w), topk=topk, score=score, norm=norm, w1=_capi.Weight(view(w1), None),
         b1=view(b1), w2=_capi.Weight(view(w2), None), b2_mode=b2_mode,
         b2=view(b2 if b2_mode != BIAS_NONE else None), glu=_glu(*glu),
         saved=None if saved is None else saved.data_ptr(), saved_bytes=0 if saved is None else saved.numel(),
-        y=view(y))
+        y=view(y), fp8=_fp8_recipe(*fp8) or _capi.Fp8Recipe())
 
 
 def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
@@ -730,9 +806,11 @@ def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
     return v
 
 
-def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu) -> int:
-    """moex_moe_layer_saved_size from the shapes (its layout is the same on every backend)."""
-    args = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, None, None, view=_shape_view)
+def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8: Fp8) -> int:
+    """moex_moe_layer_saved_size from the shapes (its layout is the same on every backend, and
+    the same with an FP8 recipe)."""
+    args = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, None, None, fp8,
+                     view=_shape_view)
     return _capi.moe_layer_saved_size(_capi.context(_capi.BACKEND_CPU, 0), args)
 
 
@@ -745,30 +823,32 @@ def _check_moe(op, x, router_w, w1, w2):
 @_operator("moe_layer_forward", mutates_args=())
 def _moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  topk: int, score: int, norm: int, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
-                 glu_alpha: float, glu_offset: float) -> Tuple[Tensor, Tensor]:
+                 glu_alpha: float, glu_offset: float, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
     _check_moe("moe_layer_forward", x, router_w, w1, w2)
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
-    saved = x.new_empty(_moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu),
+    fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+    saved = x.new_empty(_moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8),
                         dtype=torch.uint8)
     y = x.new_empty(x.shape)
-    _run("moe_layer_forward", _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y),
+    _run("moe_layer_forward", _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, y, fp8),
          x.device)
     return y, saved
 
 
 @_moe_forward.register_fake
 def _(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha,
-      glu_offset):
+      glu_offset, *fp8):
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
-    n = _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu)
+    fp8 = fp8 + _FP8_OFF[len(fp8):]
+    n = _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8)
     return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8)
 
 
 @_operator("moe_layer_backward", mutates_args=())
 def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                   saved: Tensor, dy: Tensor, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
-                  glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
-                  needs: List[bool]) -> List[Tensor]:
+                  glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float, needs: List[bool],
+                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> List[Tensor]:
     """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
     _check_moe("moe_layer_backward", x, router_w, w1, w2)
     _check("moe_layer_backward", "dy", dy, x.device, (x.dtype,), 2)
@@ -776,7 +856,8 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
     outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
     args = _args(_capi.MoeLayerGradArgs,
-                 fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None), dy=dy,
+                 fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None,
+                               (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)), dy=dy,
                  dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw, dw1=dw1, dw2=dw2, db1=db1, db2=db2)
     _run("moe_layer_backward", args, x.device)
     return outs
@@ -791,14 +872,14 @@ def _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs):
 
 @_moe_backward.register_fake
 def _(x, router_w, w1, b1, w2, b2, saved, dy, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit,
-      glu_alpha, glu_offset, needs):
+      glu_alpha, glu_offset, needs, *fp8):
     return _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
 
 
 def _moe_setup(ctx, inputs, output):
-    x, router_w, w1, b1, w2, b2, *options = inputs
+    x, router_w, w1, b1, w2, b2 = inputs[:6]
     ctx.save_for_backward(x, router_w, w1, b1, w2, b2, output[1])
-    ctx.options = options
+    ctx.options, ctx.fp8 = inputs[6:15], inputs[15:]
 
 
 def _moe_grads(ctx, dy, dsaved_unused):
@@ -806,9 +887,9 @@ def _moe_grads(ctx, dy, dsaved_unused):
     n = ctx.needs_input_grad
     b2_mode = ctx.options[3]
     needs = [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
-    outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs)
+    outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs, *ctx.fp8)
     dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
-    return (dx, drw, dw1, db1, dw2, db2) + (None,) * 9
+    return (dx, drw, dw1, db1, dw2, db2) + (None,) * (9 + len(_FP8_OFF))
 
 
 _moe_forward.register_autograd(_moe_grads, setup_context=_moe_setup)
@@ -830,15 +911,27 @@ def _splits_tensor(splits: Splits, device: torch.device) -> Tensor:
 
 
 def grouped_linear(x: Tensor, w: Tensor, splits: Splits, bias: Optional[Tensor] = None,
-                   probs: Optional[Tensor] = None) -> Tensor:
+                   probs: Optional[Tensor] = None, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3",
+                   fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     """y[r] = x[r] W_g^T (+ b_g, or + p_r b_g when probs is given) for the rows r of group g.
 
     x [T, K], w [G, N, K], splits [G] (list or int64 tensor), bias [G, N], probs [T] f32.
-    Differentiable in x, w, bias and probs."""
+    Differentiable in x, w, bias and probs.
+
+    fp8_recipe (experimental): None (off), "block", "current" or "mxfp8" runs every GEMM of the
+    forward and the backward on FP8 operands (docs/ops.md 9.11); fp8_format "e4m3" or "hybrid"
+    (E5M2 gradients), fp8_pow2_scales and fp8_amax_epsilon as the modules take them
+    (GroupedLinear). Outputs and gradients keep their dtypes."""
+    fp8 = _fp8_code("grouped_linear", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
+    return _grouped_linear("grouped_linear", x, w, splits, bias, probs, fp8)
+
+
+def _grouped_linear(owner: str, x: Tensor, w: Tensor, splits: Splits, bias: Optional[Tensor], probs: Optional[Tensor],
+                    fp8: Fp8) -> Tensor:
     if probs is not None and bias is None:
-        raise ValueError("moex.grouped_linear: probs scales the bias, but bias is None")
+        raise ValueError(f"moex.{owner}: probs scales the bias, but bias is None")
     mode = BIAS_NONE if bias is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
-    return _forward(x.contiguous(), w.contiguous(), _splits_tensor(splits, x.device), bias, probs, mode)
+    return _forward(x.contiguous(), w.contiguous(), _splits_tensor(splits, x.device), bias, probs, mode, *fp8)
 
 
 def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Tensor:
@@ -850,6 +943,59 @@ def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Ten
 
 
 # ---- modules ----------------------------------------------------------------------------------
+
+class _Fp8Options:
+    """The FP8 training recipe of a module (experimental; docs/ops.md 9.11), passed to every
+    moex call of its forward and backward (the weight gradients, delayed or fused, included):
+
+    fp8_recipe: None (off: the GEMMs run in the activation dtype), "block" (DeepSeek-V3's: 1x128
+    blocks of activations and gradients, 128x128 weight blocks; the recipe for Hopper), "current"
+    (current scaling: one scale per group of rows, one per expert's weight) or "mxfp8" (1x32
+    blocks with E8M0 scales; correct everywhere, fast only where MX GEMMs exist);
+    fp8_format: "e4m3" (every operand E4M3) or "hybrid" (gradients E5M2, as Transformer Engine's
+    Format.HYBRID);
+    fp8_pow2_scales: scales rounded down to powers of 2 ("block" and "current");
+    fp8_amax_epsilon: each amax floored to it (>= 0; not "mxfp8").
+
+    Each call quantizes what its GEMMs need from the module's weights (their master copy, every
+    call) and activations; outputs, gradients and main_grad keep their dtypes. The router of
+    MoELayer, the GLU, the bias gradients and the routing run as without FP8. The four are
+    attributes: assigning one checks it (ValueError naming the allowed values) and takes effect
+    on the next forward."""
+
+    _FP8_FIELDS = ("fp8_recipe", "fp8_format", "fp8_pow2_scales", "fp8_amax_epsilon")
+
+    def _init_fp8(self, owner: str, fp8_recipe: Optional[str], fp8_format: str, fp8_pow2_scales: bool,
+                  fp8_amax_epsilon: float) -> None:
+        self._fp8_owner = owner
+        self._set_fp8((fp8_recipe, fp8_format, bool(fp8_pow2_scales), float(fp8_amax_epsilon)))
+
+    def _set_fp8(self, values: Tuple) -> None:
+        self._fp8 = _fp8_code(self._fp8_owner, *values)   # the operators' fp8 arguments
+        self._fp8_values = values
+
+    def _fp8_property(i: int, doc: str):   # noqa: N805 (a helper of the class body)
+        def get(self):
+            return self._fp8_values[i]
+
+        def set_(self, value):
+            values = list(self._fp8_values)
+            values[i] = value
+            self._set_fp8(tuple(values))
+
+        return property(get, set_, doc=doc)
+
+    fp8_recipe = _fp8_property(0, 'None, "block", "current" or "mxfp8"')
+    fp8_format = _fp8_property(1, '"e4m3" or "hybrid"')
+    fp8_pow2_scales = _fp8_property(2, "power-of-2 scales (block, current)")
+    fp8_amax_epsilon = _fp8_property(3, "the floor of each amax (block, current)")
+    del _fp8_property
+
+    def _fp8_repr(self) -> str:
+        if self._fp8_values[0] is None:
+            return ""
+        return ", " + ", ".join(f"{k}={v!r}" for k, v in zip(self._FP8_FIELDS, self._fp8_values))
+
 
 class _WeightGradOptions:
     """Transformer Engine's weight-gradient options for a module's grouped weights:
@@ -885,20 +1031,21 @@ class _WeightGradOptions:
         return [torch.zeros_like(p) if m else None for p, m in zip(params, marked)]
 
     def _weight_grad(self, params: List[Tensor], x: Tensor, dy: Tensor, splits: Tensor,
-                     first_microbatch: bool) -> None:
+                     first_microbatch: bool, fp8: Fp8 = _FP8_OFF) -> None:
         """dW_g = dy_g^T x_g for the weights `params` (one packed [G, N, K] parameter, or G [N, K]
-        ones): into main_grad with fuse_wgrad_accumulation, else into .grad (= or +=)."""
+        ones): into main_grad with fuse_wgrad_accumulation, else into .grad (= or +=); with the
+        FP8 recipe `fp8` (the operators' arguments)."""
         packed = len(params) == 1 and params[0].dim() == 3
         if self.fuse_wgrad_accumulation:
             overwrite = first_microbatch or any(getattr(p, "overwrite_main_grad", False) for p in params)
             if packed and not overwrite:
-                _backward_weight_accumulate(x, dy, splits, params[0].main_grad)
+                _backward_weight_accumulate(x, dy, splits, params[0].main_grad, *fp8)
             else:
-                dw = _backward_weight(x, dy, splits, _capi.DTYPE_F32)
+                dw = _backward_weight(x, dy, splits, _capi.DTYPE_F32, *fp8)
                 for p, d in zip(params, [dw] if packed else dw):
                     p.main_grad.copy_(d) if overwrite else p.main_grad.add_(d)
             return
-        dw = _backward_weight(x, dy, splits, _DTYPES[params[0].dtype])
+        dw = _backward_weight(x, dy, splits, _DTYPES[params[0].dtype], *fp8)
         for p, d in zip(params, [dw] if packed else dw):
             p.grad = d.clone() if p.grad is None else p.grad.add_(d)
 
@@ -911,8 +1058,8 @@ class _GroupedLinearTE(torch.autograd.Function):
     def forward(ctx, layer, first_microbatch, x, w, splits, b, probs, *params):
         mode = BIAS_NONE if b is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
         ctx.save_for_backward(x, w, splits, b, probs)
-        ctx.layer, ctx.first_microbatch, ctx.mode = layer, first_microbatch, mode
-        return _forward(x, w, splits, b, probs, mode)
+        ctx.layer, ctx.first_microbatch, ctx.mode, ctx.fp8 = layer, first_microbatch, mode, layer._fp8
+        return _forward(x, w, splits, b, probs, mode, *layer._fp8)
 
     @staticmethod
     def backward(ctx, dy):
@@ -921,15 +1068,15 @@ class _GroupedLinearTE(torch.autograd.Function):
         dy = dy.contiguous()
         need_dbias, need_dprobs = b is not None, mode == BIAS_SCALED and ctx.needs_input_grad[6]
         dx, dbias, dprobs = _backward_data(dy, w, splits, b, probs, mode, ctx.needs_input_grad[2], need_dbias,
-                                           need_dprobs)
-        params = layer._weight_params()
+                                           need_dprobs, *ctx.fp8)
+        params, fp8 = layer._weight_params(), ctx.fp8
         weight_grads = layer._weight_grad_step(
-            lambda: layer._weight_grad(params, x, dy, splits, ctx.first_microbatch), params)
+            lambda: layer._weight_grad(params, x, dy, splits, ctx.first_microbatch, fp8), params)
         return (None, None, dx if ctx.needs_input_grad[2] else None, None, None,
                 dbias if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
 
 
-class GroupedLinear(_WeightGradOptions, torch.nn.Module):
+class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     """G linear layers over the rows of G groups, a drop-in for
     transformer_engine.pytorch.GroupedLinear: the same constructor arguments where they apply,
     parameters weight0..weight{G-1} ([out_features, in_features]) and bias0.. ([out_features]),
@@ -941,15 +1088,23 @@ class GroupedLinear(_WeightGradOptions, torch.nn.Module):
 
     moex additions: packed=True keeps one parameter `weight` [G, out, in] (and `bias` [G, out])
     instead of G of each; forward(inp, m_splits, probs=p) scales the bias by the per-row p
-    (scale_bias, differentiable in p)."""
+    (scale_bias, differentiable in p).
+
+    FP8 training (experimental): fp8_recipe=None | "block" | "current" | "mxfp8", fp8_format=
+    "e4m3" | "hybrid", fp8_pow2_scales, fp8_amax_epsilon (_Fp8Options): the forward, backward
+    data and weight gradient (into .grad or main_grad, now or in backward_dw()) run their GEMMs
+    on FP8 operands. Transformer Engine picks its recipe with fp8_autocast instead; here it is
+    the module's own."""
 
     def __init__(self, num_gemms: int, in_features: int, out_features: int, bias: bool = True,
                  params_dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, None] = None,
                  init_method=None, fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False,
-                 packed: bool = False):
+                 packed: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
+                 fp8_amax_epsilon: float = 0.0):
         super().__init__()
         if num_gemms < 1 or in_features < 1 or out_features < 1:
             raise ValueError("moex.torch.GroupedLinear: num_gemms, in_features and out_features must be >= 1")
+        self._init_fp8("torch.GroupedLinear", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.packed = bias, packed
         self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
@@ -991,14 +1146,14 @@ class GroupedLinear(_WeightGradOptions, torch.nn.Module):
         if probs is not None and b is None:
             raise ValueError("moex.torch.GroupedLinear: probs scales the bias, but the layer has none")
         if not (self.fuse_wgrad_accumulation or self.delay_wgrad_compute):
-            return grouped_linear(inp, w, m_splits, b, probs)
+            return _grouped_linear("torch.GroupedLinear", inp, w, m_splits, b, probs, self._fp8)
         splits = _splits_tensor(m_splits, inp.device)
         return _GroupedLinearTE.apply(self, bool(is_first_microbatch), inp.contiguous(), w, splits, b, probs,
                                       *self._weight_params())
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.use_bias}, packed={self.packed}")
+                f"bias={self.use_bias}, packed={self.packed}{self._fp8_repr()}")
 
 
 class _GroupedMLPTE(torch.autograd.Function):
@@ -1008,10 +1163,10 @@ class _GroupedMLPTE(torch.autograd.Function):
     its workspace; dW2 = dy^T z and dW1 = dh^T x then come from the module, now or later."""
 
     @staticmethod
-    def forward(ctx, module, first_microbatch, x, w1, b1, w2, b2, probs, splits, b2_mode, glu):
-        y, h, z = _mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, True)
+    def forward(ctx, module, first_microbatch, x, w1, b1, w2, b2, probs, splits, b2_mode, glu, fp8):
+        y, h, z = _mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, True, *fp8)
         ctx.save_for_backward(x, w1, b1, w2, b2, probs, splits, h, z)
-        ctx.module, ctx.first_microbatch, ctx.b2_mode, ctx.glu = module, first_microbatch, b2_mode, glu
+        ctx.module, ctx.first_microbatch, ctx.b2_mode, ctx.glu, ctx.fp8 = module, first_microbatch, b2_mode, glu, fp8
         return y
 
     @staticmethod
@@ -1022,24 +1177,26 @@ class _GroupedMLPTE(torch.autograd.Function):
         need_db1, need_db2 = need_b1 and b1 is not None, need_b2 and b2_mode != BIAS_NONE
         need_dprobs, scaled = need_probs and probs is not None, b2_mode == BIAS_SCALED
         dy = dy.contiguous()
-        dz, db2, dprobs_b2 = _backward_data(dy, w2, splits, b2, probs, b2_mode, True, need_db2, need_dprobs and scaled)
+        fp8 = ctx.fp8
+        dz, db2, dprobs_b2 = _backward_data(dy, w2, splits, b2, probs, b2_mode, True, need_db2, need_dprobs and scaled,
+                                            *fp8)
         dh, dprobs = _glu_backward(h, probs, splits, dz, *ctx.glu, need_dprobs)
         dx = db1 = None
         if need_x or need_db1:
             dx, db1, _ = _backward_data(dh, w1, splits, b1, None, BIAS_ADD if need_db1 else BIAS_NONE, need_x,
-                                        need_db1, False)
+                                        need_db1, False, *fp8)
 
         def step():
-            module._weight_grad([module.w1], x, dh, splits, ctx.first_microbatch)
-            module._weight_grad([module.w2], z, dy, splits, ctx.first_microbatch)
+            module._weight_grad([module.w1], x, dh, splits, ctx.first_microbatch, fp8)
+            module._weight_grad([module.w2], z, dy, splits, ctx.first_microbatch, fp8)
 
         dw1, dw2 = module._weight_grad_step(step, [module.w1, module.w2])
         return (None, None, dx if need_x else None, dw1, db1 if need_db1 else None, dw2,
                 db2 if need_db2 else None,
-                (dprobs + dprobs_b2 if scaled else dprobs) if need_dprobs else None, None, None, None)
+                (dprobs + dprobs_b2 if scaled else dprobs) if need_dprobs else None, None, None, None, None)
 
 
-class GroupedMLP(_WeightGradOptions, torch.nn.Module):
+class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     """The experts of an MoE layer: num_experts MLPs FC1 -> scaled GLU -> FC2 over the rows of
     their groups (moex.torch.grouped_mlp). Parameters w1 [G, 2F, H], w2 [G, H, F], and b1
     [G, 2F], b2 [G, H] when asked; forward(x, m_splits, probs=None, is_first_microbatch=None)
@@ -1047,15 +1204,22 @@ class GroupedMLP(_WeightGradOptions, torch.nn.Module):
 
     fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw() for w1 and w2: as in
     Transformer Engine (_WeightGradOptions). With either, z is kept for the backward (save_z)
-    and the backward runs as separate operators instead of moex's fused one."""
+    and the backward runs as separate operators instead of moex's fused one.
+
+    FP8 training (experimental): fp8_recipe=None | "block" | "current" | "mxfp8", fp8_format=
+    "e4m3" | "hybrid", fp8_pow2_scales, fp8_amax_epsilon (_Fp8Options): FC1 and FC2, forward
+    and backward (dz, dx, dW1, dW2), run on FP8 operands; h and z stay in the activation dtype."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, glu: str = "swiglu",
                  layout: str = "contiguous", bias1: bool = False, bias2: bool = False, scale_b2: bool = False,
                  params_dtype: Optional[torch.dtype] = None, device: Union[torch.device, str, None] = None,
                  init_method=None, save_z: bool = False, limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0,
-                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False):
+                 fuse_wgrad_accumulation: bool = False, delay_wgrad_compute: bool = False,
+                 fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
+                 fp8_amax_epsilon: float = 0.0):
         super().__init__()
         self._glu = _glu_code("torch.GroupedMLP", glu, layout, limit, alpha, offset)
+        self._init_fp8("torch.GroupedMLP", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
         if scale_b2 and not bias2:
             raise ValueError("moex.torch.GroupedMLP: scale_b2 needs bias2")
         dtype = params_dtype or torch.get_default_dtype()
@@ -1087,12 +1251,13 @@ def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode
     and backward, or _GroupedMLPTE with the weight-gradient options."""
     if module.fuse_wgrad_accumulation or module.delay_wgrad_compute:
         return _GroupedMLPTE.apply(module, first_microbatch, x, module.w1, module.b1, module.w2, module.b2, probs,
-                                   splits, b2_mode, glu)
-    y, _, _ = _mlp_forward(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, *glu, save_z)
+                                   splits, b2_mode, glu, module._fp8)
+    y, _, _ = _mlp_forward(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, *glu, save_z,
+                           *module._fp8)
     return y
 
 
-class MoELayer(_WeightGradOptions, torch.nn.Module):
+class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     """A Mixture-of-Experts layer (docs/ops.md section 8): a linear router [E, H], top-k
     routing (softmax or sigmoid scores, renormalised or not), and E experts FC1 -> p * GLU ->
     FC2 on the tokens routed to them, summed back per token. forward(x) with x [..., H].
@@ -1100,16 +1265,23 @@ class MoELayer(_WeightGradOptions, torch.nn.Module):
     fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw() for the experts' w1 and w2
     (as in Transformer Engine, _WeightGradOptions; router_w gets its .grad as usual): the layer
     then runs as its parts (router GEMM in f32, router, permute, grouped MLP, unpermute)
-    instead of moex's one-call MoE layer."""
+    instead of moex's one-call MoE layer.
+
+    FP8 training (experimental): fp8_recipe=None | "block" | "current" | "mxfp8", fp8_format=
+    "e4m3" | "hybrid", fp8_pow2_scales, fp8_amax_epsilon (_Fp8Options): the experts' GEMMs,
+    forward and backward, run on FP8 operands (moex's MoE layer passes the recipe to its grouped
+    MLP); the router GEMM stays in f32."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
                  bias2: bool = False, scale_b2: bool = True, params_dtype: Optional[torch.dtype] = None,
                  device: Union[torch.device, str, None] = None, init_method=None, limit: float = 7.0,
                  alpha: float = 1.702, offset: float = 1.0, fuse_wgrad_accumulation: bool = False,
-                 delay_wgrad_compute: bool = False):
+                 delay_wgrad_compute: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
+                 fp8_amax_epsilon: float = 0.0):
         super().__init__()
         glu_code = _glu_code("torch.MoELayer", glu, layout, limit, alpha, offset)
+        self._init_fp8("torch.MoELayer", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
         if score not in _SCORES:
             raise ValueError(f"moex.torch.MoELayer: score must be one of {list(_SCORES)}")
         if not 1 <= topk <= num_experts:
@@ -1134,7 +1306,7 @@ class MoELayer(_WeightGradOptions, torch.nn.Module):
         if self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
             y = self._forward_parts(x, bool(is_first_microbatch))
         else:
-            y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options)
+            y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)
         return y.reshape(shape)
 
     def _forward_parts(self, x: Tensor, first_microbatch: bool) -> Tensor:

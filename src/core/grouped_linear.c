@@ -6,6 +6,7 @@
  *   forward:            prepare the groups, linear_fwd
  *   backward_data:      prepare the groups, linear_dgrad (dx, dbias, dprobs)
  *   backward_weight:    prepare the groups, linear_wgrad
+ * With an FP8 recipe (args->fp8.mode not OFF) the three run fp8_layers.c's compositions.
  */
 #include "op.h"
 
@@ -66,13 +67,16 @@ static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, const moex_
 }
 
 /* The workspace query and the run of a grouped linear op: the backend's limits, the groups
- * (carrying the GEMM scratch of `fwd`, the forward's args, or NULL), then the primitive. */
-#define GROUPED_LINEAR_OP(name, prim, args_t, fwd)                                                       \
+ * (carrying the GEMM scratch of `fwd`, the forward's args, or NULL), then the primitive; with an
+ * FP8 recipe, the FP8 composition moex_fp8_<fp8op> instead (fp8_layers.c). */
+#define GROUPED_LINEAR_OP(name, prim, args_t, fwd, fp8op)                                                \
     size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_gl_dims *d) {              \
+        if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_##fp8op##_ws(ctx, a, d);                        \
         return layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                  \
     }                                                                                                    \
     moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
                                      const moex_gl_dims *d, void *ws) {                                  \
+        if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_##fp8op##_run(ctx, c, a, d, ws);                \
         const gl_layout l = layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);             \
         moex_groups g;                                                                                   \
         MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));                                              \
@@ -94,10 +98,13 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
                          op);
-    return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true);
+    MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true));
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data));
+    return moex_fp8_check_weight(ctx, op, &a->fp8, "w", &a->w);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, a)
+GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, a, linear_forward)
 
 /* ---- backward data ------------------------------------------------------------------- */
 
@@ -122,10 +129,14 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
                          op);
     /* The bias values are needed only for dprobs. */
     bool bias_needed = a->bias_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
-    return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, bias_needed);
+    MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt,
+                             bias_needed));
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data));
+    return moex_present(&a->dx) ? moex_fp8_check_weight(ctx, op, &a->fp8, "w", &a->w) : MOEX_OK;
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, NULL)
+GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, NULL, linear_dgrad)
 
 /* ---- backward weight ----------------------------------------------------------------- */
 
@@ -137,10 +148,13 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, dyshape, MOEX_DT(d->dt)));
     d->N = a->dy.shape[1];
     MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
-    return moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt);
+    MOEX_TRY(moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt));
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw", a->dw.t.data));
+    return moex_fp8_check_dw(ctx, op, &a->fp8, "dw", &a->dw);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, NULL)
+GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, NULL, linear_wgrad)
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their

@@ -29,6 +29,9 @@
  * the primitives (they run one after the other). Its size depends on shapes, dtypes and
  * which optional tensors are present, never on split values.
  *
+ * With an FP8 recipe (args->fp8.mode not OFF) forward and backward run fp8_layers.c's
+ * composition instead (FC1 and FC2 on FP8 operands); this one is then not used.
+ *
  * The MoE layer (moe_layer.c) runs this composition on its permuted rows.
  */
 #include "op.h"
@@ -63,7 +66,12 @@ moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *
     MOEX_TRY(moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, true));
     MOEX_TRY(moex_check_output(ctx, op, "h", &a->h, 2, hshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
-    return moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt));
+    MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "h", a->h.data));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data));
+    MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
+    return moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2);
 }
 
 moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char *op,
@@ -92,7 +100,17 @@ moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char 
     if (moex_present(&a->dprobs) && !moex_present(&a->probs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but probs is absent", op);
     bool b2_needed = a->b2_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
-    return moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, b2_needed);
+    MOEX_TRY(moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, b2_needed));
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw1", a->dw1.t.data));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw2", a->dw2.t.data));
+    if (moex_present(&a->dx)) MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
+    /* w2 is read for dz, which every gradient but dw2 and db2 needs */
+    if (moex_present(&a->dx) || moex_weight_present(&a->dw1) || moex_present(&a->db1) || moex_present(&a->dprobs))
+        MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2));
+    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fp8, "dw1", &a->dw1));
+    return moex_fp8_check_dw(ctx, op, &a->fp8, "dw2", &a->dw2);
 }
 
 /* ---- the composition's pieces -------------------------------------------------------- */
@@ -188,11 +206,13 @@ static mlp_layout fwd_layout(moex_context *ctx, const moex_grouped_mlp_args *a, 
 }
 
 size_t moex_op_grouped_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_mlp_forward_ws(ctx, a, d);
     return fwd_layout(ctx, a, d, NULL).total;
 }
 
 moex_status moex_op_grouped_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
                                             const moex_mlp_dims *d, void *ws) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_mlp_forward_run(ctx, c, a, d, ws);
     const moex_backend_ops *ops = moex_ops(ctx);
     const mlp_layout l = fwd_layout(ctx, a, d, ws);
     moex_groups g;
@@ -333,12 +353,14 @@ static mlp_layout bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_args
 
 size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
                                        const moex_mlp_dims *d) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_mlp_backward_ws(ctx, a, d);
     const bwd_plan p = bwd_plan_of(ctx, a, d);
     return bwd_layout(ctx, a, d, &p, NULL).total;
 }
 
 moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call *c,
                                              const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_mlp_backward_run(ctx, c, a, d, ws);
     const moex_backend_ops *ops = moex_ops(ctx);
     const bwd_plan p = bwd_plan_of(ctx, a, d);
     const mlp_layout l = bwd_layout(ctx, a, d, &p, ws);

@@ -16,6 +16,8 @@
  *            dx = dx_perm + dlogits Wr                 [T, H]    =, rounded once
  * The router path (dprobs, dlogits) runs only when dx or drouter_w is asked for. The
  * router's GEMMs are the backend's `dense_gemm` primitive, on a handle of one group of T rows.
+ * An FP8 recipe (args->fp8) goes to the grouped MLP, forward and backward (its FC1 and FC2
+ * GEMMs on FP8 operands); the router's GEMMs stay in the activation dtype.
  *
  * The saved buffer (aligned by the core) starts with a header naming the forward's shapes
  * and routing options. Where the backend's memory is host memory (the CPU), the forward
@@ -177,7 +179,9 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
     }
     MOEX_TRY(moex_check_glu(ctx, op, &a->glu, d->F));
     if (need & NEED_Y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
-    return MOEX_OK;
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
+    return moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2);
 }
 
 moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args, size_t *bytes) {
@@ -212,6 +216,10 @@ moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *o
     MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, MOEX_DT_BIAS(d->dt)));
     if (a->fwd.b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
+    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fwd.fp8, "dw1", &a->dw1));
+    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fwd.fp8, "dw2", &a->dw2));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw1", a->dw1.t.data));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw2", a->dw2.t.data));
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;
 }
 
@@ -256,7 +264,7 @@ static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, c
                                      .row_map = v->row_map};
     c->mlp = (moex_grouped_mlp_args){.x = v->xp, .w1 = a->w1, .b1 = a->b1, .w2 = a->w2, .b2_mode = a->b2_mode,
                                      .b2 = a->b2, .probs = v->probs_p, .glu = a->glu, .splits = v->splits,
-                                     .h = v->h, .z = v->z, .y = ypt};
+                                     .h = v->h, .z = v->z, .y = ypt, .fp8 = a->fp8};
     c->unpermute = (moex_unpermute_args){.row_map = v->row_map, .yp = ypt, .y = a->y};
 }
 
@@ -369,7 +377,7 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
         .x = v->xp, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = v->probs_p,
         .glu = f->glu, .splits = v->splits, .h = v->h, .z = v->z, .dy = dyp, .dx = dxp, .dw_mode = a->dw_mode,
         .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1,
-        .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor, .dprobs = dprobs_p};
+        .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor, .dprobs = dprobs_p, .fp8 = f->fp8};
     c->permute = (moex_permute_grad_args){.row_map = v->row_map, .dxp = dxp, .dprobs_p = dprobs_p, .dx = dxf,
                                           .dprobs = dprobs};
     c->router = (moex_router_grad_args){.logits = v->logits, .topk = f->topk, .score = f->score,

@@ -71,6 +71,36 @@ moex_status moex_quant_check_weight_input(moex_context *ctx, const char *op, con
                                           const char *scales_name, const moex_quant_params *params,
                                           const moex_quant_tensor *copy, moex_quant_dims *d);
 
+/* The layers' FP8 recipe (fp8_layers.c; docs/ops.md 9.11): the grouped linear's and the grouped
+ * MLP's compositions when fp8.mode is not MOEX_FP8_OFF (validated args and dims, as the plain
+ * ones get them), and their checks of what the recipe cannot run: a discrete weight (or a
+ * non-f32 discrete dW) whose pointers are device memory, MOEX_ERR_UNSUPPORTED (OK when the
+ * recipe is off). */
+moex_status moex_fp8_check_weight(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
+                                  const moex_weight *w);
+/* On a device backend the FP8 GEMM kernels need the outputs they write (data: y, h, dx, a
+ * packed f32 dW) 16-byte aligned: checked with the arguments (p: for a run), so that a refused
+ * call has written nothing. */
+moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8_recipe *r, moex_purpose p,
+                               const char *name, const void *data);
+moex_status moex_fp8_check_dw(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
+                              const moex_weight *dw);
+size_t moex_fp8_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
+moex_status moex_fp8_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
+                                        const moex_gl_dims *d, void *ws);
+size_t moex_fp8_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
+moex_status moex_fp8_linear_dgrad_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_dgrad_args *a,
+                                      const moex_gl_dims *d, void *ws);
+size_t moex_fp8_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
+moex_status moex_fp8_linear_wgrad_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_wgrad_args *a,
+                                      const moex_gl_dims *d, void *ws);
+size_t moex_fp8_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d);
+moex_status moex_fp8_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
+                                     const moex_mlp_dims *d, void *ws);
+size_t moex_fp8_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d);
+moex_status moex_fp8_mlp_backward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_grad_args *a,
+                                      const moex_mlp_dims *d, void *ws);
+
 /* An op that is one plain primitive: its workspace is the primitive's, its run the
  * primitive (defines moex_op_<name>_ws and moex_op_<name>_run). */
 #define MOEX_ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                   \

@@ -297,6 +297,22 @@ moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mo
     return MOEX_OK;
 }
 
+moex_status moex_check_fp8_recipe(moex_context *ctx, const char *op, const char *name, const moex_fp8_recipe *r) {
+    if (r->mode != MOEX_FP8_OFF && r->mode != MOEX_FP8_BLOCK && r->mode != MOEX_FP8_CURRENT &&
+        r->mode != MOEX_FP8_MXFP8)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown %s.mode %d", op, name, (int)r->mode);
+    if (r->dtypes != MOEX_FP8_E4M3_ALL && r->dtypes != MOEX_FP8_HYBRID)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown %s.dtypes %d", op, name, (int)r->dtypes);
+    if (!isfinite(r->amax_epsilon) || r->amax_epsilon < 0.0f)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.amax_epsilon must be finite and >= 0, got %g", op, name,
+                         (double)r->amax_epsilon);
+    if (r->pow2_scales && r->mode == MOEX_FP8_MXFP8)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: %s.pow2_scales is for BLOCK and CURRENT (MXFP8 scales are powers of 2 already)", op,
+                         name);
+    return MOEX_OK;
+}
+
 /* ---- caller buffers ------------------------------------------------------------------ */
 
 moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,

@@ -71,6 +71,11 @@ moex_status moex_check_glu(moex_context *ctx, const char *op, const moex_glu_par
 moex_status moex_check_bias_mode(moex_context *ctx, const char *op, moex_bias_mode mode);
 moex_status moex_check_grad_mode(moex_context *ctx, const char *op, moex_grad_mode mode);
 
+/* An FP8 recipe (the layers' `fp8` field, named `name` in messages): a known mode and dtypes,
+ * amax_epsilon finite and >= 0, pow2_scales only with BLOCK or CURRENT. MOEX_FP8_OFF with the
+ * other fields in range passes. */
+moex_status moex_check_fp8_recipe(moex_context *ctx, const char *op, const char *name, const moex_fp8_recipe *r);
+
 /* A caller buffer sized by a query (the workspace, `saved`): the public size is the
  * backend's plus alignment slack, and fails (INVALID_ARG) when the backend's size saturated
  * (MOEX_SIZE_OVERFLOW) or passes PTRDIFF_MAX. `prepare` fails when the caller's buffer is

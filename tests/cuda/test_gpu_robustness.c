@@ -3,7 +3,7 @@
  * holds the CPU cases): the overlap rule with device pointers (an output on an input, on
  * another output, on the workspace, on `saved`), sizes that would wrap (the MoE layer's
  * saved and workspace queries), the aligned-pointer rules of the grouped MLP backward and the
- * FP8 grouped linear on Hopper, and empty tensors with NULL data. Every tensor lives in one
+ * FP8 grouped linear on Hopper and of the layers' FP8 recipe, and empty tensors with NULL data. Every tensor lives in one
  * device arena poisoned with 0xFF; each refused call must leave the arena bitwise as it was.
  */
 #include "cuda_mirror.h"
@@ -185,6 +185,36 @@ static void fp8_misaligned_case(moex_context *ctx) {
     cudaFree(ws);
 }
 
+/* The grouped MLP forward with an FP8 recipe and y (FC2's output, written after h) one
+ * element past 16-byte alignment: refused with the arguments, before FC1 writes h (the FP8
+ * GEMM kernels write y), on any device; nothing written. Aligned, it runs. */
+static void fp8_recipe_misaligned_case(moex_context *ctx) {
+    enum { G = 2, T = 16, H = 32, F = 32 };
+    const moex_dtype BF = MOEX_DTYPE_BF16;
+    const int64_t splits[G] = {7, 9};
+    unsigned char *base = arena + 500000;
+    cm_die(cudaMemcpy(base, splits, sizeof splits, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cm_die(cudaMemset(base + 4096, 0, 65536), "cudaMemset");   /* finite inputs */
+    moex_grouped_mlp_args a = {
+        .x = moex_tensor_2d(base + 4096, BF, T, H),
+        .w1 = moex_weight_packed(moex_tensor_3d(base + 8192, BF, G, 2 * F, H)),
+        .w2 = moex_weight_packed(moex_tensor_3d(base + 20480, BF, G, H, F)),
+        .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .splits = moex_tensor_1d(base, I64, G),
+        .h = moex_tensor_2d(base + 32768, BF, T, 2 * F), .y = moex_tensor_2d(base + 40960 + 2, BF, T, H)};
+    a.fp8.mode = MOEX_FP8_BLOCK;
+    size_t bytes;
+    CHECK_STATUS(ctx, moex_grouped_mlp_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = cm_malloc(bytes);
+    take_snapshot();
+    CHECK_STATUS(ctx, moex_grouped_mlp_forward(ctx, &a, ws, bytes, NULL), MOEX_ERR_UNSUPPORTED);
+    CHECK_MSG(strstr(moex_last_error(ctx), "y must be 16-byte aligned") != NULL, "message \"%s\"",
+              moex_last_error(ctx));
+    check_arena("FP8 recipe, misaligned y", __LINE__);
+    a.y.data = base + 40960;
+    CHECK_STATUS(ctx, moex_grouped_mlp_forward(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    cudaFree(ws);
+}
+
 /* Empty tensors with NULL data: OK, and dW of empty groups is zeros. */
 static void empty_case(moex_context *ctx) {
     enum { G = 2, K = 4, N = 4 };
@@ -217,6 +247,7 @@ int main(void) {
     moe_saved_case(ctx);
     mlp_misaligned_case(ctx);
     fp8_misaligned_case(ctx);
+    fp8_recipe_misaligned_case(ctx);
     empty_case(ctx);
     cudaFree(arena);
     free(snapshot);

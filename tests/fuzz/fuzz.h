@@ -11,6 +11,9 @@
  *   fuzz_ops_moe.c       argument builders: MoE layer (saved size, forward, backward), context calls
  *   fuzz_ops_quant.c     argument builders: grouped quantize, dequantize (experimental), and
  *                        their oracles "amax", "scale", "dbias", "workspace"
+ *   fuzz_ops_fp8.c       argument builders: the FP8 grouped linear forward and backward weight
+ *                        (experimental), operands from fuzz bytes or real quantize calls, and
+ *                        their oracles "value", "workspace"
  *   fuzz_libfuzzer.c     LLVMFuzzerTestOneInput (target moex_fuzz, clang + MOEX_FUZZ=ON)
  *   fuzz_run.c           standalone driver moex_fuzz_run (any compiler; corpus replay,
  *                        pseudo-random inputs, seed-corpus generator)
@@ -19,7 +22,7 @@
  * How an input is used
  *   An input is a sequence of up to FZ_MAX_CASES cases. A case reads an operation (every
  *   public operation and size query of moex.h is reachable but moex_weight_quantize and
- *   moex_weight_dequantize, not yet covered), a mode (run mode: small shapes
+ *   moex_weight_dequantize, not yet covered: called only to make FP8 linear operands), a mode (run mode: small shapes
  *   backed by real buffers; huge mode, one case in eight: huge shapes, size queries, and
  *   runs only where the harness knows the call must be refused), a seed for tensor contents,
  *   then a VALID argument set (dims, dtypes, enums, optional tensors, packed or discrete
@@ -89,12 +92,19 @@
  *                 (cpu); a forward with other score/norm (cpu)                              RUNONLY
  *   saved bytes   MoE: bytes of `saved` flipped between forward and backward (cpu)         CHAOS
  *   quant enums   quantize, dequantize: unknown params.recipe, params.rounding,
- *                 orientation                                                               STRUCT
+ *                 orientation; FP8 linear: unknown recipe, rounding, scale_layout of
+ *                 either operand's params                                                   STRUCT
  *   fp8           params.fp8 not E4M3/E5M2 (f32 .. i64, E8M0, 8, 99, -1, INT32_MIN)        STRUCT
  *   epsilon       params.amax_epsilon negative (-1, -1e-30, -1e-45, -FLT_MAX), NaN, +-Inf  STRUCT
- *   swap          (first fault only) a valid recipe, fp8 format or orientation that the
- *                 tensors built for the old one do not fit (TENSOR -> GROUP only with
- *                 G != 1, ...); it freezes every tensor: no later fault undoes it           STRUCT
+ *   swap          (first fault only) a valid recipe, fp8 format or orientation (FP8 linear:
+ *                 scale layout) that the tensors built for the old one do not fit (TENSOR ->
+ *                 GROUP only with G != 1, ...); it freezes every tensor: no later fault
+ *                 undoes it                                                                 STRUCT
+ *   layout        FP8 linear: an operand's scale_layout MX_SWIZZLED with a recipe other
+ *                 than MXFP8                                                                STRUCT
+ *   pairing       FP8 linear: one operand gets a recipe (its scales rebuilt to fit it) that
+ *                 does not pair with the other's (ops.md 9.10: BLOCK with BLOCK, MXFP8 with
+ *                 MXFP8, TENSOR / GROUP rows with GROUP weights), or TENSOR weights         STRUCT
  *
  * THE ORACLES (fz_fail aborts naming the call and the oracle):
  *   - no crash, no ASan/UBSan report (the build's sanitizers);
@@ -120,7 +130,13 @@
  *     within an f32 sum's error (n 2^-23 sum |x|; columns with a non-finite or huge value
  *     skipped); "workspace": the call again with a fresh workspace (other bytes, another
  *     misalignment) writes bitwise the same outputs (the workspace's contents never affect
- *     results).
+ *     results);
+ *   - FP8 grouped linear, after an OK run without faults (run mode, no input overlap):
+ *     "value": every y row < S (forward) and every dw element (backward weight) is the sum of
+ *     the products of the dequantized operands (ops.md 9.5, 9.10: data * scale in f32, from
+ *     the recipe's and layout's scale, 9.4 / 9.7 / 9.8), plus the bias, within an f32 sum's
+ *     error and y's rounding (elements with a non-finite or huge term skipped; dw WRITE of an
+ *     empty group 0, ACCUMULATE unchanged); "workspace" as above (not for ACCUMULATE).
  */
 #ifndef MOEX_FUZZ_H
 #define MOEX_FUZZ_H
@@ -191,7 +207,8 @@ void fz_print_current_case(FILE *f);
 enum {
     FZ_OP_SPLITS_TO_OFFSETS, FZ_OP_GL_FWD, FZ_OP_GL_DGRAD, FZ_OP_GL_WGRAD, FZ_OP_GLU_FWD, FZ_OP_GLU_BWD,
     FZ_OP_MLP_FWD, FZ_OP_MLP_BWD, FZ_OP_ROUTER_FWD, FZ_OP_ROUTER_BWD, FZ_OP_PERMUTE_FWD, FZ_OP_PERMUTE_BWD,
-    FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_OP_QUANTIZE, FZ_OP_DEQUANTIZE, FZ_NUM_OPS
+    FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_OP_QUANTIZE, FZ_OP_DEQUANTIZE,
+    FZ_OP_FP8_FWD, FZ_OP_FP8_WGRAD, FZ_NUM_OPS
 };
 extern const char *const fz_op_names[FZ_NUM_OPS];
 
@@ -480,6 +497,14 @@ void fz_op_moe(fz_case *c);
 void fz_op_context(fz_case *c);
 void fz_op_quantize(fz_case *c);
 void fz_op_dequantize(fz_case *c);
+void fz_op_fp8_fwd(fz_case *c);
+void fz_op_fp8_wgrad(fz_case *c);
+
+/* Shared by the quantization builders (fuzz_ops_quant.c): element i of an f32 / bf16 / f16
+ * host array, and the "workspace" oracle (the call again with a fresh workspace of other
+ * bytes and another misalignment writes bitwise the same "=" outputs). */
+float fz_load_float(const unsigned char *p, moex_dtype dt, int64_t i);
+void fz_check_rerun(fz_case *c, const fz_opfns *f, const void *args);
 
 /* Shared by the builders: GLU parameters (valid for F), and their faults. */
 moex_glu_params fz_glu_params(fz_case *c, int64_t *F);

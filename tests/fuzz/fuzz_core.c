@@ -42,12 +42,14 @@ const char *const fz_op_names[FZ_NUM_OPS] = {
     "splits_to_offsets", "grouped_linear_forward", "grouped_linear_backward_data",
     "grouped_linear_backward_weight", "scaled_glu_forward", "scaled_glu_backward", "grouped_mlp_forward",
     "grouped_mlp_backward", "router_forward", "router_backward", "permute_forward", "permute_backward",
-    "unpermute_forward", "unpermute_backward", "moe_layer", "context", "group_quantize", "group_dequantize"};
+    "unpermute_forward", "unpermute_backward", "moe_layer", "context", "group_quantize", "group_dequantize",
+    "grouped_linear_fp8_forward", "grouped_linear_fp8_backward_weight"};
 
 static void (*const op_builders[FZ_NUM_OPS])(fz_case *) = {
     fz_op_splits_to_offsets, fz_op_gl_fwd, fz_op_gl_dgrad, fz_op_gl_wgrad, fz_op_glu_fwd, fz_op_glu_bwd,
     fz_op_mlp_fwd, fz_op_mlp_bwd, fz_op_router_fwd, fz_op_router_bwd, fz_op_permute_fwd, fz_op_permute_bwd,
-    fz_op_unpermute_fwd, fz_op_unpermute_bwd, fz_op_moe, fz_op_context, fz_op_quantize, fz_op_dequantize};
+    fz_op_unpermute_fwd, fz_op_unpermute_bwd, fz_op_moe, fz_op_context, fz_op_quantize, fz_op_dequantize,
+    fz_op_fp8_fwd, fz_op_fp8_wgrad};
 
 /* ---- failures ---------------------------------------------------------------------------- */
 

@@ -236,7 +236,7 @@ static float f16_to_f32(uint16_t h) {
     return (h & 0x8000) ? -v : v;
 }
 
-static float load(const unsigned char *p, moex_dtype dt, int64_t i) {
+float fz_load_float(const unsigned char *p, moex_dtype dt, int64_t i) {
     if (dt == F32) {
         float v;
         memcpy(&v, p + 4 * i, 4);
@@ -287,7 +287,7 @@ static void check_current(fz_case *c, const moex_group_quantize_args *a, int tx,
             for (int64_t h = 0; h < qc.G; h++) r1 += s[h];
         float m = 0.0f;
         for (int64_t i = r0 * K; i < r1 * K && x; i++) {
-            const float v = load(x, a->x.dtype, i);
+            const float v = fz_load_float(x, a->x.dtype, i);
             if (isnan(m)) break;
             m = isnan(v) ? v : fabsf(v) > m ? fabsf(v) : m;
         }
@@ -328,7 +328,7 @@ static void check_dbias(fz_case *c, const moex_group_quantize_args *a, int tx, i
             double sum = 0.0, mag = 0.0;
             bool skip = false;
             for (int64_t t = r0; t < r1 && !skip; t++) {
-                const float v = load(x, a->x.dtype, t * qc.K + k);
+                const float v = fz_load_float(x, a->x.dtype, t * qc.K + k);
                 skip = !isfinite(v) || fabsf(v) > 1e30f;
                 sum += v;
                 mag += fabs((double)v);
@@ -347,7 +347,7 @@ static void check_dbias(fz_case *c, const moex_group_quantize_args *a, int tx, i
 /* The workspace oracle: the call again with a fresh workspace (other bytes, another
  * misalignment) must write the same outputs (docs/conventions.md 6: the workspace's contents
  * on entry never affect results; moex.h: determinism). */
-static void check_rerun(fz_case *c, const fz_opfns *f, const void *args) {
+void fz_check_rerun(fz_case *c, const fz_opfns *f, const void *args) {
     unsigned char *keep[FZ_MAX_TENSORS];
     for (int i = 0; i < c->ntens; i++) {
         const fz_tensor *T = &c->tens[i];
@@ -394,7 +394,7 @@ static void quant_flow(fz_case *c, const fz_opfns *f, void *args, fz_fault_fn fa
                       fz_find(c, "columnwise.scales"));
         check_dbias(c, qa, fz_find(c, "x"), fz_find(c, "splits"), fz_find(c, "dbias"));
     }
-    check_rerun(c, f, args);
+    fz_check_rerun(c, f, args);
 }
 
 /* ---- the builders ---------------------------------------------------------------------------- */

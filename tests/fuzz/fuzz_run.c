@@ -194,6 +194,21 @@ static const struct {
      {16, 15, 1, 2, 3, 4, 1, 0, 0xC0, 0, 2, 0, 1, 0, 0}, 15},
     {"regress-quant-2-dequantize-block-overflow",      /* y [0, INT64_MAX], BLOCK rowwise (UBSan) */
      {17, 15, 1, 2, 3, 4, 1, 0, 0xC0, 0, 2, 0, 0, 0, 0}, 15},
+    /* the FP8 grouped linear (fuzz_ops_fp8.c), byte by byte: op 18 (forward) or 19 (backward
+     * weight), mode 8 (run), 4 seed bytes, G (fz_dim: 1 + b % 6), T, K, N (a byte below 64 picks
+     * 0, 1, 16, 31, 32, 33, 127, 128, 129, 160, 256, 257), forward: y dtype (0 f32, 1 bf16),
+     * bias dtype (< 128 f32); recipes (b % 3: 0 current, bit 2 GROUP rows, 1 BLOCK, 2 MXFP8),
+     * each operand's params (1 E5M2, 2 POW2, 0x20 swizzled), bias_mode / dw_mode, operands
+     * (0: quantized for real, 1: fuzz bytes), splits (fz_make_splits), backward weight: dw
+     * (< 80 discrete), then the faults (0: none; 150: one, kind byte, sel, 5 parameter bytes) */
+    {"fp8-1-forward-mxfp8-swizzled-quantized",   /* G 3, x [33, 128] e4m3, w [3, 31, 128] e5m2, y bf16, SCALED */
+     {18, 8, 1, 2, 3, 4, 2, 5, 7, 3, 1, 200, 2, 0x20, 0x21, 2, 0, 12, 0}, 19},
+    {"fp8-2-wgrad-block-quantized-accumulate-discrete",   /* G 4, T 129, S 89, K 16, N 33, dw += */
+     {19, 8, 5, 6, 7, 8, 3, 8, 2, 5, 1, 1, 2, 1, 0, 10, 40, 0, 0, 0, 0, 0, 0, 0, 10, 0}, 26},
+    {"fp8-3-forward-pairing-fault",                /* x TENSOR -> MXFP8 (scales rebuilt), w GROUP */
+     {18, 8, 9, 9, 9, 9, 1, 10, 2, 3, 0, 0, 0, 0, 1, 1, 1, 4, 150, 7, 0, 1, 0, 0, 0, 0}, 26},
+    {"fp8-4-wgrad-layout-swap",                    /* dy MXFP8 swizzled -> plain */
+     {19, 8, 1, 1, 1, 1, 0, 4, 1, 9, 2, 0x20, 0, 0, 0, 0, 200, 150, 5, 0, 2, 0, 0, 0, 0}, 25},
 };
 
 static int generate(const char *dir, uint64_t seed, uint64_t runs, size_t max_len, int max_files) {
