@@ -254,14 +254,6 @@ typedef struct lin_case {
 } lin_case;
 
 static void run_linear(moex_context *ctx, tu_rng *rng, const lin_case *c) {
-#ifdef TFP8_GPU   /* device pointers: the recipe refuses discrete weights; run them packed */
-    if (c->discrete) {
-        lin_case p = *c;
-        p.discrete = 0;
-        run_linear(ctx, rng, &p);
-        return;
-    }
-#endif
     const int64_t G = c->G, T = c->T, K = c->K, N = c->N;
     const moex_dtype dt = c->dt;
     int64_t *splits = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
@@ -411,14 +403,6 @@ typedef struct mlp_case {
 } mlp_case;
 
 static void run_mlp(moex_context *ctx, tu_rng *rng, const mlp_case *c) {
-#ifdef TFP8_GPU   /* as run_linear */
-    if (c->discrete) {
-        mlp_case p = *c;
-        p.discrete = 0;
-        run_mlp(ctx, rng, &p);
-        return;
-    }
-#endif
     const int64_t G = c->G, T = c->T, H = c->H, F = c->F;
     const moex_dtype dt = c->dt;
     int64_t *splits = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));

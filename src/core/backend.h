@@ -88,6 +88,13 @@ typedef struct moex_dense_gemm {
     float *r;                   /* NN: the f32 addend */
 } moex_dense_gemm;
 
+/* weight_copy's arguments: each matrix of src [G, R, C] into dst [G, R, C], rounded to dst's
+ * dtype (f32, bf16, f16); either may be packed or discrete (its pointer array in the backend's
+ * memory). d: G, T = R, K = C. */
+typedef struct moex_weight_copy_args {
+    moex_weight src, dst;
+} moex_weight_copy_args;
+
 /* cast_rows' arguments: f32 rows src [T, N] and their rounded copy dst [T, N]. */
 typedef struct moex_cast_rows_args {
     const float *src;
@@ -107,6 +114,7 @@ typedef struct moex_cast_rows_args {
  *   quantize       the FP8 copies of docs/ops.md section 9 (math: quant_math.h)
  *   dequantize     their way back
  *   weight_quantize, weight_dequantize   the same for grouped weights (9.7; no splits)
+ *   weight_copy    grouped weights from one form and dtype into another (moex_weight_copy_args)
  *   cast_rows      dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into
  *                  dst's dtype (d: T, N)
  * The splits fields of the args are not read by grouped primitives: the handle has them.
@@ -131,7 +139,8 @@ typedef struct moex_cast_rows_args {
     X(p, unpermute_fwd, moex_unpermute_args, moex_perm_dims)                                      \
     X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)                                 \
     X(p, weight_quantize, moex_weight_quantize_args, moex_quant_dims)                             \
-    X(p, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
+    X(p, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)                         \
+    X(p, weight_copy, moex_weight_copy_args, moex_gl_dims)
 
 /* The signatures: of a table field (*_FIELD_), or of a backend's function (*_DECL_). */
 #define MOEX_GROUPED_SIG_(ws_name, name, args_t, dims_t)                                           \

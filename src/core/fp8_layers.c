@@ -17,7 +17,7 @@
  *   linear backward data    dbias, dprobs: the plain primitive on dy (dx absent);
  *                           dyq = Q_grad(dy) rowwise, wq = Q_w(w) columnwise; dx = dyq wq
  *   linear backward weight  dyq, xq = the columnwise copies; dW = dyq^T xq (f32: into dW;
- *                           WRITE into bf16/f16: into an f32 scratch, then cast_rows)
+ *                           WRITE into bf16/f16: into an f32 scratch, then weight_copy)
  *   MLP forward             xq, w1q rowwise; h = xq w1q^T (+ b1); z = p glu(h) with zq = Q_act(z)
  *                           rowwise from the scaled GLU; w2q rowwise; y = zq w2q^T (+ b2 | + p b2)
  *   MLP backward            db2, dprobs (scaled-b2 term): the plain primitive on dy;
@@ -30,8 +30,7 @@
  *                           columnwise (one pass); dx = dhq w1q (w1 columnwise);
  *                           dW1 = dhq^T xq, xq = Q_act(x) columnwise
  * Only what the present outputs need is computed. The weights are quantized from their master
- * copy on every call (discrete weights: one expert at a time, where their pointers are host
- * memory). Every step runs on the groups of one prepared handle, except the FP8 GEMMs and the
+ * copy on every call (discrete weights are first copied into a packed one, weight_copy). Every step runs on the groups of one prepared handle, except the FP8 GEMMs and the
  * scaled GLU ops, which prepare their own (they are ops of their own, run without validation).
  *
  * Workspace: the handle, the FP8 copies the call needs, the activation-dtype intermediates (dz,
@@ -46,25 +45,6 @@
 static const moex_tensor absent_tensor;
 
 /* ---- validation -------------------------------------------------------------------------- */
-
-moex_status moex_fp8_check_weight(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
-                                  const moex_weight *w) {
-    if (r->mode == MOEX_FP8_OFF || !w->ptrs || moex_ops(ctx)->host_memory) return MOEX_OK;
-    return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                     "%s: %s is a discrete weight in device memory: the FP8 recipe quantizes discrete weights one "
-                     "expert at a time through their host-readable pointers (pack the weights, or run fp8.mode OFF)",
-                     op, name);
-}
-
-moex_status moex_fp8_check_dw(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
-                              const moex_weight *dw) {
-    if (r->mode == MOEX_FP8_OFF || !dw->ptrs || dw->t.dtype == MOEX_DTYPE_F32 || moex_ops(ctx)->host_memory)
-        return MOEX_OK;
-    return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                     "%s: %s is a discrete %s weight gradient in device memory: the FP8 recipe writes a non-f32 dW "
-                     "one expert at a time through host-readable pointers (use an f32 or packed dW)",
-                     op, name, moex_dtype_name(dw->t.dtype));
-}
 
 moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8_recipe *r, moex_purpose p,
                                const char *name, const void *data) {
@@ -172,60 +152,41 @@ static moex_group_quantize_args rows_qargs(const moex_tensor *x, const moex_tens
     return a;
 }
 
-/* The quantize of expert g of the weight's copies (g < 0: all G, from the packed w). */
-static moex_quant_tensor expert_slice(const moex_quant_tensor *t, int64_t g) {
-    moex_quant_tensor s = *t;
-    if (!moex_present(&t->data)) return s;
-    moex_tensor *parts[2] = {&s.data, &s.scales};
-    for (int i = 0; i < 2; i++) {
-        moex_tensor *p = parts[i];
-        const int64_t per = moex_numel(p) / p->shape[0];   /* the elements of one expert */
-        if (p->data) p->data = (char *)p->data + (size_t)(g * per) * moex_dtype_size(p->dtype);
-        p->shape[0] = 1;
-    }
-    return s;
-}
-
-static moex_weight_quantize_args weight_qargs(const moex_weight *w, const qop *q, int64_t g) {
+/* The weight quantize of a packed weight's copies (a discrete one is packed first). */
+static moex_weight_quantize_args weight_qargs(const moex_weight *w, const qop *q) {
     moex_weight_quantize_args a;
     memset(&a, 0, sizeof a);
-    a.params = q->p;
-    if (g < 0) {
-        a.w = w->t, a.rowwise = q->row, a.columnwise = q->col;
-    } else {
-        a.w = moex_tensor_3d(w->ptrs ? w->ptrs[g] : NULL, w->t.dtype, 1, w->t.shape[1], w->t.shape[2]);
-        a.rowwise = expert_slice(&q->row, g), a.columnwise = expert_slice(&q->col, g);
-    }
+    a.params = q->p, a.w = w->t, a.rowwise = q->row, a.columnwise = q->col;
     return a;
 }
 
-static size_t quantize_weight_ws(moex_context *ctx, const moex_weight *w, const qop *q) {
-    const moex_backend_ops *ops = moex_ops(ctx);
-    const moex_weight_quantize_args all = weight_qargs(w, q, -1);
-    moex_quant_dims d1 = q->d;
-    d1.G = 1;
-    moex_weight one = *w;
-    one.ptrs = NULL;   /* sizes only: no pointer is read */
-    const moex_weight_quantize_args e = weight_qargs(&one, q, 0);
-    return moex_sz_max(ops->weight_quantize_ws(ctx, &all, &q->d), ops->weight_quantize_ws(ctx, &e, &d1));
+/* A discrete weight is first copied into a packed one at the start of the step's region
+ * (weight_copy: its pointer array is read where it lives), then quantized as a packed one. */
+static size_t packed_bytes(const moex_weight *w) {
+    return w->ptrs ? moex_sz_mul(moex_sz_bytes(w->t.shape[0], w->t.shape[1], moex_dtype_size(w->t.dtype)),
+                                 (size_t)w->t.shape[2])
+                   : 0;
 }
 
-/* The weight's copies: one call on packed weights; discrete ones (host memory: validated by
- * moex_fp8_check_weight) one expert at a time into the experts' slices. */
+static size_t quantize_weight_ws(moex_context *ctx, const moex_weight *w, const qop *q) {
+    const moex_weight_quantize_args all = weight_qargs(w, q);
+    return moex_sz_add(moex_sz_align(packed_bytes(w), MOEX_WS_ALIGN), moex_ops(ctx)->weight_quantize_ws(ctx, &all, &q->d));
+}
+
+/* The weight's copies, in one call. */
 static moex_status quantize_weight(moex_context *ctx, const moex_call *c, const moex_weight *w, const qop *q,
                                    void *sub) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    if (!w->ptrs) {
-        const moex_weight_quantize_args a = weight_qargs(w, q, -1);
-        return ops->weight_quantize(ctx, c, &a, &q->d, sub);
+    moex_weight packed = *w;
+    if (w->ptrs) {
+        packed = moex_weight_packed(moex_tensor_3d(sub, w->t.dtype, w->t.shape[0], w->t.shape[1], w->t.shape[2]));
+        const moex_weight_copy_args cp = {*w, packed};
+        const moex_gl_dims d = {w->t.shape[0], w->t.shape[1], w->t.shape[2], 0, w->t.dtype};
+        MOEX_TRY(ops->weight_copy(ctx, c, &cp, &d, NULL));
+        sub = (char *)sub + moex_sz_align(packed_bytes(w), MOEX_WS_ALIGN);
     }
-    moex_quant_dims d1 = q->d;
-    d1.G = 1;
-    for (int64_t g = 0; g < q->d.G; g++) {
-        const moex_weight_quantize_args a = weight_qargs(w, q, g);
-        MOEX_TRY(ops->weight_quantize(ctx, c, &a, &d1, sub));
-    }
-    return MOEX_OK;
+    const moex_weight_quantize_args a = weight_qargs(&packed, q);
+    return ops->weight_quantize(ctx, c, &a, &q->d, sub);
 }
 
 /* ---- the FP8 GEMMs --------------------------------------------------------------------------- */
@@ -267,15 +228,13 @@ static moex_status fwd_run(moex_context *ctx, const moex_call *c, const fp8_fwd 
 
 /* dW = dy^T x [G, N, K] by the FP8 grouped linear's backward weight, from the columnwise copies
  * of dy [T, N] and x [T, K]. The FP8 product writes f32: an f32 dW gets it directly (= or +=);
- * a bf16/f16 dW (WRITE) gets it through the f32 scratch dwf [G, N, K] and cast_rows, over a
- * handle of one group of G N rows (packed) or of N rows, one expert at a time (discrete, host
- * memory: moex_fp8_check_dw). */
+ * a bf16/f16 dW (WRITE) gets it through the f32 scratch dwf [G, N, K], rounded into it by
+ * weight_copy (packed or discrete). */
 typedef struct fp8_dw {
     moex_grouped_linear_fp8_wgrad_args a;
     moex_fp8_dims d;
     const moex_weight *dw;      /* the caller's */
     bool cast;                  /* through dwf */
-    int64_t cast_rows;          /* rows of the cast handle */
 } fp8_dw;
 
 static fp8_dw dw_of(const qop *dy, const qop *x, const moex_tensor *splits, moex_grad_mode mode,
@@ -285,7 +244,6 @@ static fp8_dw dw_of(const qop *dy, const qop *x, const moex_tensor *splits, moex
     const int64_t G = x->d.G, T = x->d.T, K = x->d.K, N = dy->d.K;
     f.dw = dw;
     f.cast = dw->t.dtype != MOEX_DTYPE_F32;   /* validated: WRITE */
-    f.cast_rows = dw->ptrs ? N : G * N;       /* G N K < 2^60: validated dW */
     f.a.dy_params = dy->p, f.a.dy = dy->col;
     f.a.x_params = x->p, f.a.x = x->col;
     f.a.splits = *splits;
@@ -298,49 +256,35 @@ static fp8_dw dw_of(const qop *dy, const qop *x, const moex_tensor *splits, moex
     return f;
 }
 
-/* The cast's dims: f32 rows [cast_rows, K] into dW's dtype. */
-static moex_gl_dims cast_dims(const fp8_dw *f) {
-    const moex_gl_dims d = {1, f->cast_rows, f->d.gl.K, f->d.gl.K, f->dw->t.dtype};
-    return d;
+/* The copy of dwf into dW: its args and dims (G, T = N, K). */
+static moex_weight_copy_args dw_copy_of(const fp8_dw *f, moex_gl_dims *d) {
+    const moex_gl_dims wd = {f->d.gl.G, f->d.gl.N, f->d.gl.K, 0, f->dw->t.dtype};
+    *d = wd;
+    const moex_weight_copy_args cp = {f->a.dw, *f->dw};
+    return cp;
 }
 
 static size_t dw_ws(moex_context *ctx, const fp8_dw *f) {
     size_t ws = moex_op_grouped_linear_fp8_backward_weight_ws(ctx, &f->a, &f->d);
     if (f->cast) {
-        const moex_cast_rows_args ca = {NULL, f->dw->t};
-        const moex_gl_dims cd = cast_dims(f);
-        ws = moex_sz_max(ws, moex_ops(ctx)->cast_rows_ws(ctx, &ca, &cd));
+        moex_gl_dims d;
+        const moex_weight_copy_args cp = dw_copy_of(f, &d);
+        ws = moex_sz_max(ws, moex_ops(ctx)->weight_copy_ws(ctx, &cp, &d));
     }
     return ws;
 }
 
-/* The bytes of the f32 scratch and of the cast's handle a dW step needs (0 when none). */
+/* The bytes of the f32 scratch a dW step needs (0 when none). */
 static size_t dw_scratch_bytes(const fp8_dw *f) {
     return f->cast ? moex_sz_mul(moex_sz_bytes(f->d.gl.G, f->d.gl.N, sizeof(float)), (size_t)f->d.gl.K) : 0;
 }
 
-static size_t dw_handle_bytes(moex_context *ctx, const fp8_dw *f) {
-    return f->cast ? moex_ops(ctx)->groups_ws(ctx, 1, f->cast_rows, NULL) : 0;
-}
-
-static moex_status dw_run(moex_context *ctx, const moex_call *c, const fp8_dw *f, void *cast_groups, void *sub) {
-    const moex_backend_ops *ops = moex_ops(ctx);
+static moex_status dw_run(moex_context *ctx, const moex_call *c, const fp8_dw *f, void *sub) {
     MOEX_TRY(moex_op_grouped_linear_fp8_backward_weight_run(ctx, c, &f->a, &f->d, sub));
     if (!f->cast) return MOEX_OK;
-    moex_groups one;
-    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, f->cast_rows, NULL, cast_groups, &one));
-    const moex_gl_dims cd = cast_dims(f);
-    const float *src = (const float *)f->a.dw.t.data;
-    const int64_t G = f->d.gl.G, N = f->d.gl.N, K = f->d.gl.K;
-    if (!f->dw->ptrs) {
-        const moex_cast_rows_args ca = {src, moex_tensor_2d(f->dw->t.data, f->dw->t.dtype, G * N, K)};
-        return ops->cast_rows(ctx, c, &one, &ca, &cd, sub);
-    }
-    for (int64_t g = 0; g < G; g++) {
-        const moex_cast_rows_args ca = {src + g * N * K, moex_tensor_2d(f->dw->ptrs[g], f->dw->t.dtype, N, K)};
-        MOEX_TRY(ops->cast_rows(ctx, c, &one, &ca, &cd, sub));
-    }
-    return MOEX_OK;
+    moex_gl_dims d;
+    const moex_weight_copy_args cp = dw_copy_of(f, &d);
+    return moex_ops(ctx)->weight_copy(ctx, c, &cp, &d, sub);
 }
 
 /* Checks the backend's limits and prepares the groups (one handle for the call's own steps). */
@@ -449,7 +393,7 @@ moex_status moex_fp8_linear_dgrad_run(moex_context *ctx, const moex_call *c, con
 /* ---- grouped linear: backward weight ---------------------------------------------------------- */
 
 typedef struct lin_wgrad {
-    void *groups, *cast_groups, *sub;
+    void *groups, *sub;
     qop dy, x;
     fp8_dw dw;
     size_t total;
@@ -466,7 +410,6 @@ static lin_wgrad lin_wgrad_layout(moex_context *ctx, const moex_grouped_linear_w
     l.dw = dw_of(&l.dy, &l.x, &a->splits, a->dw_mode, &a->dw, NULL);
     float *dwf = (float *)moex_take(&c, dw_scratch_bytes(&l.dw));
     l.dw = dw_of(&l.dy, &l.x, &a->splits, a->dw_mode, &a->dw, dwf);
-    l.cast_groups = moex_take(&c, dw_handle_bytes(ctx, &l.dw));
     const moex_group_quantize_args qdy = rows_qargs(&a->dy, &a->splits, &l.dy);
     const moex_group_quantize_args qx = rows_qargs(&a->x, &a->splits, &l.x);
     size_t sub = ops->quantize_ws(ctx, &qdy, &l.dy.d);
@@ -491,7 +434,7 @@ moex_status moex_fp8_linear_wgrad_run(moex_context *ctx, const moex_call *c, con
     const moex_group_quantize_args qx = rows_qargs(&a->x, &a->splits, &l.x);
     MOEX_TRY(ops->quantize(ctx, c, &g, &qdy, &l.dy.d, l.sub));
     MOEX_TRY(ops->quantize(ctx, c, &g, &qx, &l.x.d, l.sub));
-    return dw_run(ctx, c, &l.dw, l.cast_groups, l.sub);
+    return dw_run(ctx, c, &l.dw, l.sub);
 }
 
 /* ---- grouped MLP: forward ------------------------------------------------------------------------ */
@@ -606,7 +549,7 @@ static mlp_plan mlp_plan_of(const moex_grouped_mlp_grad_args *a) {
 
 typedef struct mlp_bwd {
     mlp_plan p;
-    void *groups, *cast_groups, *sub;
+    void *groups, *sub;
     qop dy, zq, w2, dh_q, w1, x;
     moex_tensor dz, dh;         /* [T, F], [T, 2F] in dt, in the workspace */
     moex_grouped_linear_dgrad_args fc2_bias, fc1_bias;   /* plain, dx absent */
@@ -648,8 +591,6 @@ static mlp_bwd mlp_bwd_layout(moex_context *ctx, const moex_grouped_mlp_grad_arg
     l.dw1 = dw_of(&l.dh_q, &l.x, splits, a->dw_mode, &a->dw1, NULL);
     float *dwf = (float *)moex_take(&c, moex_sz_max(p.dw2 ? dw_scratch_bytes(&l.dw2) : 0,
                                                      p.dw1 ? dw_scratch_bytes(&l.dw1) : 0));
-    l.cast_groups = moex_take(&c, moex_sz_max(p.dw2 ? dw_handle_bytes(ctx, &l.dw2) : 0,
-                                              p.dw1 ? dw_handle_bytes(ctx, &l.dw1) : 0));
     if (p.dw2) l.dw2 = dw_of(&l.dy, &l.zq, splits, a->dw_mode, &a->dw2, dwf);
     if (p.dw1) l.dw1 = dw_of(&l.dh_q, &l.x, splits, a->dw_mode, &a->dw1, dwf);
 
@@ -722,7 +663,7 @@ moex_status moex_fp8_mlp_backward_run(moex_context *ctx, const moex_call *c, con
     if (p.dw2) {
         if (moex_present(&a->z)) MOEX_TRY(ops->quantize(ctx, c, &g, &l.q_z, &l.zq.d, l.sub));
         else MOEX_TRY(moex_op_scaled_glu_forward_run(ctx, c, &l.glu_fwd.a, &l.glu_fwd.d, l.sub));
-        MOEX_TRY(dw_run(ctx, c, &l.dw2, l.cast_groups, l.sub));
+        MOEX_TRY(dw_run(ctx, c, &l.dw2, l.sub));
     }
     if (!p.need_dz) return MOEX_OK;
     MOEX_TRY(quantize_weight(ctx, c, &a->w2, &l.w2, l.sub));
@@ -739,7 +680,7 @@ moex_status moex_fp8_mlp_backward_run(moex_context *ctx, const moex_call *c, con
     }
     if (p.dw1) {
         MOEX_TRY(ops->quantize(ctx, c, &g, &l.q_x, &l.x.d, l.sub));
-        MOEX_TRY(dw_run(ctx, c, &l.dw1, l.cast_groups, l.sub));
+        MOEX_TRY(dw_run(ctx, c, &l.dw1, l.sub));
     }
     return MOEX_OK;
 }

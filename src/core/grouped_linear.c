@@ -100,8 +100,7 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
                          op);
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data));
-    return moex_fp8_check_weight(ctx, op, &a->fp8, "w", &a->w);
+    return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
 }
 
 GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, a, linear_forward)
@@ -132,8 +131,7 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt,
                              bias_needed));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data));
-    return moex_present(&a->dx) ? moex_fp8_check_weight(ctx, op, &a->fp8, "w", &a->w) : MOEX_OK;
+    return moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data);
 }
 
 GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, NULL, linear_dgrad)
@@ -150,8 +148,7 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
     MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
     MOEX_TRY(moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, d->G, d->N, d->K, d->dt));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw", a->dw.t.data));
-    return moex_fp8_check_dw(ctx, op, &a->fp8, "dw", &a->dw);
+    return moex_fp8_check_out(ctx, op, &a->fp8, p, "dw", a->dw.t.data);
 }
 
 GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, NULL, linear_wgrad)

@@ -69,9 +69,7 @@ moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "h", a->h.data));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data));
-    MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
-    return moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2);
+    return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
 }
 
 moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char *op,
@@ -104,13 +102,7 @@ moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char 
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw1", a->dw1.t.data));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw2", a->dw2.t.data));
-    if (moex_present(&a->dx)) MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
-    /* w2 is read for dz, which every gradient but dw2 and db2 needs */
-    if (moex_present(&a->dx) || moex_weight_present(&a->dw1) || moex_present(&a->db1) || moex_present(&a->dprobs))
-        MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2));
-    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fp8, "dw1", &a->dw1));
-    return moex_fp8_check_dw(ctx, op, &a->fp8, "dw2", &a->dw2);
+    return moex_fp8_check_out(ctx, op, &a->fp8, p, "dw2", a->dw2.t.data);
 }
 
 /* ---- the composition's pieces -------------------------------------------------------- */

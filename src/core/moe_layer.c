@@ -179,9 +179,7 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
     }
     MOEX_TRY(moex_check_glu(ctx, op, &a->glu, d->F));
     if (need & NEED_Y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
-    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
-    MOEX_TRY(moex_fp8_check_weight(ctx, op, &a->fp8, "w1", &a->w1));
-    return moex_fp8_check_weight(ctx, op, &a->fp8, "w2", &a->w2);
+    return moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8);
 }
 
 moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args, size_t *bytes) {
@@ -216,8 +214,6 @@ moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *o
     MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, MOEX_DT_BIAS(d->dt)));
     if (a->fwd.b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
-    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fwd.fp8, "dw1", &a->dw1));
-    MOEX_TRY(moex_fp8_check_dw(ctx, op, &a->fwd.fp8, "dw2", &a->dw2));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw1", a->dw1.t.data));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw2", a->dw2.t.data));
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;

@@ -73,18 +73,12 @@ moex_status moex_quant_check_weight_input(moex_context *ctx, const char *op, con
 
 /* The layers' FP8 recipe (fp8_layers.c; docs/ops.md 9.11): the grouped linear's and the grouped
  * MLP's compositions when fp8.mode is not MOEX_FP8_OFF (validated args and dims, as the plain
- * ones get them), and their checks of what the recipe cannot run: a discrete weight (or a
- * non-f32 discrete dW) whose pointers are device memory, MOEX_ERR_UNSUPPORTED (OK when the
- * recipe is off). */
-moex_status moex_fp8_check_weight(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
-                                  const moex_weight *w);
+ * ones get them). */
 /* On a device backend the FP8 GEMM kernels need the outputs they write (data: y, h, dx, a
  * packed f32 dW) 16-byte aligned: checked with the arguments (p: for a run), so that a refused
  * call has written nothing. */
 moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8_recipe *r, moex_purpose p,
                                const char *name, const void *data);
-moex_status moex_fp8_check_dw(moex_context *ctx, const char *op, const moex_fp8_recipe *r, const char *name,
-                              const moex_weight *dw);
 size_t moex_fp8_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
 moex_status moex_fp8_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
                                         const moex_gl_dims *d, void *ws);

@@ -197,6 +197,32 @@ void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const 
     moex_cpu_parallel_for(ctx, rows, 1 + STORE_GRAIN_ELEMS / cols, store_rows, &j);
 }
 
+size_t moex_cpu_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d) { return 0; }
+
+/* Matrix by matrix, row by row through an f32 row (the rounding of moex_cpu_store_f32). */
+static void weight_copy_rows(void *arg, int64_t begin, int64_t end) {
+    const moex_weight_copy_args *a = ((const void **)arg)[0];
+    const moex_gl_dims *d = ((const void **)arg)[1];
+    float row[256];
+    for (int64_t r = begin; r < end; r++) {
+        const int64_t g = r / d->T, i = r % d->T;
+        const void *src = moex_cpu_cat(moex_weight_ptr(&a->src, g), a->src.t.dtype, i * d->K);
+        void *dst = moex_cpu_at((void *)moex_weight_ptr(&a->dst, g), a->dst.t.dtype, i * d->K);
+        for (int64_t c0 = 0; c0 < d->K; c0 += 256) {
+            const int64_t n = d->K - c0 < 256 ? d->K - c0 : 256;
+            moex_cpu_load_f32(row, moex_cpu_cat(src, a->src.t.dtype, c0), a->src.t.dtype, n);
+            moex_cpu_store_f32(moex_cpu_at(dst, a->dst.t.dtype, c0), a->dst.t.dtype, row, n);
+        }
+    }
+}
+
+moex_status moex_cpu_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
+                                 const moex_gl_dims *d, void *ws) {
+    const void *arg[2] = {a, d};
+    moex_cpu_parallel_for(ctx, d->G * d->T, 16, weight_copy_rows, (void *)arg);
+    return MOEX_OK;
+}
+
 size_t moex_cpu_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d) { return 0; }
 
 moex_status moex_cpu_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_cast_rows_args *a,

@@ -3,9 +3,9 @@
  * the CPU test tests/test_fp8_layers.c (the grouped linear's three calls, the grouped MLP's
  * forward and backward and the MoE layer in BLOCK, CURRENT and MXFP8, HYBRID, the row classes,
  * G = 1, gradient subsets, dW written and accumulated, mode OFF bitwise the plain path) run on
- * the GPU through cuda_mirror.h, with the FP8 tensor cores' accumulation in the tolerance.
- * Discrete weights are device pointers here, which the recipe refuses (MOEX_ERR_UNSUPPORTED):
- * those cases run with packed weights. Exits 77 (skipped) without a GPU.
+ * the GPU through cuda_mirror.h, with the FP8 tensor cores' accumulation in the tolerance;
+ * discrete weights (and dW) with their pointer arrays in device memory. Exits 77 (skipped)
+ * without a GPU.
  */
 #include "cuda_mirror.h"
 
