@@ -853,7 +853,14 @@ int main(void) {
                              MOEX_BIAS_ADD, i == 1 ? (unsigned)(G_DW1 | G_DW2) : (unsigned)G_ALL, MOEX_GRAD_WRITE,
                              0};
         run_mlp(ctx, &rng, &m1), run_mlp(ctx, &rng, &m2), run_mlp(ctx, &rng, &m3);
-        n += 3;
+        /* H a multiple of 16, F of 64 (contiguous) and of 32 (interleaved): on Hopper FC1 and
+         * the GLU in one FP8 kernel (BLOCK, CURRENT), z kept or in the workspace */
+        const mlp_case m4 = {4, 300, 128, 64, NULL, 290, r, MOEX_DTYPE_BF16, MOEX_GLU_CONTIGUOUS, 1, 1, i == 1, 0, 0,
+                             MOEX_BIAS_SCALED, G_ALL, MOEX_GRAD_WRITE, 0};
+        const mlp_case m5 = {3, 200, 64, 96, NULL, 190, r, MOEX_DTYPE_F16, MOEX_GLU_INTERLEAVED_32, 1, i != 1, i == 0,
+                             0, 0, MOEX_BIAS_ADD, G_ALL, MOEX_GRAD_ACCUMULATE, 1};
+        run_mlp(ctx, &rng, &m4), run_mlp(ctx, &rng, &m5);
+        n += 5;
         check_moe(ctx, &rng, md);
     }
     /* the remaining gradient subsets once (BLOCK, hybrid), including none but dprobs */

@@ -49,6 +49,16 @@ typedef struct moex_fc1_glu_args {
     moex_tensor z;
 } moex_fc1_glu_args;
 
+/* The grouped MLP's FC1 on FP8 operands with the scaled GLU fused (the layers' FP8 recipe):
+ * h = fc1's FP8 forward (its y; bias b1 ADD or NONE), rounded, and z = p glu(h) [T, F] in h's
+ * dtype, p = probs (1 when absent). */
+typedef struct moex_fc1_glu_fp8_args {
+    moex_grouped_linear_fp8_args fc1;
+    moex_glu_params glu;
+    moex_tensor probs;
+    moex_tensor z;
+} moex_fc1_glu_fp8_args;
+
 /* The FC2 backward-data of the grouped MLP with the GLU's backward fused:
  *   dz = dy W_g [T, F], rounded to the activation dtype as if stored, but not stored;
  *   dh = glu'(h) dz [T, 2F] (=), with glu and p = probs (1 when absent);
@@ -229,6 +239,13 @@ typedef struct moex_backend_ops {
     size_t (*linear_fp8_ws)(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
     moex_status (*linear_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
                               const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+    /* The FP8 FC1 + scaled GLU (moex_fc1_glu_fp8_args; d: fc1's). fc1_glu_fp8_ws: its
+     * workspace, or SIZE_MAX when the backend cannot run these args (from shapes, dtypes,
+     * recipes, the GLU's layout and which tensors are present, never pointers or split
+     * values): the composition then runs linear_fp8's forward and the scaled GLU. NULL: never. */
+    size_t (*fc1_glu_fp8_ws)(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d);
+    moex_status (*fc1_glu_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws);
     /* The same for the FP8 grouped linear's backward weight. */
     size_t (*linear_fp8_wgrad_ws)(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
                                   const moex_fp8_dims *d);

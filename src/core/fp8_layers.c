@@ -19,7 +19,9 @@
  *   linear backward weight  dyq, xq = the columnwise copies; dW = dyq^T xq (f32: into dW;
  *                           WRITE into bf16/f16: into an f32 scratch, then weight_copy)
  *   MLP forward             xq, w1q rowwise; h = xq w1q^T (+ b1); z = p glu(h) with zq = Q_act(z)
- *                           rowwise from the scaled GLU; w2q rowwise; y = zq w2q^T (+ b2 | + p b2)
+ *                           rowwise from the scaled GLU (or, where the backend fuses FC1 and the
+ *                           GLU, fc1_glu_fp8: h and z from one kernel, then zq = Q_act(z));
+ *                           w2q rowwise; y = zq w2q^T (+ b2 | + p b2)
  *   MLP backward            db2, dprobs (scaled-b2 term): the plain primitive on dy;
  *                           dyq = Q_grad(dy) rowwise and columnwise (one pass);
  *                           dW2 = dyq^T zq, zq = Q_act(z) columnwise (z saved, or recomputed
@@ -469,11 +471,17 @@ static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
     return g;
 }
 
+/* fused: FC1 and the scaled GLU in one kernel of the backend (fc1_glu_fp8, writing h and z,
+ * into a workspace z when z is not kept), then z quantized (qz); else FC1, then the scaled GLU
+ * writing z and zq. */
 typedef struct mlp_fwd {
     void *groups, *sub;
     qop x, w1, zq, w2;
     fp8_fwd fc1, fc2;
     glu_zq glu;
+    bool fused;
+    moex_fc1_glu_fp8_args fc1_glu;
+    moex_group_quantize_args qz;
     size_t total;
 } mlp_fwd;
 
@@ -492,11 +500,23 @@ static mlp_fwd mlp_fwd_layout(moex_context *ctx, const moex_grouped_mlp_args *a,
                    NULL, &a->h);
     l.glu = glu_zq_of(&a->glu, &a->h, &a->probs, &a->splits, &a->z, &l.zq, d);
     l.fc2 = fwd_of(&l.zq, &l.w2, false, &a->splits, a->b2_mode, &a->b2, &a->probs, &a->y);
+    memset(&l.fc1_glu, 0, sizeof l.fc1_glu);
+    l.fc1_glu.fc1 = l.fc1.a, l.fc1_glu.glu = a->glu, l.fc1_glu.probs = a->probs;
+    l.fc1_glu.z = moex_present(&a->z) ? a->z : moex_tensor_2d(NULL, d->dt, T, F);
+    const size_t fused = ops->fc1_glu_fp8_ws ? ops->fc1_glu_fp8_ws(ctx, &l.fc1_glu, &l.fc1.d) : SIZE_MAX;
+    l.fused = fused != SIZE_MAX;
+    if (l.fused && !moex_present(&a->z)) l.fc1_glu.z.data = moex_take(&c, moex_sz_bytes(T, F, moex_dtype_size(d->dt)));
+    l.qz = rows_qargs(&l.fc1_glu.z, &a->splits, &l.zq);
     const moex_group_quantize_args qx = rows_qargs(&a->x, &a->splits, &l.x);
     size_t sub = ops->quantize_ws(ctx, &qx, &l.x.d);
     sub = moex_sz_max(sub, quantize_weight_ws(ctx, &a->w1, &l.w1));
-    sub = moex_sz_max(sub, fwd_ws(ctx, &l.fc1));
-    sub = moex_sz_max(sub, moex_op_scaled_glu_forward_ws(ctx, &l.glu.a, &l.glu.d));
+    if (l.fused) {
+        sub = moex_sz_max(sub, fused);
+        sub = moex_sz_max(sub, ops->quantize_ws(ctx, &l.qz, &l.zq.d));
+    } else {
+        sub = moex_sz_max(sub, fwd_ws(ctx, &l.fc1));
+        sub = moex_sz_max(sub, moex_op_scaled_glu_forward_ws(ctx, &l.glu.a, &l.glu.d));
+    }
     sub = moex_sz_max(sub, quantize_weight_ws(ctx, &a->w2, &l.w2));
     sub = moex_sz_max(sub, fwd_ws(ctx, &l.fc2));
     l.sub = moex_take(&c, sub);
@@ -516,8 +536,13 @@ moex_status moex_fp8_mlp_forward_run(moex_context *ctx, const moex_call *c, cons
     const moex_group_quantize_args qx = rows_qargs(&a->x, &a->splits, &l.x);
     MOEX_TRY(moex_ops(ctx)->quantize(ctx, c, &g, &qx, &l.x.d, l.sub));
     MOEX_TRY(quantize_weight(ctx, c, &a->w1, &l.w1, l.sub));
-    MOEX_TRY(fwd_run(ctx, c, &l.fc1, l.sub));                                      /* h */
-    MOEX_TRY(moex_op_scaled_glu_forward_run(ctx, c, &l.glu.a, &l.glu.d, l.sub));   /* z, zq */
+    if (l.fused) {
+        MOEX_TRY(moex_ops(ctx)->fc1_glu_fp8(ctx, c, &g, &l.fc1_glu, &l.fc1.d, l.sub));   /* h, z */
+        MOEX_TRY(moex_ops(ctx)->quantize(ctx, c, &g, &l.qz, &l.zq.d, l.sub));            /* zq */
+    } else {
+        MOEX_TRY(fwd_run(ctx, c, &l.fc1, l.sub));                                      /* h */
+        MOEX_TRY(moex_op_scaled_glu_forward_run(ctx, c, &l.glu.a, &l.glu.d, l.sub));   /* z, zq */
+    }
     MOEX_TRY(quantize_weight(ctx, c, &a->w2, &l.w2, l.sub));
     return fwd_run(ctx, c, &l.fc2, l.sub);                                         /* y */
 }

@@ -69,6 +69,7 @@ moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "h", a->h.data));
+    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "z", a->z.data));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
 }
 

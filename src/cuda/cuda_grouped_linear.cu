@@ -309,6 +309,49 @@ moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const mo
     return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
 }
 
+/* ---- the grouped MLP's FP8 FC1 with the scaled GLU fused ------------------------------------ */
+
+static moex_sm90_fp8_args fc1_glu_fp8_args(const moex_groups *g, const moex_fc1_glu_fp8_args *a,
+                                          const moex_fp8_dims *d) {
+    moex_sm90_fp8_args s = linear_fp8_args(g, &a->fc1, d);
+    s.glu = a->glu.layout == MOEX_GLU_INTERLEAVED_32 ? 2 : 1;
+    s.z = a->z.data;
+    s.F = d->gl.N / 2;
+    s.glu_consts = moex_glu_consts_of(&a->glu);
+    s.glu_probs = moex_present(&a->probs) ? (const float *)a->probs.data : NULL;
+    return s;
+}
+
+/* Workspace: none; SIZE_MAX unless the FP8 forward's recipes and the kernel's GLU shapes hold
+ * (pointers stand in: alignment is checked at run time). */
+size_t moex_cuda_fc1_glu_fp8_ws(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d) {
+    if (moex_cuda_linear_fp8_ws(ctx, &a->fc1, d) == SIZE_MAX) return SIZE_MAX;
+    alignas(16) static const float placeholder[4] = {0};
+    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    moex_fc1_glu_fp8_args p = *a;
+    p.fc1.x.data.data = p.fc1.w.data.data = p.fc1.y.data = p.fc1.x.scales.data = p.fc1.w.scales.data =
+        (void *)placeholder;
+    p.fc1.bias.data = p.z.data = (void *)placeholder;
+    if (moex_present(&p.probs)) p.probs.data = (void *)placeholder;
+    const moex_sm90_fp8_args s = fc1_glu_fp8_args(&g, &p, d);
+    return moex_sm90_fp8_supported(moex_cuda_st(ctx)->sm90_ctx, &s) ? 0 : SIZE_MAX;
+}
+
+moex_status moex_cuda_fc1_glu_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                  const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    moex_sm90_fp8_args s = fc1_glu_fp8_args(g, a, d);
+    if (!moex_sm90_fp8_supported(sc, &s))   /* the plan held for aligned pointers */
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: on Hopper the FP8 FC1 with the GLU needs h, z and the FP8 data 16-byte aligned "
+                         "(docs/ops.md 9.11)",
+                         c->op);
+    s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
+    const char *why = "";
+    const moex_status st = moex_sm90_fp8_gemm(sc, &s, c->stream, &why);
+    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
+}
+
 /* ---- the FP8 grouped linear's backward weight (current or block scaling) ------------------ */
 
 /* The Hopper FP8 weight gradient's args for a (the scales as linear_fp8_args pairs them). */

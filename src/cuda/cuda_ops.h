@@ -277,6 +277,9 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
 size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
 moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+size_t moex_cuda_fc1_glu_fp8_ws(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d);
+moex_status moex_cuda_fc1_glu_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                  const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws);
 size_t moex_cuda_linear_fp8_wgrad_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
                                      const moex_fp8_dims *d);
 moex_status moex_cuda_linear_fp8_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,

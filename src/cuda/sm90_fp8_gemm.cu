@@ -16,8 +16,11 @@
  * promotion every 128 k); with BLOCK the product is scaled there by the row's x scale and the
  * weight block's (a tile's 128 columns are one weight block). The epilogue scales by xs ws_g
  * (current scaling), adds the bias term and stores pairs of columns from registers, masked to
- * the group's rows and the output width. No stream-K, no GLU: the caller falls back for those.
+ * the group's rows and the output width; with GLU (FC1 of the grouped MLP) it stores h and then
+ * z = p glu(h) of the rounded h (f8_epi_glu; the contiguous layout's tile is two 64-row weight
+ * boxes, rows zb and F + zb, as the bf16 kernel's GLU tile). No stream-K: the caller falls back.
  */
+#include "glu_math.h"
 #include "sm90_grouped_gemm.h"
 #include "sm90_pipeline.cuh"
 #include "sm90_scheduler.cuh"
@@ -40,6 +43,10 @@ typedef struct sm90_fp8_params {
     const void *bias;           /* [G, N] f32 or y's dtype, or NULL                       */
     int bias_f32, bias_scaled;  /* SCALED: the bias times probs[r]                        */
     const float *probs;
+    void *z;                    /* GLU: z [T, F] in y's dtype (y is h [T, 2F])            */
+    int F;                      /* GLU: the half width                                    */
+    moex_glu_consts glu;
+    const float *glu_probs;     /* GLU: p of each row, or NULL (p = 1)                    */
     int *bad_flag;
     int bad_value;
 } sm90_fp8_params;
@@ -82,6 +89,13 @@ static __device__ __forceinline__ void f8_bias(const sm90_fp8_params &p, int g, 
     }
 }
 
+/* The first weight row of half `half` (64 rows) of the weight tile of output tile column n0:
+ * rows n0 + 64 half, or with the contiguous GLU (virtual tiles of 64 z columns zb = n0 / 2)
+ * the first half's rows zb and the second's F + zb. */
+template <int GLU> static __device__ __forceinline__ int f8_wrow(int n0, int half, int F) {
+    return GLU == 1 ? (half ? F : 0) + n0 / 2 : n0 + 64 * half;
+}
+
 /* y[r, n..n+1] = (a, b) rounded, for a row r < row1 and n < N (n + 1 too when < N). */
 template <int YF16>
 static __device__ __forceinline__ void f8_store(void *y, int64_t r, int n, int N, float a, float b) {
@@ -95,6 +109,53 @@ static __device__ __forceinline__ void f8_store(void *y, int64_t r, int n, int N
         else *p = __float2bfloat16_rn(a);
     }
 }
+
+/* v rounded to y's dtype (bf16 or f16), as f32. */
+template <int YF16> static __device__ __forceinline__ float f8_round(float v) {
+    return YF16 ? __half2float(__float2half_rn(v)) : __bfloat162float(__float2bfloat16_rn(v));
+}
+
+/* The FC1 + scaled GLU epilogue of a consumer's 64 rows of virtual tile column n0 (64 z
+ * columns from zb = n0 / 2; GLU 1: contiguous halves, the tile's columns [0, 64) of the first
+ * half (h columns zb ...) and [64, 128) of the second (F + zb ...); GLU 2: interleaved_32, h
+ * columns [n0, n0 + 128)): h = sc acc + b1 rounded and stored, then z = p glu(h) of the rounded
+ * h stored. Rows at or past row1, h and z columns past the halves' width F not written
+ * (F % 8 == 0: a pair never straddles). */
+template <int YF16, int GLU>
+static __device__ __forceinline__ void f8_epi_glu(const sm90_fp8_params &p, float (&acc)[64], float sc, int g,
+                                                  int n0, int64_t ra, int64_t rb, int64_t row1, int lane) {
+    const int zb = n0 / 2, F = p.F;
+    const float ga = p.glu_probs != NULL && ra < row1 ? p.glu_probs[ra] : 1.0f;
+    const float gb = p.glu_probs != NULL && rb < row1 ? p.glu_probs[rb] : 1.0f;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        const int lc = 8 * j + 2 * (lane % 4);
+        const int hc = GLU == 1 ? (j < 8 ? zb + lc : F + zb + lc - 64) : n0 + lc;
+        const bool in = GLU == 1 ? zb + (lc & 63) < F : hc < 2 * F;
+        float b0 = 0.0f, b1 = 0.0f;
+        if (p.bias != NULL && in) f8_bias<YF16>(p, g, hc, &b0, &b1);
+        acc[4 * j] = f8_round<YF16>(sc * acc[4 * j] + b0);
+        acc[4 * j + 1] = f8_round<YF16>(sc * acc[4 * j + 1] + b1);
+        acc[4 * j + 2] = f8_round<YF16>(sc * acc[4 * j + 2] + b0);
+        acc[4 * j + 3] = f8_round<YF16>(sc * acc[4 * j + 3] + b1);
+        if (!in) continue;
+        if (ra < row1) f8_store<YF16>(p.y, ra, hc, p.N, acc[4 * j], acc[4 * j + 1]);
+        if (rb < row1) f8_store<YF16>(p.y, rb, hc, p.N, acc[4 * j + 2], acc[4 * j + 3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {   /* the pairs (first half j, second half jb) */
+        const int j = GLU == 1 ? i : 8 * (i / 4) + i % 4, jb = j + (GLU == 1 ? 8 : 4);
+        const int lc = 8 * j + 2 * (lane % 4);
+        const int zc = GLU == 1 ? zb + lc : zb + 32 * (lc / 64) + lc % 64;
+        if (zc >= F) continue;
+        if (ra < row1)
+            f8_store<YF16>(p.z, ra, zc, F, moex_glu_forward(p.glu, acc[4 * j], acc[4 * jb], ga),
+                           moex_glu_forward(p.glu, acc[4 * j + 1], acc[4 * jb + 1], ga));
+        if (rb < row1)
+            f8_store<YF16>(p.z, rb, zc, F, moex_glu_forward(p.glu, acc[4 * j + 2], acc[4 * jb + 2], gb),
+                           moex_glu_forward(p.glu, acc[4 * j + 3], acc[4 * jb + 3], gb));
+    }
+}
 #endif
 
 /* The tensor maps: boxes of 128 k by 128 rows (x) or 128 weight rows (w), and by 64 (the
@@ -104,8 +165,9 @@ typedef struct sm90_fp8_maps {
 } sm90_fp8_maps;
 
 /* X5, W5: x, W in E5M2 (else E4M3); YF16: y in f16 (else bf16); CM: CTAs per cluster; BLK:
- * block scaling (else current scaling). */
-template <int X5, int W5, int YF16, int CM, int BLK>
+ * block scaling (else current scaling); GLU: FC1 + scaled GLU (1 contiguous halves, 2
+ * interleaved_32; y is h [T, 2F]), else 0. */
+template <int X5, int W5, int YF16, int CM, int BLK, int GLU>
 __global__ void __launch_bounds__(SM90_THREADS, 1)
     sm90_fp8_kernel(const __grid_constant__ sm90_fp8_maps m, const sm90_fp8_params p) {
 #if MOEX_SM90_DEVICE
@@ -117,7 +179,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     uint64_t *empty = full + SM90_STAGES;
     const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
     sm90_ring_init<CM>(full, empty);
-    const int64_t nt = (p.N + F8_BN - 1) / F8_BN;
+    /* column tiles (GLU: virtual, 64 z columns each) and weight block rows */
+    const int64_t nt = GLU ? (p.F + 63) / 64 : (p.N + F8_BN - 1) / F8_BN, ntw = (p.N + F8_BN - 1) / F8_BN;
     const sm90_units_rows units = {nt, F8_BM, CM};
     const int nk = (p.K + F8_BK - 1) / F8_BK;
     const int rank = CM > 1 ? (int)sm90_cluster_rank() : 0;
@@ -140,16 +203,21 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     const uint32_t s = sm90_ring_fill(full, empty, it, F8_STAGE_BYTES);
                     uint8_t *a = sa + s * F8_BM * F8_BK, *b = sb + s * F8_BN * F8_BK;
                     const int g = wk.cur.g;
-                    if (CM > 1 && colpair) {   /* 64 of the shared input rows each, into both CTAs */
-                        sm90_tma_load_2d_multicast(a + rank * 64 * F8_BK, &m.xh, &full[s], kb * F8_BK,
-                                                   (int32_t)(m0 + 64 * rank), both);
-                        sm90_tma_load_3d(b, &m.w, &full[s], kb * F8_BK, n0, g);
-                    } else if (CM > 1) {      /* 64 of the shared weight rows each, into both CTAs */
+                    if (CM > 1 && !colpair) {   /* 64 of the shared weight rows each, into both CTAs */
                         sm90_tma_load_2d(a, &m.x, &full[s], kb * F8_BK, (int32_t)m0);
                         sm90_tma_load_3d_multicast(b + rank * 64 * F8_BK, &m.wh, &full[s], kb * F8_BK,
-                                                   n0 + 64 * rank, g, both);
-                    } else {
+                                                   f8_wrow<GLU>(n0, rank, p.F), g, both);
+                        continue;
+                    }
+                    if (CM > 1)   /* a column pair: 64 of the shared input rows each, into both CTAs */
+                        sm90_tma_load_2d_multicast(a + rank * 64 * F8_BK, &m.xh, &full[s], kb * F8_BK,
+                                                   (int32_t)(m0 + 64 * rank), both);
+                    else
                         sm90_tma_load_2d(a, &m.x, &full[s], kb * F8_BK, (int32_t)m0);
+                    if (GLU == 1) {   /* the tile's two halves */
+                        sm90_tma_load_3d(b, &m.wh, &full[s], kb * F8_BK, f8_wrow<GLU>(n0, 0, p.F), g);
+                        sm90_tma_load_3d(b + 64 * F8_BK, &m.wh, &full[s], kb * F8_BK, f8_wrow<GLU>(n0, 1, p.F), g);
+                    } else {
                         sm90_tma_load_3d(b, &m.w, &full[s], kb * F8_BK, n0, g);
                     }
                 }
@@ -179,15 +247,17 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
              * read row T - 1, a column tile past N, a cluster's second of a column pair, reads
              * the last: never stored) */
             const float *sxa = p.xs + (ra < p.T ? ra : p.T - 1) * nk, *sxb = p.xs + (rb < p.T ? rb : p.T - 1) * nk;
-            const float *swt = p.ws + ((int64_t)g * nt + (n0 / F8_BN < nt ? n0 / F8_BN : nt - 1)) * nk;
+            const int wa = f8_wrow<GLU>(n0, 0, p.F) / F8_BN, wb = f8_wrow<GLU>(n0, 1, p.F) / F8_BN;
+            const float *swt = p.ws + ((int64_t)g * ntw + (wa < ntw ? wa : ntw - 1)) * nk;
+            const float *swt2 = p.ws + ((int64_t)g * ntw + (wb < ntw ? wb : ntw - 1)) * nk;   /* GLU 1 */
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             for (int kb = 0; kb < nk; kb++, it++) {
-                float fa = 1.0f, fb = 1.0f;
+                float fa = 1.0f, fb = 1.0f, fa2 = 1.0f, fb2 = 1.0f;   /* 2: the second half's (GLU 1) */
                 if (BLK) {   /* loaded now, used once the stage's steps are done */
-                    const float w = __ldg(swt + kb);
-                    fa = __ldg(sxa + kb) * w;
-                    fb = __ldg(sxb + kb) * w;
+                    const float w = __ldg(swt + kb), w2 = GLU == 1 ? __ldg(swt2 + kb) : w;
+                    const float xa = __ldg(sxa + kb), xb = __ldg(sxb + kb);
+                    fa = xa * w, fb = xb * w, fa2 = xa * w2, fb2 = xb * w2;
                 }
                 const uint32_t s = sm90_ring_wait(full, it);
                 sm90_wgmma_fence();
@@ -201,8 +271,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 if (BLK) {
 #pragma unroll
                     for (int i = 0; i < 64; i += 4) {
-                        acc[i] += fa * part[i], acc[i + 1] += fa * part[i + 1];
-                        acc[i + 2] += fb * part[i + 2], acc[i + 3] += fb * part[i + 3];
+                        const float ua = GLU == 1 && i >= 32 ? fa2 : fa, ub = GLU == 1 && i >= 32 ? fb2 : fb;
+                        acc[i] += ua * part[i], acc[i + 1] += ua * part[i + 1];
+                        acc[i + 2] += ub * part[i + 2], acc[i + 3] += ub * part[i + 3];
                     }
                 } else {
 #pragma unroll
@@ -210,6 +281,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 }
             }
             const float sc = BLK ? 1.0f : p.xs[p.xs_group ? g : 0] * p.ws[g];
+            if (GLU) {
+                f8_epi_glu<YF16, GLU>(p, acc, sc, g, n0, ra, rb, row1, lane);
+                continue;
+            }
             /* the bias term's factor of each row: 1, or p_r (SCALED; rows past T never stored) */
             const float pa = p.bias_scaled && ra < row1 ? p.probs[ra] : 1.0f;
             const float pb = p.bias_scaled && rb < row1 ? p.probs[rb] : 1.0f;
@@ -235,25 +310,34 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
 typedef void (*sm90_fp8_fn)(sm90_fp8_maps, sm90_fp8_params);
 
-template <int X5, int W5, int BLK> static sm90_fp8_fn sm90_fp8_pick_y(bool yf16, int cm) {
-    if (cm > 1) return yf16 ? sm90_fp8_kernel<X5, W5, 1, 2, BLK> : sm90_fp8_kernel<X5, W5, 0, 2, BLK>;
-    return yf16 ? sm90_fp8_kernel<X5, W5, 1, 1, BLK> : sm90_fp8_kernel<X5, W5, 0, 1, BLK>;
+template <int X5, int W5, int BLK, int GLU> static sm90_fp8_fn sm90_fp8_pick_y(bool yf16, int cm) {
+    if (cm > 1) return yf16 ? sm90_fp8_kernel<X5, W5, 1, 2, BLK, GLU> : sm90_fp8_kernel<X5, W5, 0, 2, BLK, GLU>;
+    return yf16 ? sm90_fp8_kernel<X5, W5, 1, 1, BLK, GLU> : sm90_fp8_kernel<X5, W5, 0, 1, BLK, GLU>;
 }
 
-template <int BLK> static sm90_fp8_fn sm90_fp8_pick_b(bool x5, bool w5, bool yf16, int cm) {
-    if (x5) return w5 ? sm90_fp8_pick_y<1, 1, BLK>(yf16, cm) : sm90_fp8_pick_y<1, 0, BLK>(yf16, cm);
-    return w5 ? sm90_fp8_pick_y<0, 1, BLK>(yf16, cm) : sm90_fp8_pick_y<0, 0, BLK>(yf16, cm);
+template <int BLK> static sm90_fp8_fn sm90_fp8_pick_b(bool x5, bool w5, bool yf16, int cm, int glu) {
+    if (glu == 1) return sm90_fp8_pick_y<0, 0, BLK, 1>(yf16, cm);   /* FC1: E4M3 operands */
+    if (glu == 2) return sm90_fp8_pick_y<0, 0, BLK, 2>(yf16, cm);
+    if (x5) return w5 ? sm90_fp8_pick_y<1, 1, BLK, 0>(yf16, cm) : sm90_fp8_pick_y<1, 0, BLK, 0>(yf16, cm);
+    return w5 ? sm90_fp8_pick_y<0, 1, BLK, 0>(yf16, cm) : sm90_fp8_pick_y<0, 0, BLK, 0>(yf16, cm);
 }
 
-static sm90_fp8_fn sm90_fp8_pick(bool x5, bool w5, bool yf16, int cm, bool block) {
-    return block ? sm90_fp8_pick_b<1>(x5, w5, yf16, cm) : sm90_fp8_pick_b<0>(x5, w5, yf16, cm);
+/* glu: 0, or 1 / 2 (E4M3 operands only) */
+static sm90_fp8_fn sm90_fp8_pick(bool x5, bool w5, bool yf16, int cm, bool block, int glu) {
+    return block ? sm90_fp8_pick_b<1>(x5, w5, yf16, cm, glu) : sm90_fp8_pick_b<0>(x5, w5, yf16, cm, glu);
 }
 
 cudaError_t sm90_fp8_prepare(int sms, int *slots, const char **why) {
-    for (int v = 0; v < 32; v++) {
+    for (int v = 0; v < 32; v++) {   /* the plain instances */
         const int cm = v & 8 ? 2 : 1;
-        const cudaError_t e = sm90_prepare_kernel((const void *)sm90_fp8_pick(v & 1, v & 2, v & 4, cm, v & 16),
+        const cudaError_t e = sm90_prepare_kernel((const void *)sm90_fp8_pick(v & 1, v & 2, v & 4, cm, v & 16, 0),
                                                   F8_SMEM_BYTES, cm, sms, slots, why);
+        if (e != cudaSuccess) return e;
+    }
+    for (int v = 0; v < 16; v++) {   /* the GLU instances (E4M3 operands) */
+        const int cm = v & 4 ? 2 : 1;
+        const cudaError_t e = sm90_prepare_kernel(
+            (const void *)sm90_fp8_pick(false, false, v & 2, cm, v & 8, 1 + (v & 1)), F8_SMEM_BYTES, cm, sms, slots, why);
         if (e != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -265,6 +349,11 @@ extern "C" bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_s
     if (c == NULL || a == NULL || !sm90_fp8_format(a->x_fmt) || !sm90_fp8_format(a->w_fmt)) return false;
     if (a->y_dtype != MOEX_DTYPE_BF16 && a->y_dtype != MOEX_DTYPE_F16) return false;
     if (!sm90_shape_ok(a->G, a->T, a->K, a->N, a->splits) || a->K % 16 != 0) return false;
+    if (a->glu != 0) {   /* FC1 + GLU: E4M3, whole halves, the two halves of a BLOCK tile in whole blocks */
+        if (a->glu > 2 || a->x_fmt != MOEX_DTYPE_E4M3 || a->w_fmt != MOEX_DTYPE_E4M3 || a->N != 2 * a->F ||
+            a->F % 8 != 0 || (a->block && a->glu == 1 && a->F % 64 != 0) || a->bias_scaled || !sm90_aligned16(a->z))
+            return false;
+    }
     return sm90_aligned16(a->x) && sm90_aligned16(a->w) && sm90_aligned16(a->y) && a->x_scales != NULL &&
            a->w_scales != NULL;
 }
@@ -302,6 +391,10 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     kp.probs = a->probs;
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
+    kp.z = a->z;
+    kp.F = (int)a->F;
+    kp.glu = a->glu_consts;
+    kp.glu_probs = a->glu_probs;
     /* 2-CTA clusters, as many as fit at once, on long reductions (their pairs of tiles wait
      * for each other: on short ones single CTAs measured faster); else one CTA per SM */
     const int cm = c->dev.fp8_cluster_slots > 0 && a->K >= F8_CLUSTER_MIN_K ? 2 : 1;
@@ -312,7 +405,7 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     cudaLaunchAttribute attr[1];
     sm90_launch_config(&cfg, attr, grid, F8_SMEM_BYTES, cm, false, stream);
     const sm90_fp8_fn fn = sm90_fp8_pick(a->x_fmt == MOEX_DTYPE_E5M2, a->w_fmt == MOEX_DTYPE_E5M2,
-                                         a->y_dtype == MOEX_DTYPE_F16, cm, a->block != 0);
+                                         a->y_dtype == MOEX_DTYPE_F16, cm, a->block != 0, a->glu);
     if (cudaLaunchKernelEx(&cfg, fn, km, kp) != cudaSuccess) {
         cudaGetLastError();
         SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: kernel launch failed");

@@ -41,6 +41,7 @@
 #include <stdint.h>
 
 #include "moex.h"
+#include "glu_math.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -168,7 +169,10 @@ moex_status moex_sm90_grouped_gemm_wgrad(const moex_sm90_context *c, const moex_
  * ceil(K/128)], w_scales [G, ceil(N/128), ceil(K/128)]); f32 sums of the FP8 products moved
  * out of the tensor cores every 128 k, plus an optional bias (or probs-scaled bias) of the
  * group, y bf16 or f16 ("=", rows at or past off[G] never written). x and W E4M3 or E5M2 each, both K-major (the backward data passes dy and the
- * weights' columnwise copy). */
+ * weights' columnwise copy).
+ * With glu (FC1 of the grouped MLP, E4M3 operands): y is h [T, 2F] (N = 2F, bias: b1, ADD),
+ * and z = p glu(h) [T, F] of the rounded h is written too, p = glu_probs[r] (1 when NULL);
+ * glu 1: contiguous halves, 2: interleaved_32 (docs/ops.md 4). */
 typedef struct moex_sm90_fp8_args {
     moex_dtype x_fmt, w_fmt, y_dtype;
     int64_t G, T, K, N;
@@ -184,6 +188,11 @@ typedef struct moex_sm90_fp8_args {
     const float *probs;         /* [T] f32: bias_scaled                                  */
     int *bad_flag;              /* optional, as in moex_sm90_gemm_args                   */
     int bad_value;
+    int glu;                    /* 0; 1 contiguous, 2 interleaved_32: FC1 + scaled GLU   */
+    void *z;                    /* glu: [T, F] in y's dtype                              */
+    int64_t F;                  /* glu: N / 2, a multiple of 8 (of 64 with BLOCK and 1)  */
+    moex_glu_consts glu_consts;
+    const float *glu_probs;     /* glu: [T] f32 or NULL                                  */
 } moex_sm90_fp8_args;
 
 /* Whether the FP8 forward can run these args with c (NULL: false): formats, y bf16 or f16,
