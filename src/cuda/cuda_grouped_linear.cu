@@ -295,18 +295,24 @@ size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_
     return moex_sm90_fp8_supported(sc, &s) ? 0 : SIZE_MAX;
 }
 
+/* Launches the FP8 kernel on s, whose shapes the plan took (what: the pointers it needs
+ * aligned, for the message when they are not). */
+static moex_status run_fp8_gemm(moex_context *ctx, const moex_call *c, const moex_groups *g, moex_sm90_fp8_args *s,
+                                const char *what) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (!moex_sm90_fp8_supported(sc, s))   /* the plan held for aligned pointers */
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: on Hopper the FP8 kernel needs %s 16-byte aligned (docs/ops.md 9.10)",
+                         c->op, what);
+    s->bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s->bad_value);
+    const char *why = "";
+    const moex_status st = moex_sm90_fp8_gemm(sc, s, c->stream, &why);
+    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
+}
+
 moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws) {
-    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     moex_sm90_fp8_args s = linear_fp8_args(g, a, d);
-    if (!moex_sm90_fp8_supported(sc, &s))   /* the plan held for aligned pointers */
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                         "%s: on Hopper the FP8 forward needs x.data, w.data and y 16-byte aligned (docs/ops.md 9.10)",
-                         c->op);
-    s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
-    const char *why = "";
-    const moex_status st = moex_sm90_fp8_gemm(sc, &s, c->stream, &why);
-    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
+    return run_fp8_gemm(ctx, c, g, &s, "x.data, w.data and y");
 }
 
 /* ---- the grouped MLP's FP8 FC1 with the scaled GLU fused ------------------------------------ */
@@ -339,17 +345,8 @@ size_t moex_cuda_fc1_glu_fp8_ws(moex_context *ctx, const moex_fc1_glu_fp8_args *
 
 moex_status moex_cuda_fc1_glu_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                   const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws) {
-    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     moex_sm90_fp8_args s = fc1_glu_fp8_args(g, a, d);
-    if (!moex_sm90_fp8_supported(sc, &s))   /* the plan held for aligned pointers */
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
-                         "%s: on Hopper the FP8 FC1 with the GLU needs h, z and the FP8 data 16-byte aligned "
-                         "(docs/ops.md 9.11)",
-                         c->op);
-    s.bad_flag = moex_cuda_bad_splits_flag(ctx, g, &s.bad_value);
-    const char *why = "";
-    const moex_status st = moex_sm90_fp8_gemm(sc, &s, c->stream, &why);
-    return st == MOEX_OK ? MOEX_OK : moex_fail(ctx, st, "%s: Hopper FP8 GEMM: %s", c->op, why);
+    return run_fp8_gemm(ctx, c, g, &s, "h, z and the FP8 data");
 }
 
 /* ---- the FP8 grouped linear's backward weight (current or block scaling) ------------------ */
