@@ -102,6 +102,9 @@
  *                 undoes it                                                                 STRUCT
  *   layout        FP8 linear: an operand's scale_layout MX_SWIZZLED with a recipe other
  *                 than MXFP8                                                                STRUCT
+ *   fp8 recipe    layers (grouped linear, MLP, MoE): the `fp8` field's mode or dtypes
+ *                 unknown, amax_epsilon negative / NaN / +-Inf (with any mode, OFF too),
+ *                 pow2_scales with MXFP8                                                    STRUCT
  *   pairing       FP8 linear: one operand gets a recipe (its scales rebuilt to fit it) that
  *                 does not pair with the other's (ops.md 9.10: BLOCK with BLOCK, MXFP8 with
  *                 MXFP8, TENSOR / GROUP rows with GROUP weights), or TENSOR weights         STRUCT
@@ -136,7 +139,11 @@
  *     the products of the dequantized operands (ops.md 9.5, 9.10: data * scale in f32, from
  *     the recipe's and layout's scale, 9.4 / 9.7 / 9.8), plus the bias, within an f32 sum's
  *     error and y's rounding (elements with a non-finite or huge term skipped; dw WRITE of an
- *     empty group 0, ACCUMULATE unchanged); "workspace" as above (not for ACCUMULATE).
+ *     empty group 0, ACCUMULATE unchanged); "workspace" as above (not for ACCUMULATE);
+ *   - the layers' fp8 recipe, after a run without faults (run mode): "fp8" (a valid recipe on
+ *     the CPU gives MOEX_OK), "workspace" with a recipe on (every "=" output, discrete
+ *     matrices too), "fp8 off" (OFF with other fields set writes bitwise what the zero
+ *     recipe writes). No value check: FP8 is not bitwise the plain path.
  */
 #ifndef MOEX_FUZZ_H
 #define MOEX_FUZZ_H
@@ -218,6 +225,7 @@ typedef struct fz_features {
     uint32_t ops, huge_ops, faulted_ops;
     uint64_t fault_tags;      /* bit i: a fault whose tag hashes to i               */
     uint32_t statuses;        /* bit s: a run returned status s                     */
+    uint32_t fp8_ops;         /* bit op: a layer op ran OK with an FP8 recipe on     */
 } fz_features;
 extern fz_features fz_last_features;
 
@@ -505,6 +513,25 @@ void fz_op_fp8_wgrad(fz_case *c);
  * bytes and another misalignment writes bitwise the same "=" outputs). */
 float fz_load_float(const unsigned char *p, moex_dtype dt, int64_t i);
 void fz_check_rerun(fz_case *c, const fz_opfns *f, const void *args);
+
+/* Shared by the layer builders (fuzz_ops_linear.c): the `fp8` recipe of the grouped linear,
+ * grouped MLP and MoE layer arguments (docs/ops.md 9.11). fz_fp8_recipe reads a valid one:
+ * one byte (9 in 16 MOEX_FP8_OFF, 1 in 16 OFF with the other fields set: validated, ignored),
+ * a second when it is BLOCK / CURRENT / MXFP8 (3 in 8). fz_fp8_on: the recipe is not OFF.
+ * fz_fp8_cap (run mode, recipe on): shrinks the largest of dims[0..n-1] (each >= lo[i])
+ * until the product of them times `mul` is at most 2^17 (the CPU runs FP8 through f32
+ * dequantized copies under ASan). fz_fault_fp8: an out-of-range mode or dtypes, a negative /
+ * NaN / infinite amax_epsilon (whatever the mode), pow2_scales with MXFP8 (STRUCT).
+ * fz_layer_flow: fz_flow, then fz_fp8_after_run. fz_fp8_after_run (after a run without faults
+ * in run mode): a valid recipe on the CPU must give MOEX_OK ("fp8"); with a recipe on,
+ * the "workspace" oracle (fz_check_rerun); with OFF and other fields set, "fp8 off": the call
+ * with the recipe zeroed (its own size query, a fresh workspace) writes bitwise the same. */
+moex_fp8_recipe fz_fp8_recipe(fz_case *c);
+bool fz_fp8_on(const moex_fp8_recipe *r);
+void fz_fp8_cap(fz_case *c, const moex_fp8_recipe *r, int64_t *const dims[], const int64_t lo[], int n, int64_t mul);
+bool fz_fault_fp8(fz_case *c, moex_fp8_recipe *r, uint64_t p);
+void fz_layer_flow(fz_case *c, const fz_opfns *f, void *args, fz_fault_fn faults, moex_fp8_recipe *r);
+void fz_fp8_after_run(fz_case *c, const fz_opfns *f, void *args, moex_fp8_recipe *r, moex_status st);
 
 /* Shared by the builders: GLU parameters (valid for F), and their faults. */
 moex_glu_params fz_glu_params(fz_case *c, int64_t *F);

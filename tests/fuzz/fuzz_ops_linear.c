@@ -6,6 +6,8 @@
  */
 #include "fuzz.h"
 
+#include <float.h>
+#include <math.h>
 #include <string.h>
 
 /* Splits [G] over T rows: the tensor, registered, with valid values; returns S. */
@@ -134,6 +136,170 @@ void fz_op_splits_to_offsets(fz_case *c) {
     fz_flow(c, &so_fns, a, so_fault);
 }
 
+/* ---- the layers' FP8 recipe (docs/ops.md 9.11), shared with fuzz_ops_mlp.c, fuzz_ops_moe.c ---- */
+
+static const float fp8_eps_ok[8] = {0.0f, -0.0f, 1e-45f, FLT_MIN, 1e-12f, 1e-6f, 1e-3f, 0.0f};
+
+moex_fp8_recipe fz_fp8_recipe(fz_case *c) {
+    moex_fp8_recipe r;
+    memset(&r, 0, sizeof r);
+    const uint8_t b = fz_u8(c);
+    if (b < 160) {
+        if (b >= 144) {   /* OFF with the other fields set: validated, then ignored */
+            static const int32_t pow2[4] = {0, 1, -1, INT32_MIN};
+            r.dtypes = (b & 1) ? MOEX_FP8_HYBRID : MOEX_FP8_E4M3_ALL;
+            r.pow2_scales = pow2[(b >> 1) & 3];
+            r.amax_epsilon = fp8_eps_ok[1 + ((b >> 3) & 1) * 4 + (b & 2)];
+        }
+    } else {
+        const uint8_t b2 = fz_u8(c);
+        r.mode = (moex_fp8_mode)(1 + b % 3);
+        r.dtypes = (b2 & 1) ? MOEX_FP8_HYBRID : MOEX_FP8_E4M3_ALL;
+        if (r.mode != MOEX_FP8_MXFP8 && (b2 & 2)) r.pow2_scales = (b2 & 4) ? 1 : INT32_MAX;
+        r.amax_epsilon = fp8_eps_ok[(b2 >> 3) % 8];
+    }
+    if (b >= 144)
+        fz_note(c, "[fp8 mode=%d dtypes=%d pow2=%d eps=%a] ", (int)r.mode, (int)r.dtypes, (int)r.pow2_scales,
+                (double)r.amax_epsilon);
+    return r;
+}
+
+bool fz_fp8_on(const moex_fp8_recipe *r) { return r->mode != MOEX_FP8_OFF; }
+
+void fz_fp8_cap(fz_case *c, const moex_fp8_recipe *r, int64_t *const dims[], const int64_t lo[], int n, int64_t mul) {
+    if (c->huge || !fz_fp8_on(r)) return;
+    const int64_t cap = (int64_t)1 << 17;
+    for (;;) {
+        int64_t prod = mul < 1 ? 1 : mul;
+        int big = 0;
+        for (int i = 0; i < n; i++) {
+            prod = fz_mul_sat(prod, *dims[i]);
+            if (*dims[i] > *dims[big]) big = i;
+        }
+        if (prod <= cap || *dims[big] <= 32) return;
+        *dims[big] = lo[big] + *dims[big] % 32;
+    }
+}
+
+bool fz_fault_fp8(fz_case *c, moex_fp8_recipe *r, uint64_t p) {
+    switch (p % 4) {
+    case 0:
+        r->mode = (moex_fp8_mode)fz_bad_enum(c, p >> 2, 4);
+        fz_fault(c, FZ_STRUCT, "fp8.mode: unknown %d", (int)r->mode);
+        return true;
+    case 1:
+        r->dtypes = (moex_fp8_dtypes)fz_bad_enum(c, p >> 2, 2);
+        fz_fault(c, FZ_STRUCT, "fp8.dtypes: unknown %d", (int)r->dtypes);
+        return true;
+    case 2: {   /* refused whatever the mode, MOEX_FP8_OFF included */
+        static const float v[8] = {-1.0f, -1e-30f, -1e-45f, -FLT_MAX, -FLT_MIN, NAN, INFINITY, -INFINITY};
+        r->amax_epsilon = v[(p >> 2) % 8];
+        fz_fault(c, FZ_STRUCT, "fp8.amax_epsilon: %a (mode %d)", (double)r->amax_epsilon, (int)r->mode);
+        return true;
+    }
+    default: {
+        static const int32_t v[4] = {1, -1, INT32_MIN, INT32_MAX};
+        r->mode = MOEX_FP8_MXFP8;
+        r->pow2_scales = v[(p >> 2) % 4];
+        fz_fault(c, FZ_STRUCT, "fp8.pow2_scales: %d with MXFP8", (int)r->pow2_scales);
+        return true;
+    }
+    }
+}
+
+/* The outputs ("=") of the call as it left them: every data or matrix buffer of an FZ_OUT
+ * tensor, copied into one case-owned block (off[i]: where buffer i is, SIZE_MAX: not kept). */
+typedef struct outputs_copy {
+    int n;
+    size_t *off;
+    unsigned char *mem;
+} outputs_copy;
+
+static bool kept(const fz_case *c, const fz_buf *b) {
+    return (b->kind == FZ_B_DATA || b->kind == FZ_B_MATRIX) && b->owner >= 0 && c->tens[b->owner].role == FZ_OUT;
+}
+
+static outputs_copy outputs_keep(fz_case *c) {
+    outputs_copy k = {c->nbufs, NULL, NULL};
+    k.off = (size_t *)fz_alloc(c, sizeof *k.off * (size_t)(k.n ? k.n : 1));
+    size_t total = 0;
+    for (int i = 0; i < k.n; i++) {
+        k.off[i] = kept(c, &c->bufs[i]) ? total : SIZE_MAX;
+        if (k.off[i] != SIZE_MAX) total += c->bufs[i].total;
+    }
+    k.mem = (unsigned char *)fz_alloc(c, total);
+    for (int i = 0; i < k.n; i++)
+        if (k.off[i] != SIZE_MAX) memcpy(k.mem + k.off[i], c->bufs[i].now, c->bufs[i].total);
+    return k;
+}
+
+static void outputs_same(fz_case *c, const outputs_copy *k, const char *oracle, const char *what) {
+    for (int i = 0; i < k->n && i < c->nbufs; i++) {
+        const fz_buf *b = &c->bufs[i];
+        if (k->off[i] == SIZE_MAX || !kept(c, b)) continue;
+        const unsigned char *was = k->mem + k->off[i];
+        if (memcmp(was, b->now, b->total) == 0) continue;
+        size_t at = 0;
+        while (was[at] == b->now[at]) at++;
+        fz_fail(c, oracle, "%s wrote other values into %s (buffer %s, byte %lld of its payload: %#x, then %#x)", what,
+                c->tens[b->owner].name, b->name, (long long)at - (long long)b->lead, was[at], b->now[at]);
+    }
+}
+
+void fz_fp8_after_run(fz_case *c, const fz_opfns *f, void *args, moex_fp8_recipe *r, moex_status st) {
+    if (c->nfaults || c->huge) return;
+    if (fz_fp8_on(r) && !c->cuda && st != MOEX_OK)
+        fz_fail(c, "fp8", "%s returned %s for a valid FP8 recipe (mode %d) on the CPU (docs/ops.md 9.11)", f->rname,
+                moex_status_string(st), (int)r->mode);
+    if (st != MOEX_OK) return;
+    if (fz_fp8_on(r)) fz_last_features.fp8_ops |= 1u << c->op;
+    const bool extra = r->dtypes != MOEX_FP8_E4M3_ALL || r->pow2_scales != 0 || r->amax_epsilon != 0.0f ||
+                       signbit(r->amax_epsilon);
+    if (!fz_fp8_on(r) && !extra) return;
+    const outputs_copy keep = outputs_keep(c);
+    if (fz_fp8_on(r)) {   /* "workspace": a fresh workspace (other bytes, other misalignment) */
+        fz_workspace(c);
+        if (fz_run(c, f->rname, f->run, args) != MOEX_OK) return;   /* judged there */
+        outputs_same(c, &keep, "workspace", "a second run with another workspace (results depend on its contents)");
+        return;
+    }
+    /* "fp8 off": OFF ignores the other fields: the zeroed recipe writes bitwise the same */
+    const moex_fp8_recipe old = *r;
+    memset(r, 0, sizeof *r);
+    size_t need = 0;
+    if (fz_query(c, f->qname, f->query, args, &need) == MOEX_OK) {
+        c->ws_need = need;
+        fz_workspace(c);
+        if (fz_run(c, f->rname, f->run, args) == MOEX_OK)
+            outputs_same(c, &keep, "fp8 off", "the call with a zero fp8 recipe (MOEX_FP8_OFF ignores the other "
+                         "fields: docs/ops.md 9.11, the plain path bitwise)");
+    }
+    *r = old;
+}
+
+void fz_layer_flow(fz_case *c, const fz_opfns *f, void *args, fz_fault_fn faults, moex_fp8_recipe *r) {
+    fz_materialize(c);
+    if (c->legal_alias && !c->huge) fz_legal_alias(c);
+    size_t need = 0;
+    moex_status st = fz_query(c, f->qname, f->query, args, &need);
+    if (st != MOEX_OK && !c->huge) {   /* UNSUPPORTED (anything else failed above) */
+        if (fz_fp8_on(r) && !c->cuda)
+            fz_fail(c, "fp8", "%s returned %s for a valid FP8 recipe (mode %d) on the CPU", f->qname,
+                    moex_status_string(st), (int)r->mode);
+        return;
+    }
+    c->ws_need = st == MOEX_OK ? need : 0;
+    fz_faults(c, faults, args);
+    if (c->nfaults) {
+        size_t n2 = 0;
+        fz_query(c, f->qname, f->query, args, &n2);
+    }
+    if (c->huge && !fz_must_fail(c)) return;   /* huge shapes cannot be backed by memory */
+    fz_workspace(c);
+    st = fz_run(c, f->rname, f->run, args);
+    fz_fp8_after_run(c, f, args, r, st);
+}
+
 /* ---- grouped linear ---------------------------------------------------------------------- */
 
 FZ_OPFNS(glf_fns, grouped_linear_forward, moex_grouped_linear_args);
@@ -152,16 +318,22 @@ static bool bias_or_splits_fault(fz_case *c, moex_bias_mode *mode, int64_t T, un
 
 static int64_t gl_T;   /* rows of the case being built (the fault callbacks need it) */
 
+/* One fault kind in four is the fp8 recipe's (fz_fault_fp8). */
 static bool glf_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
-    return bias_or_splits_fault(c, &((moex_grouped_linear_args *)args)->bias_mode, gl_T, kind, p);
+    moex_grouped_linear_args *a = (moex_grouped_linear_args *)args;
+    if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
+    return bias_or_splits_fault(c, &a->bias_mode, gl_T, kind, p);
 }
 
 static bool gld_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
-    return bias_or_splits_fault(c, &((moex_grouped_linear_dgrad_args *)args)->bias_mode, gl_T, kind, p);
+    moex_grouped_linear_dgrad_args *a = (moex_grouped_linear_dgrad_args *)args;
+    if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
+    return bias_or_splits_fault(c, &a->bias_mode, gl_T, kind, p);
 }
 
 static bool glw_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_linear_wgrad_args *a = (moex_grouped_linear_wgrad_args *)args;
+    if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
     if (kind % 3 == 0) {
         a->dw_mode = (moex_grad_mode)fz_bad_enum(c, p, 2);
         fz_fault(c, FZ_STRUCT, "enum: dw_mode = %d", (int)a->dw_mode);
@@ -170,10 +342,19 @@ static bool glw_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     return fz_fault_split_values(c, fz_find(c, "splits"), gl_T, p);
 }
 
+/* FP8 on the CPU (run mode): T K N and G N K at most 2^17 (fz_fp8_cap). */
+static void gl_cap(fz_case *c, const moex_fp8_recipe *r, int64_t *G, int64_t *T, int64_t *K, int64_t *N) {
+    int64_t *const tkn[3] = {T, K, N}, *const gnk[3] = {G, N, K};
+    static const int64_t lo_tkn[3] = {0, 1, 1}, lo_gnk[3] = {1, 1, 1};
+    fz_fp8_cap(c, r, tkn, lo_tkn, 3, 1);
+    fz_fp8_cap(c, r, gnk, lo_gnk, 3, 1);
+}
+
 void fz_op_gl_fwd(fz_case *c) {
     moex_grouped_linear_args *a = (moex_grouped_linear_args *)fz_alloc(c, sizeof *a);
-    const int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300),
-                  N = fz_dim(c, 1, 24, 96);
+    int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300), N = fz_dim(c, 1, 24, 96);
+    a->fp8 = fz_fp8_recipe(c);
+    gl_cap(c, &a->fp8, &G, &T, &K, &N);
     const moex_dtype dt = fz_act_dtype(c), bdt = fz_chance(c, 128) ? F32 : dt;
     a->bias_mode = (moex_bias_mode)fz_pick(c, 3);
     int ts;
@@ -193,13 +374,14 @@ void fz_op_gl_fwd(fz_case *c) {
                              a->bias_mode == MOEX_BIAS_SCALED ? FZ_REQUIRED : FZ_FORBIDDEN, DT(F32)), S);
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s bias_mode=%d bias %s", (long long)G, (long long)T, (long long)K,
             (long long)N, (long long)S, moex_dtype_name(dt), (int)a->bias_mode, moex_dtype_name(bdt));
-    fz_flow(c, &glf_fns, a, glf_fault);
+    fz_layer_flow(c, &glf_fns, a, glf_fault, &a->fp8);
 }
 
 void fz_op_gl_dgrad(fz_case *c) {
     moex_grouped_linear_dgrad_args *a = (moex_grouped_linear_dgrad_args *)fz_alloc(c, sizeof *a);
-    const int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300),
-                  N = fz_dim(c, 1, 24, 96);
+    int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300), N = fz_dim(c, 1, 24, 96);
+    a->fp8 = fz_fp8_recipe(c);
+    gl_cap(c, &a->fp8, &G, &T, &K, &N);
     const moex_dtype dt = fz_act_dtype(c), bdt = fz_chance(c, 128) ? F32 : dt;
     const uint8_t opt = fz_u8(c);
     const moex_bias_mode mode = (moex_bias_mode)fz_pick(c, 3);
@@ -236,13 +418,14 @@ void fz_op_gl_dgrad(fz_case *c) {
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s bias_mode=%d bias %s%s dx=%d dbias=%d dprobs=%d", (long long)G,
             (long long)T, (long long)K, (long long)N, (long long)S, moex_dtype_name(dt), (int)mode, bias ? "" : "absent ",
             moex_dtype_name(bdt), dx, dbias, dprobs);
-    fz_flow(c, &gld_fns, a, gld_fault);
+    fz_layer_flow(c, &gld_fns, a, gld_fault, &a->fp8);
 }
 
 void fz_op_gl_wgrad(fz_case *c) {
     moex_grouped_linear_wgrad_args *a = (moex_grouped_linear_wgrad_args *)fz_alloc(c, sizeof *a);
-    const int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300),
-                  N = fz_dim(c, 1, 24, 96);
+    int64_t G = fz_dim(c, 1, 6, 40), T = fz_dim(c, 0, 24, 300), K = fz_dim(c, 1, 24, 300), N = fz_dim(c, 1, 24, 96);
+    a->fp8 = fz_fp8_recipe(c);
+    gl_cap(c, &a->fp8, &G, &T, &K, &N);
     const moex_dtype dt = fz_act_dtype(c);
     a->dw_mode = (moex_grad_mode)fz_pick(c, 2);
     const moex_dtype wdt = a->dw_mode == MOEX_GRAD_WRITE && fz_chance(c, 128) ? dt : F32;
@@ -258,5 +441,5 @@ void fz_op_gl_wgrad(fz_case *c) {
                   FZ_REQUIRED | FZ_DISCRETE_OK, a->dw_mode == MOEX_GRAD_ACCUMULATE ? DT(F32) : DT(F32) | DT(dt));
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld %s dw_mode=%d dw %s", (long long)G, (long long)T, (long long)K,
             (long long)N, (long long)S, moex_dtype_name(dt), (int)a->dw_mode, moex_dtype_name(wdt));
-    fz_flow(c, &glw_fns, a, glw_fault);
+    fz_layer_flow(c, &glw_fns, a, glw_fault, &a->fp8);
 }

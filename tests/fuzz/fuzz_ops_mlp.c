@@ -176,6 +176,7 @@ static bool mlp_any_dw;
 
 static bool mlpf_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_mlp_args *a = (moex_grouped_mlp_args *)args;
+    if (kind % 5 == 4) return fz_fault_fp8(c, &a->fp8, p);   /* the fp8 recipe: one kind in five */
     switch (kind % 6) {
     case 0:
         a->b2_mode = (moex_bias_mode)fz_bad_enum(c, p, 3);
@@ -188,6 +189,7 @@ static bool mlpf_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
 
 static bool mlpb_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_mlp_grad_args *a = (moex_grouped_mlp_grad_args *)args;
+    if (kind % 5 == 4) return fz_fault_fp8(c, &a->fp8, p);   /* the fp8 recipe: one kind in five */
     switch (kind % 7) {
     case 0:
         a->b2_mode = (moex_bias_mode)fz_bad_enum(c, p, 3);
@@ -209,6 +211,7 @@ typedef struct mlp_cfg {
     moex_dtype dt, b1dt, b2dt;
     moex_bias_mode b2_mode;
     moex_glu_params glu;
+    moex_fp8_recipe fp8;
     int64_t *splits;
 } mlp_cfg;
 
@@ -218,6 +221,13 @@ static void mlp_cfg_read(fz_case *c, mlp_cfg *m) {
     m->H = fz_dim(c, 1, 24, 96);
     m->F = fz_dim(c, 1, 16, 96);
     m->glu = fz_glu_params(c, &m->F);
+    m->fp8 = fz_fp8_recipe(c);
+    {   /* FP8 on the CPU (run mode): T H F and G 2F H at most 2^17; F keeps its GLU layout */
+        int64_t *const thf[2] = {&m->T, &m->H}, *const gh[2] = {&m->G, &m->H};
+        static const int64_t lo_th[2] = {0, 1}, lo_gh[2] = {1, 1};
+        fz_fp8_cap(c, &m->fp8, thf, lo_th, 2, m->F);
+        fz_fp8_cap(c, &m->fp8, gh, lo_gh, 2, fz_mul_sat(m->F, 2));
+    }
     m->dt = fz_act_dtype(c);
     m->b1dt = fz_chance(c, 128) ? F32 : m->dt;
     m->b2dt = fz_chance(c, 128) ? F32 : m->dt;
@@ -252,6 +262,7 @@ void fz_op_mlp_fwd(fz_case *c) {
     const bool b1 = opt & 1, probs = m.b2_mode == MOEX_BIAS_SCALED || (opt & 2), z = (opt & 4) != 0;
     a->b2_mode = m.b2_mode;
     a->glu = m.glu;
+    a->fp8 = m.fp8;
     mlp_weights(c, &m, &a->x, &a->w1, &a->w2, &a->splits);
     const int64_t twoF = fz_mul_sat(m.F, 2);
     a->b1 = moex_tensor_2d(NULL, m.b1dt, m.G, twoF);
@@ -271,7 +282,7 @@ void fz_op_mlp_fwd(fz_case *c) {
     a->y = moex_tensor_2d(NULL, m.dt, m.T, m.H);
     fz_tail(c, fz_tensor_reg(c, "y", &a->y, FZ_OUT, FZ_REQUIRED, DT(m.dt)), m.S);
     fz_note(c, " b1=%d probs=%d z=%d", b1, probs, z);
-    fz_flow(c, &mlpf_fns, a, mlpf_fault);
+    fz_layer_flow(c, &mlpf_fns, a, mlpf_fault, &a->fp8);
 }
 
 void fz_op_mlp_bwd(fz_case *c) {
@@ -293,6 +304,7 @@ void fz_op_mlp_bwd(fz_case *c) {
     mlp_any_dw = dw1 || dw2;
     a->b2_mode = m.b2_mode;
     a->glu = m.glu;
+    a->fp8 = m.fp8;
     mlp_weights(c, &m, &a->x, &a->w1, &a->w2, &a->splits);
     const int64_t twoF = fz_mul_sat(m.F, 2);
     a->b2 = moex_tensor_2d(NULL, m.b2dt, m.G, m.H);
@@ -330,5 +342,5 @@ void fz_op_mlp_bwd(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "dprobs", &a->dprobs, FZ_ACC, probs ? 0 : FZ_FORBIDDEN, DT(F32)), m.S);
     fz_note(c, " probs=%d b2=%d z=%d dx=%d dw1=%d dw2=%d db1=%d db2=%d dprobs=%d dw_mode=%d dw %s/%s", probs, b2, z, dx,
             dw1, dw2, db1, db2, dprobs, (int)a->dw_mode, moex_dtype_name(wdt1), moex_dtype_name(wdt2));
-    fz_flow(c, &mlpb_fns, a, mlpb_fault);
+    fz_layer_flow(c, &mlpb_fns, a, mlpb_fault, &a->fp8);
 }

@@ -90,6 +90,7 @@ static bool saved_size_fault(fz_case *c, bool backward, moex_moe_layer_args *f, 
 
 static bool moef_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_moe_layer_args *f = (moex_moe_layer_args *)args;
+    if (kind % 8 == 7) return fz_fault_fp8(c, &f->fp8, p);   /* the fp8 recipe: one kind in eight */
     switch (kind % 7) {
     case 5: return saved_size_fault(c, false, f, 1, p);
     case 6: return saved_size_fault(c, false, f, 2, p);
@@ -100,6 +101,7 @@ static bool moef_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
 static bool moeb_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_moe_layer_grad_args *g = (moex_moe_layer_grad_args *)args;
     moex_moe_layer_args *f = &g->fwd;
+    if (kind % 8 == 7) return fz_fault_fp8(c, &f->fp8, p);   /* the fp8 recipe (fwd.fp8): one kind in eight */
     switch (kind % 11) {
     case 5:
         if (!moe.any_dw) return false;   /* dw_mode matters with a weight gradient */
@@ -208,6 +210,9 @@ void fz_op_moe(fz_case *c) {
     fz_tensor_reg(c, "b2", &f->b2, FZ_IN, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : FZ_REQUIRED, DT(dt) | DT(F32));
     f->y = moex_tensor_2d(NULL, dt, T, H);
     const int ty = fz_tensor_reg(c, "y", &f->y, FZ_OUT, FZ_REQUIRED, DT(dt));
+    /* read last: the shapes are small without a cap, and inputs that end here (issue 13's
+     * seeds) keep their meaning with the recipe OFF */
+    f->fp8 = fz_fp8_recipe(c);
 
     fz_materialize(c);
     if (c->legal_alias && !c->huge) fz_legal_alias(c);
@@ -244,7 +249,9 @@ void fz_op_moe(fz_case *c) {
     }
     fz_saved(c, &f->saved, &f->saved_bytes);
     fz_workspace(c);
-    if (fz_run(c, moef_fns.rname, moef_fns.run, f) != MOEX_OK) return;
+    st = fz_run(c, moef_fns.rname, moef_fns.run, f);
+    fz_fp8_after_run(c, &moef_fns, f, &f->fp8, st);
+    if (st != MOEX_OK) return;
 
     /* the backward, from the forward's saved */
     c->saved_out = 0;
@@ -289,7 +296,7 @@ void fz_op_moe(fz_case *c) {
         fz_query(c, moeb_fns.qname, moeb_fns.query, g, &b);
     }
     fz_workspace(c);
-    fz_run(c, moeb_fns.rname, moeb_fns.run, g);
+    fz_fp8_after_run(c, &moeb_fns, g, &f->fp8, fz_run(c, moeb_fns.rname, moeb_fns.run, g));
 }
 
 /* ---- context calls ------------------------------------------------------------------------- */

@@ -162,7 +162,8 @@ static int replay_path(const char *path, size_t *count) {
 
 static int new_bits(const fz_features *have, const fz_features *f) {
     return (f->ops & ~have->ops) || (f->huge_ops & ~have->huge_ops) || (f->faulted_ops & ~have->faulted_ops) ||
-           (f->fault_tags & ~have->fault_tags) || (f->statuses & ~have->statuses);
+           (f->fault_tags & ~have->fault_tags) || (f->statuses & ~have->statuses) ||
+           (f->fp8_ops & ~have->fp8_ops);
 }
 
 /* Hand-made inputs: the MoE layer shapes of issue 13's findings 1 and 2 (huge mode, no
@@ -256,7 +257,7 @@ static int generate(const char *dir, uint64_t seed, uint64_t runs, size_t max_le
         }
         if (!new_bits(&have, &f)) continue;
         have.ops |= f.ops, have.huge_ops |= f.huge_ops, have.faulted_ops |= f.faulted_ops;
-        have.fault_tags |= f.fault_tags, have.statuses |= f.statuses;
+        have.fault_tags |= f.fault_tags, have.statuses |= f.statuses, have.fp8_ops |= f.fp8_ops;
         char path[1024];
         snprintf(path, sizeof path, "%s/seed-%03d-%s", dir, files, fz_op_names[buf[0] % FZ_NUM_OPS]);
         FILE *out = fopen(path, "wb");
