@@ -21,11 +21,13 @@
  * kb - 1 and the first 128 - o of block kb. Block kb's product (the window with its head's dy
  * bytes zeroed) is scaled by sdy[n] sx[k] when promoted; block kb - 1's last o rows, all in the
  * first k32 step, get a step of their own on a copy of that step's dy bytes with the rest
- * zeroed, promoted with block kb - 1's scales. The dy scales of a thread's two rows come from
- * global memory, the x scales of the tile's 128 columns through shared memory (one per
- * consumer thread, three stages deep). Current scaling scales in the epilogue. A group with no
- * rows writes zeros (=) or leaves dW_g alone (+=). Every output tile is computed by one CTA,
- * windows in row order: deterministic.
+ * zeroed, promoted with block kb - 1's scales. A stage's scales (its 128 dy rows' and 128 x
+ * columns') are written into the stage's slot of shared memory by the producer's second warp;
+ * a consumer hands a stage back one stage later, once every warp has promoted it (the head
+ * step of the next window reads its x scales). Current scaling scales before the epilogue.
+ * Full tiles leave through TMA stores (reduce-adds for +=), others from registers. A group
+ * with no rows writes zeros (=) or leaves dW_g alone (+=). Every output tile is computed by one
+ * CTA, windows in row order: deterministic.
  */
 #include "sm90_epilogue.cuh"
 #include "sm90_grouped_gemm.h"
