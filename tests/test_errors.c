@@ -413,6 +413,7 @@ static void grouped_linear_cases(moex_context *ctx) {
     d = base_dg, d.probs.ndim = 0;                     DG("probs");
     d = base_dg, d.bias_mode = MOEX_BIAS_NONE, d.bias.ndim = 0, d.probs.ndim = 0, d.dprobs.ndim = 0; DG("dbias");
     d = base_dg, d.bias_mode = MOEX_BIAS_ADD, d.probs.ndim = 0; DG("dprobs");
+    d = base_dg, d.bias_mode = MOEX_BIAS_ADD, d.dprobs.ndim = 0; DG("probs");   /* probs given without SCALED */
     d = base_dg, d.bias_mode = (moex_bias_mode)-1;     DG("bias mode");
     d = base_dg, d.fp8.mode = (moex_fp8_mode)-1;       DG("fp8.mode");
     d = base_dg, d.fp8.mode = MOEX_FP8_BLOCK, d.fp8.amax_epsilon = -0.5f; DG("fp8.amax_epsilon");

@@ -63,9 +63,7 @@ moex_status moex_op_grouped_linear_fp8_forward_validate(moex_context *ctx, const
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT_FLOAT));
     const moex_gl_dims gl = {G, T, K, N, a->y.dtype};
     d->gl = gl;
-    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
-                         op);
+    MOEX_TRY(moex_check_probs_scaled(ctx, op, a->bias_mode, &a->probs));
     return moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, G, T, N, a->y.dtype, true);
 }
 

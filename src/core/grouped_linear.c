@@ -95,9 +95,7 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     const int64_t yshape[2] = {d->T, d->N};
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_features(ctx, op, d->K, d->N));
-    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
-                         op);
+    MOEX_TRY(moex_check_probs_scaled(ctx, op, a->bias_mode, &a->probs));
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
@@ -123,9 +121,7 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->dprobs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: dprobs is requested but the bias mode is not MOEX_BIAS_SCALED", op);
-    if (a->bias_mode != MOEX_BIAS_SCALED && moex_present(&a->probs))
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED",
-                         op);
+    MOEX_TRY(moex_check_probs_scaled(ctx, op, a->bias_mode, &a->probs));
     /* The bias values are needed only for dprobs. */
     bool bias_needed = a->bias_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt,

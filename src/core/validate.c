@@ -358,6 +358,11 @@ moex_status moex_check_features(moex_context *ctx, const char *op, int64_t in, i
 }
 
 /* The bias and probs a bias mode needs: ADD/SCALED need bias [G,N]; SCALED needs probs [T]. */
+moex_status moex_check_probs_scaled(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *probs) {
+    if (mode == MOEX_BIAS_SCALED || !moex_present(probs)) return MOEX_OK;
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: probs is given but the bias mode is not MOEX_BIAS_SCALED", op);
+}
+
 moex_status moex_check_bias(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *bias,
                               const char *bias_name, const moex_tensor *probs, int64_t G, int64_t T, int64_t N,
                               moex_dtype dt, bool bias_needed) {

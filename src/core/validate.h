@@ -90,6 +90,9 @@ moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *n
 /* Feature dimensions in and out must be >= 1 (row counts may be 0). */
 moex_status moex_check_features(moex_context *ctx, const char *op, int64_t in, int64_t out);
 
+/* A grouped linear's probs scale its bias only: given with another bias mode, refused. */
+moex_status moex_check_probs_scaled(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *probs);
+
 /* The bias and probs a bias mode needs: ADD/SCALED need bias [G, N] (the activation dtype
  * or f32; optional when !bias_needed); SCALED needs probs [T] f32; NONE takes no bias. */
 moex_status moex_check_bias(moex_context *ctx, const char *op, moex_bias_mode mode, const moex_tensor *bias,
