@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the build needs when it is missing (cmake, a C compiler, OpenBLAS, and
-# pkg-config for tests/install) and builds moex into build/ (or $MOEX_BUILD_DIR). Sourced by
+# pkg-config for tests/install; for expert parallelism Open MPI with mpirun and, where nvcc
+# is, NCCL from pip) and builds moex into build/ (or $MOEX_BUILD_DIR). Sourced by
 # scripts/test.sh and scripts/run.sh.
-# Without root or apt-get it says what is missing and builds without OpenBLAS.
+# Without root or apt-get it says what is missing and builds without OpenBLAS (and MPI).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR=${MOEX_BUILD_DIR:-build}
@@ -18,15 +19,52 @@ for f in /usr/include/*/openblas*/cblas.h /usr/include/openblas/cblas.h; do
   [ -f "$f" ] && have_cblas=1
 done
 [ $have_cblas = 1 ] || missing+=(libopenblas-dev)
-if [ ${#missing[@]} -gt 0 ]; then
+# MPI (EP on the CPU backend, tests ep_mpi_np*): mpicc that finds mpi.h, and mpirun. Its own
+# list, installed without Recommends (Debian's libopenmpi-dev recommends Fortran coarrays).
+mpi_missing=()
+if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null ||
+   ! echo '#include <mpi.h>' | mpicc -E -x c - >/dev/null 2>&1; then
+  mpi_missing=(libopenmpi-dev openmpi-bin)
+fi
+if [ $(( ${#missing[@]} + ${#mpi_missing[@]} )) -gt 0 ]; then
+  all=("${missing[@]}" "${mpi_missing[@]}")
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup: installing ${missing[*]}" >&2
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}") >/dev/null ||
-      echo "setup: apt-get could not install ${missing[*]}; continuing with what is here" >&2
+    echo "setup: installing ${all[*]}" >&2
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; }
+    (apt-get update -qq &&
+     { [ ${#missing[@]} = 0 ] || apt_install "${missing[@]}"; } &&
+     { [ ${#mpi_missing[@]} = 0 ] || apt_install --no-install-recommends "${mpi_missing[@]}"; }) >/dev/null ||
+      echo "setup: apt-get could not install ${all[*]}; continuing with what is here" >&2
   else
-    echo "setup: missing ${missing[*]} and cannot apt-get (not root); continuing without them" >&2
+    echo "setup: missing ${all[*]} and cannot apt-get (not root); continuing without them" >&2
   fi
 fi
+
+# NCCL (EP on the CUDA backend): where nvcc is and no nccl.h is found where CMakeLists.txt
+# looks (NCCL_ROOT, /usr, /usr/local, the CUDA toolkit, pip's nvidia-nccl-cu13), pip installs
+# nvidia-nccl-cu13 for this python3 (CMake finds it there). Skipped when the build is told
+# not to use CUDA or NCCL (MOEX_CMAKE_ARGS).
+nvcc=$(command -v nvcc || true)
+if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
+if [ -n "$nvcc" ] && ! [[ " ${MOEX_CMAKE_ARGS:-} " =~ -DMOEX_(CUDA|NCCL)=(OFF|off|0|FALSE|false|NO|no)\  ]]; then
+  cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
+  have_nccl=0
+  for f in ${NCCL_ROOT:+"$NCCL_ROOT/include/nccl.h"} /usr/include/nccl.h /usr/local/include/nccl.h \
+           "$cuda_home"/include/nccl.h "$cuda_home"/targets/*/include/nccl.h; do
+    [ -f "$f" ] && have_nccl=1
+  done
+  pip_nccl_h='import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include", "nccl.h"))'
+  if [ $have_nccl = 0 ] && command -v python3 >/dev/null; then
+    f=$(python3 -c "$pip_nccl_h" 2>/dev/null || true)
+    [ -n "$f" ] && [ -f "$f" ] && have_nccl=1
+    if [ $have_nccl = 0 ]; then
+      echo "setup: installing NCCL (pip nvidia-nccl-cu13)" >&2
+      python3 -m pip install --quiet --disable-pip-version-check nvidia-nccl-cu13 ||
+        echo "setup: pip could not install nvidia-nccl-cu13; building without EP over NCCL" >&2
+    fi
+  fi
+fi
+
 command -v cmake >/dev/null || { echo "setup: cmake is required" >&2; exit 1; }
 
 gen=()

@@ -260,6 +260,9 @@ typedef struct moex_backend_ops {
                                 const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
                                 const moex_quant_dims *d, void *ws);
 
+    /* Expert parallelism's local kernels (src/core/ep.h). NULL: the backend has none. */
+    const struct moex_ep_kernels *ep;
+
     /* p[0, n) = 0 (f32). */
     moex_status (*zero_f32)(moex_context *ctx, const moex_call *c, float *p, int64_t n);
 

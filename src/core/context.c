@@ -119,6 +119,14 @@ moex_status moex_context_set_num_threads(moex_context *ctx, int n) {
 moex_status moex_context_check_splits(moex_context *ctx, moex_stream stream) {
     if (!ctx) return moex_fail(NULL, MOEX_ERR_INVALID_ARG, "moex_context_check_splits: ctx is NULL");
     ctx->msg[0] = '\0';
+    if (ctx->ep_dropped > 0) {   /* host-memory backends: an EP dispatch's drops */
+        const long long n = (long long)ctx->ep_dropped;
+        ctx->ep_dropped = 0;
+        return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
+                         "moex_context_check_splits: %s dropped %lld expert rows past the EP context's "
+                         "max_recv_rows (its `dropped` output counts them per call)",
+                         moex_op_name(ctx->ep_dropped_op), n);
+    }
     if (!ctx->ops->check_splits) return MOEX_OK;
     return ctx->ops->check_splits(ctx, stream);
 }

@@ -128,17 +128,13 @@ static moex_status check_saved(moex_context *ctx, const char *op, const moex_moe
 
 /* ---- validation ---------------------------------------------------------------------- */
 
-/* Which parts of moex_moe_layer_args a call needs besides the layer's inputs. */
-enum { NEED_Y = 2 };
-
 /* dW of the layer: WRITE into f32 or the activation dtype, ACCUMULATE into f32 only. */
 static unsigned dw_dtypes(moex_grad_mode mode, moex_dtype dt) {
     return mode == MOEX_GRAD_ACCUMULATE ? MOEX_DT_F32 : (MOEX_DT(dt) | MOEX_DT_F32);
 }
 
-/* The layer's inputs (and y when NEED_Y); sets the dims. */
-static moex_status validate_moe_layer(moex_context *ctx, const char *op, const moex_moe_layer_args *a,
-                                      unsigned need, moex_moe_dims *d) {
+moex_status moex_moe_layer_check(moex_context *ctx, const char *op, const moex_moe_layer_args *a, bool need_y,
+                                 int64_t G, moex_moe_dims *d) {
     const int64_t any2[2] = {-1, -1};
     MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
     d->T = a->x.shape[0];
@@ -153,21 +149,22 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
                          op, (long long)d->E);
     MOEX_TRY(moex_check_router_options(ctx, op, a->topk, d->E, a->score, a->norm));
     d->k = a->topk;
+    d->G = G ? G : d->E;
     MOEX_TRY(moex_check_rows_fit_i32(ctx, op, d->T, d->k));
 
     int64_t twoF = a->w1.t.ndim == 3 ? a->w1.t.shape[1] : -1;
-    MOEX_TRY(moex_check_weight(ctx, op, "w1", &a->w1, d->E, twoF, d->H, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_weight(ctx, op, "w1", &a->w1, d->G, twoF, d->H, MOEX_DT(d->dt)));
     if (twoF < 2 || twoF % 2 != 0)
-        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w1 must be [E, 2F, H] with an even 2F >= 2, got %lld", op,
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w1 must be [G, 2F, H] with an even 2F >= 2, got %lld", op,
                          (long long)twoF);
     d->F = twoF / 2;
-    MOEX_TRY(moex_check_weight(ctx, op, "w2", &a->w2, d->E, d->H, d->F, MOEX_DT(d->dt)));
+    MOEX_TRY(moex_check_weight(ctx, op, "w2", &a->w2, d->G, d->H, d->F, MOEX_DT(d->dt)));
     /* The layer's own intermediates are bounded like the caller's tensors. */
     const int64_t rows = d->T * d->k;
     MOEX_TRY(moex_check_internal(ctx, op, "logits", d->T, d->E));
     MOEX_TRY(moex_check_internal(ctx, op, "xp", rows, d->H));
     MOEX_TRY(moex_check_internal(ctx, op, "h", rows, 2 * d->F));
-    const int64_t b1shape[2] = {d->E, 2 * d->F}, b2shape[2] = {d->E, d->H}, yshape[2] = {d->T, d->H};
+    const int64_t b1shape[2] = {d->G, 2 * d->F}, b2shape[2] = {d->G, d->H}, yshape[2] = {d->T, d->H};
     const unsigned dt_bias = MOEX_DT(d->dt) | MOEX_DT_F32;
     MOEX_TRY(moex_check_optional(ctx, op, "b1", &a->b1, 2, b1shape, dt_bias));
     MOEX_TRY(moex_check_bias_mode(ctx, op, a->b2_mode));
@@ -178,7 +175,7 @@ static moex_status validate_moe_layer(moex_context *ctx, const char *op, const m
         MOEX_TRY(moex_check_tensor(ctx, op, "b2", &a->b2, 2, b2shape, dt_bias));
     }
     MOEX_TRY(moex_check_glu(ctx, op, &a->glu, d->F));
-    if (need & NEED_Y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
+    if (need_y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     return moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8);
 }
 
@@ -187,44 +184,44 @@ moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_ar
     MOEX_TRY(moex_enter(ctx, op, args));
     if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
     moex_moe_dims d;
-    MOEX_TRY(validate_moe_layer(ctx, op, args, 0, &d));
+    MOEX_TRY(moex_moe_layer_check(ctx, op, args, false, 0, &d));
     return moex_buffer_public_size(ctx, op, "saved", saved_bytes(&d), bytes);
 }
 
 moex_status moex_op_moe_layer_forward_validate(moex_context *ctx, const char *op, const moex_moe_layer_args *a,
                                                moex_purpose p, moex_moe_dims *d) {
-    MOEX_TRY(validate_moe_layer(ctx, op, a, NEED_Y, d));
+    MOEX_TRY(moex_moe_layer_check(ctx, op, a, true, 0, d));
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, a, MOEX_SPAN_OUT, d) : MOEX_OK;
 }
 
 moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
                                               moex_purpose p, moex_moe_dims *d) {
-    MOEX_TRY(validate_moe_layer(ctx, op, &a->fwd, 0, d));
-    const int64_t th[2] = {d->T, d->H}, eh[2] = {d->E, d->H}, db1shape[2] = {d->E, 2 * d->F};
+    MOEX_TRY(moex_moe_layer_check(ctx, op, &a->fwd, false, 0, d));
+    MOEX_TRY(moex_moe_layer_check_grads(ctx, op, a, p, d));
+    return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;
+}
+
+moex_status moex_moe_layer_check_grads(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
+                                       moex_purpose p, const moex_moe_dims *d) {
+    const int64_t th[2] = {d->T, d->H}, eh[2] = {d->E, d->H}, gh[2] = {d->G, d->H}, db1shape[2] = {d->G, 2 * d->F};
     MOEX_TRY(moex_check_tensor(ctx, op, "dy", &a->dy, 2, th, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_optional_output(ctx, op, "dx", &a->dx, 2, th, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_grad_mode(ctx, op, a->dw_mode));
     const unsigned dts = dw_dtypes(a->dw_mode, d->dt);
     MOEX_TRY(moex_check_optional_output(ctx, op, "drouter_w", &a->drouter_w, 2, eh, dts));
     if (moex_weight_present(&a->dw1))
-        MOEX_TRY(moex_check_weight_output(ctx, op, "dw1", &a->dw1, d->E, 2 * d->F, d->H, dts));
+        MOEX_TRY(moex_check_weight_output(ctx, op, "dw1", &a->dw1, d->G, 2 * d->F, d->H, dts));
     if (moex_weight_present(&a->dw2))
-        MOEX_TRY(moex_check_weight_output(ctx, op, "dw2", &a->dw2, d->E, d->H, d->F, dts));
+        MOEX_TRY(moex_check_weight_output(ctx, op, "dw2", &a->dw2, d->G, d->H, d->F, dts));
     MOEX_TRY(moex_check_optional_output(ctx, op, "db1", &a->db1, 2, db1shape, MOEX_DT_BIAS(d->dt)));
-    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, eh, MOEX_DT_BIAS(d->dt)));
+    MOEX_TRY(moex_check_optional_output(ctx, op, "db2", &a->db2, 2, gh, MOEX_DT_BIAS(d->dt)));
     if (a->fwd.b2_mode == MOEX_BIAS_NONE && moex_present(&a->db2))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: db2 is requested but b2_mode is MOEX_BIAS_NONE", op);
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw1", a->dw1.t.data));
-    MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw2", a->dw2.t.data));
-    return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->fwd, MOEX_SPAN_IN, d) : MOEX_OK;
+    return moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw2", a->dw2.t.data);
 }
 
 /* ---- the primitives' dims -------------------------------------------------------------- */
-
-static moex_router_dims router_dims(const moex_moe_dims *d) {
-    moex_router_dims r = {d->T, d->E, d->k, MOEX_DTYPE_F32};
-    return r;
-}
 
 static moex_perm_dims perm_dims(const moex_moe_dims *d, int64_t E) {
     moex_perm_dims p = {d->T, d->H, d->k, E, d->dt};
@@ -236,11 +233,14 @@ static moex_mlp_dims mlp_dims(const moex_moe_dims *d) {
     return m;
 }
 
+static moex_moe_router_io router_io(const saved_views *v) {
+    moex_moe_router_io io = {v->logits, v->probs, v->ids};
+    return io;
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 typedef struct fwd_calls {
-    moex_dense_gemm logits;
-    moex_router_args router;
     moex_permute_args permute;
     moex_grouped_mlp_args mlp;
     moex_unpermute_args unpermute;
@@ -250,11 +250,6 @@ typedef struct fwd_calls {
 static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, const saved_views *v, void *yp,
                          fwd_calls *c) {
     const moex_tensor ypt = moex_tensor_2d(yp, d->dt, d->T * d->k, d->H);
-    c->logits = (moex_dense_gemm){.kind = MOEX_GEMM_NT, .M = d->T, .N = d->E, .K = d->H, .a = a->x.data,
-                                  .ta = d->dt, .b = a->router_w.data, .tb = d->dt, .c = v->logits.data,
-                                  .tc = MOEX_DTYPE_F32};
-    c->router = (moex_router_args){.logits = v->logits, .topk = a->topk, .score = a->score, .norm = a->norm,
-                                   .probs = v->probs, .ids = v->ids};
     c->permute = (moex_permute_args){.x = a->x, .ids = v->ids, .probs = v->probs, .num_experts = (int32_t)d->E,
                                      .xp = v->xp, .probs_p = v->probs_p, .splits = v->splits,
                                      .row_map = v->row_map};
@@ -264,10 +259,10 @@ static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, c
     c->unpermute = (moex_unpermute_args){.row_map = v->row_map, .yp = ypt, .y = a->y};
 }
 
-/* The workspace: the one-group handle of the router GEMM, yp, and one region shared by the
- * primitives and the grouped MLP (they run one after the other). */
+/* The workspace: yp, and one region shared by the router, the primitives and the grouped MLP
+ * (they run one after the other). */
 typedef struct fwd_layout {
-    void *rows, *yp, *sub;
+    void *yp, *sub;
     size_t total;
 } fwd_layout;
 
@@ -277,17 +272,14 @@ static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a,
     saved_layout(d, NULL, &v);
     fwd_calls c;
     fwd_calls_of(a, d, &v, NULL, &c);
-    const moex_router_dims rd = router_dims(d);
     const moex_perm_dims pd = perm_dims(d, d->E), ud = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
-    size_t sub = ops->dense_gemm_ws(ctx, &c.logits);
-    sub = moex_sz_max(sub, ops->router_fwd_ws(ctx, &c.router, &rd));
+    size_t sub = moex_moe_router_forward_ws(ctx, a, d);
     sub = moex_sz_max(sub, ops->permute_fwd_ws(ctx, &c.permute, &pd));
     sub = moex_sz_max(sub, moex_op_grouped_mlp_forward_ws(ctx, &c.mlp, &md));
     sub = moex_sz_max(sub, ops->unpermute_fwd_ws(ctx, &c.unpermute, &ud));
     moex_carver k = {(char *)ws, 0};
     fwd_layout l;
-    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, NULL));
     l.yp = moex_take(&k, moex_sz_bytes(d->T * d->k, d->H, moex_dtype_size(d->dt)));
     l.sub = moex_take(&k, sub);
     l.total = k.used;
@@ -303,16 +295,13 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     saved_layout(d, d->saved, &v);
     fwd_calls k;
     fwd_calls_of(a, d, &v, l.yp, &k);
-    const moex_router_dims rd = router_dims(d);
     const moex_perm_dims pd = perm_dims(d, d->E), ud = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
+    const moex_moe_router_io io = router_io(&v);
 
     /* Mark the buffer as not holding a forward until this one has finished. */
     if (ops->host_memory) memset(v.header, 0, sizeof(saved_header));
-    moex_groups rows;
-    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, NULL, l.rows, &rows));
-    MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.logits, l.sub));
-    MOEX_TRY(ops->router_fwd(ctx, c, &k.router, &rd, l.sub));
+    MOEX_TRY(moex_moe_router_forward(ctx, c, a, d, &io, l.sub));
     MOEX_TRY(ops->permute_fwd(ctx, c, &k.permute, &pd, l.sub));
     MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &k.mlp, &md, l.sub));
     MOEX_TRY(ops->unpermute_fwd(ctx, c, &k.unpermute, &ud, l.sub));
@@ -342,10 +331,10 @@ static bwd_plan bwd_plan_of(const moex_moe_layer_grad_args *a) {
     return p;
 }
 
-/* The workspace: the one-group handle, dyp, dxp, dprobs_p, dprobs, dlogits, dx_perm (f32),
- * and one region shared by the primitives and the grouped MLP. */
+/* The workspace: dyp, dxp, dprobs_p, dprobs, dx_perm (f32), and one region shared by the
+ * primitives, the grouped MLP and the router. */
 typedef struct bwd_layout {
-    void *rows, *dyp, *dxp, *dprobs_p, *dprobs, *dlogits, *dxf, *sub;
+    void *dyp, *dxp, *dprobs_p, *dprobs, *dxf, *sub;
     size_t total;
 } bwd_layout;
 
@@ -353,9 +342,7 @@ typedef struct bwd_calls {
     moex_unpermute_grad_args unpermute;
     moex_grouped_mlp_grad_args mlp;
     moex_permute_grad_args permute;
-    moex_router_grad_args router;
-    moex_dense_gemm drouter_w;      /* dRw = dlogits^T x */
-    moex_dense_gemm dx;             /* dx = dx_perm + dlogits Wr */
+    moex_tensor dprobs;             /* [T, k] f32, the router's input */
 } bwd_calls;
 
 /* The primitives' arguments, given the saved views and the workspace (NULL: shapes only). */
@@ -366,8 +353,8 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
     const moex_tensor dyp = moex_tensor_2d(l->dyp, d->dt, rows, d->H);
     const moex_tensor dxp = p->dx ? moex_tensor_2d(l->dxp, d->dt, rows, d->H) : absent_tensor;
     const moex_tensor dprobs_p = p->router ? moex_tensor_1d(l->dprobs_p, MOEX_DTYPE_F32, rows) : absent_tensor;
-    const moex_tensor dprobs = moex_tensor_2d(l->dprobs, MOEX_DTYPE_F32, d->T, d->k);
     const moex_tensor dxf = p->dx ? moex_tensor_2d(l->dxf, MOEX_DTYPE_F32, d->T, d->H) : absent_tensor;
+    c->dprobs = moex_tensor_2d(l->dprobs, MOEX_DTYPE_F32, d->T, d->k);
     c->unpermute = (moex_unpermute_grad_args){.row_map = v->row_map, .dy = a->dy, .dyp = dyp};
     c->mlp = (moex_grouped_mlp_grad_args){
         .x = v->xp, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = v->probs_p,
@@ -375,17 +362,7 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
         .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1,
         .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor, .dprobs = dprobs_p, .fp8 = f->fp8};
     c->permute = (moex_permute_grad_args){.row_map = v->row_map, .dxp = dxp, .dprobs_p = dprobs_p, .dx = dxf,
-                                          .dprobs = dprobs};
-    c->router = (moex_router_grad_args){.logits = v->logits, .topk = f->topk, .score = f->score,
-                                        .norm = f->norm, .ids = v->ids, .dprobs = dprobs,
-                                        .dlogits = moex_tensor_2d(l->dlogits, MOEX_DTYPE_F32, d->T, d->E)};
-    c->drouter_w = (moex_dense_gemm){.kind = MOEX_GEMM_TN, .M = d->E, .N = d->H, .K = d->T, .a = l->dlogits,
-                                     .ta = MOEX_DTYPE_F32, .b = f->x.data, .tb = d->dt, .c = a->drouter_w.data,
-                                     .tc = moex_present(&a->drouter_w) ? a->drouter_w.dtype : MOEX_DTYPE_F32,
-                                     .mode = a->dw_mode};
-    c->dx = (moex_dense_gemm){.kind = MOEX_GEMM_NN, .M = d->T, .N = d->H, .K = d->E, .a = l->dlogits,
-                              .ta = MOEX_DTYPE_F32, .b = f->router_w.data, .tb = d->dt, .c = a->dx.data,
-                              .tc = d->dt, .r = (float *)l->dxf};
+                                          .dprobs = c->dprobs};
 }
 
 static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d,
@@ -396,28 +373,23 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_arg
     const size_t es = moex_dtype_size(d->dt);
     moex_carver k = {(char *)ws, 0};
     bwd_layout l;
-    l.rows = moex_take(&k, ops->groups_ws(ctx, 1, d->T, NULL));
     l.dyp = moex_take(&k, moex_sz_bytes(rows, d->H, es));
     l.dxp = p.dx ? moex_take(&k, moex_sz_bytes(rows, d->H, es)) : NULL;
     l.dprobs_p = p.router ? moex_take(&k, moex_sz_bytes(rows, 1, sizeof(float))) : NULL;
     l.dprobs = p.router ? moex_take(&k, moex_sz_bytes(rows, 1, sizeof(float))) : NULL;
-    l.dlogits = p.router ? moex_take(&k, moex_sz_bytes(d->T, d->E, sizeof(float))) : NULL;
     l.dxf = p.dx ? moex_take(&k, moex_sz_bytes(d->T, d->H, sizeof(float))) : NULL;
 
     saved_views v;
     saved_layout(d, NULL, &v);
     bwd_calls c;
     bwd_calls_of(a, d, &p, &v, &l, &c);
-    const moex_router_dims rd = router_dims(d);
     const moex_perm_dims pd = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
     size_t sub = ops->unpermute_bwd_ws(ctx, &c.unpermute, &pd);
     sub = moex_sz_max(sub, moex_op_grouped_mlp_backward_ws(ctx, &c.mlp, &md));
     if (p.router) {
         sub = moex_sz_max(sub, ops->permute_bwd_ws(ctx, &c.permute, &pd));
-        sub = moex_sz_max(sub, ops->router_bwd_ws(ctx, &c.router, &rd));
-        if (moex_present(&a->drouter_w)) sub = moex_sz_max(sub, ops->dense_gemm_ws(ctx, &c.drouter_w));
-        if (p.dx) sub = moex_sz_max(sub, ops->dense_gemm_ws(ctx, &c.dx));
+        sub = moex_sz_max(sub, moex_moe_router_backward_ws(ctx, a, d));
     }
     l.sub = moex_take(&k, sub);
     l.total = k.used;
@@ -440,7 +412,6 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     const bwd_layout l = bwd_layout_of(ctx, a, d, ws);
     bwd_calls k;
     bwd_calls_of(a, d, &p, &v, &l, &k);
-    const moex_router_dims rd = router_dims(d);
     const moex_perm_dims pd = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
 
@@ -450,12 +421,8 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     if (!p.router) return MOEX_OK;
 
     MOEX_TRY(ops->permute_bwd(ctx, c, &k.permute, &pd, l.sub));
-    MOEX_TRY(ops->router_bwd(ctx, c, &k.router, &rd, l.sub));
-    moex_groups rows;
-    MOEX_TRY(ops->groups_prepare(ctx, c, NULL, 1, d->T, NULL, l.rows, &rows));
-    if (moex_present(&a->drouter_w)) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.drouter_w, l.sub));
-    if (p.dx) MOEX_TRY(ops->dense_gemm(ctx, c, &rows, &k.dx, l.sub));
-    return MOEX_OK;
+    const moex_moe_router_io io = router_io(&v);
+    return moex_moe_router_backward(ctx, c, a, d, &io, &k.dprobs, (float *)l.dxf, l.sub);
 }
 
 /* ---- the public entry points (moex.h) -------------------------------------------------

@@ -55,6 +55,7 @@ typedef struct moex_perm_dims {      /* permute and unpermute */
 
 typedef struct moex_moe_dims {       /* MoE layer */
     int64_t T, H, E, F, k;
+    int64_t G;                       /* experts of w1, w2: E (the EP MoE layer: its local ones) */
     moex_dtype dt;
     void *saved;                     /* the caller's `saved`, aligned (set when running) */
 } moex_moe_dims;
@@ -83,6 +84,22 @@ typedef struct moex_glu_dims {       /* scaled GLU */
     moex_quant_dims q;               /* then: the quantize of z [T, F] (G >= 1) */
 } moex_glu_dims;
 
+/* Expert parallelism: the shapes every EP step needs (src/core/ep.h). */
+typedef struct moex_ep_geom {
+    int32_t world, rank, El;         /* El = E / world local experts */
+    int64_t E, k, H;
+    int64_t Tm, R;                   /* max_tokens, max_recv_rows */
+    int64_t T;                       /* this call's tokens (<= Tm) */
+    moex_dtype dt;
+    size_t wire;                     /* bytes of one wire row */
+} moex_ep_geom;
+
+typedef struct moex_ep_dims {        /* the EP operations and the EP MoE layer */
+    moex_ep_geom g;
+    void *handle;                    /* the caller's handle, aligned (set when running) */
+    moex_moe_dims moe;               /* the EP MoE layer: its T, H, E (all experts), F, k */
+} moex_ep_dims;
+
 /* The dims of any operation (the op table handles them as one type). */
 typedef union moex_dims {
     moex_splits_dims splits;
@@ -94,6 +111,7 @@ typedef union moex_dims {
     moex_moe_dims moe;
     moex_quant_dims quant;
     moex_fp8_dims fp8;
+    moex_ep_dims ep;
 } moex_dims;
 
 /* ---- Context ------------------------------------------------------------------------ */
@@ -122,6 +140,9 @@ struct moex_context {
     char msg[MOEX_MSG_LEN];          /* last error, "" when none */
     moex_span spans[MOEX_MAX_SPANS]; /* the call in progress: its tensors, workspace, saved */
     int nspans;
+    int64_t ep_dropped;              /* host-memory backends: expert rows an EP dispatch dropped
+                                        since the last moex_context_check_splits */
+    moex_op_id ep_dropped_op;
 };
 
 /* Records a printf-style message in ctx (if not NULL) and returns `status`. */

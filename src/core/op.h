@@ -95,6 +95,29 @@ size_t moex_fp8_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_a
 moex_status moex_fp8_mlp_backward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_grad_args *a,
                                       const moex_mlp_dims *d, void *ws);
 
+/* The MoE layers (moe_layer.c, shared with the EP MoE layer, ep_layer.c): the layer's inputs
+ * (and y when need_y) with the weights of G experts (0: the router's E), setting d; the
+ * gradients' outputs of the backward (weights of d->G experts, drouter_w of d->E). */
+moex_status moex_moe_layer_check(moex_context *ctx, const char *op, const moex_moe_layer_args *a, bool need_y,
+                                 int64_t G, moex_moe_dims *d);
+moex_status moex_moe_layer_check_grads(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
+                                       moex_purpose p, const moex_moe_dims *d);
+
+/* The MoE layers' router steps (moe_router.c): the forward writes io's logits [T, E] f32,
+ * probs [T, k] f32 and ids [T, k] i32; the backward reads io's logits and ids and dprobs
+ * [T, k] f32, writes drouter_w and dx as asked (dx = round(dxf + dlogits Wr), dxf [T, H] f32,
+ * which it may overwrite). Each takes a workspace of its query's bytes. */
+typedef struct moex_moe_router_io {
+    moex_tensor logits, probs, ids;
+} moex_moe_router_io;
+size_t moex_moe_router_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d);
+moex_status moex_moe_router_forward(moex_context *ctx, const moex_call *c, const moex_moe_layer_args *a,
+                                    const moex_moe_dims *d, const moex_moe_router_io *io, void *ws);
+size_t moex_moe_router_backward_ws(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d);
+moex_status moex_moe_router_backward(moex_context *ctx, const moex_call *c, const moex_moe_layer_grad_args *a,
+                                     const moex_moe_dims *d, const moex_moe_router_io *io,
+                                     const moex_tensor *dprobs, float *dxf, void *ws);
+
 /* An op that is one plain primitive: its workspace is the primitive's, its run the
  * primitive (defines moex_op_<name>_ws and moex_op_<name>_run). */
 #define MOEX_ONE_PRIMITIVE(name, prim, args_t, dims_t)                                                   \

@@ -35,7 +35,13 @@
     X(WEIGHT_DEQUANTIZE, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)                   \
     X(GROUPED_LINEAR_FP8_FORWARD, grouped_linear_fp8_forward, moex_grouped_linear_fp8_args, moex_fp8_dims)   \
     X(GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, grouped_linear_fp8_backward_weight, moex_grouped_linear_fp8_wgrad_args, \
-      moex_fp8_dims)
+      moex_fp8_dims)                                                                                        \
+    X(EP_DISPATCH_FORWARD, ep_dispatch_forward, moex_ep_dispatch_args, moex_ep_dims)                        \
+    X(EP_DISPATCH_BACKWARD, ep_dispatch_backward, moex_ep_dispatch_grad_args, moex_ep_dims)                 \
+    X(EP_COMBINE_FORWARD, ep_combine_forward, moex_ep_combine_args, moex_ep_dims)                           \
+    X(EP_COMBINE_BACKWARD, ep_combine_backward, moex_ep_combine_grad_args, moex_ep_dims)                    \
+    X(EP_MOE_LAYER_FORWARD, ep_moe_layer_forward, moex_ep_moe_layer_args, moex_ep_dims)                     \
+    X(EP_MOE_LAYER_BACKWARD, ep_moe_layer_backward, moex_ep_moe_layer_grad_args, moex_ep_dims)
 
 /* MOEX_OP_NONE (0) names no operation: the CUDA bad-input flag's "nothing seen". */
 #define MOEX_OP_ENUM_(ID, name, args_t, dims_t) MOEX_OP_##ID,

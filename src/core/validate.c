@@ -324,6 +324,13 @@ moex_status moex_buffer_public_size(moex_context *ctx, const char *op, const cha
     return MOEX_OK;
 }
 
+/* The query that sizes the buffer `name` of op, for messages. */
+static const char *size_query_of(const char *op, const char *name) {
+    if (strcmp(name, "handle") == 0) return "moex_ep_get_info (handle_bytes)";
+    if (strcmp(name, "saved") != 0) return "the workspace-size query";
+    return strncmp(op, "moex_ep_", 8) == 0 ? "moex_ep_moe_layer_saved_size" : "moex_moe_layer_saved_size";
+}
+
 moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *name, size_t backend_bytes,
                                 void *buf, size_t buf_bytes, moex_span_role role, void **aligned) {
     size_t need = 0;
@@ -333,7 +340,7 @@ moex_status moex_buffer_prepare(moex_context *ctx, const char *op, const char *n
     if (!buf || buf_bytes < need)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s %s%zu bytes, but %s asks for %zu", op, name,
                          buf ? "has " : "is NULL with ", buf_bytes,
-                         strcmp(name, "saved") == 0 ? "moex_moe_layer_saved_size" : "the workspace-size query", need);
+                         size_query_of(op, name), need);
     uintptr_t p = ((uintptr_t)buf + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN;
     *aligned = (void *)p;
     return moex_record_span(ctx, op, name, buf, buf_bytes, role);

@@ -3,6 +3,7 @@
  * construction.
  */
 #include "cpu_ops.h"
+#include "ep.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ static const moex_backend_ops cpu_ops = {
     .name = "cpu",
     .host_memory = true,
     MOEX_PRIMITIVE_FIELDS(moex_cpu),
+    .ep = &moex_cpu_ep_kernels,
     .zero_f32 = zero_f32,
     .destroy = moex_cpu_state_destroy,
 };

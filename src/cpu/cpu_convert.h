@@ -10,6 +10,7 @@
 #ifndef MOEX_CPU_CONVERT_H
 #define MOEX_CPU_CONVERT_H
 
+#include "moex_half.h"
 #include "moex_impl.h"
 
 /* The address of element i of an array of dtype dt starting at base. i == 0 gives base
@@ -19,6 +20,22 @@ static inline void *moex_cpu_at(void *base, moex_dtype dt, int64_t i) {
 }
 static inline const void *moex_cpu_cat(const void *base, moex_dtype dt, int64_t i) {
     return i == 0 ? base : (const char *)base + (size_t)i * moex_dtype_size(dt);
+}
+
+/* Element i of an array of dtype dt, as f32; and its store, rounded once. */
+static inline float moex_cpu_load1(const void *base, moex_dtype dt, int64_t i) {
+    switch (dt) {
+    case MOEX_DTYPE_BF16: return moex_bf16_to_f32(((const uint16_t *)base)[i]);
+    case MOEX_DTYPE_F16: return moex_f16_to_f32(((const uint16_t *)base)[i]);
+    default: return ((const float *)base)[i];
+    }
+}
+static inline void moex_cpu_store1(void *base, moex_dtype dt, int64_t i, float v) {
+    switch (dt) {
+    case MOEX_DTYPE_BF16: ((uint16_t *)base)[i] = moex_f32_to_bf16(v); break;
+    case MOEX_DTYPE_F16: ((uint16_t *)base)[i] = moex_f32_to_f16(v); break;
+    default: ((float *)base)[i] = v; break;
+    }
 }
 
 /* dst[j] = f32(src[j]) for j < n. */

@@ -16,6 +16,9 @@
  * split is negative or the sum passes T), dense_gemm in cpu_dense_gemm.c. */
 MOEX_DECLARE_PRIMITIVES(moex_cpu)
 
+/* Expert parallelism's local kernels (cpu_ep.c; src/core/ep.h). */
+extern const struct moex_ep_kernels moex_cpu_ep_kernels;
+
 /* ---- shared CPU helpers (cpu_common.c) ---------------------------------------------- */
 
 /* Runs fn(arg, begin, end) over [0, n) split into contiguous chunks on up to

@@ -23,27 +23,12 @@
  * T*k bytes (rows seen); the others none.
  */
 #include "cpu_ops.h"
+#include "cpu_convert.h"
 #include "moex_half.h"
 
 #include <string.h>
 
 #define PERM_GRAIN_ELEMS 16384   /* elements per thread worth the hand-off */
-
-static inline float load_elem(const void *base, moex_dtype dt, int64_t i) {
-    switch (dt) {
-    case MOEX_DTYPE_BF16: return moex_bf16_to_f32(((const uint16_t *)base)[i]);
-    case MOEX_DTYPE_F16: return moex_f16_to_f32(((const uint16_t *)base)[i]);
-    default: return ((const float *)base)[i];
-    }
-}
-
-static inline void store_elem(void *base, moex_dtype dt, int64_t i, float v) {
-    switch (dt) {
-    case MOEX_DTYPE_BF16: ((uint16_t *)base)[i] = moex_f32_to_bf16(v); break;
-    case MOEX_DTYPE_F16: ((uint16_t *)base)[i] = moex_f32_to_f16(v); break;
-    default: ((float *)base)[i] = v; break;
-    }
-}
 
 /* Rows of T tokens per thread chunk, for k rows of H elements per token. */
 static int64_t token_grain(int64_t k, int64_t H) {
@@ -83,9 +68,9 @@ static void gather_tokens(void *arg, int64_t begin, int64_t end) {
         const int32_t *rm = jb->row_map + t * k;
         if (jb->dst) {
             for (int64_t h = 0; h < H; h++) {
-                float acc = load_elem(jb->src, jb->src_dt, (int64_t)rm[0] * H + h);
-                for (int64_t j = 1; j < k; j++) acc += load_elem(jb->src, jb->src_dt, (int64_t)rm[j] * H + h);
-                store_elem(jb->dst, jb->dst_dt, t * H + h, acc);
+                float acc = moex_cpu_load1(jb->src, jb->src_dt, (int64_t)rm[0] * H + h);
+                for (int64_t j = 1; j < k; j++) acc += moex_cpu_load1(jb->src, jb->src_dt, (int64_t)rm[j] * H + h);
+                moex_cpu_store1(jb->dst, jb->dst_dt, t * H + h, acc);
             }
         }
         if (jb->vdst)

@@ -63,6 +63,10 @@ static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s saw a routing id outside [0, E); those entries were skipped", op,
                          moex_op_name((moex_op_id)(flag >> 4)));
+    if ((flag & 15) == MOEX_CUDA_EP_DROPPED)
+        return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
+                         "%s: %s dropped expert rows past the EP context's max_recv_rows (its `dropped` "
+                         "output counts them)", op, moex_op_name((moex_op_id)(flag >> 4)));
     if ((flag >> 4) == MOEX_OP_SPLITS_TO_OFFSETS)
         return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                          "%s: moex_splits_to_offsets saw a negative split, or an offset too large for "
@@ -113,6 +117,7 @@ static const moex_backend_ops cuda_ops = {
     .linear_fp8_wgrad_ws = moex_cuda_linear_fp8_wgrad_ws,
     .linear_fp8_wgrad = moex_cuda_linear_fp8_wgrad,
     .glu_quantize = moex_cuda_glu_quantize,
+    .ep = &moex_cuda_ep_kernels,
     .zero_f32 = moex_cuda_zero_f32,
     .check_splits = cuda_check_splits,
     .destroy = cuda_destroy,

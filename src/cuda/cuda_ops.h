@@ -27,7 +27,8 @@
  * the moex_op_id of the call (src/core/op_list.h). */
 enum moex_cuda_flag_kind {
     MOEX_CUDA_BAD_SPLITS = 1,   /* a negative split, or a sum past T          */
-    MOEX_CUDA_BAD_IDS = 2       /* a routing id outside [0, E) (skipped)        */
+    MOEX_CUDA_BAD_IDS = 2,      /* a routing id outside [0, E) (skipped)        */
+    MOEX_CUDA_EP_DROPPED = 3    /* expert rows past R dropped (an EP dispatch)  */
 };
 
 typedef struct moex_cuda_state {
@@ -253,6 +254,11 @@ moex_status moex_cuda_router_bwd_run(moex_context *ctx, const char *op, const vo
                                      moex_router_score score, moex_router_norm norm,
                                      const int32_t *ids, const float *dprobs, void *dlogits,
                                      cudaStream_t stream);
+
+/* ---- expert parallelism (cuda_ep.cu) ------------------------------------------------ */
+
+/* The local kernels of EP (src/core/ep.h), the table's `ep`. */
+extern "C" const struct moex_ep_kernels moex_cuda_ep_kernels;
 
 /* ---- small kernels (cuda_reduce.cu) -------------------------------------------------- */
 

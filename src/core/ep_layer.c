@@ -1,0 +1,269 @@
+/*
+ * ep_layer.c - the EP MoE layer (moex.h, "Expert parallelism"): the MoE layer with its experts
+ * spread over the ranks of an EP context, composed once from the router steps (moe_router.c),
+ * the EP steps (ep.c) and the grouped MLP (grouped_mlp.c):
+ *   forward:   logits, probs, ids = router(x)                       (saved)
+ *              xr, probs_r, splits, handle = dispatch(x, ids, probs) (saved)
+ *              yr = grouped_mlp(xr, probs_r, splits)  [R, H]        (h, z saved; yr in the workspace)
+ *              y = combine(yr)                        [T, H]        =
+ *   backward:  dyr = combine_backward(dy)
+ *              dxr, dprobs_r, dW1, dW2, db1, db2 = grouped_mlp_backward(dyr)
+ *              dx_e, dprobs = dispatch_backward(dxr, dprobs_r)      (dx_e in f32)
+ *              drouter_w, dx = router_backward(dprobs, dx_e)
+ * As in the MoE layer, the router path (dxr, dprobs, the router's backward) runs only when dx or
+ * drouter_w is asked for; the exchanges are collective, so every rank must ask for the same
+ * gradients (dx or drouter_w on all ranks, or on none). The saved buffer's handle is checked by the EP steps on host memory
+ * (a saved buffer without a forward fails before anything is written).
+ */
+#include "ep.h"
+#include "op.h"
+
+static const moex_tensor absent_tensor;
+
+/* ---- the saved buffer ---------------------------------------------------------------- */
+
+typedef struct saved_views {
+    moex_tensor logits, probs, ids, splits, probs_r, xr, h, z;
+    void *handle;
+} saved_views;
+
+static size_t saved_layout(const moex_ep_dims *d, void *base, saved_views *v) {
+    const moex_moe_dims *m = &d->moe;
+    const int64_t R = d->g.R;
+    const size_t es = moex_dtype_size(m->dt);
+    moex_ep_routing r;
+    moex_carver c = {(char *)base, 0};
+    v->handle = moex_take(&c, moex_ep_routing_layout(&d->g, NULL, &r));
+    v->logits = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->E, sizeof(float))), MOEX_DTYPE_F32, m->T, m->E);
+    v->probs = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->k, sizeof(float))), MOEX_DTYPE_F32, m->T, m->k);
+    v->ids = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->k, sizeof(int32_t))), MOEX_DTYPE_I32, m->T, m->k);
+    v->splits = moex_tensor_1d(moex_take(&c, moex_sz_bytes(m->G, 1, sizeof(int64_t))), MOEX_DTYPE_I64, m->G);
+    v->probs_r = moex_tensor_1d(moex_take(&c, moex_sz_bytes(R, 1, sizeof(float))), MOEX_DTYPE_F32, R);
+    v->xr = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, m->H, es)), m->dt, R, m->H);
+    v->h = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, 2 * m->F, es)), m->dt, R, 2 * m->F);
+    v->z = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, m->F, es)), m->dt, R, m->F);
+    return c.used;
+}
+
+static size_t saved_bytes(const moex_ep_dims *d) {
+    saved_views v;
+    return saved_layout(d, NULL, &v);
+}
+
+/* ---- validation ---------------------------------------------------------------------- */
+
+/* The layer's arguments against its EP context: the router's E and k, H, the dtype, and the
+ * local experts of the weights. */
+static moex_status validate_layer(moex_context *ctx, const char *op, const moex_ep *ep, const moex_moe_layer_args *a,
+                                  bool need_y, moex_ep_dims *d) {
+    if (!ep) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: ep is NULL", op);
+    MOEX_TRY(moex_moe_layer_check(ctx, op, a, need_y, ep->geom.El, &d->moe));
+    const moex_moe_dims *m = &d->moe;
+    const moex_ep_geom *g = &ep->geom;
+    if (m->E != g->E || m->k != g->k || m->H != g->H || m->dt != g->dt)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: the layer (E %lld, topk %lld, H %lld, %s) does not match its EP context (E %lld, "
+                         "topk %lld, H %lld, %s)", op, (long long)m->E, (long long)m->k, (long long)m->H,
+                         moex_dtype_name(m->dt), (long long)g->E, (long long)g->k, (long long)g->H,
+                         moex_dtype_name(g->dt));
+    MOEX_TRY(moex_ep_check(ctx, op, ep, m->T, d));
+    return moex_check_internal(ctx, op, "h", g->R, 2 * m->F);
+}
+
+static moex_status saved_prepare(moex_context *ctx, const char *op, const moex_moe_layer_args *a,
+                                 moex_span_role role, moex_ep_dims *d) {
+    return moex_buffer_prepare(ctx, op, "saved", saved_bytes(d), a->saved, a->saved_bytes, role, &d->moe.saved);
+}
+
+moex_status moex_ep_moe_layer_saved_size(moex_context *ctx, const moex_ep_moe_layer_args *args, size_t *bytes) {
+    static const char op[] = "moex_ep_moe_layer_saved_size";
+    MOEX_TRY(moex_enter(ctx, op, args));
+    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
+    moex_ep_dims d;
+    MOEX_TRY(validate_layer(ctx, op, args->ep, &args->layer, false, &d));
+    return moex_buffer_public_size(ctx, op, "saved", saved_bytes(&d), bytes);
+}
+
+moex_status moex_op_ep_moe_layer_forward_validate(moex_context *ctx, const char *op, const moex_ep_moe_layer_args *a,
+                                                  moex_purpose p, moex_ep_dims *d) {
+    MOEX_TRY(validate_layer(ctx, op, a->ep, &a->layer, true, d));
+    return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->layer, MOEX_SPAN_OUT, d) : MOEX_OK;
+}
+
+moex_status moex_op_ep_moe_layer_backward_validate(moex_context *ctx, const char *op,
+                                                   const moex_ep_moe_layer_grad_args *a, moex_purpose p,
+                                                   moex_ep_dims *d) {
+    MOEX_TRY(validate_layer(ctx, op, a->ep, &a->layer.fwd, false, d));
+    MOEX_TRY(moex_moe_layer_check_grads(ctx, op, &a->layer, p, &d->moe));
+    return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->layer.fwd, MOEX_SPAN_IN, d) : MOEX_OK;
+}
+
+/* The dims of the EP steps, on the saved handle. */
+static moex_ep_dims ep_dims_of(const moex_ep_dims *d, const saved_views *v) {
+    moex_ep_dims e = *d;
+    e.handle = v->handle;
+    return e;
+}
+
+static moex_mlp_dims mlp_dims(const moex_ep_dims *d) {
+    moex_mlp_dims m = {d->moe.G, d->g.R, d->moe.H, d->moe.F, d->moe.dt};
+    return m;
+}
+
+static moex_moe_router_io router_io(const saved_views *v) {
+    moex_moe_router_io io = {v->logits, v->probs, v->ids};
+    return io;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+
+static moex_grouped_mlp_args fwd_mlp_of(const moex_moe_layer_args *a, const moex_ep_dims *d, const saved_views *v,
+                                        void *yr) {
+    return (moex_grouped_mlp_args){.x = v->xr, .w1 = a->w1, .b1 = a->b1, .w2 = a->w2, .b2_mode = a->b2_mode,
+                                   .b2 = a->b2, .probs = v->probs_r, .glu = a->glu, .splits = v->splits,
+                                   .h = v->h, .z = v->z,
+                                   .y = moex_tensor_2d(yr, d->moe.dt, d->g.R, d->moe.H), .fp8 = a->fp8};
+}
+
+/* The workspace: yr, and one region shared by the router and the grouped MLP. */
+typedef struct fwd_layout {
+    void *yr, *sub;
+    size_t total;
+} fwd_layout;
+
+static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a, const moex_ep_dims *d, void *ws) {
+    saved_views v;
+    saved_layout(d, NULL, &v);
+    const moex_grouped_mlp_args mlp = fwd_mlp_of(a, d, &v, NULL);
+    const moex_mlp_dims md = mlp_dims(d);
+    const size_t sub = moex_sz_max(moex_moe_router_forward_ws(ctx, a, &d->moe),
+                                   moex_op_grouped_mlp_forward_ws(ctx, &mlp, &md));
+    moex_carver k = {(char *)ws, 0};
+    fwd_layout l;
+    l.yr = moex_take(&k, moex_sz_bytes(d->g.R, d->moe.H, moex_dtype_size(d->moe.dt)));
+    l.sub = moex_take(&k, sub);
+    l.total = k.used;
+    return l;
+}
+
+size_t moex_op_ep_moe_layer_forward_ws(moex_context *ctx, const moex_ep_moe_layer_args *a, const moex_ep_dims *d) {
+    return fwd_layout_of(ctx, &a->layer, d, NULL).total;
+}
+
+moex_status moex_op_ep_moe_layer_forward_run(moex_context *ctx, const moex_call *c, const moex_ep_moe_layer_args *a,
+                                             const moex_ep_dims *d, void *ws) {
+    const moex_moe_layer_args *f = &a->layer;
+    MOEX_TRY(moex_check_limits(ctx, c, d->g.R, d->moe.G, 0));   /* before any launch */
+    const fwd_layout l = fwd_layout_of(ctx, f, d, ws);
+    saved_views v;
+    saved_layout(d, d->moe.saved, &v);
+    const moex_ep_dims e = ep_dims_of(d, &v);
+    const moex_moe_router_io io = router_io(&v);
+    const moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.ids, .probs = v.probs,
+                                            .xr = v.xr, .probs_r = v.probs_r, .splits = v.splits};
+    const moex_grouped_mlp_args mlp = fwd_mlp_of(f, d, &v, l.yr);
+    const moex_mlp_dims md = mlp_dims(d);
+
+    MOEX_TRY(moex_moe_router_forward(ctx, c, f, &d->moe, &io, l.sub));
+    MOEX_TRY(moex_ep_dispatch_run(ctx, c, &dispatch, &e));
+    MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &mlp, &md, l.sub));
+    return moex_ep_combine_run(ctx, c, a->ep, &e, l.yr, NULL, f->y.data, d->moe.dt, NULL);
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+
+/* The workspace: dyr, and on the router path dxr, dprobs_r, dx_e (f32) and dprobs; then one
+ * region shared by the grouped MLP and the router. */
+typedef struct bwd_layout {
+    void *dyr, *dxr, *dprobs_r, *dxf, *dprobs, *sub;
+    size_t total;
+} bwd_layout;
+
+static bool router_path(const moex_moe_layer_grad_args *a) {
+    return moex_present(&a->dx) || moex_present(&a->drouter_w);
+}
+
+static moex_grouped_mlp_grad_args bwd_mlp_of(const moex_moe_layer_grad_args *a, const moex_ep_dims *d,
+                                             const saved_views *v, const bwd_layout *l) {
+    const moex_moe_layer_args *f = &a->fwd;
+    const bool router = router_path(a);
+    const int64_t R = d->g.R;
+    return (moex_grouped_mlp_grad_args){
+        .x = v->xr, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = v->probs_r,
+        .glu = f->glu, .splits = v->splits, .h = v->h, .z = v->z,
+        .dy = moex_tensor_2d(l->dyr, d->moe.dt, R, d->moe.H),
+        .dx = router ? moex_tensor_2d(l->dxr, d->moe.dt, R, d->moe.H) : absent_tensor, .dw_mode = a->dw_mode,
+        .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1, .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor,
+        .dprobs = router ? moex_tensor_1d(l->dprobs_r, MOEX_DTYPE_F32, R) : absent_tensor, .fp8 = f->fp8};
+}
+
+static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_ep_dims *d,
+                                void *ws) {
+    const moex_moe_dims *m = &d->moe;
+    const bool router = router_path(a);
+    const int64_t R = d->g.R;
+    const size_t es = moex_dtype_size(m->dt);
+    moex_carver k = {(char *)ws, 0};
+    bwd_layout l;
+    l.dyr = moex_take(&k, moex_sz_bytes(R, m->H, es));
+    l.dxr = router ? moex_take(&k, moex_sz_bytes(R, m->H, es)) : NULL;
+    l.dprobs_r = router ? moex_take(&k, moex_sz_bytes(R, 1, sizeof(float))) : NULL;
+    l.dxf = router ? moex_take(&k, moex_sz_bytes(m->T, m->H, sizeof(float))) : NULL;
+    l.dprobs = router ? moex_take(&k, moex_sz_bytes(m->T, m->k, sizeof(float))) : NULL;
+    saved_views v;
+    saved_layout(d, NULL, &v);
+    const moex_grouped_mlp_grad_args mlp = bwd_mlp_of(a, d, &v, &l);
+    const moex_mlp_dims md = mlp_dims(d);
+    size_t sub = moex_op_grouped_mlp_backward_ws(ctx, &mlp, &md);
+    if (router) sub = moex_sz_max(sub, moex_moe_router_backward_ws(ctx, a, m));
+    l.sub = moex_take(&k, sub);
+    l.total = k.used;
+    return l;
+}
+
+size_t moex_op_ep_moe_layer_backward_ws(moex_context *ctx, const moex_ep_moe_layer_grad_args *a,
+                                        const moex_ep_dims *d) {
+    return bwd_layout_of(ctx, &a->layer, d, NULL).total;
+}
+
+moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call *c,
+                                              const moex_ep_moe_layer_grad_args *a, const moex_ep_dims *d, void *ws) {
+    const moex_moe_layer_grad_args *g = &a->layer;
+    MOEX_TRY(moex_check_limits(ctx, c, d->g.R, d->moe.G, 0));   /* before any launch */
+    const bwd_layout l = bwd_layout_of(ctx, g, d, ws);
+    saved_views v;
+    saved_layout(d, d->moe.saved, &v);
+    const moex_ep_dims e = ep_dims_of(d, &v);
+    const moex_grouped_mlp_grad_args mlp = bwd_mlp_of(g, d, &v, &l);
+    const moex_mlp_dims md = mlp_dims(d);
+    const bool router = router_path(g);
+
+    MOEX_TRY(moex_ep_scatter_run(ctx, c, a->ep, &e, g->dy.data, l.dyr));
+    if (router) MOEX_TRY(moex_ops(ctx)->zero_f32(ctx, c, (float *)l.dprobs_r, d->g.R));   /* the MLP does += */
+    MOEX_TRY(moex_op_grouped_mlp_backward_run(ctx, c, &mlp, &md, l.sub));
+    if (!router) return MOEX_OK;
+    MOEX_TRY(moex_ep_combine_run(ctx, c, a->ep, &e, l.dxr, (const float *)l.dprobs_r, l.dxf, MOEX_DTYPE_F32,
+                                 (float *)l.dprobs));
+    const moex_moe_router_io io = router_io(&v);
+    const moex_tensor dprobs = moex_tensor_2d(l.dprobs, MOEX_DTYPE_F32, d->moe.T, d->moe.k);
+    return moex_moe_router_backward(ctx, c, g, &d->moe, &io, &dprobs, (float *)l.dxf, l.sub);
+}
+
+/* ---- the public entry points (moex.h) ------------------------------------------------- */
+
+moex_status moex_ep_moe_layer_forward_workspace_size(moex_context *ctx, const moex_ep_moe_layer_args *args,
+                                                     size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_EP_MOE_LAYER_FORWARD, args, bytes);
+}
+moex_status moex_ep_moe_layer_forward(moex_context *ctx, const moex_ep_moe_layer_args *args, void *workspace,
+                                      size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_EP_MOE_LAYER_FORWARD, args, workspace, workspace_bytes, stream);
+}
+moex_status moex_ep_moe_layer_backward_workspace_size(moex_context *ctx, const moex_ep_moe_layer_grad_args *args,
+                                                      size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_EP_MOE_LAYER_BACKWARD, args, bytes);
+}
+moex_status moex_ep_moe_layer_backward(moex_context *ctx, const moex_ep_moe_layer_grad_args *args, void *workspace,
+                                       size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_EP_MOE_LAYER_BACKWARD, args, workspace, workspace_bytes, stream);
+}

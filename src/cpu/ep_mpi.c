@@ -1,0 +1,95 @@
+/*
+ * ep_mpi.c - the MPI transport of expert parallelism on the CPU backend (src/core/ep.h):
+ * the caller's MPI_Comm (cfg.comm points to it), host transfer buffers, and each exchange as
+ * MPI_Alltoall of the counts (when they are learnt) and MPI_Alltoallv of the real rows
+ * (wire rows as one contiguous MPI datatype). Compiled only when the build found MPI.
+ */
+#include "ep.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+
+typedef struct mpi_state {
+    MPI_Comm comm;
+    MPI_Datatype row;            /* one wire row */
+    int *sc, *sd, *rc, *rd;      /* counts and displacements [world], in rows */
+} mpi_state;
+
+static moex_status mpi_fail(moex_ep *ep, const char *op, const char *what, int err) {
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(err, text, &len) != MPI_SUCCESS) len = 0;
+    text[len] = '\0';
+    return moex_fail(ep->ctx, MOEX_ERR_INTERNAL, "%s: %s failed (%d: %s)", op, what, err, text);
+}
+
+#define MPI_TRY(ep, op, call)                                     \
+    do {                                                          \
+        const int e_ = (call);                                    \
+        if (e_ != MPI_SUCCESS) return mpi_fail(ep, op, #call, e_); \
+    } while (0)
+
+static moex_status mpi_exchange(moex_ep *ep, const moex_call *c, const moex_ep_exchange *x) {
+    mpi_state *m = (mpi_state *)ep->transport_state;
+    const moex_ep_geom *g = &ep->geom;
+    if (x->learn_counts)
+        MPI_TRY(ep, c->op, MPI_Alltoall(x->send_counts, 1, MPI_INT64_T, x->recv_counts, 1, MPI_INT64_T, m->comm));
+    for (int r = 0; r < g->world; r++) {
+        const int64_t s = x->send_counts[r], v = x->recv_counts[r];
+        m->sc[r] = (int)(s < 0 ? 0 : s > g->Tm ? g->Tm : s);
+        m->rc[r] = (int)(v < 0 ? 0 : v > g->Tm ? g->Tm : v);
+        m->sd[r] = m->rd[r] = (int)(r * g->Tm);   /* W Tm rows fit an int32 (ep.c) */
+    }
+    MPI_TRY(ep, c->op, MPI_Alltoallv(x->snd, m->sc, m->sd, m->row, x->rcv, m->rc, m->rd, m->row, m->comm));
+    return MOEX_OK;
+}
+
+static void mpi_destroy(moex_ep *ep) {
+    mpi_state *m = (mpi_state *)ep->transport_state;
+    if (m) {
+        if (m->row != MPI_DATATYPE_NULL) MPI_Type_free(&m->row);
+        free(m->sc);
+        free(m);
+    }
+    free(ep->snd);
+    free(ep->rcv);
+    ep->transport_state = ep->snd = ep->rcv = NULL;
+}
+
+static const moex_ep_transport mpi_transport = {"mpi", MOEX_EP_TRANSFER_CAPACITY, mpi_exchange, mpi_destroy};
+
+moex_status moex_ep_mpi_init(moex_ep *ep) {
+    const char *op = "moex_ep_create";
+    int up = 0, rank = 0, world = 0;
+    MPI_TRY(ep, op, MPI_Initialized(&up));
+    if (!up) return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: MPI is not initialised (call MPI_Init first)", op);
+    const MPI_Comm comm = *(const MPI_Comm *)ep->cfg.comm;
+    if (comm == MPI_COMM_NULL) return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: comm is MPI_COMM_NULL", op);
+    MPI_TRY(ep, op, MPI_Comm_rank(comm, &rank));
+    MPI_TRY(ep, op, MPI_Comm_size(comm, &world));
+    ep->geom.rank = rank, ep->geom.world = world;
+    return MOEX_OK;
+}
+
+moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes) {
+    const char *op = "moex_ep_create";
+    const int W = ep->geom.world;
+    mpi_state *m = (mpi_state *)calloc(1, sizeof *m);
+    if (!m) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    m->row = MPI_DATATYPE_NULL;
+    m->comm = *(const MPI_Comm *)ep->cfg.comm;
+    ep->transport_state = m;
+    ep->transport = &mpi_transport;   /* its destroy frees what follows */
+    m->sc = (int *)calloc(4 * (size_t)W, sizeof(int));
+    ep->snd = malloc(bytes ? bytes : 1);
+    ep->rcv = malloc(bytes ? bytes : 1);
+    if (!m->sc || !ep->snd || !ep->rcv)
+        return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: %zu bytes of transfer buffers", op, 2 * bytes);
+    m->sd = m->sc + W, m->rc = m->sc + 2 * W, m->rd = m->sc + 3 * W;
+    if (ep->geom.wire > (size_t)INT32_MAX)
+        return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: a row of %zu bytes is too large for MPI", op,
+                         ep->geom.wire);
+    MPI_TRY(ep, op, MPI_Type_contiguous((int)ep->geom.wire, MPI_BYTE, &m->row));
+    MPI_TRY(ep, op, MPI_Type_commit(&m->row));
+    return MOEX_OK;
+}
