@@ -16,7 +16,7 @@
  * Run (N = 2, 4 or 8; bench/ep_torch.py in the same device call):
  *   mpirun --allow-run-as-root -np 4 --bind-to none --mca pml ob1 --mca btl self,vader \
  *       --mca btl_vader_single_copy_mechanism none -x NCCL_NVLS_ENABLE=0 \
- *       build/bench/ep_bench [--tokens T] [--transfer auto|capacity] [--iters 20] [--warmup 5]
+ *       build/bench/ep_bench [--tokens T] [--transfer auto|capacity|peer] [--iters 20] [--warmup 5]
  *       [--a2a-mib 256] [--no-graph]
  *
  * Problem (every rank): E = 256 experts over the N ranks, k = 8, H = 7168, bf16, T = 4096
@@ -45,7 +45,7 @@
  * after a graph replay into a y poisoned with NaNs.
  *
  * Output: tables on rank 0, then one line per measurement:
- *   EPBENCH impl=moex|moex-graph|nccl op=... N= T= H= k= E= us= GBps= link_GBps=
+ *   EPBENCH impl=moex-peer|moex-capacity|moex-peer-graph|moex-capacity-graph|nccl op=... N= T= H= k= E= us= GBps= link_GBps=
  */
 #include "moex.h"
 
@@ -270,7 +270,7 @@ static void report(int N, int64_t T, const char *impl, const char *op, double us
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: ep_bench [--tokens T] [--transfer auto|capacity] [--iters N] [--warmup N] "
+    fprintf(stderr, "usage: ep_bench [--tokens T] [--transfer auto|capacity|peer] [--iters N] [--warmup N] "
                     "[--a2a-mib M] [--no-graph]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
 }
@@ -302,6 +302,7 @@ int main(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--transfer")) {
             if (!strcmp(v, "auto")) transfer = MOEX_EP_TRANSFER_AUTO;
             else if (!strcmp(v, "capacity")) transfer = MOEX_EP_TRANSFER_CAPACITY;
+            else if (!strcmp(v, "peer")) transfer = MOEX_EP_TRANSFER_PEER;
             else usage();
             i++;
         } else {
@@ -518,10 +519,13 @@ int main(int argc, char **argv) {
         printf("\n  overall: %s\n\n", pass(ok));
         fflush(stdout);
     }
-    report(N, T, "moex", "dispatch", disp_us, bytes, link_bytes);
-    report(N, T, "moex", "combine", comb_us, bytes, link_bytes);
-    report(N, T, "moex", "dispatch+combine", both_us, 2 * bytes, 2 * link_bytes);
-    if (graph) report(N, T, "moex-graph", "dispatch+combine", graph_us, 2 * bytes, 2 * link_bytes);
+    const int peer = info.transfer == MOEX_EP_TRANSFER_PEER;
+    report(N, T, peer ? "moex-peer" : "moex-capacity", "dispatch", disp_us, bytes, link_bytes);
+    report(N, T, peer ? "moex-peer" : "moex-capacity", "combine", comb_us, bytes, link_bytes);
+    report(N, T, peer ? "moex-peer" : "moex-capacity", "dispatch+combine", both_us, 2 * bytes, 2 * link_bytes);
+    if (graph)
+        report(N, T, peer ? "moex-peer-graph" : "moex-capacity-graph", "dispatch+combine", graph_us, 2 * bytes,
+               2 * link_bytes);
 
     if (st.ws) CHECK_CUDA(cudaFree(st.ws));
     void *frees[] = {dx, dy, dids, dprobs, dxr, dprobs_r, dsplits, ddropped, handle};

@@ -820,8 +820,11 @@ MOEX_API moex_status moex_grouped_linear_fp8_backward_weight(moex_context *ctx,
  *   CPU backend, MPI: comm is the address of an MPI_Comm; rows move with MPI_Alltoallv
  *   (only the real rows; the calls block).
  *   CUDA backend, NCCL: comm is the address of an ncclComm_t; the calls enqueue on the stream
- *   and are capturable in a CUDA graph (counts stay on the device). CAPACITY moves
- *   capacity-sized messages (max_tokens rows to each peer) with grouped ncclSend/ncclRecv.
+ *   and are capturable in a CUDA graph (counts stay on the device). PEER (one node) moves
+ *   only the real rows, written by kernels into the peers' mapped receive buffers; CAPACITY
+ *   moves capacity-sized messages (max_tokens rows to each peer) with grouped
+ *   ncclSend/ncclRecv. A PEER call waits on the device for every rank's same call: a rank
+ *   that stops making them leaves the others' kernels spinning.
  * The caller creates and destroys the communicator (MPI_Init, ncclCommInitRank, torchrun);
  * it must outlive the EP context. moex_ep_create is collective: every rank of the
  * communicator calls it with the same config (comm aside), and so are the EP calls: every
@@ -837,9 +840,13 @@ typedef enum moex_ep_comm_kind {
 } moex_ep_comm_kind;
 
 typedef enum moex_ep_transfer {
-    MOEX_EP_TRANSFER_AUTO = 0,    /* the best this build and communicator have              */
-    MOEX_EP_TRANSFER_CAPACITY = 1 /* NCCL: grouped send/recv of max_tokens rows per peer;
+    MOEX_EP_TRANSFER_AUTO = 0,    /* PEER where every rank can map every peer, else CAPACITY  */
+    MOEX_EP_TRANSFER_CAPACITY = 1,/* NCCL: grouped send/recv of max_tokens rows per peer;
                                      MPI: MPI_Alltoallv of the real rows                   */
+    MOEX_EP_TRANSFER_PEER = 2     /* NCCL ranks on one node with peer access (NVLink): the
+                                     kernels write only the real rows into the peers' receive
+                                     buffers (mapped with CUDA IPC at creation), with
+                                     device-side barriers; MOEX_ERR_UNSUPPORTED elsewhere  */
 } moex_ep_transfer;
 
 typedef struct moex_ep_config {

@@ -5,7 +5,7 @@
 #          the CUDA graph test)
 #   san    compute-sanitizer memcheck and racecheck over the EP test (world size 1)
 #   multi  the EP test under mpirun -np N for N = 2 .. the GPU count (powers of 2)
-#   bench  bench/ep_bench.c (moex, the NCCL all-to-all and p2p baselines) and bench/ep_torch.py
+#   bench  bench/ep_bench.c (moex's PEER and CAPACITY transfers, the NCCL all-to-all and p2p baselines) and bench/ep_torch.py
 #          (torch.distributed's all-to-all dispatcher) at each N; EPBENCH lines last
 # Logs go to $OUT (or /tmp/gpu_ep). NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -u
@@ -49,8 +49,10 @@ if [[ $STAGES == *" multi "* ]]; then
 fi
 if [[ $STAGES == *" bench "* ]]; then
   for n in $NS; do
-    timeout 240 $MPIRUN -np $n $B/bench/moex_ep_bench ${EP_BENCH_ARGS:-} > $OUT/bench_moex_$n.log 2>&1
-    echo "ep_bench np$n rc=$? $(el)"; grep -E "FAIL|error" $OUT/bench_moex_$n.log | head -5
+    for tr in peer capacity; do
+      timeout 240 $MPIRUN -np $n $B/bench/moex_ep_bench --transfer $tr ${EP_BENCH_ARGS:-} > $OUT/bench_moex_${tr}_$n.log 2>&1
+      echo "ep_bench $tr np$n rc=$? $(el)"; grep -E "FAIL|error" $OUT/bench_moex_${tr}_$n.log | head -5
+    done
     timeout 240 torchrun --nproc_per_node $n bench/ep_torch.py > $OUT/bench_torch_$n.log 2>&1
     echo "ep_torch np$n rc=$? $(el)"; grep -E "FAIL|Error" $OUT/bench_torch_$n.log | head -5
   done

@@ -31,7 +31,11 @@ static MPI_Comm comm;
 #define EP_COMM_KIND MOEX_EP_COMM_MPI
 #define EP_COMM (&comm)
 #define EP_HOST_MEMORY 1
+#define EP_TRANSFERS {MOEX_EP_TRANSFER_AUTO}
 #endif
+
+/* The transfer the EP contexts of the dispatch cases use (each of EP_TRANSFERS in turn). */
+static moex_ep_transfer ep_transfer = MOEX_EP_TRANSFER_AUTO;
 
 /* ---- the global routing ------------------------------------------------------------ */
 
@@ -130,7 +134,7 @@ static double row_value(uint64_t salt, int q, int64_t m, int64_t h, moex_dtype d
 
 static moex_ep *ep_make(const problem *p) {
     moex_ep_config cfg = {EP_COMM_KIND, EP_COMM, (int32_t)p->E, (int32_t)p->k, p->H, p->dt, p->Tm, p->R,
-                          MOEX_EP_TRANSFER_AUTO};
+                          ep_transfer};
     moex_ep *ep = NULL;
     CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &cfg), MOEX_OK);
     return ep;
@@ -168,6 +172,7 @@ static void run_dispatch_case(const char *name, route_kind kind, int64_t Tm, int
     CHECK_EQ_I64(info.world, W);
     CHECK_EQ_I64(info.rank, me);
     CHECK_EQ_I64(info.local_experts, p.El);
+    CHECK(ep_transfer == MOEX_EP_TRANSFER_AUTO ? info.transfer != MOEX_EP_TRANSFER_AUTO : info.transfer == ep_transfer);
     const int64_t T = p.T[me], t0 = p.t0[me], El = p.El;
     const size_t es = moex_dtype_size(dt);
 
@@ -398,6 +403,11 @@ static void run_errors(void) {
     cfg.comm_kind = EP_COMM_KIND == MOEX_EP_COMM_MPI ? MOEX_EP_COMM_NCCL : MOEX_EP_COMM_MPI;
     CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &cfg), MOEX_ERR_UNSUPPORTED);
     cfg.comm_kind = EP_COMM_KIND;
+#if EP_HOST_MEMORY
+    cfg.transfer = MOEX_EP_TRANSFER_PEER;   /* NCCL's only */
+    CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &cfg), MOEX_ERR_UNSUPPORTED);
+    cfg.transfer = MOEX_EP_TRANSFER_AUTO;
+#endif
     cfg.topk = 0;
     CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "topk", NULL);
     cfg.topk = 1;
@@ -451,13 +461,18 @@ static void run_errors(void) {
 /* Every case, on ctx (created by the caller after MPI_Init). Returns the exit status. */
 static int run_suite(void) {
     const int64_t E = 4 * W;
-    run_dispatch_case("random f32", ROUTE_RANDOM, 9, 12, E, 3, 1000, MOEX_DTYPE_F32);
-    run_dispatch_case("random bf16", ROUTE_RANDOM, 9, 16, E, 2, 1000, MOEX_DTYPE_BF16);
-    run_dispatch_case("random f16 capacity overflow", ROUTE_RANDOM, 9, 8, E, 3, 5, MOEX_DTYPE_F16);
-    run_dispatch_case("one expert", ROUTE_ONE_EXPERT, 7, 8, E, 2, 1000, MOEX_DTYPE_F32);
-    run_dispatch_case("one expert, overflow", ROUTE_ONE_EXPERT, 7, 8, E, 1, 3, MOEX_DTYPE_BF16);
-    run_dispatch_case("all on rank 0", ROUTE_RANK0, 6, 8, E, 2, 1000, MOEX_DTYPE_F32);
-    run_dispatch_case("k = E", ROUTE_ALL, 5, 8, E, E, 1000, MOEX_DTYPE_F32);
+    const moex_ep_transfer transfers[] = EP_TRANSFERS;
+    for (size_t i = 0; i < sizeof transfers / sizeof transfers[0]; i++) {
+        ep_transfer = transfers[i];
+        run_dispatch_case("random f32", ROUTE_RANDOM, 9, 12, E, 3, 1000, MOEX_DTYPE_F32);
+        run_dispatch_case("random bf16", ROUTE_RANDOM, 9, 16, E, 2, 1000, MOEX_DTYPE_BF16);
+        run_dispatch_case("random f16 capacity overflow", ROUTE_RANDOM, 9, 8, E, 3, 5, MOEX_DTYPE_F16);
+        run_dispatch_case("one expert", ROUTE_ONE_EXPERT, 7, 8, E, 2, 1000, MOEX_DTYPE_F32);
+        run_dispatch_case("one expert, overflow", ROUTE_ONE_EXPERT, 7, 8, E, 1, 3, MOEX_DTYPE_BF16);
+        run_dispatch_case("all on rank 0", ROUTE_RANK0, 6, 8, E, 2, 1000, MOEX_DTYPE_F32);
+        run_dispatch_case("k = E", ROUTE_ALL, 5, 8, E, E, 1000, MOEX_DTYPE_F32);
+    }
+    ep_transfer = MOEX_EP_TRANSFER_AUTO;
     run_layer_case(6, 16, 8, 2 * W, 2, MOEX_DTYPE_F32, 1e-5);
     run_layer_case(5, 32, 16, 4 * W, 3, MOEX_DTYPE_BF16, 3e-2);
     run_errors();

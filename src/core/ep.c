@@ -104,9 +104,12 @@ static moex_status check_config(moex_context *ctx, const char *op, const moex_ep
     if (cfg->dtype != MOEX_DTYPE_F32 && cfg->dtype != MOEX_DTYPE_BF16 && cfg->dtype != MOEX_DTYPE_F16)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dtype must be f32, bf16 or f16, got %s", op,
                          moex_dtype_name(cfg->dtype));
-    if (cfg->transfer != MOEX_EP_TRANSFER_AUTO && cfg->transfer != MOEX_EP_TRANSFER_CAPACITY)
+    if (cfg->transfer != MOEX_EP_TRANSFER_AUTO && cfg->transfer != MOEX_EP_TRANSFER_CAPACITY &&
+        cfg->transfer != MOEX_EP_TRANSFER_PEER)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: transfer %d is not a moex_ep_transfer", op,
                          (int)cfg->transfer);
+    if (cfg->transfer == MOEX_EP_TRANSFER_PEER && cfg->comm_kind != MOEX_EP_COMM_NCCL)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: the PEER transfer needs NCCL ranks (CUDA backend)", op);
     if (!ctx->ops->ep)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: the %s backend has no EP kernels", op, ctx->ops->name);
     return MOEX_OK;

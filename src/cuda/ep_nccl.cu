@@ -8,18 +8,35 @@
  * exchange is enqueued on the call's stream with no host synchronisation and can be captured
  * in a CUDA graph. Compiled only when the build found NCCL (MOEX_HAVE_NCCL).
  *
+ * PEER (ep_peer.cu's exchange): at creation every rank exports its receive memory (the
+ * receive buffer, a counts inbox and barrier flags: one allocation) with CUDA IPC, the handles
+ * go round with ncclAllGather, and every rank maps every peer's; the ranks agree (ncclAllReduce)
+ * that all of them could, else AUTO falls back to CAPACITY and PEER is MOEX_ERR_UNSUPPORTED.
+ *
  * Errors: every NCCL failure is MOEX_ERR_CUDA (the CUDA stack's communication layer failed:
  * a CUDA error inside NCCL, a system or remote peer error, or a communicator NCCL refuses),
  * its message naming the call, NCCL's error string and ncclGetLastError's detail.
  */
 #include <nccl.h>
 
-#include "cuda_check.h"
-#include "ep.h"
+#include <stdlib.h>
 
-/* The communicator, copied from *cfg.comm at init: the caller's variable may go out of scope,
- * the communicator itself must outlive the EP context (moex.h). */
-static ncclComm_t comm_of(const moex_ep *ep) { return (ncclComm_t)ep->transport_state; }
+#include "cuda_check.h"
+#include "ep_peer.h"
+
+/* ep->transport_state. The communicator is copied from *cfg.comm at init: the caller's
+ * variable may go out of scope, the communicator itself must outlive the EP context (moex.h). */
+typedef struct nccl_state {
+    ncclComm_t comm;
+    /* PEER: this rank's exported receive memory, the peers' as mapped here ([W], NULL for
+     * this rank and for peers not mapped), and the kernels' view of them */
+    void *shared;
+    void **mapped;
+    moex_ep_peer *peers;
+    moex_ep_peer_state dev;
+} nccl_state;
+
+static ncclComm_t comm_of(const moex_ep *ep) { return ((const nccl_state *)ep->transport_state)->comm; }
 
 static moex_status nccl_fail(moex_ep *ep, ncclComm_t comm, const char *op, const char *call, ncclResult_t res) {
     const char *detail = comm ? ncclGetLastError(comm) : NULL;
@@ -84,21 +101,41 @@ static moex_status nccl_exchange(moex_ep *ep, const moex_call *c, const moex_ep_
     return MOEX_OK;
 }
 
+static moex_status peer_exchange(moex_ep *ep, const moex_call *c, const moex_ep_exchange *x) {
+    const nccl_state *st = (const nccl_state *)ep->transport_state;
+    return moex_ep_peer_exchange(ep->ctx, c, &st->dev, &ep->geom, x);
+}
+
 /* ---- the EP context ------------------------------------------------------------------ */
+
+/* Unmaps the peers' memory and frees this rank's (on ctx->device). */
+static void peer_release(nccl_state *st, int world) {
+    for (int r = 0; st->mapped && r < world; r++)
+        if (st->mapped[r]) cudaIpcCloseMemHandle(st->mapped[r]);
+    free(st->mapped);
+    if (st->shared) cudaFree(st->shared);
+    if (st->peers) cudaFree(st->peers);
+    if (st->dev.epoch) cudaFree(st->dev.epoch);
+    st->mapped = NULL, st->shared = NULL, st->peers = NULL, st->dev.epoch = NULL;
+}
 
 /* Frees the transfer buffers on ctx->device, the caller's device restored. Not collective. */
 static void nccl_destroy(moex_ep *ep) {
+    nccl_state *st = (nccl_state *)ep->transport_state;
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != ep->ctx->device &&
                           cudaSetDevice(ep->ctx->device) == cudaSuccess;
     if (ep->snd) cudaFree(ep->snd);
-    if (ep->rcv) cudaFree(ep->rcv);
+    if (st && st->shared) peer_release(st, ep->geom.world);   /* ep->rcv lies in st->shared */
+    else if (ep->rcv) cudaFree(ep->rcv);
     if (switched) cudaSetDevice(prev);
+    free(st);
     ep->snd = ep->rcv = NULL;
     ep->transport_state = NULL;
 }
 
 static const moex_ep_transport nccl_transport = {"nccl", MOEX_EP_TRANSFER_CAPACITY, nccl_exchange, nccl_destroy};
+static const moex_ep_transport peer_transport = {"nccl-peer", MOEX_EP_TRANSFER_PEER, peer_exchange, nccl_destroy};
 
 moex_status moex_ep_nccl_init(moex_ep *ep) {
     const char *op = "moex_ep_create";
@@ -115,8 +152,11 @@ moex_status moex_ep_nccl_init(moex_ep *ep) {
     if (world < 1 || rank < 0 || rank >= world)
         return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: the NCCL communicator has rank %d of %d", op, rank,
                          world);
+    nccl_state *st = (nccl_state *)calloc(1, sizeof *st);
+    if (!st) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    st->comm = comm;
     ep->geom.rank = rank, ep->geom.world = world;
-    ep->transport_state = (void *)comm;
+    ep->transport_state = st;
     return MOEX_OK;
 }
 
@@ -134,14 +174,110 @@ static moex_status alloc_buffer(moex_ep *ep, const char *op, const char *name, s
                      bytes, cudaGetErrorString(err), cudaGetErrorName(err));
 }
 
+static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* The handles h[W] (h[rank] this rank's) all-gathered through dh (device, W handles and an
+ * int), every other rank's memory mapped into st->mapped, and *ok reduced to the ranks'
+ * minimum (collective). */
+static moex_status map_peers(moex_ep *ep, nccl_state *st, cudaStream_t s, cudaIpcMemHandle_t *h, void *dh, int *ok) {
+    const char *op = "moex_ep_create";
+    const int W = ep->geom.world, me = ep->geom.rank;
+    const size_t hb = sizeof *h;
+    int *dok = (int *)((char *)dh + (size_t)W * hb);
+    CUDA_TRY(ep->ctx, op, cudaMemcpyAsync((char *)dh + (size_t)me * hb, &h[me], hb, cudaMemcpyHostToDevice, s));
+    NCCL_TRY(ep, st->comm, op, ncclAllGather((char *)dh + (size_t)me * hb, dh, hb, ncclInt8, st->comm, s));
+    CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(h, dh, (size_t)W * hb, cudaMemcpyDeviceToHost, s));
+    CUDA_TRY(ep->ctx, op, cudaStreamSynchronize(s));
+    for (int r = 0; r < W && *ok; r++) {
+        if (r == me) continue;
+        if (cudaIpcOpenMemHandle(&st->mapped[r], h[r], cudaIpcMemLazyEnablePeerAccess) != cudaSuccess) {
+            st->mapped[r] = NULL;
+            (void)cudaGetLastError();
+            *ok = 0;
+        }
+    }
+    CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(dok, ok, sizeof *ok, cudaMemcpyHostToDevice, s));
+    NCCL_TRY(ep, st->comm, op, ncclAllReduce(dok, dok, 1, ncclInt32, ncclMin, st->comm, s));
+    CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(ok, dok, sizeof *ok, cudaMemcpyDeviceToHost, s));
+    return MOEX_OK;
+}
+
+/* The PEER setup (collective): this rank's receive memory (receive buffer of `bytes`, inbox,
+ * flags; zeroed) exported, the peers' mapped, and the ranks' agreement. *ok = false (and
+ * nothing kept) when some rank could not map some peer. */
+static moex_status peer_setup(moex_ep *ep, nccl_state *st, size_t bytes, cudaStream_t s, bool *ok) {
+    const char *op = "moex_ep_create";
+    const int W = ep->geom.world, me = ep->geom.rank;
+    const size_t inbox_at = align256(bytes), flags_at = inbox_at + align256((size_t)W * 8);
+    const size_t total = flags_at + align256((size_t)W * 8);
+    *ok = false;
+    MOEX_TRY(alloc_buffer(ep, op, "receive", total, &st->shared));
+    CUDA_TRY(ep->ctx, op, cudaMemsetAsync(st->shared, 0, total, s));
+    st->mapped = (void **)calloc((size_t)W, sizeof(void *));
+    if (!st->mapped) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+
+    /* the handles round the ranks; each maps the others' */
+    cudaIpcMemHandle_t *h = (cudaIpcMemHandle_t *)calloc((size_t)W, sizeof *h);
+    void *dh = NULL;
+    moex_status res = h ? MOEX_OK : moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    /* (the barrier kernels run one block of a thread per rank) */
+    int mine = res == MOEX_OK && W <= 1024 && (W == 1 || cudaIpcGetMemHandle(&h[me], st->shared) == cudaSuccess);
+    (void)cudaGetLastError();
+    if (res == MOEX_OK && W > 1) res = alloc_buffer(ep, op, "handle", (size_t)W * sizeof *h + sizeof(int), &dh);
+    if (res == MOEX_OK && W > 1) res = map_peers(ep, st, s, h, dh, &mine);
+    if (res == MOEX_OK && cudaStreamSynchronize(s) != cudaSuccess)
+        res = moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: the PEER setup failed on the device", op);
+    free(h);
+    if (dh) cudaFree(dh);
+    if (res != MOEX_OK || !mine) {
+        peer_release(st, W);
+        return res;
+    }
+    /* the kernels' view: each rank's receive buffer, inbox and flags as mapped here */
+    moex_ep_peer *view = (moex_ep_peer *)calloc((size_t)W, sizeof *view);
+    if (!view) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    for (int r = 0; r < W; r++) {
+        char *base = r == me ? (char *)st->shared : (char *)st->mapped[r];
+        view[r].rcv = base, view[r].inbox = (int64_t *)(base + inbox_at), view[r].flags = (uint64_t *)(base + flags_at);
+    }
+    void *peers = NULL, *epoch = NULL;
+    res = alloc_buffer(ep, op, "peer table", (size_t)W * sizeof *view, &peers);
+    if (res == MOEX_OK) res = alloc_buffer(ep, op, "epoch", sizeof(uint64_t), &epoch);
+    st->peers = (moex_ep_peer *)peers, st->dev.peers = st->peers, st->dev.epoch = (uint64_t *)epoch;
+    if (res == MOEX_OK) {
+        CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(peers, view, (size_t)W * sizeof *view, cudaMemcpyHostToDevice, s));
+        CUDA_TRY(ep->ctx, op, cudaMemsetAsync(epoch, 0, sizeof(uint64_t), s));
+        CUDA_TRY(ep->ctx, op, cudaStreamSynchronize(s));
+    }
+    free(view);
+    if (res != MOEX_OK) return res;
+    ep->rcv = st->shared;
+    *ok = true;
+    return MOEX_OK;
+}
+
 moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) {
     const char *op = "moex_ep_create";
+    nccl_state *st = (nccl_state *)ep->transport_state;
     ep->transport = &nccl_transport;   /* from here its destroy frees what was allocated */
     int prev = -1;
     CUDA_TRY(ep->ctx, op, cudaGetDevice(&prev));
     if (prev != ep->ctx->device) CUDA_TRY(ep->ctx, op, cudaSetDevice(ep->ctx->device));
-    moex_status st = alloc_buffer(ep, op, "send", bytes, &ep->snd);
-    if (st == MOEX_OK) st = alloc_buffer(ep, op, "receive", bytes, &ep->rcv);
+    moex_status res = alloc_buffer(ep, op, "send", bytes, &ep->snd);
+    bool peer = false;
+    if (res == MOEX_OK && ep->cfg.transfer != MOEX_EP_TRANSFER_CAPACITY) {
+        cudaStream_t s = NULL;
+        res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
+                  ? peer_setup(ep, st, bytes, s, &peer)
+                  : moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: cudaStreamCreate failed", op);
+        if (s) cudaStreamDestroy(s);
+        if (res == MOEX_OK && !peer && ep->cfg.transfer == MOEX_EP_TRANSFER_PEER)
+            res = moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED,
+                            "%s: the PEER transfer needs every rank to map every other's memory (one node, "
+                            "one process per GPU, peer access); use AUTO or CAPACITY", op);
+    }
+    if (res == MOEX_OK && peer) ep->transport = &peer_transport;
+    if (res == MOEX_OK && !peer) res = alloc_buffer(ep, op, "receive", bytes, &ep->rcv);
     if (prev != ep->ctx->device) cudaSetDevice(prev);
-    return st;   /* on failure moex_ep_create destroys ep, freeing the buffers */
+    return res;   /* on failure moex_ep_create destroys ep, freeing the buffers */
 }

@@ -186,6 +186,7 @@ static moex_status gpu_ep_layer_backward(moex_context *c, const moex_ep_moe_laye
 #define EP_COMM_KIND MOEX_EP_COMM_NCCL
 #define EP_COMM (&nccl_comm)
 #define EP_HOST_MEMORY 0
+#define EP_TRANSFERS {MOEX_EP_TRANSFER_CAPACITY, MOEX_EP_TRANSFER_PEER}
 #define tu_cpu_context() gpu_ep_context()
 #define moex_ep_dispatch_forward(c, a, w, b, s) gpu_ep_dispatch_forward((c), (a))
 #define moex_ep_dispatch_backward(c, a, w, b, s) gpu_ep_dispatch_backward((c), (a))
@@ -422,14 +423,14 @@ static int all_ranks(int ok) {
     return all;
 }
 
-static void run_graph_test(void) {
+static void run_graph_test(moex_ep_transfer transfer) {
     graph_test G;
     memset(&G, 0, sizeof G);
     const int64_t T = G_T, H = G_H, k = G_K;
     G.E = 4 * (int64_t)W, G.El = G.E / W, G.R = T * k * W;
     const size_t es = moex_dtype_size(G_DT);
     moex_ep_config cfg = {MOEX_EP_COMM_NCCL, &nccl_comm, (int32_t)G.E, (int32_t)k, H, G_DT, T, G.R,
-                          MOEX_EP_TRANSFER_AUTO};
+                          transfer};
     int ok = CHECK_STATUS(ctx, moex_ep_create(&G.ep, ctx, &cfg), MOEX_OK) && G.ep;
     moex_ep_info info;
     memset(&info, 0, sizeof info);
@@ -438,7 +439,7 @@ static void run_graph_test(void) {
         CHECK_EQ_I64(info.world, W);
         CHECK_EQ_I64(info.rank, me);
         CHECK_EQ_I64(info.local_experts, G.El);
-        CHECK(info.transfer != MOEX_EP_TRANSFER_AUTO);
+        CHECK(info.transfer == transfer);
         G.handle_bytes = info.handle_bytes;
     }
     const size_t in_bytes[GI_N] = {(size_t)(T * H) * es, sizeof(int32_t) * (size_t)(T * k),
@@ -555,7 +556,8 @@ int main(int argc, char **argv) {
         return rc;
     }
     ctx = gpu_ep_context();
-    run_graph_test();   /* first: run_suite's tu_finish counts its checks */
+    run_graph_test(MOEX_EP_TRANSFER_CAPACITY);   /* first: run_suite's tu_finish counts its checks */
+    run_graph_test(MOEX_EP_TRANSFER_PEER);
     int rc = run_suite();
     moex_context_destroy(ctx);
     ep_twins_free();
