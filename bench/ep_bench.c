@@ -437,6 +437,22 @@ int main(int argc, char **argv) {
     st.ws_bytes = wd > wc ? wd : wc;
     st.ws = st.ws_bytes ? dev_alloc(st.ws_bytes) : NULL;
 
+    /* ---- the FP8 dispatch: E4M3 rows (constant 0x3a bytes: 1.25) with 1x128 scales; its own
+     * handle and outputs, timed before the bf16 calls reuse theirs ---- */
+    const int64_t nb = (H + 127) / 128;
+    void *x8 = dev_alloc((size_t)T * H), *xr8 = dev_alloc((size_t)R * H), *handle8 = dev_alloc(info.handle_bytes);
+    float *xs8 = dev_alloc(sizeof(float) * (size_t)(T * nb)), *xrs8 = dev_alloc(sizeof(float) * (size_t)(R * nb));
+    CHECK_CUDA(cudaMemset(x8, 0x3a, (size_t)T * H));
+    CHECK_CUDA(cudaMemset(xs8, 0x3f, sizeof(float) * (size_t)(T * nb)));
+    ep_state st8 = st;
+    st8.d.x = moex_tensor_2d(x8, MOEX_DTYPE_E4M3, T, H);
+    st8.d.x_scales = moex_tensor_2d(xs8, MOEX_DTYPE_F32, T, nb);
+    st8.d.xr = moex_tensor_2d(xr8, MOEX_DTYPE_E4M3, R, H);
+    st8.d.xr_scales = moex_tensor_2d(xrs8, MOEX_DTYPE_F32, R, nb);
+    st8.d.handle = handle8;
+    const double fp8_us = time_op(op_dispatch, &st8, s, warmup, iters);
+    const double fp8_row = (double)H + 4.0 * (double)nb;
+
     /* ---- eager: dispatch, then combine on the last dispatch's handle, then both ---- */
     const double disp_us = time_op(op_dispatch, &st, s, warmup, iters);
     const double comb_us = time_op(op_combine, &st, s, warmup, iters);
@@ -526,6 +542,11 @@ int main(int argc, char **argv) {
     if (graph)
         report(N, T, peer ? "moex-peer-graph" : "moex-capacity-graph", "dispatch+combine", graph_us, 2 * bytes,
                2 * link_bytes);
+    /* the FP8 dispatch: its own bytes (H + 4 ceil(H/128) a row) */
+    report(N, T, peer ? "moex-peer-fp8" : "moex-capacity-fp8", "dispatch", fp8_us, bytes * fp8_row / row_bytes,
+           link_bytes * fp8_row / row_bytes);
+    void *frees8[] = {x8, xr8, handle8, xs8, xrs8};
+    for (size_t i = 0; i < sizeof frees8 / sizeof frees8[0]; i++) CHECK_CUDA(cudaFree(frees8[i]));
 
     if (st.ws) CHECK_CUDA(cudaFree(st.ws));
     void *frees[] = {dx, dy, dids, dprobs, dxr, dprobs_r, dsplits, ddropped, handle};

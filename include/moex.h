@@ -893,6 +893,12 @@ typedef struct moex_ep_dispatch_args {
     moex_tensor probs_r;          /* [R] f32: each row's prob; optional       =             */
     moex_tensor splits;           /* [El] i64: rows per local expert          =             */
     moex_tensor dropped;          /* [1] i64: expert rows dropped; optional   =             */
+    /* FP8 dispatch (experimental): x in E4M3 or E5M2 instead of the EP dtype (a rowwise BLOCK
+     * copy, as moex_group_quantize writes it; H a multiple of 16) travels with its 1x128
+     * scales, half the bytes of bf16; xr is then of x's dtype, with its scales (the rowwise
+     * copy the FP8 grouped linear reads). The combine and the backwards stay in the EP dtype. */
+    moex_tensor x_scales;         /* [T, ceil(H/128)] f32; FP8 x only         in            */
+    moex_tensor xr_scales;        /* [R, ceil(H/128)] f32; FP8 x only         =             */
 } moex_ep_dispatch_args;
 
 typedef struct moex_ep_dispatch_grad_args {

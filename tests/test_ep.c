@@ -276,6 +276,60 @@ static void run_dispatch_case(const char *name, route_kind kind, int64_t Tm, int
     problem_free(&p);
 }
 
+/* An FP8 dispatch: E4M3 rows (any finite bytes) and their 1x128 scales arrive as exact copies,
+ * in the order of the bf16 dispatch; rows past sum(splits) untouched. */
+static void run_fp8_dispatch_case(const char *name, route_kind kind, int64_t Tm, int64_t H, int64_t E, int64_t k,
+                                  int64_t R) {
+    problem p = problem_make(0xF8 + (uint64_t)kind, kind, Tm, H, E, k, R, MOEX_DTYPE_BF16);
+    moex_ep *ep = ep_make(&p);
+    if (!ep) {
+        problem_free(&p);
+        return;
+    }
+    moex_ep_info info;
+    CHECK_STATUS(ctx, moex_ep_get_info(ep, &info), MOEX_OK);
+    const int64_t T = p.T[me], t0 = p.t0[me], El = p.El, nb = (H + 127) / 128;
+    /* every rank's data, from the global token index: byte (t, h) and scale (t, b) */
+    uint8_t *xq = tu_alloc((size_t)(p.Tg * H + 1));
+    float *xs = tu_alloc(sizeof(float) * (size_t)(p.Tg * nb + 1));
+    for (int64_t i = 0; i < p.Tg * H; i++) xq[i] = (uint8_t)((i * 37 + 11) % 0x7e);   /* finite E4M3 */
+    for (int64_t i = 0; i < p.Tg * nb; i++) xs[i] = 0.5f + (float)i;
+    uint8_t *xr = tu_poisoned(MOEX_DTYPE_E4M3, R * H);
+    float *xrs = tu_poisoned(MOEX_DTYPE_F32, R * nb);
+    int64_t *splits = tu_poisoned(MOEX_DTYPE_I64, El);
+    void *handle = tu_alloc(info.handle_bytes);
+    moex_ep_dispatch_args da = {
+        .ep = ep, .x = moex_tensor_2d(xq + t0 * H, MOEX_DTYPE_E4M3, T, H),
+        .ids = moex_tensor_2d(p.ids + t0 * k, MOEX_DTYPE_I32, T, k),
+        .probs = moex_tensor_2d(p.probs + t0 * k, MOEX_DTYPE_F32, T, k), .handle = handle,
+        .handle_bytes = info.handle_bytes, .xr = moex_tensor_2d(xr, MOEX_DTYPE_E4M3, R, H),
+        .splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, El),
+        .x_scales = moex_tensor_2d(xs + t0 * nb, MOEX_DTYPE_F32, T, nb),
+        .xr_scales = moex_tensor_2d(xrs, MOEX_DTYPE_F32, R, nb)};
+    const moex_status st = moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL);
+    const moex_status drops = moex_context_check_splits(ctx, NULL);
+    const moex_status want = p.dropped[me] > 0 ? MOEX_ERR_BAD_SPLITS : MOEX_OK;
+    CHECK_MSG((st == MOEX_OK && drops == want) || (st == want && drops == MOEX_OK), "%s: dispatch %s, check %s",
+              name, moex_status_string(st), moex_status_string(drops));
+    for (int64_t e = 0; e < El; e++) CHECK_EQ_I64(splits[e], p.splits[me * El + e]);
+    int64_t bad = 0;
+    const int64_t rows = p.rows[me];
+    for (int64_t m = 0; m < rows; m++) {
+        const int64_t t = p.slot_of[me * R + m] / k;
+        bad += memcmp(xr + m * H, xq + t * H, (size_t)H) != 0;
+        bad += memcmp(xrs + m * nb, xs + t * nb, sizeof(float) * (size_t)nb) != 0;
+    }
+    CHECK_MSG(bad == 0, "%s: %lld FP8 rows or scales are not their token's", name, (long long)bad);
+    CHECK_POISONED("FP8 xr past the rows", MOEX_DTYPE_E4M3, xr, rows * H, R * H);
+    CHECK_POISONED("xr_scales past the rows", MOEX_DTYPE_F32, xrs, rows * nb, R * nb);
+    /* refused: FP8 x without its scales */
+    da.x_scales = (moex_tensor){0};
+    CHECK_REFUSED(ctx, moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL), "x", NULL);
+    free(xq), free(xs), free(xr), free(xrs), free(splits), free(handle);
+    moex_ep_destroy(ep);
+    problem_free(&p);
+}
+
 /* ---- the EP MoE layer against the MoE layer on the concatenated batch ---------------- */
 
 static void *weights(tu_rng *r, moex_dtype dt, int64_t n, double scale, double **v) {
@@ -471,6 +525,8 @@ static int run_suite(void) {
         run_dispatch_case("one expert, overflow", ROUTE_ONE_EXPERT, 7, 8, E, 1, 3, MOEX_DTYPE_BF16);
         run_dispatch_case("all on rank 0", ROUTE_RANK0, 6, 8, E, 2, 1000, MOEX_DTYPE_F32);
         run_dispatch_case("k = E", ROUTE_ALL, 5, 8, E, E, 1000, MOEX_DTYPE_F32);
+        run_fp8_dispatch_case("fp8 random", ROUTE_RANDOM, 9, 144, E, 3, 1000);
+        run_fp8_dispatch_case("fp8 overflow", ROUTE_RANDOM, 9, 16, E, 2, 4);
     }
     ep_transfer = MOEX_EP_TRANSFER_AUTO;
     run_layer_case(6, 16, 8, 2 * W, 2, MOEX_DTYPE_F32, 1e-5);

@@ -223,13 +223,37 @@ static moex_status check_expert_rows(moex_context *ctx, const char *op, const ch
                : moex_check_tensor(ctx, op, name, t, 2, shape, MOEX_DT(d->g.dt));
 }
 
+/* The dispatch's x and xr: the EP dtype, or FP8 with their 1x128 scales (x_scales present). */
+static moex_status check_dispatch_rows(moex_context *ctx, const char *op, const moex_ep_dispatch_args *a,
+                                       moex_ep_dims *d) {
+    if (!moex_present(&a->x_scales)) {
+        MOEX_TRY(check_token_rows(ctx, op, a->ep, "x", &a->x, false, d));
+        return check_expert_rows(ctx, op, "xr", &a->xr, true, d);
+    }
+    if (!a->ep) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: ep is NULL", op);
+    const int64_t H = a->ep->geom.H, nb = moex_i64_cdiv(H, 128);
+    const unsigned fp8 = MOEX_DT(MOEX_DTYPE_E4M3) | MOEX_DT(MOEX_DTYPE_E5M2);
+    const int64_t xs[2] = {-1, H};
+    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, xs, fp8));
+    MOEX_TRY(moex_ep_check(ctx, op, a->ep, a->x.shape[0], d));
+    if (H % 16 != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: an FP8 dispatch needs H a multiple of 16, got %lld", op,
+                         (long long)H);
+    const int64_t ts[2] = {d->g.T, nb}, rs[2] = {d->g.R, nb}, xrs[2] = {d->g.R, H};
+    MOEX_TRY(moex_check_tensor(ctx, op, "x_scales", &a->x_scales, 2, ts, MOEX_DT_F32));
+    MOEX_TRY(moex_check_output(ctx, op, "xr", &a->xr, 2, xrs, MOEX_DT(a->x.dtype)));
+    return moex_check_output(ctx, op, "xr_scales", &a->xr_scales, 2, rs, MOEX_DT_F32);
+}
+
 moex_status moex_op_ep_dispatch_forward_validate(moex_context *ctx, const char *op, const moex_ep_dispatch_args *a,
                                                  moex_purpose p, moex_ep_dims *d) {
-    MOEX_TRY(check_token_rows(ctx, op, a->ep, "x", &a->x, false, d));
+    MOEX_TRY(check_dispatch_rows(ctx, op, a, d));
     const int64_t tk[2] = {d->g.T, d->g.k}, r1[1] = {d->g.R}, el[1] = {d->g.El}, one[1] = {1};
     MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32));
     MOEX_TRY(moex_check_tensor(ctx, op, "probs", &a->probs, 2, tk, MOEX_DT_F32));
-    MOEX_TRY(check_expert_rows(ctx, op, "xr", &a->xr, true, d));
+    if (!moex_present(&a->x_scales) && moex_present(&a->xr_scales))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: xr_scales is given but x_scales is not (an FP8 dispatch "
+                         "takes both)", op);
     MOEX_TRY(moex_check_optional_output(ctx, op, "probs_r", &a->probs_r, 1, r1, MOEX_DT_F32));
     MOEX_TRY(moex_check_output(ctx, op, "splits", &a->splits, 1, el, MOEX_DT_I64));
     MOEX_TRY(moex_check_optional_output(ctx, op, "dropped", &a->dropped, 1, one, MOEX_DT_I64));
@@ -308,14 +332,28 @@ moex_status moex_ep_combine_run(moex_context *ctx, const moex_call *c, const moe
     return k->reduce(ctx, c, &d->g, &r, ep->rcv, dst, dst_dt, dprobs);
 }
 
+/* Rows of H elements of the EP dtype, as wire payloads. */
+static moex_ep_rows plain_rows(const moex_ep_geom *g, const void *rows) {
+    const moex_ep_rows r = {(void *)rows, (size_t)g->H * moex_dtype_size(g->dt), NULL, 0};
+    return r;
+}
+
+/* A dispatch's x or xr: plain rows, or FP8 data (H bytes a row) followed by its scales. */
+static moex_ep_rows dispatch_rows(const moex_ep_geom *g, const moex_tensor *t, const moex_tensor *scales) {
+    if (!moex_present(scales)) return plain_rows(g, t->data);
+    const moex_ep_rows r = {t->data, (size_t)g->H, scales->data, (size_t)scales->shape[1] * sizeof(float)};
+    return r;
+}
+
 moex_status moex_ep_scatter_run(moex_context *ctx, const moex_call *c, const moex_ep *ep, const moex_ep_dims *d,
                                 const void *src, void *dst) {
     const moex_ep_kernels *k = ctx->ops->ep;
     moex_ep_routing r;
     MOEX_TRY(routing_of(ctx, c, d, &r));
-    MOEX_TRY(k->pack(ctx, c, &d->g, &r, src, NULL, NULL, ep->snd));
+    const moex_ep_rows from = plain_rows(&d->g, src), to = plain_rows(&d->g, dst);
+    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &from, NULL, NULL, ep->snd));
     MOEX_TRY(exchange_out(ep, c, &r, false));
-    return k->expand_rows(ctx, c, &d->g, &r, ep->rcv, dst, NULL);
+    return k->expand_rows(ctx, c, &d->g, &r, ep->rcv, &to, NULL);
 }
 
 moex_status moex_ep_dispatch_run(moex_context *ctx, const moex_call *c, const moex_ep_dispatch_args *a,
@@ -329,11 +367,11 @@ moex_status moex_ep_dispatch_run(moex_context *ctx, const moex_call *c, const mo
     int64_t *pdropped = moex_present(&a->dropped) ? (int64_t *)a->dropped.data : host ? &dropped : NULL;
     MOEX_TRY(k->route(ctx, c, &d->g, (const int32_t *)a->ids.data, &r));   /* checks ids before writing */
     if (host) memset(d->handle, 0, sizeof(handle_header));   /* no dispatch until this one ends */
-    MOEX_TRY(k->pack(ctx, c, &d->g, &r, a->x.data, (const int32_t *)a->ids.data, (const float *)a->probs.data,
-                     ep->snd));
+    const moex_ep_rows x = dispatch_rows(&d->g, &a->x, &a->x_scales), xr = dispatch_rows(&d->g, &a->xr, &a->xr_scales);
+    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &x, (const int32_t *)a->ids.data, (const float *)a->probs.data, ep->snd));
     MOEX_TRY(exchange_out(ep, c, &r, true));
     MOEX_TRY(k->expand_plan(ctx, c, &d->g, &r, ep->rcv, (int64_t *)a->splits.data, pdropped));
-    MOEX_TRY(k->expand_rows(ctx, c, &d->g, &r, ep->rcv, a->xr.data, (float *)a->probs_r.data));
+    MOEX_TRY(k->expand_rows(ctx, c, &d->g, &r, ep->rcv, &xr, (float *)a->probs_r.data));
     if (host) {
         if (*pdropped > 0 && ctx->ep_dropped == 0) ctx->ep_dropped_op = c->id;
         ctx->ep_dropped += *pdropped;

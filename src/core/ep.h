@@ -41,18 +41,29 @@ typedef struct moex_ep_routing {
     int32_t *recv_map;              /* [W Tm, k] */
 } moex_ep_routing;
 
+/* The rows a dispatch moves (pack's source, expand_rows' destination): each wire row's
+ * payload is a row of `a` (a_bytes) then, when b is not NULL, a row of `b` (b_bytes) at byte
+ * a_bytes: the EP dtype's H elements, or FP8 data (H bytes, H a multiple of 16) and its 1x128
+ * scales. The meta words stay at H times the EP dtype's size (the FP8 payload fits before). */
+typedef struct moex_ep_rows {
+    void *a;
+    size_t a_bytes;
+    void *b;
+    size_t b_bytes;
+} moex_ep_rows;
+
 /* The local kernels of EP (a backend's; ctx->ops->ep). Rows are wire rows of the EP's send
  * (snd) or receive (rcv) buffer, [W Tm] of g->wire bytes. Every kernel reads only the rows
  * below the counts, and never writes past R expert rows or T tokens, whatever the counts,
  * maps and ids hold (CUDA: bad values are skipped and flagged).
  *   route        ids [T, k] -> r->slot_row, r->send_counts (=)
- *   pack         snd[slot_row[t, j]] = src[t] (rows of src [T, H]) for each token's slots;
+ *   pack         snd[slot_row[t, j]] = row t of src (moex_ep_rows) for each token's slots;
  *                with ids and probs: the dispatch meta (above), else none
  *   expand_plan  from rcv's meta and r->recv_counts: r->recv_map, splits [El] (=), and
  *                the number of expert rows dropped into *dropped (device: an i64, may be
  *                NULL), flagging a drop (moex_context_check_splits)
- *   expand_rows  dst[recv_map[i, j]] = rcv[i] (rows [R, H]); with probs_r: probs_r[..] =
- *                rcv[i]'s prob j (dispatch forward)
+ *   expand_rows  row recv_map[i, j] of dst (moex_ep_rows, R rows) = rcv[i]'s payload; with
+ *                probs_r: probs_r[..] = rcv[i]'s prob j (dispatch forward)
  *   gather_local snd[i] (i < recv_counts summed per region) = sum over j, in slot order, of
  *                src[recv_map[i, j]] (rows [R, H], f32 sum rounded to dt; zero when none);
  *                with dsrc (f32 [R]): snd[i]'s meta j = dsrc[recv_map[i, j]] (0 for -1)
@@ -63,11 +74,11 @@ typedef struct moex_ep_kernels {
     moex_status (*route)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const int32_t *ids,
                          const moex_ep_routing *r);
     moex_status (*pack)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const moex_ep_routing *r,
-                        const void *src, const int32_t *ids, const float *probs, void *snd);
+                        const moex_ep_rows *src, const int32_t *ids, const float *probs, void *snd);
     moex_status (*expand_plan)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                const moex_ep_routing *r, const void *rcv, int64_t *splits, int64_t *dropped);
     moex_status (*expand_rows)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                               const moex_ep_routing *r, const void *rcv, void *dst, float *probs_r);
+                               const moex_ep_routing *r, const void *rcv, const moex_ep_rows *dst, float *probs_r);
     moex_status (*gather_local)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                 const moex_ep_routing *r, const void *src, const float *dsrc, void *snd);
     moex_status (*reduce)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const moex_ep_routing *r,

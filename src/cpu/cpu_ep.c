@@ -46,15 +46,16 @@ static moex_status cpu_ep_route(moex_context *ctx, const moex_call *c, const moe
 }
 
 static moex_status cpu_ep_pack(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                               const moex_ep_routing *r, const void *src, const int32_t *ids, const float *probs,
-                               void *snd) {
+                               const moex_ep_routing *r, const moex_ep_rows *src, const int32_t *ids,
+                               const float *probs, void *snd) {
     const size_t bytes = data_bytes(g);
     for (int64_t t = 0; t < g->T; t++) {
         const int32_t *slots = r->slot_row + t * g->k;
         for (int64_t j = 0; j < g->k; j++) {
             if (!first_slot(slots, j) || slots[j] >= g->world * g->Tm) continue;
             char *row = wire_row(snd, g, slots[j]);
-            memcpy(row, (const char *)src + (size_t)t * bytes, bytes);
+            memcpy(row, (const char *)src->a + (size_t)t * src->a_bytes, src->a_bytes);
+            if (src->b) memcpy(row + src->a_bytes, (const char *)src->b + (size_t)t * src->b_bytes, src->b_bytes);
             if (!ids) continue;
             const int64_t w = slots[j] / g->Tm;
             int32_t *local = (int32_t *)(row + bytes);
@@ -124,7 +125,8 @@ static moex_status cpu_ep_expand_plan(moex_context *ctx, const moex_call *c, con
     }
 
 static moex_status cpu_ep_expand_rows(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                      const moex_ep_routing *r, const void *rcv, void *dst, float *probs_r) {
+                                      const moex_ep_routing *r, const void *rcv, const moex_ep_rows *dst,
+                                      float *probs_r) {
     const size_t bytes = data_bytes(g);
     FOR_EACH_ENTRY(g, r, {
         const char *w = wire_row((void *)rcv, g, row);
@@ -132,7 +134,8 @@ static moex_status cpu_ep_expand_rows(moex_context *ctx, const moex_call *c, con
         for (int64_t j = 0; j < g->k; j++) {
             const int32_t m = r->recv_map[row * g->k + j];
             if (m < 0 || m >= g->R) continue;
-            memcpy((char *)dst + (size_t)m * bytes, w, bytes);
+            memcpy((char *)dst->a + (size_t)m * dst->a_bytes, w, dst->a_bytes);
+            if (dst->b) memcpy((char *)dst->b + (size_t)m * dst->b_bytes, w + dst->a_bytes, dst->b_bytes);
             if (probs_r) probs_r[m] = p[j];
         }
     })

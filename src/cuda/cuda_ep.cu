@@ -178,12 +178,13 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 
 /* ---- pack ------------------------------------------------------------------------------- */
 
-/* For each token t and each of its first slots j: snd row slot_row[t, j] = src[t]; with ids
- * (and probs): its dispatch meta, local ids relative to the row's rank (-1: not on it). */
+/* For each token t and each of its first slots j: bytes [at, at + data) of snd row
+ * slot_row[t, j] = row t of src (data bytes a row); with ids (and probs): its dispatch meta at
+ * byte `meta`, local ids relative to the row's rank (-1: not on it). */
 template <typename U>
 static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, const int32_t *ids, const float *probs,
                                       int64_t T, int64_t k, int64_t E, int64_t El, int64_t Tm, int64_t rows,
-                                      int64_t data, size_t wire, bool a4, char *snd) {
+                                      int64_t data, int64_t at, int64_t meta, size_t wire, bool a4, char *snd) {
     extern __shared__ int32_t first[];   /* [k]: the token's first slots' rows, else -1 */
     const int64_t units = data / (int64_t)sizeof(U);
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -194,14 +195,14 @@ static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, 
             const int32_t w = first[j];
             if (w < 0) continue;
             char *row = snd + (size_t)w * wire;
-            copy_units<U>(row, src + t * data, units);
+            copy_units<U>(row + at, src + t * data, units);
             if (!ids) continue;
             const int64_t rank = w / Tm;
             for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
                 const int32_t e = ids[t * k + i];
                 const int32_t local = e >= 0 && e < E && e / El == rank ? (int32_t)(e - rank * El) : -1;
-                meta_store(row, data, i, a4, (uint32_t)local);
-                meta_store(row, data, k + i, a4, __float_as_uint(probs[t * k + i]));
+                meta_store(row, meta, i, a4, (uint32_t)local);
+                meta_store(row, meta, k + i, a4, __float_as_uint(probs[t * k + i]));
             }
         }
     }
@@ -342,11 +343,13 @@ static __global__ void __launch_bounds__(32) ep_plan_assign_kernel(plan_args p, 
 /* ---- expand_rows ------------------------------------------------------------------------ */
 
 /* For each received row below its region's count and each slot j with m = recv_map in
- * [0, R): dst[m] = the row's data; probs_r[m] = its prob j (probs_r != NULL). */
+ * [0, R): row m of dst (data bytes a row) = the row's bytes [at, at + data); probs_r[m] = its
+ * prob j from the meta at byte `meta` (probs_r != NULL). */
 template <typename U>
 static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *recv_counts, const int32_t *recv_map,
                                              int64_t rows, int64_t Tm, int64_t k, int64_t R, int64_t data,
-                                             size_t wire, bool a4, char *dst, float *probs_r) {
+                                             int64_t at, int64_t meta, size_t wire, bool a4, char *dst,
+                                             float *probs_r) {
     const int64_t units = data / (int64_t)sizeof(U);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         if (!row_counted(recv_counts, Tm, row)) continue;
@@ -354,8 +357,8 @@ static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *rec
         for (int64_t j = 0; j < k; j++) {
             const int32_t m = recv_map[row * k + j];
             if (m < 0 || m >= R) continue;
-            copy_units<U>(dst + (size_t)m * data, w, units);
-            if (probs_r && threadIdx.x == 0) probs_r[m] = __uint_as_float(meta_load(w, data, k + j, a4));
+            copy_units<U>(dst + (size_t)m * data, w + at, units);
+            if (probs_r && threadIdx.x == 0) probs_r[m] = __uint_as_float(meta_load(w, meta, k + j, a4));
         }
     }
 }
@@ -477,28 +480,39 @@ static moex_status cuda_ep_route(moex_context *ctx, const moex_call *c, const mo
 
 template <typename U>
 static void launch_pack(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
-                        const void *src, const int32_t *ids, const float *probs, void *snd) {
+                        const void *src, int64_t data, int64_t at, const int32_t *ids, const float *probs,
+                        void *snd) {
     ep_pack_kernel<U><<<nb, ROW_THREADS, smem, s>>>((const char *)src, r->slot_row, ids, probs, g->T, g->k, g->E,
-                                                    g->El, g->Tm, wire_rows(g), data_bytes(g), g->wire,
+                                                    g->El, g->Tm, wire_rows(g), data, at, data_bytes(g), g->wire,
                                                     meta_aligned(g, snd), (char *)snd);
 }
 
+/* One payload segment of the pack: src's rows (data bytes each) at byte `at` of the wire rows. */
+static void pack_segment(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
+                         const void *src, int64_t data, int64_t at, const int32_t *ids, const float *probs,
+                         void *snd) {
+    switch (unit_of((uintptr_t)data | (uintptr_t)at | (uintptr_t)g->wire | (uintptr_t)src | (uintptr_t)snd)) {
+    case 16: launch_pack<uint4>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+    case 8: launch_pack<uint2>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+    case 4: launch_pack<uint32_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+    case 2: launch_pack<uint16_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+    default: launch_pack<uint8_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+    }
+}
+
 static moex_status cuda_ep_pack(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                const moex_ep_routing *r, const void *src, const int32_t *ids, const float *probs,
-                                void *snd) {
+                                const moex_ep_routing *r, const moex_ep_rows *src, const int32_t *ids,
+                                const float *probs, void *snd) {
     MOEX_TRY(check_k(ctx, c, g));
     if (g->T == 0) return MOEX_OK;
     if (!ids || !probs) ids = NULL, probs = NULL;
     const unsigned nb = row_blocks(ctx, g->T);
     const size_t smem = slots_smem(g);
     const cudaStream_t s = stream_of(c);
-    switch (unit_of((uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)src | (uintptr_t)snd)) {
-    case 16: launch_pack<uint4>(nb, smem, s, g, r, src, ids, probs, snd); break;
-    case 8: launch_pack<uint2>(nb, smem, s, g, r, src, ids, probs, snd); break;
-    case 4: launch_pack<uint32_t>(nb, smem, s, g, r, src, ids, probs, snd); break;
-    case 2: launch_pack<uint16_t>(nb, smem, s, g, r, src, ids, probs, snd); break;
-    default: launch_pack<uint8_t>(nb, smem, s, g, r, src, ids, probs, snd); break;
-    }
+    pack_segment(nb, smem, s, g, r, src->a, (int64_t)src->a_bytes, 0, ids, probs, snd);
+    CUDA_TRY_LAUNCH(ctx, c->op);
+    if (!src->b) return MOEX_OK;
+    pack_segment(nb, smem, s, g, r, src->b, (int64_t)src->b_bytes, (int64_t)src->a_bytes, NULL, NULL, snd);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
@@ -534,23 +548,33 @@ static moex_status cuda_ep_expand_plan(moex_context *ctx, const moex_call *c, co
 
 template <typename U>
 static void launch_expand_rows(unsigned nb, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
-                               const void *rcv, void *dst, float *probs_r) {
+                               const void *rcv, void *dst, int64_t data, int64_t at, float *probs_r) {
     ep_expand_rows_kernel<U><<<nb, ROW_THREADS, 0, s>>>((const char *)rcv, r->recv_counts, r->recv_map, wire_rows(g),
-                                                        g->Tm, g->k, g->R, data_bytes(g), g->wire,
+                                                        g->Tm, g->k, g->R, data, at, data_bytes(g), g->wire,
                                                         meta_aligned(g, rcv), (char *)dst, probs_r);
 }
 
+/* One payload segment of the expansion: bytes [at, at + data) of the wire rows into dst's rows. */
+static void expand_segment(unsigned nb, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
+                           const void *rcv, void *dst, int64_t data, int64_t at, float *probs_r) {
+    switch (unit_of((uintptr_t)data | (uintptr_t)at | (uintptr_t)g->wire | (uintptr_t)rcv | (uintptr_t)dst)) {
+    case 16: launch_expand_rows<uint4>(nb, s, g, r, rcv, dst, data, at, probs_r); break;
+    case 8: launch_expand_rows<uint2>(nb, s, g, r, rcv, dst, data, at, probs_r); break;
+    case 4: launch_expand_rows<uint32_t>(nb, s, g, r, rcv, dst, data, at, probs_r); break;
+    case 2: launch_expand_rows<uint16_t>(nb, s, g, r, rcv, dst, data, at, probs_r); break;
+    default: launch_expand_rows<uint8_t>(nb, s, g, r, rcv, dst, data, at, probs_r); break;
+    }
+}
+
 static moex_status cuda_ep_expand_rows(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                       const moex_ep_routing *r, const void *rcv, void *dst, float *probs_r) {
+                                       const moex_ep_routing *r, const void *rcv, const moex_ep_rows *dst,
+                                       float *probs_r) {
     const unsigned nb = row_blocks(ctx, wire_rows(g));
     const cudaStream_t s = stream_of(c);
-    switch (unit_of((uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)rcv | (uintptr_t)dst)) {
-    case 16: launch_expand_rows<uint4>(nb, s, g, r, rcv, dst, probs_r); break;
-    case 8: launch_expand_rows<uint2>(nb, s, g, r, rcv, dst, probs_r); break;
-    case 4: launch_expand_rows<uint32_t>(nb, s, g, r, rcv, dst, probs_r); break;
-    case 2: launch_expand_rows<uint16_t>(nb, s, g, r, rcv, dst, probs_r); break;
-    default: launch_expand_rows<uint8_t>(nb, s, g, r, rcv, dst, probs_r); break;
-    }
+    expand_segment(nb, s, g, r, rcv, dst->a, (int64_t)dst->a_bytes, 0, probs_r);
+    CUDA_TRY_LAUNCH(ctx, c->op);
+    if (!dst->b) return MOEX_OK;
+    expand_segment(nb, s, g, r, rcv, dst->b, (int64_t)dst->b_bytes, (int64_t)dst->a_bytes, NULL);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }

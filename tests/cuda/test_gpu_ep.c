@@ -113,6 +113,7 @@ static moex_status gpu_ep_dispatch_forward(moex_context *c, const moex_ep_dispat
     moex_ep_dispatch_args a = *h;
     cm_tensor(&m, &a.x, 0), cm_tensor(&m, &a.ids, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.xr, 1);
     cm_tensor(&m, &a.probs_r, 1), cm_tensor(&m, &a.splits, 1), cm_tensor(&m, &a.dropped, 1);
+    cm_tensor(&m, &a.x_scales, 0), cm_tensor(&m, &a.xr_scales, 1);
     a.handle = ep_twin_upload(h->handle, h->handle_bytes);
     size_t bytes = 0;
     moex_status st = moex_ep_dispatch_forward_workspace_size(c, &a, &bytes);
