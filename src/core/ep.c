@@ -2,6 +2,7 @@
  * ep.c - expert parallelism (moex.h, "Expert parallelism"; the private contract: ep.h): the
  * EP context, the dispatch handle, and the four operations composed once from a backend's
  * local kernels (ctx->ops->ep) and a transport's exchange:
+ * (each exchange opened before the kernel that writes the outgoing rows, ep.h)
  *   dispatch forward:   route, pack (rows + meta), exchange (learning the counts),
  *                       expand_plan (recv_map, splits, drops), expand_rows (xr, probs_r)
  *   dispatch backward:  gather_local (dxr + dprobs_r meta), exchange back, reduce (dx, dprobs)
@@ -306,13 +307,17 @@ size_t moex_op_ep_combine_backward_ws(moex_context *ctx, const moex_ep_combine_g
     return 0;
 }
 
-/* The exchange toward the experts (the dispatch's direction) and back. */
+/* The exchange's two steps (ep.h): open before the outgoing rows are written; then the
+ * exchange toward the experts (the dispatch's direction) or back. */
+static moex_status exchange_open(const moex_ep *ep, const moex_call *c) {
+    return ep->transport->open ? ep->transport->open((moex_ep *)ep, c) : MOEX_OK;
+}
 static moex_status exchange_out(const moex_ep *ep, const moex_call *c, const moex_ep_routing *r, bool learn) {
-    const moex_ep_exchange x = {ep->snd, ep->rcv, r->send_counts, r->recv_counts, learn};
+    const moex_ep_exchange x = {r->send_counts, r->recv_counts, learn};
     return ep->transport->exchange((moex_ep *)ep, c, &x);
 }
 static moex_status exchange_back(const moex_ep *ep, const moex_call *c, const moex_ep_routing *r) {
-    const moex_ep_exchange x = {ep->snd, ep->rcv, r->recv_counts, r->send_counts, false};
+    const moex_ep_exchange x = {r->recv_counts, r->send_counts, false};
     return ep->transport->exchange((moex_ep *)ep, c, &x);
 }
 
@@ -327,7 +332,8 @@ moex_status moex_ep_combine_run(moex_context *ctx, const moex_call *c, const moe
     const moex_ep_kernels *k = ctx->ops->ep;
     moex_ep_routing r;
     MOEX_TRY(routing_of(ctx, c, d, &r));
-    MOEX_TRY(k->gather_local(ctx, c, &d->g, &r, src, dsrc, ep->snd));
+    MOEX_TRY(exchange_open(ep, c));
+    MOEX_TRY(k->gather_local(ctx, c, &d->g, &r, src, dsrc, ep->out));
     MOEX_TRY(exchange_back(ep, c, &r));
     return k->reduce(ctx, c, &d->g, &r, ep->rcv, dst, dst_dt, dprobs);
 }
@@ -351,7 +357,8 @@ moex_status moex_ep_scatter_run(moex_context *ctx, const moex_call *c, const moe
     moex_ep_routing r;
     MOEX_TRY(routing_of(ctx, c, d, &r));
     const moex_ep_rows from = plain_rows(&d->g, src), to = plain_rows(&d->g, dst);
-    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &from, NULL, NULL, ep->snd));
+    MOEX_TRY(exchange_open(ep, c));
+    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &from, NULL, NULL, ep->out));
     MOEX_TRY(exchange_out(ep, c, &r, false));
     return k->expand_rows(ctx, c, &d->g, &r, ep->rcv, &to, NULL);
 }
@@ -368,7 +375,8 @@ moex_status moex_ep_dispatch_run(moex_context *ctx, const moex_call *c, const mo
     MOEX_TRY(k->route(ctx, c, &d->g, (const int32_t *)a->ids.data, &r));   /* checks ids before writing */
     if (host) memset(d->handle, 0, sizeof(handle_header));   /* no dispatch until this one ends */
     const moex_ep_rows x = dispatch_rows(&d->g, &a->x, &a->x_scales), xr = dispatch_rows(&d->g, &a->xr, &a->xr_scales);
-    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &x, (const int32_t *)a->ids.data, (const float *)a->probs.data, ep->snd));
+    MOEX_TRY(exchange_open(ep, c));
+    MOEX_TRY(k->pack(ctx, c, &d->g, &r, &x, (const int32_t *)a->ids.data, (const float *)a->probs.data, ep->out));
     MOEX_TRY(exchange_out(ep, c, &r, true));
     MOEX_TRY(k->expand_plan(ctx, c, &d->g, &r, ep->rcv, (int64_t *)a->splits.data, pdropped));
     MOEX_TRY(k->expand_rows(ctx, c, &d->g, &r, ep->rcv, &xr, (float *)a->probs_r.data));

@@ -10,8 +10,11 @@
  *                                       the receiver's) then k f32 probs;
  *   back (dispatch backward):           k f32 dprobs (0 where the slot is not the sender's);
  *   combine and its backward carry no meta.
- * The send and receive buffers are [W, Tm] wire rows each ("regions": region r of a send
- * buffer goes to rank r and lands in region `rank` of r's receive buffer, at the same row).
+ * The receive buffer is [W, Tm] wire rows ("regions": region s holds what rank s sent). The
+ * kernels that produce outgoing rows (pack, gather_local) write region r's rows through
+ * ep->out[r] (a table of W region bases in backend memory, each 16-byte aligned, fixed at
+ * creation): a send buffer's region r that the exchange then moves (CAPACITY, MPI), or region
+ * `rank` of rank r's receive buffer itself (PEER: the kernels write into the peer).
  *
  * Routing (the handle, in backend memory; every index checked by its readers):
  *   slot_row [Tm, k] i32   token t's slot j went to wire row r Tm + pos of the send buffer,
@@ -57,16 +60,17 @@ typedef struct moex_ep_rows {
  * below the counts, and never writes past R expert rows or T tokens, whatever the counts,
  * maps and ids hold (CUDA: bad values are skipped and flagged).
  *   route        ids [T, k] -> r->slot_row, r->send_counts (=)
- *   pack         snd[slot_row[t, j]] = row t of src (moex_ep_rows) for each token's slots;
+ *   pack         out row slot_row[t, j] (row p of region r: out[r] + p wire bytes) = row t of
+ *                src (moex_ep_rows) for each token's slots;
  *                with ids and probs: the dispatch meta (above), else none
  *   expand_plan  from rcv's meta and r->recv_counts: r->recv_map, splits [El] (=), and
  *                the number of expert rows dropped into *dropped (device: an i64, may be
  *                NULL), flagging a drop (moex_context_check_splits)
  *   expand_rows  row recv_map[i, j] of dst (moex_ep_rows, R rows) = rcv[i]'s payload; with
  *                probs_r: probs_r[..] = rcv[i]'s prob j (dispatch forward)
- *   gather_local snd[i] (i < recv_counts summed per region) = sum over j, in slot order, of
- *                src[recv_map[i, j]] (rows [R, H], f32 sum rounded to dt; zero when none);
- *                with dsrc (f32 [R]): snd[i]'s meta j = dsrc[recv_map[i, j]] (0 for -1)
+ *   gather_local out row i (rows i of region s below recv_counts[s]) = sum over j, in slot
+ *                order, of src[recv_map[i, j]] (rows [R, H], f32 sum rounded to dt; zero when
+ *                none); with dsrc (f32 [R]): its meta j = dsrc[recv_map[i, j]] (0 for -1)
  *   reduce       dst[t] = round(sum over t's first slots j of rcv[slot_row[t, j]]) in
  *                dst_dt (f32 or dt; zero when none); with dprobs: dprobs[t, j] =
  *                rcv[slot_row[t, j]]'s meta j (0 for -1)                                  */
@@ -74,23 +78,25 @@ typedef struct moex_ep_kernels {
     moex_status (*route)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const int32_t *ids,
                          const moex_ep_routing *r);
     moex_status (*pack)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const moex_ep_routing *r,
-                        const moex_ep_rows *src, const int32_t *ids, const float *probs, void *snd);
+                        const moex_ep_rows *src, const int32_t *ids, const float *probs, void *const *out);
     moex_status (*expand_plan)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                const moex_ep_routing *r, const void *rcv, int64_t *splits, int64_t *dropped);
     moex_status (*expand_rows)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                const moex_ep_routing *r, const void *rcv, const moex_ep_rows *dst, float *probs_r);
     moex_status (*gather_local)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                const moex_ep_routing *r, const void *src, const float *dsrc, void *snd);
+                                const moex_ep_routing *r, const void *src, const float *dsrc, void *const *out);
     moex_status (*reduce)(moex_context *ctx, const moex_call *c, const moex_ep_geom *g, const moex_ep_routing *r,
                           const void *rcv, void *dst, moex_dtype dst_dt, float *dprobs);
 } moex_ep_kernels;
 
-/* One exchange: region r of snd (send_counts[r] rows) to rank r, landing in region `rank`
- * of r's rcv. recv_counts: known (the reverse of an earlier exchange) or, with
- * learn_counts, written by the exchange. */
+/* One exchange, in two steps around the kernels that write the outgoing rows through ep->out:
+ *   open      before they write (PEER: every rank's receive buffer is free: the previous
+ *             exchange's readers are done); NULL: nothing to do
+ *   exchange  after: region r's send_counts[r] rows reach region `rank` of rank r's receive
+ *             buffer (CAPACITY, MPI: moved now; PEER: already there, made visible), and
+ *             recv_counts is known (the reverse of an earlier exchange) or, with learn_counts,
+ *             written by the exchange. */
 typedef struct moex_ep_exchange {
-    const void *snd;
-    void *rcv;
     const int64_t *send_counts;
     int64_t *recv_counts;
     bool learn_counts;
@@ -100,6 +106,7 @@ typedef struct moex_ep_exchange {
 typedef struct moex_ep_transport {
     const char *name;
     moex_ep_transfer transfer;
+    moex_status (*open)(moex_ep *ep, const moex_call *c);
     moex_status (*exchange)(moex_ep *ep, const moex_call *c, const moex_ep_exchange *x);
     void (*destroy)(moex_ep *ep);
 } moex_ep_transport;
@@ -108,7 +115,8 @@ struct moex_ep {
     moex_context *ctx;
     moex_ep_config cfg;
     moex_ep_geom geom;              /* T = Tm; each call sets its own */
-    void *snd, *rcv;                /* [W Tm] wire rows each, backend memory */
+    void *rcv;                      /* the receive buffer: [W Tm] wire rows, backend memory */
+    void *const *out;               /* [W] the outgoing regions' bases (above), backend memory */
     const moex_ep_transport *transport;
     void *transport_state;
 };
@@ -116,8 +124,8 @@ struct moex_ep {
 /* Transports (each returns MOEX_ERR_UNSUPPORTED when the build lacks it), in two steps:
  *   *_init    learns rank and world (ep->geom.rank, ep->geom.world) from ep->cfg.comm and
  *             checks the communicator against ep->ctx;
- *   *_alloc   allocates ep->snd and ep->rcv of `bytes` each (backend memory) and sets
- *             ep->transport (whose destroy frees them).
+ *   *_alloc   allocates ep->rcv of `bytes` (backend memory), the outgoing regions and their
+ *             table ep->out, and sets ep->transport (whose destroy frees them).
  * The core computes the rest of ep->geom between the two. */
 moex_status moex_ep_mpi_init(moex_ep *ep);
 moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes);

@@ -11,9 +11,12 @@
 
 #include <string.h>
 
-/* A wire row of a transfer buffer, its data and its meta words. */
+/* A wire row of the receive buffer, and row `row` (region row / Tm) of the outgoing regions. */
 static inline char *wire_row(void *buf, const moex_ep_geom *g, int64_t row) {
     return (char *)buf + (size_t)row * g->wire;
+}
+static inline char *out_row(void *const *out, const moex_ep_geom *g, int64_t row) {
+    return (char *)out[row / g->Tm] + (size_t)(row % g->Tm) * g->wire;
 }
 static inline size_t data_bytes(const moex_ep_geom *g) { return (size_t)g->H * moex_dtype_size(g->dt); }
 
@@ -47,13 +50,13 @@ static moex_status cpu_ep_route(moex_context *ctx, const moex_call *c, const moe
 
 static moex_status cpu_ep_pack(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                const moex_ep_routing *r, const moex_ep_rows *src, const int32_t *ids,
-                               const float *probs, void *snd) {
+                               const float *probs, void *const *out) {
     const size_t bytes = data_bytes(g);
     for (int64_t t = 0; t < g->T; t++) {
         const int32_t *slots = r->slot_row + t * g->k;
         for (int64_t j = 0; j < g->k; j++) {
             if (!first_slot(slots, j) || slots[j] >= g->world * g->Tm) continue;
-            char *row = wire_row(snd, g, slots[j]);
+            char *row = out_row(out, g, slots[j]);
             memcpy(row, (const char *)src->a + (size_t)t * src->a_bytes, src->a_bytes);
             if (src->b) memcpy(row + src->a_bytes, (const char *)src->b + (size_t)t * src->b_bytes, src->b_bytes);
             if (!ids) continue;
@@ -143,10 +146,11 @@ static moex_status cpu_ep_expand_rows(moex_context *ctx, const moex_call *c, con
 }
 
 static moex_status cpu_ep_gather_local(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                       const moex_ep_routing *r, const void *src, const float *dsrc, void *snd) {
+                                       const moex_ep_routing *r, const void *src, const float *dsrc,
+                                       void *const *out) {
     const size_t bytes = data_bytes(g);
     FOR_EACH_ENTRY(g, r, {
-        char *w = wire_row(snd, g, row);
+        char *w = out_row(out, g, row);
         const int32_t *map = r->recv_map + row * g->k;
         for (int64_t h = 0; h < g->H; h++) {
             float acc = 0.0f;

@@ -11,6 +11,8 @@
 
 typedef struct mpi_state {
     MPI_Comm comm;
+    char *snd;                   /* the send buffer: [W Tm] wire rows */
+    void **out;                  /* [W]: its regions (ep->out) */
     MPI_Datatype row;            /* one wire row */
     int *sc, *sd, *rc, *rd;      /* counts and displacements [world], in rows */
 } mpi_state;
@@ -40,7 +42,7 @@ static moex_status mpi_exchange(moex_ep *ep, const moex_call *c, const moex_ep_e
         m->rc[r] = (int)(v < 0 ? 0 : v > g->Tm ? g->Tm : v);
         m->sd[r] = m->rd[r] = (int)(r * g->Tm);   /* W Tm rows fit an int32 (ep.c) */
     }
-    MPI_TRY(ep, c->op, MPI_Alltoallv(x->snd, m->sc, m->sd, m->row, x->rcv, m->rc, m->rd, m->row, m->comm));
+    MPI_TRY(ep, c->op, MPI_Alltoallv(m->snd, m->sc, m->sd, m->row, ep->rcv, m->rc, m->rd, m->row, m->comm));
     return MOEX_OK;
 }
 
@@ -49,14 +51,16 @@ static void mpi_destroy(moex_ep *ep) {
     if (m) {
         if (m->row != MPI_DATATYPE_NULL) MPI_Type_free(&m->row);
         free(m->sc);
+        free(m->snd);
+        free(m->out);
         free(m);
     }
-    free(ep->snd);
     free(ep->rcv);
-    ep->transport_state = ep->snd = ep->rcv = NULL;
+    ep->transport_state = ep->rcv = NULL;
+    ep->out = NULL;
 }
 
-static const moex_ep_transport mpi_transport = {"mpi", MOEX_EP_TRANSFER_CAPACITY, mpi_exchange, mpi_destroy};
+static const moex_ep_transport mpi_transport = {"mpi", MOEX_EP_TRANSFER_CAPACITY, NULL, mpi_exchange, mpi_destroy};
 
 moex_status moex_ep_mpi_init(moex_ep *ep) {
     const char *op = "moex_ep_create";
@@ -81,10 +85,13 @@ moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes) {
     ep->transport_state = m;
     ep->transport = &mpi_transport;   /* its destroy frees what follows */
     m->sc = (int *)calloc(4 * (size_t)W, sizeof(int));
-    ep->snd = malloc(bytes ? bytes : 1);
+    m->snd = (char *)malloc(bytes ? bytes : 1);
+    m->out = (void **)malloc((size_t)W * sizeof(void *));
     ep->rcv = malloc(bytes ? bytes : 1);
-    if (!m->sc || !ep->snd || !ep->rcv)
+    if (!m->sc || !m->snd || !m->out || !ep->rcv)
         return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: %zu bytes of transfer buffers", op, 2 * bytes);
+    for (int r = 0; r < W; r++) m->out[r] = m->snd + (size_t)r * (size_t)ep->geom.Tm * ep->geom.wire;
+    ep->out = m->out;
     m->sd = m->sc + W, m->rc = m->sc + 2 * W, m->rd = m->sc + 3 * W;
     if (ep->geom.wire > (size_t)INT32_MAX)
         return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: a row of %zu bytes is too large for MPI", op,

@@ -178,13 +178,14 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 
 /* ---- pack ------------------------------------------------------------------------------- */
 
-/* For each token t and each of its first slots j: bytes [at, at + data) of snd row
- * slot_row[t, j] = row t of src (data bytes a row); with ids (and probs): its dispatch meta at
+/* For each token t and each of its first slots j: bytes [at, at + data) of the outgoing row
+ * slot_row[t, j] (row w % Tm of region out[w / Tm]) = row t of src (data bytes a row); with ids (and probs): its dispatch meta at
  * byte `meta`, local ids relative to the row's rank (-1: not on it). */
 template <typename U>
 static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, const int32_t *ids, const float *probs,
                                       int64_t T, int64_t k, int64_t E, int64_t El, int64_t Tm, int64_t rows,
-                                      int64_t data, int64_t at, int64_t meta, size_t wire, bool a4, char *snd) {
+                                      int64_t data, int64_t at, int64_t meta, size_t wire, bool a4,
+                                      char *const *out) {
     extern __shared__ int32_t first[];   /* [k]: the token's first slots' rows, else -1 */
     const int64_t units = data / (int64_t)sizeof(U);
     for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
@@ -194,7 +195,7 @@ static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, 
         for (int64_t j = 0; j < k; j++) {
             const int32_t w = first[j];
             if (w < 0) continue;
-            char *row = snd + (size_t)w * wire;
+            char *row = out[w / Tm] + (size_t)(w % Tm) * wire;
             copy_units<U>(row + at, src + t * data, units);
             if (!ids) continue;
             const int64_t rank = w / Tm;
@@ -365,17 +366,21 @@ static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *rec
 
 /* ---- gather_local ----------------------------------------------------------------------- */
 
-/* For each received row below its region's count: snd row = sum over j (in order) of
+/* For each received row below its region's count: the outgoing row of the same index (row
+ * row % Tm of region out[row / Tm]) = sum over j (in order) of
  * src[recv_map[row, j]] for maps in [0, R) (f32, rounded to T; zero when none); with dsrc:
  * meta word j = dsrc[recv_map[row, j]] (0 when out of range). */
 template <typename T, bool VEC>
 static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, const int64_t *recv_counts,
                                               const int32_t *recv_map, int64_t rows, int64_t Tm, int64_t k,
-                                              int64_t R, int64_t H, size_t wire, bool a4, char *snd) {
+                                              int64_t R, int64_t H, size_t wire, bool a4, char *const *out) {
     extern __shared__ int32_t map[];   /* [k]: the row's expert rows in [0, R), else -1 */
     constexpr int V = row_vec<T, VEC>::V;
     const int64_t data = H * (int64_t)sizeof(T);
-    for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+    const int64_t W = rows / Tm;
+    /* the rows in (row, region) order: the blocks in flight write to every rank at once */
+    for (int64_t q = blockIdx.x; q < rows; q += gridDim.x) {
+        const int64_t row = (q % W) * Tm + q / W;
         if (!row_counted(recv_counts, Tm, row)) continue;   /* the same for the whole block */
         __syncthreads();   /* the previous row is done with map[] */
         for (int64_t j = threadIdx.x; j < k; j += blockDim.x) {
@@ -383,7 +388,7 @@ static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, c
             map[j] = m >= 0 && m < R ? m : -1;
         }
         __syncthreads();
-        char *w = snd + (size_t)row * wire;
+        char *w = out[row / Tm] + (size_t)(row % Tm) * wire;
         for (int64_t h = (int64_t)threadIdx.x * V; h < H; h += (int64_t)blockDim.x * V) {
             float acc[V];
 #pragma unroll
@@ -446,6 +451,10 @@ static int unit_of(uintptr_t bits) {
     return u;
 }
 
+/* The outgoing regions start 16-byte aligned (ep.h): their alignment, for unit_of and
+ * meta_aligned. */
+#define OUT_ALIGNED ((const void *)(uintptr_t)16)
+
 /* The meta words of the wire rows of buf are 4-aligned. */
 static bool meta_aligned(const moex_ep_geom *g, const void *buf) {
     return (((uintptr_t)buf | (uintptr_t)data_bytes(g) | (uintptr_t)g->wire) & 3u) == 0;
@@ -481,38 +490,38 @@ static moex_status cuda_ep_route(moex_context *ctx, const moex_call *c, const mo
 template <typename U>
 static void launch_pack(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
                         const void *src, int64_t data, int64_t at, const int32_t *ids, const float *probs,
-                        void *snd) {
+                        void *const *out) {
     ep_pack_kernel<U><<<nb, ROW_THREADS, smem, s>>>((const char *)src, r->slot_row, ids, probs, g->T, g->k, g->E,
                                                     g->El, g->Tm, wire_rows(g), data, at, data_bytes(g), g->wire,
-                                                    meta_aligned(g, snd), (char *)snd);
+                                                    meta_aligned(g, OUT_ALIGNED), (char *const *)out);
 }
 
 /* One payload segment of the pack: src's rows (data bytes each) at byte `at` of the wire rows. */
 static void pack_segment(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
                          const void *src, int64_t data, int64_t at, const int32_t *ids, const float *probs,
-                         void *snd) {
-    switch (unit_of((uintptr_t)data | (uintptr_t)at | (uintptr_t)g->wire | (uintptr_t)src | (uintptr_t)snd)) {
-    case 16: launch_pack<uint4>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
-    case 8: launch_pack<uint2>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
-    case 4: launch_pack<uint32_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
-    case 2: launch_pack<uint16_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
-    default: launch_pack<uint8_t>(nb, smem, s, g, r, src, data, at, ids, probs, snd); break;
+                         void *const *out) {
+    switch (unit_of((uintptr_t)data | (uintptr_t)at | (uintptr_t)g->wire | (uintptr_t)src)) {
+    case 16: launch_pack<uint4>(nb, smem, s, g, r, src, data, at, ids, probs, out); break;
+    case 8: launch_pack<uint2>(nb, smem, s, g, r, src, data, at, ids, probs, out); break;
+    case 4: launch_pack<uint32_t>(nb, smem, s, g, r, src, data, at, ids, probs, out); break;
+    case 2: launch_pack<uint16_t>(nb, smem, s, g, r, src, data, at, ids, probs, out); break;
+    default: launch_pack<uint8_t>(nb, smem, s, g, r, src, data, at, ids, probs, out); break;
     }
 }
 
 static moex_status cuda_ep_pack(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                 const moex_ep_routing *r, const moex_ep_rows *src, const int32_t *ids,
-                                const float *probs, void *snd) {
+                                const float *probs, void *const *out) {
     MOEX_TRY(check_k(ctx, c, g));
     if (g->T == 0) return MOEX_OK;
     if (!ids || !probs) ids = NULL, probs = NULL;
     const unsigned nb = row_blocks(ctx, g->T);
     const size_t smem = slots_smem(g);
     const cudaStream_t s = stream_of(c);
-    pack_segment(nb, smem, s, g, r, src->a, (int64_t)src->a_bytes, 0, ids, probs, snd);
+    pack_segment(nb, smem, s, g, r, src->a, (int64_t)src->a_bytes, 0, ids, probs, out);
     CUDA_TRY_LAUNCH(ctx, c->op);
     if (!src->b) return MOEX_OK;
-    pack_segment(nb, smem, s, g, r, src->b, (int64_t)src->b_bytes, (int64_t)src->a_bytes, NULL, NULL, snd);
+    pack_segment(nb, smem, s, g, r, src->b, (int64_t)src->b_bytes, (int64_t)src->a_bytes, NULL, NULL, out);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }
@@ -581,28 +590,29 @@ static moex_status cuda_ep_expand_rows(moex_context *ctx, const moex_call *c, co
 
 template <typename T>
 static void launch_gather_local(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g,
-                                const moex_ep_routing *r, const void *src, const float *dsrc, void *snd) {
-    const bool vec = unit_of((uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)src | (uintptr_t)snd) == 16;
-    const bool a4 = meta_aligned(g, snd);
+                                const moex_ep_routing *r, const void *src, const float *dsrc, void *const *out) {
+    const bool vec = unit_of((uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)src) == 16;
+    const bool a4 = meta_aligned(g, OUT_ALIGNED);
     if (vec)
         ep_gather_local_kernel<T, true><<<nb, ROW_THREADS, smem, s>>>((const T *)src, dsrc, r->recv_counts,
                                                                       r->recv_map, wire_rows(g), g->Tm, g->k, g->R,
-                                                                      g->H, g->wire, a4, (char *)snd);
+                                                                      g->H, g->wire, a4, (char *const *)out);
     else
         ep_gather_local_kernel<T, false><<<nb, ROW_THREADS, smem, s>>>((const T *)src, dsrc, r->recv_counts,
                                                                        r->recv_map, wire_rows(g), g->Tm, g->k, g->R,
-                                                                       g->H, g->wire, a4, (char *)snd);
+                                                                       g->H, g->wire, a4, (char *const *)out);
 }
 
 static moex_status cuda_ep_gather_local(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
-                                        const moex_ep_routing *r, const void *src, const float *dsrc, void *snd) {
+                                        const moex_ep_routing *r, const void *src, const float *dsrc,
+                                        void *const *out) {
     MOEX_TRY(check_k(ctx, c, g));
     const unsigned nb = row_blocks(ctx, wire_rows(g));
     const size_t smem = slots_smem(g);
     const cudaStream_t s = stream_of(c);
-    if (g->dt == MOEX_DTYPE_F32) launch_gather_local<float>(nb, smem, s, g, r, src, dsrc, snd);
-    else if (g->dt == MOEX_DTYPE_BF16) launch_gather_local<bf16>(nb, smem, s, g, r, src, dsrc, snd);
-    else launch_gather_local<f16>(nb, smem, s, g, r, src, dsrc, snd);
+    if (g->dt == MOEX_DTYPE_F32) launch_gather_local<float>(nb, smem, s, g, r, src, dsrc, out);
+    else if (g->dt == MOEX_DTYPE_BF16) launch_gather_local<bf16>(nb, smem, s, g, r, src, dsrc, out);
+    else launch_gather_local<f16>(nb, smem, s, g, r, src, dsrc, out);
     CUDA_TRY_LAUNCH(ctx, c->op);
     return MOEX_OK;
 }

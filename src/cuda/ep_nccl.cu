@@ -28,6 +28,8 @@
  * variable may go out of scope, the communicator itself must outlive the EP context (moex.h). */
 typedef struct nccl_state {
     ncclComm_t comm;
+    void *snd;                  /* CAPACITY: the send buffer, [W Tm] wire rows */
+    void **out;                 /* [W] device: the outgoing regions (ep->out) */
     /* PEER: this rank's exported receive memory, the peers' as mapped here ([W], NULL for
      * this rank and for peers not mapped), and the kernels' view of them */
     void *shared;
@@ -68,8 +70,8 @@ static moex_status nccl_exchange(moex_ep *ep, const moex_call *c, const moex_ep_
     const moex_ep_geom *g = &ep->geom;
     const cudaStream_t stream = (cudaStream_t)c->stream;
     const size_t region = (size_t)g->Tm * g->wire;   /* W Tm wire rows fit PTRDIFF_MAX (ep.c) */
-    const char *snd = (const char *)x->snd;
-    char *rcv = (char *)x->rcv;
+    const char *snd = (const char *)((const nccl_state *)ep->transport_state)->snd;
+    char *rcv = (char *)ep->rcv;
 
     NCCL_TRY(ep, comm, c->op, ncclGroupStart());
     ncclResult_t res = ncclSuccess;
@@ -101,6 +103,11 @@ static moex_status nccl_exchange(moex_ep *ep, const moex_call *c, const moex_ep_
     return MOEX_OK;
 }
 
+static moex_status peer_open(moex_ep *ep, const moex_call *c) {
+    const nccl_state *st = (const nccl_state *)ep->transport_state;
+    return moex_ep_peer_open(ep->ctx, c, &st->dev, &ep->geom);
+}
+
 static moex_status peer_exchange(moex_ep *ep, const moex_call *c, const moex_ep_exchange *x) {
     const nccl_state *st = (const nccl_state *)ep->transport_state;
     return moex_ep_peer_exchange(ep->ctx, c, &st->dev, &ep->geom, x);
@@ -125,17 +132,21 @@ static void nccl_destroy(moex_ep *ep) {
     int prev = -1;
     const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != ep->ctx->device &&
                           cudaSetDevice(ep->ctx->device) == cudaSuccess;
-    if (ep->snd) cudaFree(ep->snd);
+    if (st && st->snd) cudaFree(st->snd);
+    if (st && st->out) cudaFree(st->out);
     if (st && st->shared) peer_release(st, ep->geom.world);   /* ep->rcv lies in st->shared */
     else if (ep->rcv) cudaFree(ep->rcv);
     if (switched) cudaSetDevice(prev);
     free(st);
-    ep->snd = ep->rcv = NULL;
+    ep->rcv = NULL;
+    ep->out = NULL;
     ep->transport_state = NULL;
 }
 
-static const moex_ep_transport nccl_transport = {"nccl", MOEX_EP_TRANSFER_CAPACITY, nccl_exchange, nccl_destroy};
-static const moex_ep_transport peer_transport = {"nccl-peer", MOEX_EP_TRANSFER_PEER, peer_exchange, nccl_destroy};
+static const moex_ep_transport nccl_transport = {"nccl", MOEX_EP_TRANSFER_CAPACITY, NULL, nccl_exchange,
+                                                 nccl_destroy};
+static const moex_ep_transport peer_transport = {"nccl-peer", MOEX_EP_TRANSFER_PEER, peer_open, peer_exchange,
+                                                 nccl_destroy};
 
 moex_status moex_ep_nccl_init(moex_ep *ep) {
     const char *op = "moex_ep_create";
@@ -256,6 +267,28 @@ static moex_status peer_setup(moex_ep *ep, nccl_state *st, size_t bytes, cudaStr
     return MOEX_OK;
 }
 
+/* ep->out: the W outgoing regions (device table): region r of the send buffer (CAPACITY), or
+ * region `rank` of rank r's receive buffer as mapped here (PEER). */
+static moex_status set_out(moex_ep *ep, nccl_state *st, bool peer, cudaStream_t s) {
+    const char *op = "moex_ep_create";
+    const int W = ep->geom.world;
+    const size_t region = (size_t)ep->geom.Tm * ep->geom.wire;
+    void **table = (void **)calloc((size_t)W, sizeof(void *));
+    if (!table) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    for (int r = 0; r < W; r++) {
+        char *base = !peer ? (char *)st->snd : r == ep->geom.rank ? (char *)st->shared : (char *)st->mapped[r];
+        table[r] = base + (size_t)(peer ? ep->geom.rank : r) * region;
+    }
+    moex_status res = alloc_buffer(ep, op, "region table", (size_t)W * sizeof(void *), (void **)&st->out);
+    if (res == MOEX_OK && (cudaMemcpyAsync(st->out, table, (size_t)W * sizeof(void *), cudaMemcpyHostToDevice, s) !=
+                               cudaSuccess ||
+                           cudaStreamSynchronize(s) != cudaSuccess))
+        res = moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: copying the region table failed", op);
+    free(table);
+    ep->out = st->out;
+    return res;
+}
+
 moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) {
     const char *op = "moex_ep_create";
     nccl_state *st = (nccl_state *)ep->transport_state;
@@ -263,21 +296,23 @@ moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) {
     int prev = -1;
     CUDA_TRY(ep->ctx, op, cudaGetDevice(&prev));
     if (prev != ep->ctx->device) CUDA_TRY(ep->ctx, op, cudaSetDevice(ep->ctx->device));
-    moex_status res = alloc_buffer(ep, op, "send", bytes, &ep->snd);
+    cudaStream_t s = NULL;
+    moex_status res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
+                          ? MOEX_OK
+                          : moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: cudaStreamCreate failed", op);
     bool peer = false;
     if (res == MOEX_OK && ep->cfg.transfer != MOEX_EP_TRANSFER_CAPACITY) {
-        cudaStream_t s = NULL;
-        res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
-                  ? peer_setup(ep, st, bytes, s, &peer)
-                  : moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: cudaStreamCreate failed", op);
-        if (s) cudaStreamDestroy(s);
+        res = peer_setup(ep, st, bytes, s, &peer);
         if (res == MOEX_OK && !peer && ep->cfg.transfer == MOEX_EP_TRANSFER_PEER)
             res = moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED,
                             "%s: the PEER transfer needs every rank to map every other's memory (one node, "
                             "one process per GPU, peer access); use AUTO or CAPACITY", op);
     }
     if (res == MOEX_OK && peer) ep->transport = &peer_transport;
+    if (res == MOEX_OK && !peer) res = alloc_buffer(ep, op, "send", bytes, &st->snd);
     if (res == MOEX_OK && !peer) res = alloc_buffer(ep, op, "receive", bytes, &ep->rcv);
+    if (res == MOEX_OK) res = set_out(ep, st, peer, s);
+    if (s) cudaStreamDestroy(s);
     if (prev != ep->ctx->device) cudaSetDevice(prev);
     return res;   /* on failure moex_ep_create destroys ep, freeing the buffers */
 }

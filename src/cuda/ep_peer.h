@@ -26,8 +26,11 @@ typedef struct moex_ep_peer_state {
     uint64_t *epoch;
 } moex_ep_peer_state;
 
-/* One exchange (ep.h's contract) through the peers' mapped receive buffers: x->rcv is the
- * local one (peers[rank].rcv); only the real rows move. */
+/* The two steps of an exchange (ep.h's open and exchange) through the peers' mapped receive
+ * buffers, which the writing kernels fill directly (ep->out[r] = region `rank` of
+ * peers[r].rcv). */
+moex_status moex_ep_peer_open(moex_context *ctx, const moex_call *c, const moex_ep_peer_state *p,
+                              const moex_ep_geom *g);
 moex_status moex_ep_peer_exchange(moex_context *ctx, const moex_call *c, const moex_ep_peer_state *p,
                                   const moex_ep_geom *g, const moex_ep_exchange *x);
 
