@@ -57,7 +57,9 @@ STAMP="$WORK/.start"
 touch "$STAMP"
 echo "fuzz.sh: fuzzing for $SECONDS_TO_RUN s: $FUZZER over $WORK/corpus (log: $LOG)"
 set +e
-ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1} \
+# detect_leaks=0: the EP cases (MPI builds) initialise Open MPI, which leaks at exit (LeakSanitizer
+# reports it after the run as a crash of an empty input)
+ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=0} \
 UBSAN_OPTIONS=${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1} \
   "$FUZZER" -max_total_time="$SECONDS_TO_RUN" -max_len="$MAX_LEN" -timeout=30 -rss_limit_mb=4096 \
             -print_final_stats=1 -artifact_prefix="$WORK/artifacts/" "$WORK/corpus" > "$LOG" 2>&1

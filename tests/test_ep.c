@@ -525,6 +525,7 @@ static int run_suite(void) {
         run_dispatch_case("one expert, overflow", ROUTE_ONE_EXPERT, 7, 8, E, 1, 3, MOEX_DTYPE_BF16);
         run_dispatch_case("all on rank 0", ROUTE_RANK0, 6, 8, E, 2, 1000, MOEX_DTYPE_F32);
         run_dispatch_case("k = E", ROUTE_ALL, 5, 8, E, E, 1000, MOEX_DTYPE_F32);
+        run_dispatch_case("odd H f16 (fuzz finding ep-1)", ROUTE_RANDOM, 10, 17, E, 2, 31, MOEX_DTYPE_F16);
         run_fp8_dispatch_case("fp8 random", ROUTE_RANDOM, 9, 144, E, 3, 1000);
         run_fp8_dispatch_case("fp8 overflow", ROUTE_RANDOM, 9, 16, E, 2, 4);
     }

@@ -135,8 +135,8 @@ static moex_status geom_of(moex_context *ctx, const char *op, const moex_ep_conf
                          "int32", op, (int)g->world, (long long)g->Tm, (int)g->k, (long long)g->R);
     MOEX_TRY(moex_check_internal(ctx, op, "the received rows", rows, g->H));
     MOEX_TRY(moex_check_internal(ctx, op, "xr", g->R, g->H));
-    const size_t row = moex_sz_add(moex_sz_bytes(g->H, 1, moex_dtype_size(g->dt)), 8 * (size_t)g->k);
-    g->wire = moex_sz_align(row, 16);
+    g->meta = moex_sz_align(moex_sz_bytes(g->H, 1, moex_dtype_size(g->dt)), 16);
+    g->wire = moex_sz_align(moex_sz_add(g->meta, 8 * (size_t)g->k), 16);
     return MOEX_OK;
 }
 

@@ -5,7 +5,8 @@
  * moex_ep_transport). The operations are composed once, in src/core/ep.c and ep_layer.c.
  *
  * Wire rows. Rows travel as fixed-size "wire rows" of `wire` bytes (a multiple of 16): the H
- * elements of the row in the EP dtype, then k 4-byte meta words:
+ * elements of the row in the EP dtype (or an FP8 payload, below), then from byte `meta` (H
+ * elements' bytes rounded up to 16) k 4-byte meta words:
  *   to the experts (dispatch forward):  k i32 local expert ids (-1: the slot's expert is not
  *                                       the receiver's) then k f32 probs;
  *   back (dispatch backward):           k f32 dprobs (0 where the slot is not the sender's);

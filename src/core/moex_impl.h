@@ -91,6 +91,7 @@ typedef struct moex_ep_geom {
     int64_t Tm, R;                   /* max_tokens, max_recv_rows */
     int64_t T;                       /* this call's tokens (<= Tm) */
     moex_dtype dt;
+    size_t meta;                     /* byte of a wire row where its meta words start (16-aligned) */
     size_t wire;                     /* bytes of one wire row */
 } moex_ep_geom;
 

@@ -18,7 +18,6 @@ static inline char *wire_row(void *buf, const moex_ep_geom *g, int64_t row) {
 static inline char *out_row(void *const *out, const moex_ep_geom *g, int64_t row) {
     return (char *)out[row / g->Tm] + (size_t)(row % g->Tm) * g->wire;
 }
-static inline size_t data_bytes(const moex_ep_geom *g) { return (size_t)g->H * moex_dtype_size(g->dt); }
 
 static inline int64_t clamp_count(int64_t n, int64_t Tm) { return n < 0 ? 0 : n > Tm ? Tm : n; }
 
@@ -51,7 +50,7 @@ static moex_status cpu_ep_route(moex_context *ctx, const moex_call *c, const moe
 static moex_status cpu_ep_pack(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                const moex_ep_routing *r, const moex_ep_rows *src, const int32_t *ids,
                                const float *probs, void *const *out) {
-    const size_t bytes = data_bytes(g);
+    const size_t at = g->meta;   /* the meta words */
     for (int64_t t = 0; t < g->T; t++) {
         const int32_t *slots = r->slot_row + t * g->k;
         for (int64_t j = 0; j < g->k; j++) {
@@ -61,7 +60,7 @@ static moex_status cpu_ep_pack(moex_context *ctx, const moex_call *c, const moex
             if (src->b) memcpy(row + src->a_bytes, (const char *)src->b + (size_t)t * src->b_bytes, src->b_bytes);
             if (!ids) continue;
             const int64_t w = slots[j] / g->Tm;
-            int32_t *local = (int32_t *)(row + bytes);
+            int32_t *local = (int32_t *)(row + at);
             float *p = (float *)(local + g->k);
             for (int64_t i = 0; i < g->k; i++) {
                 const int32_t e = ids[t * g->k + i];
@@ -75,7 +74,7 @@ static moex_status cpu_ep_pack(moex_context *ctx, const moex_call *c, const moex
 
 static moex_status cpu_ep_expand_plan(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                       const moex_ep_routing *r, const void *rcv, int64_t *splits, int64_t *dropped) {
-    const size_t bytes = data_bytes(g);
+    const size_t at = g->meta;   /* the meta words */
     const int64_t entries = g->world * g->Tm * g->k;
     for (int64_t i = 0; i < entries; i++) r->recv_map[i] = -1;
     for (int32_t e = 0; e < g->El; e++) splits[e] = 0;
@@ -92,7 +91,7 @@ static moex_status cpu_ep_expand_plan(moex_context *ctx, const moex_call *c, con
             const int64_t n = clamp_count(r->recv_counts[s], g->Tm);
             for (int64_t i = 0; i < n; i++) {
                 const int64_t row = s * g->Tm + i;
-                const int32_t *local = (const int32_t *)(wire_row((void *)rcv, g, row) + bytes);
+                const int32_t *local = (const int32_t *)(wire_row((void *)rcv, g, row) + at);
                 for (int64_t j = 0; j < g->k; j++) {
                     const int32_t e = local[j];
                     if (e < 0 || e >= g->El) continue;
@@ -130,10 +129,10 @@ static moex_status cpu_ep_expand_plan(moex_context *ctx, const moex_call *c, con
 static moex_status cpu_ep_expand_rows(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                       const moex_ep_routing *r, const void *rcv, const moex_ep_rows *dst,
                                       float *probs_r) {
-    const size_t bytes = data_bytes(g);
+    const size_t at = g->meta;   /* the meta words */
     FOR_EACH_ENTRY(g, r, {
         const char *w = wire_row((void *)rcv, g, row);
-        const float *p = (const float *)(w + bytes) + g->k;
+        const float *p = (const float *)(w + at) + g->k;
         for (int64_t j = 0; j < g->k; j++) {
             const int32_t m = r->recv_map[row * g->k + j];
             if (m < 0 || m >= g->R) continue;
@@ -148,7 +147,7 @@ static moex_status cpu_ep_expand_rows(moex_context *ctx, const moex_call *c, con
 static moex_status cpu_ep_gather_local(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                        const moex_ep_routing *r, const void *src, const float *dsrc,
                                        void *const *out) {
-    const size_t bytes = data_bytes(g);
+    const size_t at = g->meta;   /* the meta words */
     FOR_EACH_ENTRY(g, r, {
         char *w = out_row(out, g, row);
         const int32_t *map = r->recv_map + row * g->k;
@@ -159,7 +158,7 @@ static moex_status cpu_ep_gather_local(moex_context *ctx, const moex_call *c, co
             moex_cpu_store1(w, g->dt, h, acc);
         }
         if (dsrc) {
-            float *meta = (float *)(w + bytes);
+            float *meta = (float *)(w + at);
             for (int64_t j = 0; j < g->k; j++) meta[j] = map[j] >= 0 && map[j] < g->R ? dsrc[map[j]] : 0.0f;
         }
     })
@@ -169,7 +168,7 @@ static moex_status cpu_ep_gather_local(moex_context *ctx, const moex_call *c, co
 static moex_status cpu_ep_reduce(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
                                  const moex_ep_routing *r, const void *rcv, void *dst, moex_dtype dst_dt,
                                  float *dprobs) {
-    const size_t bytes = data_bytes(g);
+    const size_t at = g->meta;   /* the meta words */
     const int64_t rows = g->world * g->Tm;
     for (int64_t t = 0; t < g->T; t++) {
         const int32_t *slots = r->slot_row + t * g->k;
@@ -183,7 +182,7 @@ static moex_status cpu_ep_reduce(moex_context *ctx, const moex_call *c, const mo
         if (dprobs)
             for (int64_t j = 0; j < g->k; j++) {
                 const bool ok = slots[j] >= 0 && slots[j] < rows;
-                dprobs[t * g->k + j] = ok ? ((const float *)(wire_row((void *)rcv, g, slots[j]) + bytes))[j] : 0.0f;
+                dprobs[t * g->k + j] = ok ? ((const float *)(wire_row((void *)rcv, g, slots[j]) + at))[j] : 0.0f;
             }
     }
     return MOEX_OK;

@@ -6,9 +6,10 @@
  * from stable prefix counts, sums run in f32 in slot order, and the only atomics are integer
  * counters whose totals do not depend on their order.
  *
- * Wire rows (ep.h): the H elements of the row (g->dt) at the row start, then k 4-byte meta
- * words at byte offset H * es. That offset is only 2-aligned when H * es is not a multiple of
- * 4 (bf16 or f16 with an odd H); the meta words are then moved byte by byte.
+ * Wire rows (ep.h): the payload (H elements of g->dt, or FP8 data and scales) at the row
+ * start, then k 4-byte meta words from byte g->meta (16-aligned). The meta accessors keep a
+ * byte-wise path for a buffer that is not 4-aligned (a4 false); the library's buffers and
+ * regions are all 16-aligned, so it is taken only if that ever changes.
  *
  *   route        one 1024-thread block per destination rank r: a block scan over the tokens
  *                (ROUTE_TPT per thread and step) of "t has a valid slot on r" gives t's row
@@ -49,6 +50,9 @@
 #define ROW_BLOCKS_PER_SM 8     /* the row kernels' grid (they stride over the rest) */
 
 /* ---- wire rows ------------------------------------------------------------------------ */
+
+/* Where a wire row's meta words start: its H elements' bytes rounded up to 16 (ep.h, g->meta). */
+static __host__ __device__ __forceinline__ int64_t meta_offset(int64_t data_bytes) { return (data_bytes + 15) & ~(int64_t)15; }
 
 /* Meta word j of a wire row, whose meta starts `data` bytes in (a4: 4-aligned there). */
 static __device__ __forceinline__ uint32_t meta_load(const char *row, int64_t data, int64_t j, bool a4) {
@@ -376,7 +380,7 @@ static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, c
                                               int64_t R, int64_t H, size_t wire, bool a4, char *const *out) {
     extern __shared__ int32_t map[];   /* [k]: the row's expert rows in [0, R), else -1 */
     constexpr int V = row_vec<T, VEC>::V;
-    const int64_t data = H * (int64_t)sizeof(T);
+    const int64_t data = meta_offset(H * (int64_t)sizeof(T));   /* the meta words */
     const int64_t W = rows / Tm;
     /* the rows in (row, region) order: the blocks in flight write to every rank at once */
     for (int64_t q = blockIdx.x; q < rows; q += gridDim.x) {
@@ -413,7 +417,7 @@ static __global__ void ep_reduce_kernel(const char *rcv, const int32_t *slot_row
                                         int64_t rows, int64_t H, size_t wire, bool a4, TD *dst, float *dprobs) {
     extern __shared__ int32_t first[];   /* [k]: the token's first slots' rows, else -1 */
     constexpr int V = row_vec<T, VEC>::V;
-    const int64_t data = H * (int64_t)sizeof(T);
+    const int64_t data = meta_offset(H * (int64_t)sizeof(T));   /* the meta words */
     for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
         const int32_t *slots = slot_row + t * k;
         __syncthreads();   /* the previous token is done with first[] */
@@ -457,7 +461,7 @@ static int unit_of(uintptr_t bits) {
 
 /* The meta words of the wire rows of buf are 4-aligned. */
 static bool meta_aligned(const moex_ep_geom *g, const void *buf) {
-    return (((uintptr_t)buf | (uintptr_t)data_bytes(g) | (uintptr_t)g->wire) & 3u) == 0;
+    return (((uintptr_t)buf | (uintptr_t)g->meta | (uintptr_t)g->wire) & 3u) == 0;
 }
 
 /* Blocks of the row kernels for n rows or tokens (the kernels stride over the rest). */
@@ -492,7 +496,7 @@ static void launch_pack(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_
                         const void *src, int64_t data, int64_t at, const int32_t *ids, const float *probs,
                         void *const *out) {
     ep_pack_kernel<U><<<nb, ROW_THREADS, smem, s>>>((const char *)src, r->slot_row, ids, probs, g->T, g->k, g->E,
-                                                    g->El, g->Tm, wire_rows(g), data, at, data_bytes(g), g->wire,
+                                                    g->El, g->Tm, wire_rows(g), data, at, (int64_t)g->meta, g->wire,
                                                     meta_aligned(g, OUT_ALIGNED), (char *const *)out);
 }
 
@@ -539,7 +543,7 @@ static moex_status cuda_ep_expand_plan(moex_context *ctx, const moex_call *c, co
     p.n = wire_rows(g) * g->k;   /* >= 1, and fits an int32 (ep.c's geometry) */
     p.chunk = g->El > PLAN_CHUNK ? g->El : PLAN_CHUNK;
     p.nc = p.n / p.chunk > 1 ? p.n / p.chunk : 1;   /* the last chunk takes the rest */
-    p.data = data_bytes(g);
+    p.data = (int64_t)g->meta;   /* where the local ids are */
     p.wire = g->wire;
     p.a4 = meta_aligned(g, rcv);
     int *flag = moex_cuda_st(ctx)->flag;
@@ -559,7 +563,7 @@ template <typename U>
 static void launch_expand_rows(unsigned nb, cudaStream_t s, const moex_ep_geom *g, const moex_ep_routing *r,
                                const void *rcv, void *dst, int64_t data, int64_t at, float *probs_r) {
     ep_expand_rows_kernel<U><<<nb, ROW_THREADS, 0, s>>>((const char *)rcv, r->recv_counts, r->recv_map, wire_rows(g),
-                                                        g->Tm, g->k, g->R, data, at, data_bytes(g), g->wire,
+                                                        g->Tm, g->k, g->R, data, at, (int64_t)g->meta, g->wire,
                                                         meta_aligned(g, rcv), (char *)dst, probs_r);
 }
 

@@ -14,6 +14,9 @@
  *   fuzz_ops_fp8.c       argument builders: the FP8 grouped linear forward and backward weight
  *                        (experimental), operands from fuzz bytes or real quantize calls, and
  *                        their oracles "value", "workspace"
+ *   fuzz_ops_ep.c        argument builders: expert parallelism on the CPU over MPI (dispatch
+ *                        forward / backward, combine forward / backward; MPI builds only,
+ *                        MOEX_FUZZ_HAVE_MPI), its faults and its oracle "ep value"
  *   fuzz_libfuzzer.c     LLVMFuzzerTestOneInput (target moex_fuzz, clang + MOEX_FUZZ=ON)
  *   fuzz_run.c           standalone driver moex_fuzz_run (any compiler; corpus replay,
  *                        pseudo-random inputs, seed-corpus generator)
@@ -105,6 +108,12 @@
  *   fp8 recipe    layers (grouped linear, MLP, MoE): the `fp8` field's mode or dtypes
  *                 unknown, amax_epsilon negative / NaN / +-Inf (with any mode, OFF too),
  *                 pow2_scales with MXFP8                                                    STRUCT
+ *   ep            EP ops (fuzz_ops_ep.c, CPU): ep NULL or of another moex_context, T past
+ *                 max_tokens, FP8 dispatch with H % 16 != 0                                 STRUCT
+ *                 handle NULL / short / overlapping a tensor; combine, backwards: handle
+ *                 zeroed (no dispatch) or of another T                                      RUNONLY
+ *                 dispatch ids outside [0, E)                                               IDS
+ *                 handle bytes past its header flipped (cpu; no tail oracle)                CHAOS
  *   pairing       FP8 linear: one operand gets a recipe (its scales rebuilt to fit it) that
  *                 does not pair with the other's (ops.md 9.10: BLOCK with BLOCK, MXFP8 with
  *                 MXFP8, TENSOR / GROUP rows with GROUP weights), or TENSOR weights         STRUCT
@@ -215,9 +224,21 @@ enum {
     FZ_OP_SPLITS_TO_OFFSETS, FZ_OP_GL_FWD, FZ_OP_GL_DGRAD, FZ_OP_GL_WGRAD, FZ_OP_GLU_FWD, FZ_OP_GLU_BWD,
     FZ_OP_MLP_FWD, FZ_OP_MLP_BWD, FZ_OP_ROUTER_FWD, FZ_OP_ROUTER_BWD, FZ_OP_PERMUTE_FWD, FZ_OP_PERMUTE_BWD,
     FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_OP_QUANTIZE, FZ_OP_DEQUANTIZE,
-    FZ_OP_FP8_FWD, FZ_OP_FP8_WGRAD, FZ_NUM_OPS
+    FZ_OP_FP8_FWD, FZ_OP_FP8_WGRAD, FZ_NUM_BASE_OPS,
+    /* expert parallelism (fuzz_ops_ep.c, CPU + MPI builds only): fz_op_of_byte */
+    FZ_OP_EP_DISPATCH = FZ_NUM_BASE_OPS, FZ_OP_EP_DISPATCH_BWD, FZ_OP_EP_COMBINE, FZ_OP_EP_COMBINE_BWD,
+    FZ_NUM_ALL_OPS
 };
+#ifdef MOEX_FUZZ_HAVE_MPI
+#define FZ_NUM_OPS ((int)FZ_NUM_ALL_OPS)
+#else
+#define FZ_NUM_OPS ((int)FZ_NUM_BASE_OPS)
+#endif
 extern const char *const fz_op_names[FZ_NUM_OPS];
+/* The op a case's op byte picks: byte % 20 (the first 20 ops), but for the bytes 240, 241,
+ * 246, 247, 248, 249 and 253 in MPI builds, which pick the EP ops (bytes that no input of
+ * corpus/ used when they came: every seed keeps its meaning; fuzz_core.c has the table). */
+int fz_op_of_byte(uint8_t b);
 
 /* What the last fz_run_input did, for the seed-corpus generator: a bit per op, per
  * (op, huge), per fault tag, per status. */
@@ -365,6 +386,8 @@ struct fz_case {
     void *saved;
     size_t saved_bytes;
     size_t ws_at;
+    unsigned want_deferred;   /* a valid run's moex_context_check_splits statuses (FZ_BIT),
+                                 0: MOEX_OK (an EP dispatch that drops rows: BAD_SPLITS)    */
     void *heap[64];           /* case-owned host arrays                                    */
     int nheap;
     jmp_buf *jb;              /* keep-going: where fz_fail returns                          */
@@ -507,6 +530,12 @@ void fz_op_quantize(fz_case *c);
 void fz_op_dequantize(fz_case *c);
 void fz_op_fp8_fwd(fz_case *c);
 void fz_op_fp8_wgrad(fz_case *c);
+#ifdef MOEX_FUZZ_HAVE_MPI
+void fz_op_ep_dispatch(fz_case *c);
+void fz_op_ep_dispatch_bwd(fz_case *c);
+void fz_op_ep_combine(fz_case *c);
+void fz_op_ep_combine_bwd(fz_case *c);
+#endif
 
 /* Shared by the quantization builders (fuzz_ops_quant.c): element i of an f32 / bf16 / f16
  * host array, and the "workspace" oracle (the call again with a fresh workspace of other

@@ -259,7 +259,7 @@ static int generate(const char *dir, uint64_t seed, uint64_t runs, size_t max_le
         have.ops |= f.ops, have.huge_ops |= f.huge_ops, have.faulted_ops |= f.faulted_ops;
         have.fault_tags |= f.fault_tags, have.statuses |= f.statuses, have.fp8_ops |= f.fp8_ops;
         char path[1024];
-        snprintf(path, sizeof path, "%s/seed-%03d-%s", dir, files, fz_op_names[buf[0] % FZ_NUM_OPS]);
+        snprintf(path, sizeof path, "%s/seed-%03d-%s", dir, files, fz_op_names[fz_op_of_byte(buf[0])]);
         FILE *out = fopen(path, "wb");
         if (!out) {
             fprintf(stderr, "moex_fuzz_run: cannot write %s\n", path);
