@@ -18,7 +18,7 @@
  * `rank` of rank r's receive buffer itself (PEER: the kernels write into the peer).
  *
  * Routing (the handle, in backend memory; every index checked by its readers):
- *   slot_row [Tm, k] i32   token t's slot j went to wire row r Tm + pos of the send buffer,
+ *   slot_row [Tm, k] i32   token t's slot j went to outgoing row r Tm + pos (row pos of region r),
  *                          r = ids[t, j] / El, pos = the number of tokens t' < t sent to r
  *                          (all slots of t to the same rank share it); -1: a bad id
  *   send_counts [W] i64    tokens sent to each rank
@@ -48,7 +48,7 @@ typedef struct moex_ep_routing {
 /* The rows a dispatch moves (pack's source, expand_rows' destination): each wire row's
  * payload is a row of `a` (a_bytes) then, when b is not NULL, a row of `b` (b_bytes) at byte
  * a_bytes: the EP dtype's H elements, or FP8 data (H bytes, H a multiple of 16) and its 1x128
- * scales. The meta words stay at H times the EP dtype's size (the FP8 payload fits before). */
+ * scales. The meta words stay at g->meta (the FP8 payload fits before them). */
 typedef struct moex_ep_rows {
     void *a;
     size_t a_bytes;
@@ -56,10 +56,10 @@ typedef struct moex_ep_rows {
     size_t b_bytes;
 } moex_ep_rows;
 
-/* The local kernels of EP (a backend's; ctx->ops->ep). Rows are wire rows of the EP's send
- * (snd) or receive (rcv) buffer, [W Tm] of g->wire bytes. Every kernel reads only the rows
- * below the counts, and never writes past R expert rows or T tokens, whatever the counts,
- * maps and ids hold (CUDA: bad values are skipped and flagged).
+/* The local kernels of EP (a backend's; ctx->ops->ep). Rows are wire rows of g->wire bytes: of
+ * the receive buffer (rcv, [W Tm]) or of the outgoing regions (out). Every kernel reads only
+ * the rows below the counts, and never writes past R expert rows or T tokens, whatever the
+ * counts, maps and ids hold (CUDA: bad values are skipped and flagged).
  *   route        ids [T, k] -> r->slot_row, r->send_counts (=)
  *   pack         out row slot_row[t, j] (row p of region r: out[r] + p wire bytes) = row t of
  *                src (moex_ep_rows) for each token's slots;
