@@ -7,9 +7,8 @@
  * counters whose totals do not depend on their order.
  *
  * Wire rows (ep.h): the payload (H elements of g->dt, or FP8 data and scales) at the row
- * start, then k 4-byte meta words from byte g->meta (16-aligned). The meta accessors keep a
- * byte-wise path for a buffer that is not 4-aligned (a4 false); the library's buffers and
- * regions are all 16-aligned, so it is taken only if that ever changes.
+ * start, then k 4-byte meta words from byte g->meta (16-aligned; every buffer and outgoing
+ * region starts 16-aligned too).
  *
  *   route        one 1024-thread block per destination rank r: a block scan over the tokens
  *                (ROUTE_TPT per thread and step) of "t has a valid slot on r" gives t's row
@@ -54,23 +53,14 @@
 /* Where a wire row's meta words start: its H elements' bytes rounded up to 16 (ep.h, g->meta). */
 static __host__ __device__ __forceinline__ int64_t meta_offset(int64_t data_bytes) { return (data_bytes + 15) & ~(int64_t)15; }
 
-/* Meta word j of a wire row, whose meta starts `data` bytes in (a4: 4-aligned there). */
-static __device__ __forceinline__ uint32_t meta_load(const char *row, int64_t data, int64_t j, bool a4) {
-    const char *p = row + data + 4 * j;
-    if (a4) return *(const uint32_t *)p;
-    const unsigned char *b = (const unsigned char *)p;
-    return (uint32_t)b[0] | ((uint32_t)b[1] << 8) | ((uint32_t)b[2] << 16) | ((uint32_t)b[3] << 24);
+/* Meta word j of a wire row whose meta words start `data` bytes in (4-aligned: g->meta is a
+ * multiple of 16, and every buffer and region starts 16-aligned). */
+static __device__ __forceinline__ uint32_t meta_load(const char *row, int64_t data, int64_t j) {
+    return *(const uint32_t *)(row + data + 4 * j);
 }
 
-static __device__ __forceinline__ void meta_store(char *row, int64_t data, int64_t j, bool a4, uint32_t v) {
-    char *p = row + data + 4 * j;
-    if (a4) {
-        *(uint32_t *)p = v;
-        return;
-    }
-    unsigned char *b = (unsigned char *)p;
-    b[0] = (unsigned char)v, b[1] = (unsigned char)(v >> 8), b[2] = (unsigned char)(v >> 16),
-    b[3] = (unsigned char)(v >> 24);
+static __device__ __forceinline__ void meta_store(char *row, int64_t data, int64_t j, uint32_t v) {
+    *(uint32_t *)(row + data + 4 * j) = v;
 }
 
 /* The wire row of a token's slot j (slots: its k slot_row values) when j is its rank's first
@@ -188,7 +178,7 @@ static __global__ void __launch_bounds__(ROUTE_THREADS)
 template <typename U>
 static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, const int32_t *ids, const float *probs,
                                       int64_t T, int64_t k, int64_t E, int64_t El, int64_t Tm, int64_t rows,
-                                      int64_t data, int64_t at, int64_t meta, size_t wire, bool a4,
+                                      int64_t data, int64_t at, int64_t meta, size_t wire,
                                       char *const *out) {
     extern __shared__ int32_t first[];   /* [k]: the token's first slots' rows, else -1 */
     const int64_t units = data / (int64_t)sizeof(U);
@@ -206,8 +196,8 @@ static __global__ void ep_pack_kernel(const char *src, const int32_t *slot_row, 
             for (int64_t i = threadIdx.x; i < k; i += blockDim.x) {
                 const int32_t e = ids[t * k + i];
                 const int32_t local = e >= 0 && e < E && e / El == rank ? (int32_t)(e - rank * El) : -1;
-                meta_store(row, meta, i, a4, (uint32_t)local);
-                meta_store(row, meta, k + i, a4, __float_as_uint(probs[t * k + i]));
+                meta_store(row, meta, i, (uint32_t)local);
+                meta_store(row, meta, k + i, __float_as_uint(probs[t * k + i]));
             }
         }
     }
@@ -224,7 +214,6 @@ typedef struct plan_args {
     int64_t chunk, nc;          /* chunk c: [c chunk, c == nc - 1 ? n : (c + 1) chunk) */
     int64_t data;
     size_t wire;
-    bool a4;
 } plan_args;
 
 static __device__ __forceinline__ int64_t chunk_end(const plan_args &p, int64_t c) {
@@ -236,7 +225,7 @@ static __device__ __forceinline__ int64_t chunk_end(const plan_args &p, int64_t 
 static __device__ __forceinline__ int32_t entry_expert(const plan_args &p, int64_t q, bool *bad) {
     const int64_t row = q / p.k;
     if (!row_counted(p.recv_counts, p.Tm, row)) return -1;
-    const int32_t id = (int32_t)meta_load(p.rcv + (size_t)row * p.wire, p.data, q - row * p.k, p.a4);
+    const int32_t id = (int32_t)meta_load(p.rcv + (size_t)row * p.wire, p.data, q - row * p.k);
     if (id < 0 || id >= p.El) {
         if (id != -1) *bad = true;
         return -1;
@@ -353,7 +342,7 @@ static __global__ void __launch_bounds__(32) ep_plan_assign_kernel(plan_args p, 
 template <typename U>
 static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *recv_counts, const int32_t *recv_map,
                                              int64_t rows, int64_t Tm, int64_t k, int64_t R, int64_t data,
-                                             int64_t at, int64_t meta, size_t wire, bool a4, char *dst,
+                                             int64_t at, int64_t meta, size_t wire, char *dst,
                                              float *probs_r) {
     const int64_t units = data / (int64_t)sizeof(U);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -363,7 +352,7 @@ static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *rec
             const int32_t m = recv_map[row * k + j];
             if (m < 0 || m >= R) continue;
             copy_units<U>(dst + (size_t)m * data, w + at, units);
-            if (probs_r && threadIdx.x == 0) probs_r[m] = __uint_as_float(meta_load(w, meta, k + j, a4));
+            if (probs_r && threadIdx.x == 0) probs_r[m] = __uint_as_float(meta_load(w, meta, k + j));
         }
     }
 }
@@ -377,7 +366,7 @@ static __global__ void ep_expand_rows_kernel(const char *rcv, const int64_t *rec
 template <typename T, bool VEC>
 static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, const int64_t *recv_counts,
                                               const int32_t *recv_map, int64_t rows, int64_t Tm, int64_t k,
-                                              int64_t R, int64_t H, size_t wire, bool a4, char *const *out) {
+                                              int64_t R, int64_t H, size_t wire, char *const *out) {
     extern __shared__ int32_t map[];   /* [k]: the row's expert rows in [0, R), else -1 */
     constexpr int V = row_vec<T, VEC>::V;
     const int64_t data = meta_offset(H * (int64_t)sizeof(T));   /* the meta words */
@@ -403,7 +392,7 @@ static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, c
         }
         if (dsrc)
             for (int64_t j = threadIdx.x; j < k; j += blockDim.x)
-                meta_store(w, data, j, a4, __float_as_uint(map[j] >= 0 ? dsrc[map[j]] : 0.0f));
+                meta_store(w, data, j, __float_as_uint(map[j] >= 0 ? dsrc[map[j]] : 0.0f));
     }
 }
 
@@ -414,7 +403,7 @@ static __global__ void ep_gather_local_kernel(const T *src, const float *dsrc, c
  * (0 when slot_row is outside [0, rows)). */
 template <typename T, typename TD, bool VEC>
 static __global__ void ep_reduce_kernel(const char *rcv, const int32_t *slot_row, int64_t T_rows, int64_t k,
-                                        int64_t rows, int64_t H, size_t wire, bool a4, TD *dst, float *dprobs) {
+                                        int64_t rows, int64_t H, size_t wire, TD *dst, float *dprobs) {
     extern __shared__ int32_t first[];   /* [k]: the token's first slots' rows, else -1 */
     constexpr int V = row_vec<T, VEC>::V;
     const int64_t data = meta_offset(H * (int64_t)sizeof(T));   /* the meta words */
@@ -426,7 +415,7 @@ static __global__ void ep_reduce_kernel(const char *rcv, const int32_t *slot_row
             if (dprobs) {
                 const int32_t s = slots[j];
                 dprobs[t * k + j] =
-                    s >= 0 && s < rows ? __uint_as_float(meta_load(rcv + (size_t)s * wire, data, j, a4)) : 0.0f;
+                    s >= 0 && s < rows ? __uint_as_float(meta_load(rcv + (size_t)s * wire, data, j)) : 0.0f;
             }
         }
         __syncthreads();
@@ -453,15 +442,6 @@ static int unit_of(uintptr_t bits) {
     int u = 16;
     while (u > 1 && bits % (uintptr_t)u != 0) u >>= 1;
     return u;
-}
-
-/* The outgoing regions start 16-byte aligned (ep.h): their alignment, for unit_of and
- * meta_aligned. */
-#define OUT_ALIGNED ((const void *)(uintptr_t)16)
-
-/* The meta words of the wire rows of buf are 4-aligned. */
-static bool meta_aligned(const moex_ep_geom *g, const void *buf) {
-    return (((uintptr_t)buf | (uintptr_t)g->meta | (uintptr_t)g->wire) & 3u) == 0;
 }
 
 /* Blocks of the row kernels for n rows or tokens (the kernels stride over the rest). */
@@ -497,7 +477,7 @@ static void launch_pack(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_
                         void *const *out) {
     ep_pack_kernel<U><<<nb, ROW_THREADS, smem, s>>>((const char *)src, r->slot_row, ids, probs, g->T, g->k, g->E,
                                                     g->El, g->Tm, wire_rows(g), data, at, (int64_t)g->meta, g->wire,
-                                                    meta_aligned(g, OUT_ALIGNED), (char *const *)out);
+                                                    (char *const *)out);
 }
 
 /* One payload segment of the pack: src's rows (data bytes each) at byte `at` of the wire rows. */
@@ -545,7 +525,6 @@ static moex_status cuda_ep_expand_plan(moex_context *ctx, const moex_call *c, co
     p.nc = p.n / p.chunk > 1 ? p.n / p.chunk : 1;   /* the last chunk takes the rest */
     p.data = (int64_t)g->meta;   /* where the local ids are */
     p.wire = g->wire;
-    p.a4 = meta_aligned(g, rcv);
     int *flag = moex_cuda_st(ctx)->flag;
     const int op_id = (int)c->id;
     const size_t smem = (size_t)g->El * sizeof(int32_t);
@@ -564,7 +543,7 @@ static void launch_expand_rows(unsigned nb, cudaStream_t s, const moex_ep_geom *
                                const void *rcv, void *dst, int64_t data, int64_t at, float *probs_r) {
     ep_expand_rows_kernel<U><<<nb, ROW_THREADS, 0, s>>>((const char *)rcv, r->recv_counts, r->recv_map, wire_rows(g),
                                                         g->Tm, g->k, g->R, data, at, (int64_t)g->meta, g->wire,
-                                                        meta_aligned(g, rcv), (char *)dst, probs_r);
+                                                        (char *)dst, probs_r);
 }
 
 /* One payload segment of the expansion: bytes [at, at + data) of the wire rows into dst's rows. */
@@ -596,15 +575,14 @@ template <typename T>
 static void launch_gather_local(unsigned nb, size_t smem, cudaStream_t s, const moex_ep_geom *g,
                                 const moex_ep_routing *r, const void *src, const float *dsrc, void *const *out) {
     const bool vec = unit_of((uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)src) == 16;
-    const bool a4 = meta_aligned(g, OUT_ALIGNED);
     if (vec)
         ep_gather_local_kernel<T, true><<<nb, ROW_THREADS, smem, s>>>((const T *)src, dsrc, r->recv_counts,
                                                                       r->recv_map, wire_rows(g), g->Tm, g->k, g->R,
-                                                                      g->H, g->wire, a4, (char *const *)out);
+                                                                      g->H, g->wire, (char *const *)out);
     else
         ep_gather_local_kernel<T, false><<<nb, ROW_THREADS, smem, s>>>((const T *)src, dsrc, r->recv_counts,
                                                                        r->recv_map, wire_rows(g), g->Tm, g->k, g->R,
-                                                                       g->H, g->wire, a4, (char *const *)out);
+                                                                       g->H, g->wire, (char *const *)out);
 }
 
 static moex_status cuda_ep_gather_local(moex_context *ctx, const moex_call *c, const moex_ep_geom *g,
@@ -626,14 +604,13 @@ static void launch_reduce(unsigned nb, size_t smem, cudaStream_t s, const moex_e
                           const void *rcv, void *dst, float *dprobs) {
     const uintptr_t bits = (uintptr_t)data_bytes(g) | (uintptr_t)g->wire | (uintptr_t)rcv | (uintptr_t)dst |
                            (uintptr_t)(g->H * (int64_t)sizeof(TD));
-    const bool a4 = meta_aligned(g, rcv);
     if (unit_of(bits) == 16)
         ep_reduce_kernel<T, TD, true><<<nb, ROW_THREADS, smem, s>>>((const char *)rcv, r->slot_row, g->T, g->k,
-                                                                    wire_rows(g), g->H, g->wire, a4, (TD *)dst,
+                                                                    wire_rows(g), g->H, g->wire, (TD *)dst,
                                                                     dprobs);
     else
         ep_reduce_kernel<T, TD, false><<<nb, ROW_THREADS, smem, s>>>((const char *)rcv, r->slot_row, g->T, g->k,
-                                                                     wire_rows(g), g->H, g->wire, a4, (TD *)dst,
+                                                                     wire_rows(g), g->H, g->wire, (TD *)dst,
                                                                      dprobs);
 }
 
