@@ -512,6 +512,99 @@ static void run_errors(void) {
     moex_ep_destroy(ep);
 }
 
+/* The refusals run_errors does not reach: every configuration check of moex_ep_create, the info
+ * query, the dispatch's and its backward's pairings, the FP8 dispatch's H, the EP layer against
+ * its context, and (host memory) a combine whose T is not its dispatch's. Each is refused on every
+ * rank alike, before any exchange. */
+static void run_more_errors(void) {
+    moex_ep *ep = NULL;
+    const moex_ep_config good = {EP_COMM_KIND, EP_COMM, (int32_t)(2 * W), 1, 8, MOEX_DTYPE_F32, 4, 16,
+                                 MOEX_EP_TRANSFER_AUTO};
+    moex_ep_config cfg = good;
+    cfg.comm_kind = (moex_ep_comm_kind)7;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "comm_kind", NULL);
+    cfg = good, cfg.hidden = 0;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "hidden", NULL);
+    cfg = good, cfg.max_tokens = 0;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "max_tokens", NULL);
+    cfg = good, cfg.max_recv_rows = 0;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "max_recv_rows", NULL);
+    cfg = good, cfg.dtype = MOEX_DTYPE_I32;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "dtype", NULL);
+    cfg = good, cfg.transfer = (moex_ep_transfer)9;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "transfer", NULL);
+    cfg = good, cfg.max_tokens = (int64_t)1 << 40;   /* W Tm k past INT32_MAX */
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "int32", NULL);
+    CHECK_REFUSED(ctx, moex_ep_create(NULL, ctx, &good), "out", NULL);
+    CHECK_REFUSED(NULL, moex_ep_create(&ep, NULL, &good), "ctx", NULL);
+    CHECK(ep == NULL);
+    CHECK_REFUSED(NULL, moex_ep_get_info(NULL, NULL), "ep", NULL);
+
+    CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &good), MOEX_OK);
+    if (!ep) return;
+    moex_ep_info info;
+    CHECK_REFUSED(ctx, moex_ep_get_info(ep, NULL), "info", NULL);
+    CHECK_STATUS(ctx, moex_ep_get_info(ep, &info), MOEX_OK);
+    const int64_t El = 2;
+    float x[4 * 8] = {0}, probs[4] = {0}, xr[16 * 8], xrs[16], dx[4 * 8], y[4 * 8], sentinel = 0;
+    int32_t ids[4] = {0};
+    int64_t splits[2] = {-3, -3};
+    memset(xr, 0x7f, sizeof xr), memset(dx, 0x7f, sizeof dx), memset(y, 0x7f, sizeof y);
+    memcpy(&sentinel, xr, sizeof sentinel);
+    char *handle = tu_alloc(info.handle_bytes);
+    moex_ep_dispatch_args da = {.ep = ep, .x = moex_tensor_2d(x, MOEX_DTYPE_F32, 4, 8),
+                                .ids = moex_tensor_2d(ids, MOEX_DTYPE_I32, 4, 1),
+                                .probs = moex_tensor_2d(probs, MOEX_DTYPE_F32, 4, 1), .handle = handle,
+                                .handle_bytes = info.handle_bytes, .xr = moex_tensor_2d(xr, MOEX_DTYPE_F32, 16, 8),
+                                .splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, El),
+                                .xr_scales = moex_tensor_2d(xrs, MOEX_DTYPE_F32, 16, 1)};
+    CHECK_REFUSED(ctx, moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL), "xr_scales", "x_scales");
+    /* an FP8 dispatch needs H a multiple of 16 (this context's H is 8) */
+    uint8_t xq[4 * 8] = {0};
+    float xs[4] = {1, 1, 1, 1};
+    moex_ep_dispatch_args fp8 = da;
+    fp8.x = moex_tensor_2d(xq, MOEX_DTYPE_E4M3, 4, 8);
+    fp8.x_scales = moex_tensor_2d(xs, MOEX_DTYPE_F32, 4, 1);
+    fp8.xr = moex_tensor_2d(xr, MOEX_DTYPE_E4M3, 16, 8);
+    CHECK_REFUSED(ctx, moex_ep_dispatch_forward(ctx, &fp8, NULL, 0, NULL), "multiple of 16", NULL);
+    CHECK(splits[0] == -3 && splits[1] == -3 && memcmp(xr, &sentinel, sizeof sentinel) == 0);
+    /* dprobs_r and dprobs come together */
+    float dprobs_r[16] = {0};
+    moex_ep_dispatch_grad_args dg = {.ep = ep, .handle = handle, .handle_bytes = info.handle_bytes,
+                                     .dxr = moex_tensor_2d(xr, MOEX_DTYPE_F32, 16, 8),
+                                     .dprobs_r = moex_tensor_1d(dprobs_r, MOEX_DTYPE_F32, 16),
+                                     .dx = moex_tensor_2d(dx, MOEX_DTYPE_F32, 4, 8)};
+    CHECK_REFUSED(ctx, moex_ep_dispatch_backward(ctx, &dg, NULL, 0, NULL), "dprobs_r", "dprobs");
+    CHECK(((unsigned char *)dx)[0] == 0x7f);
+    /* the EP layer against its context: topk 2 where the context's is 1 */
+    float rw[64 * 8] = {0}, w1[2 * 4 * 8] = {0}, w2[2 * 8 * 2] = {0};
+    moex_ep_moe_layer_args la = {
+        .ep = ep,
+        .layer = {.x = moex_tensor_2d(x, MOEX_DTYPE_F32, 4, 8),
+                  .router_w = moex_tensor_2d(rw, MOEX_DTYPE_F32, 2 * W, 8), .topk = 2,
+                  .w1 = moex_weight_packed(moex_tensor_3d(w1, MOEX_DTYPE_F32, El, 4, 8)),
+                  .w2 = moex_weight_packed(moex_tensor_3d(w2, MOEX_DTYPE_F32, El, 8, 2)),
+                  .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(y, MOEX_DTYPE_F32, 4, 8)}};
+    size_t bytes = 0;
+    CHECK_REFUSED(ctx, moex_ep_moe_layer_forward_workspace_size(ctx, &la, &bytes), "does not match", NULL);
+    la.layer.topk = 1;
+    CHECK_STATUS(ctx, moex_ep_moe_layer_forward_workspace_size(ctx, &la, &bytes), MOEX_OK);
+#if EP_HOST_MEMORY
+    /* a combine of 3 tokens on the handle of a 4-token dispatch (the rows all go to rank 0, which
+     * may drop some: that report is cleared) */
+    da.xr_scales = (moex_tensor){0};
+    CHECK_STATUS(ctx, moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL), MOEX_OK);
+    (void)moex_context_check_splits(ctx, NULL);
+    moex_ep_combine_args ca = {.ep = ep, .handle = handle, .handle_bytes = info.handle_bytes,
+                               .yr = moex_tensor_2d(xr, MOEX_DTYPE_F32, 16, 8),
+                               .y = moex_tensor_2d(y, MOEX_DTYPE_F32, 3, 8)};
+    CHECK_REFUSED(ctx, moex_ep_combine_forward(ctx, &ca, NULL, 0, NULL), "handle", "4 tokens");
+    CHECK(((unsigned char *)y)[0] == 0x7f);
+#endif
+    free(handle);
+    moex_ep_destroy(ep);
+}
+
 /* Every case, on ctx (created by the caller after MPI_Init). Returns the exit status. */
 static int run_suite(void) {
     const int64_t E = 4 * W;
@@ -533,6 +626,7 @@ static int run_suite(void) {
     run_layer_case(6, 16, 8, 2 * W, 2, MOEX_DTYPE_F32, 1e-5);
     run_layer_case(5, 32, 16, 4 * W, 3, MOEX_DTYPE_BF16, 3e-2);
     run_errors();
+    run_more_errors();
     /* every rank's verdict: a failure on any rank fails all */
     int failed = tu_failures() > 0, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);
