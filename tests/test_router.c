@@ -4,7 +4,8 @@
  * (broken toward the lower expert index), f32 and bf16 logits, T = 0; the backward against
  * the reference, whose own backward is checked against central differences of its forward
  * in fp64; determinism; and argument errors, including ids outside [0, E) in the backward
- * (which must fail before dlogits is written).
+ * (which must fail before dlogits is written); sigmoid + renorm where every chosen sigmoid
+ * underflows in f32 (probs the limit, not 0/0).
  */
 #include "ref_routing.h"
 #include "test_util.h"
@@ -226,6 +227,54 @@ static void test_k1_renorm_zero_grad(tu_rng *r) {
     free(dprobs);
 }
 
+/* SIGMOID + RENORM where every chosen sigmoid underflows in f32 (logits below about -88):
+ * probs_j = s_j / sum s is 0/0 written naively; the router must give the limit, the softmax
+ * of the chosen log-sigmoids (for such logits e^(l_j - l_max) / sum e^(l_i - l_max)), and a
+ * finite backward. E = 1, k = 1 gives prob 1 and dlogits 0 at any logit. */
+static void test_sigmoid_renorm_tiny(void) {
+    const float one[3] = {-100.0f, -1000.0f, -1e30f};
+    for (int v = 0; v < 3; v++) {
+        router_case c = {1, 1, 1, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
+        float probs[1] = {0}, dq[1] = {0.75f}, dl[1] = {NAN};
+        int32_t ids[1] = {-1};
+        CHECK_STATUS(ctx, lib_forward(&c, (void *)&one[v], probs, ids), MOEX_OK);
+        CHECK_STATUS(ctx, lib_backward(&c, (void *)&one[v], ids, dq, dl), MOEX_OK);
+        CHECK_MSG(ids[0] == 0 && probs[0] == 1.0f && dl[0] == 0.0f,
+                  "sigmoid renorm E1 k1 logit %g: id %d prob %g dlogit %g (want 0, 1, 0)", one[v], ids[0], probs[0],
+                  dl[0]);
+    }
+    /* E = 4, k = 2: every f32 sigmoid is 0 (a tie: experts 0 and 1 by the lower index), and the
+     * renormalised probs of logits -95 and -97 are sigmoid(2) and sigmoid(-2) */
+    const float l[4] = {-95.0f, -97.0f, -120.0f, -100.0f};
+    const float dq[2] = {0.5f, -0.25f};
+    for (int d = 0; d < 2; d++) {
+        router_case c = {1, 4, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, d ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F32, 0};
+        double ld[4] = {l[0], l[1], l[2], l[3]};
+        void *logits = tu_buffer(c.dt, ld, 4);
+        float probs[2] = {0};
+        int32_t ids[2] = {-1, -1};
+        float dlf[4];
+        uint16_t dlh[4];
+        void *dl = d ? (void *)dlh : (void *)dlf;
+        CHECK_STATUS(ctx, lib_forward(&c, logits, probs, ids), MOEX_OK);
+        CHECK_STATUS(ctx, lib_backward(&c, logits, ids, (float *)dq, dl), MOEX_OK);
+        const double p0 = 1.0 / (1.0 + exp(-2.0)), p1 = 1.0 - p0;
+        CHECK_MSG(ids[0] == 0 && ids[1] == 1 && fabs(probs[0] - p0) < 1e-6 && fabs(probs[1] - p1) < 1e-6,
+                  "sigmoid renorm, tiny scores (%s): ids %d %d probs %g %g (want 0 1, %g %g)",
+                  d ? "bf16" : "f32", ids[0], ids[1], probs[0], probs[1], p0, p1);
+        /* dlogits_e = (dq_j - sum_i dq_i p_i) p_j (1 - s_e) for the chosen e (1 - s_e = 1 here), 0 elsewhere */
+        const double c1 = dq[0] * p0 + dq[1] * p1;
+        const double want[4] = {(dq[0] - c1) * p0, (dq[1] - c1) * p1, 0.0, 0.0};
+        double got[4];
+        for (int e = 0; e < 4; e++) got[e] = ref_load(c.dt, dl, e);
+        int bad = 0;
+        for (int e = 0; e < 4; e++) bad += !(fabs(got[e] - want[e]) <= (d ? 4e-3 : 1e-6) * (1 + fabs(want[e])));
+        CHECK_MSG(bad == 0, "sigmoid renorm, tiny scores (%s): dlogits %g %g %g %g (want %g %g %g %g)",
+                  d ? "bf16" : "f32", got[0], got[1], got[2], got[3], want[0], want[1], want[2], want[3]);
+        free(logits);
+    }
+}
+
 static void test_errors(void) {
     float logits[4 * 6] = {0}, probs[8], dprobs[8] = {0}, dl[24];
     int32_t ids[8];
@@ -365,6 +414,7 @@ int main(void) {
     test_ties();
     test_nan();
     test_k1_renorm_zero_grad(&r);
+    test_sigmoid_renorm_tiny();
     test_errors();
     test_empty();
     test_threads(&r);

@@ -3,13 +3,15 @@
  *
  *   forward:  s = softmax(l) or sigmoid(l) over the E logits of a token (f32);
  *             ids[t, j] = the j-th largest score (ties to the lower expert index),
- *             probs[t, j] = s[ids[t, j]], divided by their sum when renormalised.
+ *             probs[t, j] = s[ids[t, j]], divided by their sum when renormalised
+ *             (SIGMOID + RENORM as the softmax of the chosen log-sigmoids: router_math.h).
  *             probs [T, k] f32 =, ids [T, k] I32 =
  *   backward: with p_j = s[ids_j] and S = sum_j p_j,
  *             renorm:   dp_j = (dprobs_j - sum_i dprobs_i p_i / S) / S   (else dp_j = dprobs_j)
  *             ds[e]    = sum of dp_j over the j with ids_j == e (0 for experts not chosen)
  *             softmax:  dl[e] = s[e] (ds[e] - sum_j dp_j p_j)
  *             sigmoid:  dl[e] = ds[e] s[e] (1 - s[e])   (1 - s[e] = e^-l s[e] for l >= 0: no cancellation)
+ *             (SIGMOID + RENORM without dividing by S: router_math.h)
  *             dlogits [T, E] in the logits dtype =
  * The choice of experts is piecewise constant in the logits, so it has no gradient.
  * Every row is independent and computed in f32 in a fixed order: results do not depend on
@@ -19,6 +21,7 @@
  */
 #include "cpu_ops.h"
 #include "moex_half.h"
+#include "router_math.h"
 
 #include <math.h>
 
@@ -56,6 +59,21 @@ static void score_row(const void *logits, moex_dtype dt, int64_t row, int64_t E,
         sum += s[e];
     }
     for (int64_t e = 0; e < E; e++) s[e] = s[e] / sum;
+}
+
+/* p[0..k) = the SIGMOID + RENORM probs of one token's chosen experts `id` (router_math.h),
+ * base = the token's first logit; p may be any k floats. */
+static void sigmoid_renorm(const void *logits, moex_dtype dt, int64_t base, const int32_t *id, int64_t k, float *p) {
+    float m = -INFINITY, z = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        p[j] = moex_router_log_sigmoid(load_logit(logits, dt, base + id[j]));
+        if (p[j] > m) m = p[j];
+    }
+    for (int64_t j = 0; j < k; j++) {
+        p[j] = expf(p[j] - m);
+        z += p[j];
+    }
+    for (int64_t j = 0; j < k; j++) p[j] = p[j] / z;
 }
 
 /* Rows [begin, end) of chunk c out of n for T rows. */
@@ -105,7 +123,9 @@ static void router_forward_chunks(void *arg, int64_t cbegin, int64_t cend) {
                 sum += s[best];
                 s[best] = TAKEN;
             }
-            if (a->norm == MOEX_ROUTER_RENORM)
+            if (a->norm == MOEX_ROUTER_RENORM && a->score == MOEX_ROUTER_SIGMOID)
+                sigmoid_renorm(a->logits.data, jb->d->dt, t * E, ids + t * k, k, probs + t * k);
+            else if (a->norm == MOEX_ROUTER_RENORM)
                 for (int64_t j = 0; j < k; j++) probs[t * k + j] = probs[t * k + j] / sum;
         }
     }
@@ -135,6 +155,18 @@ static void router_backward_chunks(void *arg, int64_t cbegin, int64_t cend) {
         chunk_rows(jb->d->T, jb->n, c, &begin, &end);
         for (int64_t t = begin; t < end; t++) {
             const int32_t *id = ids + t * k;
+            if (a->score == MOEX_ROUTER_SIGMOID && a->norm == MOEX_ROUTER_RENORM) {
+                float *p = s, c1 = 0.0f;   /* P_j, and sum_j dprobs_j P_j */
+                sigmoid_renorm(a->logits.data, jb->d->dt, t * E, id, k, p);
+                for (int64_t j = 0; j < k; j++) c1 += dq[t * k + j] * p[j];
+                for (int64_t e = 0; e < E; e++) ds[e] = 0.0f;
+                for (int64_t j = 0; j < k; j++) ds[id[j]] += (dq[t * k + j] - c1) * p[j];
+                for (int64_t e = 0; e < E; e++) {
+                    float l = load_logit(a->logits.data, jb->d->dt, t * E + e);
+                    store_logit(a->dlogits.data, jb->d->dt, t * E + e, ds[e] * moex_router_one_minus_sigmoid(l));
+                }
+                continue;
+            }
             score_row(a->logits.data, jb->d->dt, t, E, a->score, s);
             float sum = 0.0f, dq_q = 0.0f;
             for (int64_t j = 0; j < k; j++) sum += s[id[j]];

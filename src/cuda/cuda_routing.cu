@@ -6,6 +6,8 @@
  * Router: one warp per token; scores in f32 (softmax with a fixed-order warp max and sum,
  * or sigmoid); the k picks are taken in (score desc, index asc) order, each pick the
  * warp's best candidate strictly after the previous pick, so no per-token scratch is needed.
+ * SIGMOID + RENORM, forward and backward, with the formulas of src/core/router_math.h (finite
+ * where every chosen sigmoid underflows), as the CPU router.
  *
  * Permute: a deterministic counting sort in three launches over chunks of PERM_CHUNK
  * entries of the flattened [T*k] ids (one warp per chunk): (1) per-chunk expert counts,
@@ -16,6 +18,7 @@
  */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
+#include "router_math.h"
 
 #define ROUTER_WARPS 4
 #define PERM_CHUNK 2048
@@ -47,6 +50,28 @@ static __device__ __forceinline__ float score_of(float logit, moex_router_score 
 /* True when (s1, e1) comes before (s2, e2): larger score first, lower index on ties. */
 static __device__ __forceinline__ bool before(float s1, int64_t e1, float s2, int64_t e2) {
     return s1 > s2 || (s1 == s2 && e1 < e2);
+}
+
+/* SIGMOID + RENORM (router_math.h): *mx = max_j ls_j and *z = sum_j exp(ls_j - mx) over the
+ * chosen experts id[0..k) in [0, E) (others skipped), the same on every lane. */
+template <typename T>
+static __device__ __forceinline__ void sigmoid_renorm_stats(const T *l, int64_t E, const int32_t *id, int64_t k,
+                                                            float *mx, float *z) {
+    float m = -INFINITY, s = 0.0f;
+    for (int64_t j = 0; j < k; j++) {
+        if (id[j] < 0 || id[j] >= E) continue;
+        float ls = moex_router_log_sigmoid(to_f32(l[id[j]]));
+        if (ls > m) m = ls;
+    }
+    for (int64_t j = 0; j < k; j++)
+        if (id[j] >= 0 && id[j] < E) s += expf(moex_router_log_sigmoid(to_f32(l[id[j]])) - m);
+    *mx = m;
+    *z = s;
+}
+
+/* P_j of SIGMOID + RENORM from sigmoid_renorm_stats. */
+static __device__ __forceinline__ float sigmoid_renorm_prob(float logit, float mx, float z) {
+    return expf(moex_router_log_sigmoid(logit) - mx) / z;
 }
 
 template <typename T>
@@ -92,7 +117,12 @@ static __global__ void router_fwd_kernel(const T *logits, int64_t T_rows, int64_
         prev_s = bkey;
         prev_e = be;
     }
-    if (norm == MOEX_ROUTER_RENORM) {
+    if (norm == MOEX_ROUTER_RENORM && score == MOEX_ROUTER_SIGMOID) {
+        __syncwarp();   /* lane 0's ids, read by every lane */
+        float mx, z;
+        sigmoid_renorm_stats(l, E, ids + t * k, k, &mx, &z);
+        for (int64_t j = lane; j < k; j += 32) probs[t * k + j] = sigmoid_renorm_prob(to_f32(l[ids[t * k + j]]), mx, z);
+    } else if (norm == MOEX_ROUTER_RENORM) {
         __syncwarp();
         for (int64_t j = lane; j < k; j += 32) probs[t * k + j] = probs[t * k + j] / total;
     }
@@ -124,6 +154,26 @@ static __global__ void router_bwd_kernel(const T *logits, int64_t T_rows, int64_
     const T *l = logits + t * E;
     const int32_t *id = ids + t * k;
     const float *dqt = dq + t * k;
+    if (score == MOEX_ROUTER_SIGMOID && norm == MOEX_ROUTER_RENORM) {   /* router_math.h */
+        float mx, z, c1 = 0.0f;
+        int bad = 0;
+        sigmoid_renorm_stats(l, E, id, k, &mx, &z);
+        for (int64_t j = 0; j < k; j++) {
+            if (id[j] < 0 || id[j] >= E) {
+                bad = 1;
+                continue;
+            }
+            c1 += dqt[j] * sigmoid_renorm_prob(to_f32(l[id[j]]), mx, z);
+        }
+        if (bad && lane == 0) flag_bad(flag, MOEX_OP_ROUTER_BACKWARD, MOEX_CUDA_BAD_IDS);
+        for (int64_t e = lane; e < E; e += 32) {
+            float le = to_f32(l[e]), ds = 0.0f;
+            for (int64_t j = 0; j < k; j++)
+                if (id[j] == e) ds += (dqt[j] - c1) * sigmoid_renorm_prob(le, mx, z);
+            dlogits[t * E + e] = from_f32<T>(ds * moex_router_one_minus_sigmoid(le));
+        }
+        return;
+    }
     float m, sum;
     score_stats(l, E, score, &m, &sum);
     /* Per-token scalars, computed by every lane in the same order (j ascending). */

@@ -1,7 +1,8 @@
 /*
  * test_gpu_router.c - the CUDA top-k router (forward, backward) against the fp64 reference:
  * the cases of the CPU test tests/test_router.c (shapes, softmax/sigmoid, renorm or not,
- * f32/bf16 logits, tie grids, hand-made ties, k = 1 renormalised) run on the GPU through
+ * f32/bf16 logits, tie grids, hand-made ties, k = 1 renormalised, sigmoid + renorm where every
+ * chosen sigmoid underflows) run on the GPU through
  * cuda_mirror.h. Its argument-error and thread-count checks are CPU-specific and not run.
  * Exits 77 (skipped) without a GPU.
  */
@@ -33,6 +34,7 @@ int main(void) {
                     }
     test_ties();
     test_k1_renorm_zero_grad(&r);
+    test_sigmoid_renorm_tiny();
     test_empty();
     moex_context_destroy(ctx);
     return tu_finish();
