@@ -40,8 +40,9 @@ moex_base_ms, moex_base_tflops, moex_over_base, relerr_base (scripts/compare_bui
 --cpu times only the moex column (and moex_base) on the CPU backend, f32, by the wall clock in
 the same rotation, on the CPU configs of tools/bench_configs.h (default tiny): the timing and
 the comparison without a GPU or torch (skewed splits need numpy; without it, balanced only).
+The structs of moex.h come from moex._capi (python/moex/_capi.py of this tree, loaded with --lib
+as its library; tests/abi checks its layout against the header).
 Checks without a GPU or torch (the CPU library, e.g. build-bench/libmoex.so):
-    python3 bench/gemm_bench.py --abi          # struct sizes/offsets; diff with bench/test_gemm_bench_abi.c
     python3 bench/gemm_bench.py --selftest-cpu --lib build-bench/libmoex.so
     python3 bench/gemm_bench.py --cpu --lib NEW/libmoex.so --lib-baseline OLD/libmoex.so --out DIR
 """
@@ -64,57 +65,32 @@ OPS = ("fwd", "dgrad", "wgrad", "fwd_bias", "fwd_sbias")
 KINDS = ("balanced", "skewed")
 RELERR_BAD = 2e-2
 
-# ---- moex.h mirrored with ctypes (enums are C ints) ---------------------------------------
+# ---- moex.h through moex._capi ---------------------------------------------------------------
 
-MOEX_BACKEND_CPU, MOEX_BACKEND_CUDA = 0, 1
-MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16, MOEX_DTYPE_I32, MOEX_DTYPE_I64 = 0, 1, 2, 3, 4
-MOEX_BIAS_NONE, MOEX_BIAS_ADD, MOEX_BIAS_SCALED = 0, 1, 2
-MOEX_GRAD_WRITE, MOEX_GRAD_ACCUMULATE = 0, 1
-MOEX_MAX_DIMS = 4
+capi = None   # moex._capi: load_capi sets it once --lib is known
 
 
-class MoexTensor(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("dtype", ctypes.c_int), ("ndim", ctypes.c_int32),
-                ("shape", ctypes.c_int64 * MOEX_MAX_DIMS)]
+def load_capi(lib_path):
+    """Imports moex._capi (the tree's one mirror of moex.h's structs) from python/ beside this
+    folder, with lib_path as the library it loads."""
+    global capi
+    os.environ["MOEX_LIBRARY"] = lib_path
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    from moex import _capi
+    capi = _capi
 
 
-class MoexWeight(ctypes.Structure):
-    _fields_ = [("t", MoexTensor), ("ptrs", ctypes.c_void_p)]
-
-
-class GroupedLinearArgs(ctypes.Structure):
-    _fields_ = [("x", MoexTensor), ("w", MoexWeight), ("bias_mode", ctypes.c_int), ("bias", MoexTensor),
-                ("probs", MoexTensor), ("splits", MoexTensor), ("y", MoexTensor)]
-
-
-class GroupedLinearDgradArgs(ctypes.Structure):
-    _fields_ = [("dy", MoexTensor), ("w", MoexWeight), ("bias_mode", ctypes.c_int), ("bias", MoexTensor),
-                ("probs", MoexTensor), ("splits", MoexTensor), ("dx", MoexTensor), ("dbias", MoexTensor),
-                ("dprobs", MoexTensor)]
-
-
-class GroupedLinearWgradArgs(ctypes.Structure):
-    _fields_ = [("x", MoexTensor), ("dy", MoexTensor), ("splits", MoexTensor), ("dw_mode", ctypes.c_int),
-                ("dw", MoexWeight)]
-
-
-STRUCTS = [("moex_tensor", MoexTensor), ("moex_weight", MoexWeight),
-           ("moex_grouped_linear_args", GroupedLinearArgs),
-           ("moex_grouped_linear_dgrad_args", GroupedLinearDgradArgs),
-           ("moex_grouped_linear_wgrad_args", GroupedLinearWgradArgs)]
-ENUMS = ("moex_status", "moex_backend", "moex_dtype", "moex_bias_mode", "moex_grad_mode")
-
-# op name -> (public function stem, args struct)
-MOEX_OPS = {"forward": ("moex_grouped_linear_forward", GroupedLinearArgs),
-            "backward_data": ("moex_grouped_linear_backward_data", GroupedLinearDgradArgs),
-            "backward_weight": ("moex_grouped_linear_backward_weight", GroupedLinearWgradArgs)}
+# op name -> the stem of its public functions (moex_<stem>, moex_<stem>_workspace_size; the
+# args struct is capi.OPS[stem])
+MOEX_OPS = {"forward": "grouped_linear_forward", "backward_data": "grouped_linear_backward_data",
+            "backward_weight": "grouped_linear_backward_weight"}
 # op name -> the args field it writes
 MOEX_OUT = {"forward": "y", "backward_data": "dx", "backward_weight": "dw"}
 
 
 def mtensor(ptr, dtype, *shape):
     """A moex_tensor view of `shape` at address ptr (what moex_tensor_2d etc. build in C)."""
-    t = MoexTensor()
+    t = capi.Tensor()
     t.data, t.dtype, t.ndim = ptr, dtype, len(shape)
     for i, s in enumerate(shape):
         t.shape[i] = s
@@ -123,7 +99,7 @@ def mtensor(ptr, dtype, *shape):
 
 def packed(t):
     """moex_weight_packed(t)."""
-    return MoexWeight(t, None)
+    return capi.Weight(t, None)
 
 
 class Moex:
@@ -142,11 +118,12 @@ class Moex:
         lib.moex_context_check_splits.restype = ctypes.c_int
         lib.moex_context_check_splits.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         self.fn = {}
-        for op, (stem, S) in MOEX_OPS.items():
-            run = getattr(lib, stem)
+        for op, stem in MOEX_OPS.items():
+            S = capi.OPS[stem]
+            run = getattr(lib, "moex_" + stem)
             run.restype = ctypes.c_int
             run.argtypes = [ctypes.c_void_p, ctypes.POINTER(S), ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-            size = getattr(lib, stem + "_workspace_size")
+            size = getattr(lib, f"moex_{stem}_workspace_size")
             size.restype = ctypes.c_int
             size.argtypes = [ctypes.c_void_p, ctypes.POINTER(S), ctypes.POINTER(ctypes.c_size_t)]
             self.fn[op] = (run, size)
@@ -177,7 +154,7 @@ class Moex:
         return self.fn[op][0](self.ctx, ctypes.byref(args), ws_ptr, ws_bytes, self.stream)
 
     def run(self, op, args, ws_ptr, ws_bytes):
-        self.check(self.call(op, args, ws_ptr, ws_bytes), MOEX_OPS[op][0])
+        self.check(self.call(op, args, ws_ptr, ws_bytes), "moex_" + MOEX_OPS[op])
 
     def check_splits(self):
         self.check(self.lib.moex_context_check_splits(self.ctx, self.stream), "moex_context_check_splits")
@@ -185,18 +162,6 @@ class Moex:
     def close(self):
         self.lib.moex_context_destroy(self.ctx)
         self.ctx = None
-
-
-# ---- --abi: the struct layout as ctypes sees it (compare with test_gemm_bench_abi.c) --------
-
-def print_abi():
-    for e in ENUMS:
-        print(f"enum {e} size {ctypes.sizeof(ctypes.c_int)}")
-    for name, S in STRUCTS:
-        print(f"{name} size {ctypes.sizeof(S)}")
-        for field, _ in S._fields_:
-            d = getattr(S, field)
-            print(f"{name}.{field} {d.offset} {d.size}")
 
 
 # ---- --selftest-cpu: all five ops through the CPU backend, pure Python reference ----------
@@ -227,15 +192,15 @@ def selftest_cpu(lib_path):
     probs = [rng.random() for _ in range(T)]
     group = [g for g, s in enumerate(splits) for _ in range(s)]  # group of each used row
     POISON = 777.0
-    mx = Moex(lib_path, MOEX_BACKEND_CPU)
+    mx = Moex(lib_path, capi.BACKEND_CPU)
     bx, bdy, bw = HostBuf(T * K, values=x), HostBuf(T * N, values=dy), HostBuf(G * N * K, values=w)
     bb, bp = HostBuf(G * N, values=bias), HostBuf(T, values=probs)
     bs = HostBuf(G, ctypes.c_int64, splits)
-    F32 = MOEX_DTYPE_F32
+    F32 = capi.DTYPE_F32
     tx, tdy, tb, tp = (mtensor(bx.ptr, F32, T, K), mtensor(bdy.ptr, F32, T, N),
                        mtensor(bb.ptr, F32, G, N), mtensor(bp.ptr, F32, T))
-    tw, ts = packed(mtensor(bw.ptr, F32, G, N, K)), mtensor(bs.ptr, MOEX_DTYPE_I64, G)
-    absent = MoexTensor()
+    tw, ts = packed(mtensor(bw.ptr, F32, G, N, K)), mtensor(bs.ptr, capi.DTYPE_I64, G)
+    absent = capi.Tensor()
 
     def fwd_ref(mode):
         out = []
@@ -243,7 +208,7 @@ def selftest_cpu(lib_path):
             g = group[r]
             for n in range(N):
                 v = sum(x[r * K + k] * w[(g * N + n) * K + k] for k in range(K))
-                v += bias[g * N + n] * (1.0 if mode == MOEX_BIAS_ADD else probs[r] if mode == MOEX_BIAS_SCALED else 0.0)
+                v += bias[g * N + n] * (1.0 if mode == capi.BIAS_ADD else probs[r] if mode == capi.BIAS_SCALED else 0.0)
                 out.append(v)
         return out
 
@@ -270,23 +235,23 @@ def selftest_cpu(lib_path):
         return ok
 
     ok = True
-    for name, mode in (("fwd", MOEX_BIAS_NONE), ("fwd_bias", MOEX_BIAS_ADD), ("fwd_sbias", MOEX_BIAS_SCALED)):
+    for name, mode in (("fwd", capi.BIAS_NONE), ("fwd_bias", capi.BIAS_ADD), ("fwd_sbias", capi.BIAS_SCALED)):
         y = HostBuf(T * N, values=[POISON] * (T * N))
-        a = GroupedLinearArgs(tx, tw, mode, tb if mode else absent, tp if mode == MOEX_BIAS_SCALED else absent,
+        a = capi.GroupedLinearArgs(tx, tw, mode, tb if mode else absent, tp if mode == capi.BIAS_SCALED else absent,
                               ts, mtensor(y.ptr, F32, T, N))
         got = run("forward", a, y, T * N)
         ok &= compare(name, got[:used * N], fwd_ref(mode), got[used * N:])
     dx = HostBuf(T * K, values=[POISON] * (T * K))
-    a = GroupedLinearDgradArgs(tdy, tw, MOEX_BIAS_NONE, absent, absent, ts, mtensor(dx.ptr, F32, T, K),
+    a = capi.GroupedLinearDgradArgs(tdy, tw, capi.BIAS_NONE, absent, absent, ts, mtensor(dx.ptr, F32, T, K),
                                absent, absent)
     got = run("backward_data", a, dx, T * K)
     ok &= compare("dgrad", got[:used * K], dgrad_ref(), got[used * K:])
     dw = HostBuf(G * N * K, values=[POISON] * (G * N * K))  # WRITE must also zero the empty group
-    a = GroupedLinearWgradArgs(tx, tdy, ts, MOEX_GRAD_WRITE, packed(mtensor(dw.ptr, F32, G, N, K)))
+    a = capi.GroupedLinearWgradArgs(tx, tdy, ts, capi.GRAD_WRITE, packed(mtensor(dw.ptr, F32, G, N, K)))
     ok &= compare("wgrad", run("backward_weight", a, dw, G * N * K), wgrad_ref(), [])
     # the error path: y of the wrong shape must fail with a message and leave y untouched
     y = HostBuf(T * N, values=[POISON] * (T * N))
-    a = GroupedLinearArgs(tx, tw, MOEX_BIAS_NONE, absent, absent, ts, mtensor(y.ptr, F32, T, N + 1))
+    a = capi.GroupedLinearArgs(tx, tw, capi.BIAS_NONE, absent, absent, ts, mtensor(y.ptr, F32, T, N + 1))
     st = mx.call("forward", a, None, 0)
     msg = mx.lib.moex_last_error(mx.ctx).decode()
     err_ok = st != 0 and msg != "" and all(v == POISON for v in y.list(T * N))
@@ -381,8 +346,8 @@ def bench_interleaved(torch, spinner, fns, iters, warm=3, host=None):
 def ttensor(t):
     """moex_tensor view of a contiguous torch tensor."""
     import torch
-    dt = {torch.float32: MOEX_DTYPE_F32, torch.bfloat16: MOEX_DTYPE_BF16, torch.float16: MOEX_DTYPE_F16,
-          torch.int32: MOEX_DTYPE_I32, torch.int64: MOEX_DTYPE_I64}[t.dtype]
+    dt = {torch.float32: capi.DTYPE_F32, torch.bfloat16: capi.DTYPE_BF16, torch.float16: capi.DTYPE_F16,
+          torch.int32: capi.DTYPE_I32, torch.int64: capi.DTYPE_I64}[t.dtype]
     if not t.is_contiguous():
         raise ValueError("moex tensors are dense row-major: pass a contiguous tensor")
     return mtensor(t.data_ptr(), dt, *t.shape)
@@ -435,13 +400,13 @@ def forward_fns(torch, mx, d, sp, mode):
     y_m = torch.empty(T, N, device="cuda", dtype=x.dtype)
     y_l = torch.empty_like(y_m)
     y_d = torch.empty_like(y_m)
-    args = GroupedLinearArgs(ttensor(x), packed(ttensor(w)), mode,
-                             ttensor(bias) if mode != MOEX_BIAS_NONE else MoexTensor(),
-                             ttensor(probs) if mode == MOEX_BIAS_SCALED else MoexTensor(),
+    args = capi.GroupedLinearArgs(ttensor(x), packed(ttensor(w)), mode,
+                             ttensor(bias) if mode != capi.BIAS_NONE else capi.Tensor(),
+                             ttensor(probs) if mode == capi.BIAS_SCALED else capi.Tensor(),
                              ttensor(sp.sd), ttensor(y_m))
     x_g = [(g, x[a:b], y_l[a:b]) for g, a, b in sp.bounds]
 
-    if mode == MOEX_BIAS_NONE:
+    if mode == capi.BIAS_NONE:
         def tfn():
             return torch._grouped_mm(x, wt, offs=sp.offs)
 
@@ -449,7 +414,7 @@ def forward_fns(torch, mx, d, sp, mode):
             for g, xs, ys in x_g:
                 torch.mm(xs, w[g].t(), out=ys)
             return y_l
-    elif mode == MOEX_BIAS_ADD:
+    elif mode == capi.BIAS_ADD:
         def tfn():
             return torch._grouped_mm(x, wt, offs=sp.offs) + bias[sp.gid]
 
@@ -478,8 +443,8 @@ def dgrad_fns(torch, mx, d, sp):
     dx_m = torch.empty(T, K, device="cuda", dtype=dy.dtype)
     dx_l = torch.empty_like(dx_m)
     dx_d = torch.empty_like(dx_m)
-    args = GroupedLinearDgradArgs(ttensor(dy), packed(ttensor(w)), MOEX_BIAS_NONE, MoexTensor(), MoexTensor(),
-                                  ttensor(sp.sd), ttensor(dx_m), MoexTensor(), MoexTensor())
+    args = capi.GroupedLinearDgradArgs(ttensor(dy), packed(ttensor(w)), capi.BIAS_NONE, capi.Tensor(), capi.Tensor(),
+                                  ttensor(sp.sd), ttensor(dx_m), capi.Tensor(), capi.Tensor())
     dy_g = [(g, dy[a:b], dx_l[a:b]) for g, a, b in sp.bounds]
 
     def loop():
@@ -499,7 +464,7 @@ def wgrad_fns(torch, mx, d, sp):
     dw_m = torch.empty(G, N, K, device="cuda", dtype=x.dtype)
     dw_l = torch.zeros_like(dw_m)  # the loop skips empty groups: they stay zero
     dw_d = torch.empty(N, K, device="cuda", dtype=x.dtype)
-    args = GroupedLinearWgradArgs(ttensor(x), ttensor(dy), ttensor(sp.sd), MOEX_GRAD_WRITE,
+    args = capi.GroupedLinearWgradArgs(ttensor(x), ttensor(dy), ttensor(sp.sd), capi.GRAD_WRITE,
                                   packed(ttensor(dw_m)))
     dyt = dy.t()  # [N, T], a transposed (column-major) view: torch's 2d-2d operand
     slices = [(dy[a:b].t(), x[a:b], dw_l[g]) for g, a, b in sp.bounds]
@@ -516,11 +481,11 @@ def wgrad_fns(torch, mx, d, sp):
 
 def op_fns(torch, mx, op, d, sp):
     if op == "fwd":
-        return forward_fns(torch, mx, d, sp, MOEX_BIAS_NONE)
+        return forward_fns(torch, mx, d, sp, capi.BIAS_NONE)
     if op == "fwd_bias":
-        return forward_fns(torch, mx, d, sp, MOEX_BIAS_ADD)
+        return forward_fns(torch, mx, d, sp, capi.BIAS_ADD)
     if op == "fwd_sbias":
-        return forward_fns(torch, mx, d, sp, MOEX_BIAS_SCALED)
+        return forward_fns(torch, mx, d, sp, capi.BIAS_SCALED)
     if op == "dgrad":
         return dgrad_fns(torch, mx, d, sp)
     return wgrad_fns(torch, mx, d, sp)
@@ -624,8 +589,8 @@ def dense_ceiling(torch, spinner):
 def run_gpu(args):
     import torch
     torch.manual_seed(0)
-    mx = Moex(args.lib, MOEX_BACKEND_CUDA, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
-    mxb = (Moex(args.lib_baseline, MOEX_BACKEND_CUDA, torch.cuda.current_device(),
+    mx = Moex(args.lib, capi.BACKEND_CUDA, torch.cuda.current_device(), torch.cuda.current_stream().cuda_stream)
+    mxb = (Moex(args.lib_baseline, capi.BACKEND_CUDA, torch.cuda.current_device(),
                 torch.cuda.current_stream().cuda_stream) if args.lib_baseline else None)
     spinner = Spinner(torch)
     os.makedirs(args.out, exist_ok=True)
@@ -670,16 +635,16 @@ def run_gpu(args):
 def host_op_args(op, t):
     """(moex op, args struct) of gemm_bench op `op` on the moex tensors t (x, dy, w, bias, probs,
     splits); host_fn sets the output."""
-    absent = MoexTensor()
+    absent = capi.Tensor()
     if op == "dgrad":
-        return "backward_data", GroupedLinearDgradArgs(t["dy"], packed(t["w"]), MOEX_BIAS_NONE, absent, absent,
+        return "backward_data", capi.GroupedLinearDgradArgs(t["dy"], packed(t["w"]), capi.BIAS_NONE, absent, absent,
                                                        t["splits"], absent, absent, absent)
     if op == "wgrad":
-        return "backward_weight", GroupedLinearWgradArgs(t["x"], t["dy"], t["splits"], MOEX_GRAD_WRITE,
+        return "backward_weight", capi.GroupedLinearWgradArgs(t["x"], t["dy"], t["splits"], capi.GRAD_WRITE,
                                                          packed(absent))
-    mode = {"fwd": MOEX_BIAS_NONE, "fwd_bias": MOEX_BIAS_ADD, "fwd_sbias": MOEX_BIAS_SCALED}[op]
-    return "forward", GroupedLinearArgs(t["x"], packed(t["w"]), mode, t["bias"] if mode != MOEX_BIAS_NONE else absent,
-                                        t["probs"] if mode == MOEX_BIAS_SCALED else absent, t["splits"], absent)
+    mode = {"fwd": capi.BIAS_NONE, "fwd_bias": capi.BIAS_ADD, "fwd_sbias": capi.BIAS_SCALED}[op]
+    return "forward", capi.GroupedLinearArgs(t["x"], packed(t["w"]), mode, t["bias"] if mode != capi.BIAS_NONE else absent,
+                                        t["probs"] if mode == capi.BIAS_SCALED else absent, t["splits"], absent)
 
 
 def host_fn(mx, op, args, out_shape):
@@ -687,7 +652,7 @@ def host_fn(mx, op, args, out_shape):
     (set into args here; the workspace allocated once); .out is that output, .n its size."""
     n = math.prod(out_shape)
     out = HostBuf(n)
-    t = mtensor(out.ptr, MOEX_DTYPE_F32, *out_shape)
+    t = mtensor(out.ptr, capi.DTYPE_F32, *out_shape)
     setattr(args, MOEX_OUT[op], packed(t) if op == "backward_weight" else t)
     nbytes = mx.workspace_size(op, args)
     ws = HostBuf(nbytes // 4 + 1)
@@ -723,13 +688,13 @@ def host_inputs(G, T, K, N, rng):
          "w": HostBuf(G * N * K, values=rnd(G * N * K, 0.05)), "bias": HostBuf(G * N, values=rnd(G * N)),
          "probs": HostBuf(T, values=[rng.random() for _ in range(T)])}
     shapes = {"x": (T, K), "dy": (T, N), "w": (G, N, K), "bias": (G, N), "probs": (T,)}
-    return b, {k: mtensor(b[k].ptr, MOEX_DTYPE_F32, *shapes[k]) for k in b}
+    return b, {k: mtensor(b[k].ptr, capi.DTYPE_F32, *shapes[k]) for k in b}
 
 
 def run_cpu(args):
     """--cpu: the moex column, and moex_base with --lib-baseline, on the CPU backend."""
-    mx = Moex(args.lib, MOEX_BACKEND_CPU)
-    mxb = Moex(args.lib_baseline, MOEX_BACKEND_CPU) if args.lib_baseline else None
+    mx = Moex(args.lib, capi.BACKEND_CPU)
+    mxb = Moex(args.lib_baseline, capi.BACKEND_CPU) if args.lib_baseline else None
     libs = {"moex": mx, "moex_base": mxb} if mxb else {"moex": mx}
     os.makedirs(args.out, exist_ok=True)
     json_path = args.json or os.path.join(args.out, "gemm_bench.jsonl")
@@ -755,7 +720,7 @@ def run_cpu(args):
             flops = 2.0 * T * K * N
             for kind in kinds:
                 bs = HostBuf(G, ctypes.c_int64, make_splits(G, T, kind))
-                t["splits"] = mtensor(bs.ptr, MOEX_DTYPE_I64, G)
+                t["splits"] = mtensor(bs.ptr, capi.DTYPE_I64, G)
                 for op in args.ops:
                     out_shape = (G, N, K) if op == "wgrad" else (T, K) if op == "dgrad" else (T, N)
                     fns = {f: host_fn(lib, *host_op_args(op, t), out_shape) for f, lib in libs.items()}
@@ -798,16 +763,13 @@ def main():
     ap.add_argument("--iters", type=int, default=0, help="timed launches per function (default 30 big, 60 small)")
     ap.add_argument("--out", default=".")
     ap.add_argument("--json", default=None, help="JSON lines path (default OUT/gemm_bench.jsonl)")
-    ap.add_argument("--abi", action="store_true", help="print the ctypes struct layout and exit")
     ap.add_argument("--selftest-cpu", action="store_true", help="run all ops through the CPU backend and exit")
     ap.add_argument("--lib-baseline", default=None, metavar="PATH",
                     help="another libmoex.so, timed in the same rotation (columns base TF, moex/base)")
     ap.add_argument("--cpu", action="store_true",
                     help="time moex (and the baseline) on the CPU backend, CPU configs, no torch")
     args = ap.parse_args()
-    if args.abi:
-        print_abi()
-        return 0
+    load_capi(args.lib)
     if args.selftest_cpu:
         return selftest_cpu(args.lib)
     known = CPU_CONFIGS if args.cpu else CONFIGS

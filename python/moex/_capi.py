@@ -1,8 +1,10 @@
-"""_capi.py - libmoex through ctypes: the structs of include/moex.h that the binding uses, the
-library's functions, one context per (backend, device), and errors as MoexError.
+"""_capi.py - libmoex through ctypes: the structs of include/moex.h, the library's functions,
+one context per (backend, device), and errors as MoexError.
 
-The structs mirror include/moex.h field for field (enums are C ints); the public C API is the
-only thing used.
+Every struct of include/moex.h has its mirror here, field for field (enums are C ints): the
+mirror of moex_<name> is the class <Name> in CamelCase (moex_grouped_linear_args:
+GroupedLinearArgs). tests/abi/test_abi.py checks each against the compiler's layout; this is
+the tree's one copy of them (scripts import it). The public C API is the only thing used.
 """
 import ctypes
 import os
@@ -179,6 +181,51 @@ class GroupedLinearFp8Args(ctypes.Structure):
 class GroupedLinearFp8WgradArgs(ctypes.Structure):
     _fields_ = [("dy_params", QuantParams), ("dy", QuantTensor), ("x_params", QuantParams), ("x", QuantTensor),
                 ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
+
+
+# Expert parallelism (moex_ep_*): the structs only; the EP functions are not bound here yet.
+EP_COMM_MPI, EP_COMM_NCCL = 0, 1
+EP_TRANSFER_AUTO, EP_TRANSFER_CAPACITY, EP_TRANSFER_PEER = 0, 1, 2
+
+
+class EpConfig(ctypes.Structure):
+    _fields_ = [("comm_kind", ctypes.c_int), ("comm", ctypes.c_void_p), ("num_experts", ctypes.c_int32),
+                ("topk", ctypes.c_int32), ("hidden", ctypes.c_int64), ("dtype", ctypes.c_int),
+                ("max_tokens", ctypes.c_int64), ("max_recv_rows", ctypes.c_int64), ("transfer", ctypes.c_int)]
+
+
+class EpInfo(ctypes.Structure):
+    _fields_ = [("rank", ctypes.c_int32), ("world", ctypes.c_int32), ("local_experts", ctypes.c_int32),
+                ("transfer", ctypes.c_int), ("handle_bytes", ctypes.c_size_t)]
+
+
+class EpDispatchArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("x", Tensor), ("ids", Tensor), ("probs", Tensor), ("handle", ctypes.c_void_p),
+                ("handle_bytes", ctypes.c_size_t), ("xr", Tensor), ("probs_r", Tensor), ("splits", Tensor),
+                ("dropped", Tensor), ("x_scales", Tensor), ("xr_scales", Tensor)]
+
+
+class EpDispatchGradArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("handle", ctypes.c_void_p), ("handle_bytes", ctypes.c_size_t),
+                ("dxr", Tensor), ("dprobs_r", Tensor), ("dx", Tensor), ("dprobs", Tensor)]
+
+
+class EpCombineArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("handle", ctypes.c_void_p), ("handle_bytes", ctypes.c_size_t),
+                ("yr", Tensor), ("y", Tensor)]
+
+
+class EpCombineGradArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("handle", ctypes.c_void_p), ("handle_bytes", ctypes.c_size_t),
+                ("dy", Tensor), ("dyr", Tensor)]
+
+
+class EpMoeLayerArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("layer", MoeLayerArgs)]
+
+
+class EpMoeLayerGradArgs(ctypes.Structure):
+    _fields_ = [("ep", ctypes.c_void_p), ("layer", MoeLayerGradArgs)]
 
 
 class MoexError(RuntimeError):
