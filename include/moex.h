@@ -276,6 +276,26 @@ MOEX_API moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx,
 MOEX_API moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
+/* ---- zero_tail ------------------------------------------------------------------------
+ * The rows past the groups made zero: x [T, ...] (any dtype, 1 to 4 dimensions) gets every
+ * byte of its rows r >= min(sum(splits), T) set to 0 (the value 0 of every moex dtype); rows
+ * before are not touched. The ops of this header leave those rows unwritten; a caller that
+ * hands outputs on (a framework's autograd) zeroes them with this call, at the cost of those
+ * rows only, without reading split values on the host (graph-safe). Bad split values: a
+ * negative split or a sum past T is clamped as every op clamps it (the CPU backend refuses it,
+ * MOEX_ERR_BAD_SPLITS; CUDA flags it for moex_context_check_splits). Its workspace holds the
+ * prepared groups (a few bytes per group). */
+
+typedef struct moex_zero_tail_args {
+    moex_tensor x;                  /* [T, ...], any dtype, rows past the groups = 0        */
+    moex_tensor splits;             /* [G] I64, G >= 1                                     */
+} moex_zero_tail_args;
+
+MOEX_API moex_status moex_zero_tail_workspace_size(moex_context *ctx, const moex_zero_tail_args *args,
+        size_t *bytes);
+MOEX_API moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args *args, void *workspace,
+        size_t workspace_bytes, moex_stream stream);
+
 /* ---- Grouped linear ------------------------------------------------------------------ *
  * forward:         y_g = x_g W_g^T (+ b_g | + p_i b_g)
  * backward_data:   dx_g = dy_g W_g,  dbias_g = sum_i dy_i (or sum_i p_i dy_i),

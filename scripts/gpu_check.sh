@@ -6,8 +6,12 @@
 #   then --ops other: GLU, router, permute, unpermute, MoE layer on $OTHER_CONFIGS) and the
 #   PyTorch baselines on the same shapes (bench/torch_baseline.py, both modes, and the grouped
 #   GEMMs of bench/gemm_bench.py), then a summary.
-# Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize fuzz check bench (default all)
+# Usage: scripts/gpu_check.sh [stage ...]   stages: build test sanitize fuzz stress check bench
+#   (default all)
 #   fuzz: tests/fuzz's standalone driver, FUZZ_RUNS (default 20000) inputs on the CUDA backend
+#   stress: tests/stress/torch_stress.py in STRESS_PROCS (default 4) fresh processes of
+#   STRESS_CALLS (default 1000) mixed moex.torch and C API calls each, through this build's
+#   libmoex (MOEX_LIBRARY); any failure fails the stage
 # Logs go to $OUT (the device tool's output folder) or $BUILD/gpu_out: build.log ctest.log
 # sanitize.log check.log bench.log (portable GEMM runs appended) torch.log (torch baselines and
 # bench/gemm_bench.py) gemm_bench.jsonl summary.txt. Env: BUILD (build dir, default
@@ -26,7 +30,7 @@ BENCH_CONFIGS=${BENCH_CONFIGS:-$(python3 -c 'import sys; sys.path.insert(0, "ben
 OTHER_CONFIGS=${OTHER_CONFIGS:-dsv3-fc1,qwen3-30b-fc1}   # configs of `moex bench --ops other` and its torch baseline
 OTHER_OPS=' (glu|router|permute|unpermute|moe)_(fwd|bwd) '
 mkdir -p "$OUT"
-STAGES=${*:-build test sanitize fuzz check bench}
+STAGES=${*:-build test sanitize fuzz stress check bench}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -85,6 +89,19 @@ if has fuzz; then   # the API fuzzer's standalone driver against the CUDA backen
       "$BUILD"/tests/fuzz/moex_fuzz_run --backend cuda --runs "${FUZZ_RUNS:-20000}" tests/fuzz/corpus; } \
         > "$OUT/fuzz.log" 2>&1
     note "fuzz (CUDA backend): rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/fuzz.log")"
+fi
+
+if has stress; then   # fresh processes of mixed calls, some on new threads; zero failures allowed
+    t0=$SECONDS
+    : > "$OUT/stress.log"
+    fails=0
+    for p in $(seq 1 "${STRESS_PROCS:-4}"); do
+        MOEX_LIBRARY=$PWD/$BUILD/libmoex.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+            python3 tests/stress/torch_stress.py --calls "${STRESS_CALLS:-1000}" --seed "$p" >> "$OUT/stress.log" 2>&1 ||
+            fails=$((fails + 1))
+    done
+    note "stress: $fails of ${STRESS_PROCS:-4} processes failed, $((SECONDS - t0)) s"
+    grep -E '^torch_stress:' "$OUT/stress.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
 if has check; then

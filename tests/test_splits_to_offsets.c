@@ -5,6 +5,10 @@
  * leading zero. Every output buffer has poisoned guard elements past its end that must
  * stay untouched; the splits must stay unchanged. Negative splits fail with
  * MOEX_ERR_BAD_SPLITS and write nothing.
+ * moex_zero_tail: x [T, ...] of every dtype, 1 to 4 dimensions, rows of 1 to 4096 bytes (odd
+ * sizes and 16-byte multiples), every splits kind with sum(splits) from 0 to T: the rows
+ * before the sum keep their bytes, every byte of the rows after is 0; a sum past T on the CPU
+ * is MOEX_ERR_BAD_SPLITS with nothing written; x of 0 or 5 dimensions is refused.
  */
 #include "test_util.h"
 
@@ -88,6 +92,87 @@ static void run_negative(moex_context *ctx, int64_t G, int64_t bad_group) {
     free(sp);
 }
 
+/* x [T, cols...] of dt filled with nonzero bytes, splits summing to `used` <= T (kind): after
+ * moex_zero_tail the first `used` rows are unchanged and the rest are zero bytes. */
+static void run_zero_tail(moex_context *ctx, tu_rng *r, moex_dtype dt, int ndim, int64_t T, const int64_t *inner,
+                          int64_t G, tu_splits_kind kind, int64_t used) {
+    moex_zero_tail_args a;
+    memset(&a, 0, sizeof a);
+    int64_t row = (int64_t)moex_dtype_size(dt);
+    a.x.dtype = dt;
+    a.x.ndim = ndim;
+    a.x.shape[0] = T;
+    for (int i = 1; i < ndim; i++) row *= (a.x.shape[i] = inner[i - 1]);
+    const size_t bytes = (size_t)(T * row);
+    unsigned char *x = (unsigned char *)tu_alloc(bytes + 1), *before = (unsigned char *)tu_alloc(bytes + 1);
+    for (size_t i = 0; i < bytes; i++) x[i] = (unsigned char)(1 + tu_randint(r, 255));
+    memcpy(before, x, bytes);
+    a.x.data = x;
+    int64_t *sp = (int64_t *)tu_alloc((size_t)G * sizeof(int64_t));
+    tu_make_splits(r, kind, G, used, sp);
+    a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, G);
+    size_t ws_bytes = 0;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &ws_bytes), MOEX_OK);
+    void *ws = tu_workspace(ws_bytes);
+    CHECK_STATUS(ctx, moex_zero_tail(ctx, &a, ws, ws_bytes, NULL), MOEX_OK);
+    const size_t kept = (size_t)(used * row);
+    size_t bad = SIZE_MAX;
+    for (size_t i = 0; i < bytes && bad == SIZE_MAX; i++)
+        if (x[i] != (i < kept ? before[i] : 0)) bad = i;
+    CHECK_MSG(bad == SIZE_MAX, "zero_tail %s %d-D T=%lld row %lld bytes G=%lld %s sum %lld: byte %zu (row %lld) is %u",
+              moex_dtype_name(dt), ndim, (long long)T, (long long)row, (long long)G, tu_splits_name(kind),
+              (long long)used, bad, bad == SIZE_MAX ? 0LL : (long long)(bad / (size_t)row),
+              bad == SIZE_MAX ? 0u : x[bad]);
+    free(ws);
+    free(sp);
+    free(before);
+    free(x);
+}
+
+/* Refusals: x of 0 or 5 dimensions (INVALID_ARG) and a sum past T on the CPU (BAD_SPLITS),
+ * nothing written. */
+static void run_zero_tail_refused(moex_context *ctx) {
+    float x[12];
+    for (int i = 0; i < 12; i++) x[i] = 1.0f + (float)i;
+    int64_t sp[2] = {1, 1};
+    moex_zero_tail_args a;
+    memset(&a, 0, sizeof a);
+    a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, 2);
+    a.x = moex_tensor_1d(x, MOEX_DTYPE_F32, 12);
+    a.x.ndim = 0;
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_ERR_INVALID_ARG);
+    CHECK_MSG_HAS(ctx, "x must have 1 to 4 dimensions");
+    a.x.ndim = 5;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_ERR_INVALID_ARG);
+    if (moex_context_backend(ctx) != MOEX_BACKEND_CPU) return;   /* CUDA flags bad splits */
+    a.x = moex_tensor_1d(x, MOEX_DTYPE_F32, 12);
+    sp[0] = 10, sp[1] = 3;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_zero_tail(ctx, &a, ws, bytes, NULL), MOEX_ERR_BAD_SPLITS);
+    for (int i = 0; i < 12; i++) CHECK_MSG(x[i] == 1.0f + (float)i, "zero_tail refused, x[%d] written", i);
+    free(ws);
+}
+
+static void zero_tail_suite(moex_context *ctx, tu_rng *r) {
+    static const moex_dtype dts[] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16, MOEX_DTYPE_I32,
+                                     MOEX_DTYPE_I64, MOEX_DTYPE_E4M3, MOEX_DTYPE_E5M2, MOEX_DTYPE_E8M0};
+    static const int64_t inners[][3] = {{1, 1, 1}, {7, 1, 1}, {64, 1, 1}, {3, 5, 1}, {2, 3, 2}, {1024, 1, 1}};
+    int n = 0;
+    for (int di = 0; di < 8; di++)
+        for (int ii = 0; ii < 6; ii++) {
+            const int ndim = 1 + (ii == 0 ? 0 : ii < 3 || ii == 5 ? 1 : ii == 3 ? 2 : 3);
+            const int64_t T = 1 + tu_randint(r, 300), G = 1 + tu_randint(r, 9);
+            const tu_splits_kind kind = (tu_splits_kind)(n++ % TU_SPLITS_NUM_KINDS);
+            run_zero_tail(ctx, r, dts[di], ndim, T, inners[ii], G, kind, tu_randint(r, T + 1));
+            run_zero_tail(ctx, r, dts[di], ndim, T, inners[ii], G, kind, T);   /* no tail */
+        }
+    const int64_t one[3] = {1, 1, 1};
+    run_zero_tail(ctx, r, MOEX_DTYPE_BF16, 1, 0, one, 3, TU_SPLITS_BALANCED, 0);   /* T = 0 */
+    run_zero_tail_refused(ctx);
+}
+
 int main(void) {
     moex_context *ctx = tu_cpu_context();
     tu_rng r = tu_rng_seed(7);
@@ -108,6 +193,7 @@ int main(void) {
         run_negative(ctx, G, 0);
         free(splits);
     }
+    zero_tail_suite(ctx, &r);
     moex_context_destroy(ctx);
     return tu_finish();
 }

@@ -42,6 +42,11 @@ class Fp8Recipe(ctypes.Structure):
                 ("amax_epsilon", ctypes.c_float)]
 
 
+class ZeroTailArgs(ctypes.Structure):
+    """moex_zero_tail_args: x [T, ...] whose rows at and past sum(splits) become zero bytes."""
+    _fields_ = [("x", Tensor), ("splits", Tensor)]
+
+
 class GroupedLinearArgs(ctypes.Structure):
     _fields_ = [("x", Tensor), ("w", Weight), ("bias_mode", ctypes.c_int), ("bias", Tensor), ("probs", Tensor),
                 ("splits", Tensor), ("y", Tensor), ("fp8", Fp8Recipe)]
@@ -247,7 +252,7 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs,
        "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs,
        "grouped_linear_fp8_forward": GroupedLinearFp8Args,
-       "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs}
+       "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs, "zero_tail": ZeroTailArgs}
 
 
 def _library_path():

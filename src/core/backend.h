@@ -127,6 +127,7 @@ typedef struct moex_cast_rows_args {
  *   weight_copy    grouped weights from one form and dtype into another (moex_weight_copy_args)
  *   cast_rows      dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into
  *                  dst's dtype (d: T, N)
+ *   zero_tail      every byte of x's rows r >= off[G] = 0 (d: T rows of row_bytes)
  * The splits fields of the args are not read by grouped primitives: the handle has them.
  * glu_bwd's dh may be its h itself (each pair of h is read before its dh is written: the
  * grouped MLP's MOEX_H_OVERWRITE).
@@ -139,7 +140,8 @@ typedef struct moex_cast_rows_args {
     X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)                                       \
     X(p, quantize, moex_group_quantize_args, moex_quant_dims)                                     \
     X(p, dequantize, moex_group_dequantize_args, moex_quant_dims)                                 \
-    X(p, cast_rows, moex_cast_rows_args, moex_gl_dims)
+    X(p, cast_rows, moex_cast_rows_args, moex_gl_dims)                                            \
+    X(p, zero_tail, moex_zero_tail_args, moex_tail_dims)
 #define MOEX_PLAIN_PRIMITIVES(X, p)                                                               \
     X(p, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                        \
     X(p, router_fwd, moex_router_args, moex_router_dims)                                          \

@@ -1,8 +1,9 @@
 /*
- * grouped_linear.c - moex_splits_to_offsets and the grouped linear layer: validation and
- * composition (the math: docs/ops.md).
+ * grouped_linear.c - moex_splits_to_offsets, moex_zero_tail and the grouped linear layer:
+ * validation and composition (the math: docs/ops.md).
  *
  *   splits_to_offsets:  the backend's splits_to_offsets primitive
+ *   zero_tail:          prepare the groups, zero_tail
  *   forward:            prepare the groups, linear_fwd
  *   backward_data:      prepare the groups, linear_dgrad (dx, dbias, dprobs)
  *   backward_weight:    prepare the groups, linear_wgrad
@@ -45,6 +46,38 @@ size_t moex_op_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offs
 moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
                                           const moex_splits_dims *d, void *ws) {
     return moex_ops(ctx)->splits_to_offsets(ctx, c, a, d, ws);
+}
+
+/* ---- zero_tail ----------------------------------------------------------------------- */
+
+moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const moex_zero_tail_args *a,
+                                       moex_purpose p, moex_tail_dims *d) {
+    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &d->G));
+    const moex_tensor *x = &a->x;
+    if (x->ndim < 1 || x->ndim > MOEX_MAX_DIMS)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: x must have 1 to %d dimensions, has %d", op, MOEX_MAX_DIMS,
+                         (int)x->ndim);
+    const int64_t any[MOEX_MAX_DIMS] = {-1, -1, -1, -1};
+    MOEX_TRY(moex_check_output(ctx, op, "x", x, x->ndim, any, ~0u));
+    d->T = x->shape[0];
+    d->row_bytes = (int64_t)moex_dtype_size(x->dtype);   /* < 2^63: x has at most 2^60 elements */
+    for (int i = 1; i < x->ndim; i++) d->row_bytes *= x->shape[i];
+    return MOEX_OK;
+}
+
+size_t moex_op_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d) {
+    return moex_sz_add(moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL), moex_ops(ctx)->zero_tail_ws(ctx, a, d));
+}
+
+moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const moex_zero_tail_args *a,
+                                  const moex_tail_dims *d, void *ws) {
+    moex_carver cv = {(char *)ws, 0};
+    void *groups = moex_take(&cv, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
+    void *sub = moex_take(&cv, moex_ops(ctx)->zero_tail_ws(ctx, a, d));
+    moex_groups g;
+    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, groups, &g));
+    return moex_ops(ctx)->zero_tail(ctx, c, &g, a, d, sub);
 }
 
 /* ---- the composition ------------------------------------------------------------------
@@ -161,6 +194,15 @@ moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_
 moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
                                    size_t workspace_bytes, moex_stream stream) {
     return moex_op_run(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_zero_tail_workspace_size(moex_context *ctx, const moex_zero_tail_args *args, size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_ZERO_TAIL, args, bytes);
+}
+
+moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args *args, void *workspace,
+                           size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_ZERO_TAIL, args, workspace, workspace_bytes, stream);
 }
 
 moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,

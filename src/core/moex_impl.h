@@ -62,6 +62,10 @@ typedef struct moex_moe_dims {       /* MoE layer */
 
 typedef struct moex_splits_dims { int64_t G; } moex_splits_dims;
 
+typedef struct moex_tail_dims {      /* zero_tail: x's T rows of row_bytes bytes */
+    int64_t G, T, row_bytes;
+} moex_tail_dims;
+
 typedef struct moex_quant_dims {     /* grouped quantize and dequantize; weights: T = N */
     int64_t G, T, K;
     moex_dtype dt;                   /* x (quantize) or y (dequantize): f32, bf16, f16 */
@@ -104,6 +108,7 @@ typedef struct moex_ep_dims {        /* the EP operations and the EP MoE layer *
 /* The dims of any operation (the op table handles them as one type). */
 typedef union moex_dims {
     moex_splits_dims splits;
+    moex_tail_dims tail;
     moex_gl_dims gl;
     moex_glu_dims glu;
     moex_mlp_dims mlp;

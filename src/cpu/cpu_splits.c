@@ -1,6 +1,6 @@
 /*
- * cpu_splits.c - the CPU prepared groups (host splits -> checked offsets [G+1]) and
- * splits_to_offsets.
+ * cpu_splits.c - the CPU prepared groups (host splits -> checked offsets [G+1]),
+ * splits_to_offsets, and zero_tail (the rows past off[G] set to zero bytes).
  *
  * splits_to_offsets: one pass over splits [G] fills up to
  * MOEX_MAX_OFFSETS offset arrays, each I32 or I64, each with its own stride:
@@ -11,6 +11,8 @@
  * value of every output, stride * sum, fits its dtype (MOEX_ERR_INVALID_ARG). The
  * values only grow with g, so the last one is the largest. No workspace.
  */
+#include <string.h>
+
 #include "cpu_ops.h"
 
 size_t moex_cpu_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
@@ -87,5 +89,16 @@ moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const
         off[i + 1] = off[i] + s;
     }
     *g = (moex_groups){.G = G, .T = T, .splits = splits, .off = off};
+    return MOEX_OK;
+}
+
+/* ---- zero_tail ------------------------------------------------------------------------ */
+
+size_t moex_cpu_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d) { return 0; }
+
+moex_status moex_cpu_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws) {
+    const int64_t rows = d->T - g->off[g->G];   /* off[G] <= T: checked by the prepare */
+    if (rows > 0) memset((char *)a->x.data + g->off[g->G] * d->row_bytes, 0, (size_t)(rows * d->row_bytes));
     return MOEX_OK;
 }

@@ -9,25 +9,46 @@
 
 #include "cuda_ops.h"
 
-/* ---- entering a call: ctx->device current, the caller's restored on leave ------------- */
+/* ---- entering a call: ctx->device current, the caller's restored on leave -------------
+ * cudaGetDevice answers 0 on a thread with no current context without binding one, and the
+ * driver calls of a call (the Hopper GEMMs' tensor-map encoder) need one: so the thread's
+ * context is asked first (cuCtxGetCurrent, a thread-local read), and a thread without one gets
+ * the device's primary context through cudaSetDevice. */
 
-static moex_status device_enter(moex_context *ctx, const char *op, int *prev) {
+static CUresult (*driver_ctx_get_current(void))(CUcontext *) {
+    void *p = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 4000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return (CUresult(*)(CUcontext *))p;
+}
+
+moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, int *prev) {
+    CUcontext current = NULL;
+    if (moex_cuda_st(ctx)->ctx_get_current(&current) != CUDA_SUCCESS || current == NULL) {
+        *prev = ctx->device;   /* nothing to restore: the primary context stays bound */
+        CUDA_TRY(ctx, op, cudaSetDevice(ctx->device));
+        return MOEX_OK;
+    }
     CUDA_TRY(ctx, op, cudaGetDevice(prev));
     if (*prev != ctx->device) CUDA_TRY(ctx, op, cudaSetDevice(ctx->device));
     return MOEX_OK;
 }
 
-static void device_leave(moex_context *ctx, int prev) {
+void moex_cuda_device_leave(moex_context *ctx, int prev) {
     if (prev != ctx->device) cudaSetDevice(prev);
 }
 
 static moex_status cuda_enter(moex_context *ctx, const moex_call *c, int *scope) {
-    return device_enter(ctx, c->op, scope);
+    return moex_cuda_device_enter(ctx, c->op, scope);
 }
 
 static moex_status cuda_leave(moex_context *ctx, int scope, moex_status st) {
     st = moex_cuda_sched_finish(ctx, st);
-    device_leave(ctx, scope);
+    moex_cuda_device_leave(ctx, scope);
     return st;
 }
 
@@ -79,9 +100,9 @@ static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
 
 static moex_status cuda_check_splits(moex_context *ctx, moex_stream stream) {
     int prev;
-    MOEX_TRY(device_enter(ctx, "moex_context_check_splits", &prev));
+    MOEX_TRY(moex_cuda_device_enter(ctx, "moex_context_check_splits", &prev));
     const moex_status s = check_splits_run(ctx, (cudaStream_t)stream);
-    device_leave(ctx, prev);
+    moex_cuda_device_leave(ctx, prev);
     return s;
 }
 
@@ -89,10 +110,10 @@ static void cuda_destroy(moex_context *ctx) {
     moex_cuda_state *st = moex_cuda_st(ctx);
     if (!st) return;
     int prev;
-    if (device_enter(ctx, "moex_context_destroy", &prev) == MOEX_OK) {
+    if (moex_cuda_device_enter(ctx, "moex_context_destroy", &prev) == MOEX_OK) {
         if (st->flag) cudaFree(st->flag);
         moex_cuda_sm90_release(ctx);
-        device_leave(ctx, prev);
+        moex_cuda_device_leave(ctx, prev);
     }
     free(st);
     ctx->backend_state = NULL;
@@ -159,13 +180,18 @@ extern "C" moex_status moex_cuda_backend_init(moex_context *ctx) {
                          ctx->device, count);
     moex_cuda_state *st = (moex_cuda_state *)calloc(1, sizeof *st);
     if (!st) return moex_fail(ctx, MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of host memory");
+    st->ctx_get_current = driver_ctx_get_current();
+    if (st->ctx_get_current == NULL) {
+        free(st);
+        return moex_fail(ctx, MOEX_ERR_CUDA, "moex_context_create: the driver gives no cuCtxGetCurrent");
+    }
     ctx->backend_state = st;
     ctx->ops = &cuda_ops;
     int prev;
-    moex_status s = device_enter(ctx, "moex_context_create", &prev);
+    moex_status s = moex_cuda_device_enter(ctx, "moex_context_create", &prev);
     if (s == MOEX_OK) {
         s = init_run(ctx);
-        device_leave(ctx, prev);
+        moex_cuda_device_leave(ctx, prev);
     }
     if (s != MOEX_OK) {
         cuda_destroy(ctx);

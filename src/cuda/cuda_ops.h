@@ -15,6 +15,7 @@
 #ifndef MOEX_CUDA_OPS_H
 #define MOEX_CUDA_OPS_H
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -33,6 +34,7 @@ enum moex_cuda_flag_kind {
 
 typedef struct moex_cuda_state {
     int *flag;                  /* device int, zero when clean; allocated once  */
+    CUresult (*ctx_get_current)(CUcontext *);   /* the driver's cuCtxGetCurrent (entering) */
     int num_sms;
     int sm90;                   /* 1: the Hopper GEMMs (sm90_grouped_gemm.h) may run: a
                                    cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
@@ -49,6 +51,14 @@ typedef struct moex_cuda_state {
 static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
     return (moex_cuda_state *)ctx->backend_state;
 }
+
+/* Entering a call on any thread (cuda_backend.cu): makes ctx->device's context current on the
+ * calling thread before any driver or runtime call of the call. A thread with no current
+ * context (new, or whose first CUDA work this is) gets the device's primary context bound,
+ * and keeps it; a thread on another device is switched, and moex_cuda_device_leave switches it
+ * back to *prev. */
+moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, int *prev);
+void moex_cuda_device_leave(moex_context *ctx, int prev);
 
 /* ---- the group schedule (cuda_splits.cu): the prepared groups of backend.h -----------
  * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T).

@@ -55,6 +55,7 @@ struct moex_sm90_context {
     int device;
     moex_sm90_device dev;                       /* the plans' device facts      */
     PFN_cuTensorMapEncodeTiled_v12000 encode;   /* the driver's map encoder     */
+    PFN_cuGetErrorName_v6000 error_name;        /* the driver's CUresult names  */
 };
 
 /* Once per context (sm90_context.cu): each kernel file raises the dynamic shared-memory
@@ -134,26 +135,37 @@ static inline CUtensorMapL2promotion sm90_l2_promotion(int bytes) {
     }
 }
 
-/* A 2-D or 3-D row-major bf16/f16/f32 or FP8 (as bytes) tensor map through c's encoder: dims
- * innermost first, box as given (its inner extent at most 128 bytes), 128-byte swizzle, zero
- * fill outside the tensor, L2 promotion `promo`. */
+/* The message of a tensor map the driver refused (sm90_context.cu): "<kernel>: the tensor map
+ * of <operand>: <reason>", in a buffer of the calling thread's, valid until its next failure. */
+const char *sm90_map_failure(const moex_sm90_context *c, const char *kernel, const char *operand, CUresult r);
+
+/* A 2-D or 3-D row-major bf16/f16/f32 or FP8 (as bytes) tensor map of `operand` through c's
+ * encoder: dims innermost first, box as given (its inner extent at most 128 bytes), 128-byte
+ * swizzle, zero fill outside the tensor, L2 promotion `promo`. False when the base is not
+ * 16-byte aligned or the driver refuses the map; then *why (when why is not NULL: an optional
+ * map) names the kernel, the operand and the driver's CUresult. */
 static inline bool sm90_make_map(const moex_sm90_context *c, CUtensorMap *m, moex_dtype dt, const void *base,
                                  int rank, const cuuint64_t *dims, const cuuint32_t *box,
-                                 CUtensorMapL2promotion promo) {
-    if (!sm90_aligned16(base)) return false;
-    const bool fp8 = dt == MOEX_DTYPE_E4M3 || dt == MOEX_DTYPE_E5M2;
-    const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : fp8 ? 1 : 2;
-    cuuint64_t strides[2];
-    strides[0] = dims[0] * es;
-    if (rank == 3) strides[1] = dims[0] * dims[1] * es;
-    const cuuint32_t estr[3] = {1, 1, 1};
-    CUresult r = c->encode(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
-                              : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                              : fp8                  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                                     : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-                           (cuuint32_t)rank, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                           CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS;
+                                 CUtensorMapL2promotion promo, const char *kernel, const char *operand,
+                                 const char **why) {
+    CUresult r = CUDA_ERROR_MISALIGNED_ADDRESS;
+    if (sm90_aligned16(base)) {
+        const bool fp8 = dt == MOEX_DTYPE_E4M3 || dt == MOEX_DTYPE_E5M2;
+        const cuuint64_t es = dt == MOEX_DTYPE_F32 ? 4 : fp8 ? 1 : 2;
+        cuuint64_t strides[2];
+        strides[0] = dims[0] * es;
+        if (rank == 3) strides[1] = dims[0] * dims[1] * es;
+        const cuuint32_t estr[3] = {1, 1, 1};
+        r = c->encode(m, dt == MOEX_DTYPE_F32   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                         : dt == MOEX_DTYPE_F16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                         : fp8                  ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                                : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                      (cuuint32_t)rank, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, promo, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r == CUDA_SUCCESS) return true;
+    }
+    if (why != NULL) *why = sm90_map_failure(c, kernel, operand, r);
+    return false;
 }
 
 /* Whether the common shape limits hold: G in [1, 2^31), T in [0, 2^31 - 128), K and N

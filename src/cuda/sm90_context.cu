@@ -4,20 +4,34 @@
  * otherwise ask the driver every time, asked once. The CUDA backend makes one per moex
  * context (cuda_gemm_sm90.cu); tests and benchmarks make their own.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "sm90_common.cuh"
 
-/* The driver's tensor-map encoder, through the runtime (no link against libcuda). */
-static PFN_cuTensorMapEncodeTiled_v12000 sm90_encoder(void) {
+/* A driver function through the runtime (no link against libcuda); NULL when absent. */
+static void *sm90_driver_entry(const char *name, int version) {
     void *p = NULL;
     cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+    if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
         q != cudaDriverEntryPointSuccess) {
         cudaGetLastError();
         return NULL;
     }
-    return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    return p;
+}
+
+const char *sm90_map_failure(const moex_sm90_context *c, const char *kernel, const char *operand, CUresult r) {
+    static thread_local char msg[256];
+    const char *name = NULL;
+    if (r == CUDA_ERROR_MISALIGNED_ADDRESS) {
+        snprintf(msg, sizeof msg, "%s: the tensor map of %s: its address is not 16-byte aligned", kernel, operand);
+        return msg;
+    }
+    if (c->error_name == NULL || c->error_name(r, &name) != CUDA_SUCCESS || name == NULL) name = "an unknown CUresult";
+    snprintf(msg, sizeof msg, "%s: the tensor map of %s: cuTensorMapEncodeTiled returned %s (%d)", kernel, operand,
+             name, (int)r);
+    return msg;
 }
 
 static moex_status sm90_context_fill(moex_sm90_context *c, const char **why) {
@@ -36,7 +50,8 @@ static moex_status sm90_context_fill(moex_sm90_context *c, const char **why) {
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the kernels are not in this binary");
     }
     if (fa.binaryVersion != 90) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: this binary has no sm_90a kernels");
-    c->encode = sm90_encoder();
+    c->encode = (PFN_cuTensorMapEncodeTiled_v12000)sm90_driver_entry("cuTensorMapEncodeTiled", 12000);
+    c->error_name = (PFN_cuGetErrorName_v6000)sm90_driver_entry("cuGetErrorName", 6000);
     if (c->encode == NULL) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the driver gives no cuTensorMapEncodeTiled");
     const char *w = "";
     if (sm90_rows_prepare(c->dev.sms, &c->dev.rows_cluster_slots, &w) != cudaSuccess ||

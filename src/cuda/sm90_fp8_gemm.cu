@@ -369,11 +369,12 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
     const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
     const cuuint32_t wbox[3] = {F8_BK, F8_BN, 1}, whbox[3] = {F8_BK, 64, 1};
     const CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-    if (!sm90_make_map(c, &km.x, a->x_fmt, a->x, 2, xdims, xbox, promo) ||
-        !sm90_make_map(c, &km.xh, a->x_fmt, a->x, 2, xdims, xhbox, promo) ||
-        !sm90_make_map(c, &km.w, a->w_fmt, a->w, 3, wdims, wbox, promo) ||
-        !sm90_make_map(c, &km.wh, a->w_fmt, a->w, 3, wdims, whbox, promo))
-        SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 GEMM: cuTensorMapEncodeTiled failed");
+    const char *kname = "sm90 FP8 GEMM";   /* a map failure names the kernel and the operand */
+    if (!sm90_make_map(c, &km.x, a->x_fmt, a->x, 2, xdims, xbox, promo, kname, "x", why) ||
+        !sm90_make_map(c, &km.xh, a->x_fmt, a->x, 2, xdims, xhbox, promo, kname, "x", why) ||
+        !sm90_make_map(c, &km.w, a->w_fmt, a->w, 3, wdims, wbox, promo, kname, "w", why) ||
+        !sm90_make_map(c, &km.wh, a->w_fmt, a->w, 3, wdims, whbox, promo, kname, "w", why))
+        return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
     sm90_fp8_params kp;
     memset(&kp, 0, sizeof kp);
     kp.y = a->y;

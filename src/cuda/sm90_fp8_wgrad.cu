@@ -390,9 +390,10 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     const cuuint64_t xdims[2] = {(cuuint64_t)a->T, (cuuint64_t)a->K};
     const cuuint32_t box[2] = {F8W_BR, 128};
     const CUtensorMapL2promotion promo = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
-    if (!sm90_make_map(c, &km.dy, a->dy_fmt, a->dy, 2, dydims, box, promo) ||
-        !sm90_make_map(c, &km.x, a->x_fmt, a->x, 2, xdims, box, promo))
-        SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 wgrad: cuTensorMapEncodeTiled failed");
+    const char *kname = "sm90 FP8 wgrad";   /* a map failure names the kernel and the operand */
+    if (!sm90_make_map(c, &km.dy, a->dy_fmt, a->dy, 2, dydims, box, promo, kname, "dy", why) ||
+        !sm90_make_map(c, &km.x, a->x_fmt, a->x, 2, xdims, box, promo, kname, "x", why))
+        return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
     sm90_fp8_wgrad_params kp;
     memset(&kp, 0, sizeof kp);
     kp.dw = a->dw;
@@ -411,7 +412,7 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
      * register epilogue */
     const cuuint64_t dwdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
     const cuuint32_t dwbox[3] = {32, 64, 1};
-    kp.epi_tma = sm90_make_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, 3, dwdims, dwbox, promo);
+    kp.epi_tma = sm90_make_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, 3, dwdims, dwbox, promo, kname, "dw", NULL);
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
     cudaLaunchConfig_t cfg;

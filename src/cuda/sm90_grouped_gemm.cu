@@ -422,13 +422,16 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};
     const cuuint64_t zdims[2] = {(cuuint64_t)(a->N / 2), (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
-    if (!sm90_make_map(ctx, &km.x, a->dtype, a->x, 2, xdims, xbox, promo) ||
-        !sm90_make_map(ctx, &km.xh, a->dtype, a->x, 2, xdims, xhbox, promo) ||
-        !sm90_make_map(ctx, &km.w, a->dtype, a->w, 3, wdims, wbox, promo) ||
-        !sm90_make_map(ctx, &km.wb, a->dtype, a->w, 3, wdims, wbbox, promo) ||
-        !sm90_make_map(ctx, &km.y, a->dtype, a->y, 2, ydims, ybox, promo) ||
-        !sm90_make_map(ctx, &km.z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox, promo))
-        SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cuTensorMapEncodeTiled failed");
+    const char *kname = "sm90 grouped GEMM";   /* a map failure names the kernel and the operand */
+    const char *in = dgrad ? "dy" : "x", *out = dgrad ? "dx" : "y";
+    if (!sm90_make_map(ctx, &km.x, a->dtype, a->x, 2, xdims, xbox, promo, kname, in, why) ||
+        !sm90_make_map(ctx, &km.xh, a->dtype, a->x, 2, xdims, xhbox, promo, kname, in, why) ||
+        !sm90_make_map(ctx, &km.w, a->dtype, a->w, 3, wdims, wbox, promo, kname, "w", why) ||
+        !sm90_make_map(ctx, &km.wb, a->dtype, a->w, 3, wdims, wbbox, promo, kname, "w", why) ||
+        !sm90_make_map(ctx, &km.y, a->dtype, a->y, 2, ydims, ybox, promo, kname, out, why) ||
+        !sm90_make_map(ctx, &km.z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox, promo, kname,
+                       glu ? "z" : out, why))
+        return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
 
     if (e != NULL && epi != MOEX_SM90_EPI_PLAIN) {
         ke.bias = e->bias_mode != MOEX_BIAS_NONE ? e->bias : NULL;

@@ -8,12 +8,16 @@
  * poisoned with 0xFF bytes (so reading scratch nothing wrote shows up as NaN/garbage),
  * synchronises, checks moex_context_check_splits, and copies the output tensors back over
  * the host buffers (whole tensors, so poisoned tail rows must come back still poisoned).
+ * With MOEX_TEST_FRESH_THREAD=1 in the environment, each moex call of a runner (the workspace
+ * query, then the op) runs on a new thread whose first CUDA work it is, as on an autograd
+ * worker or a thread pool's thread; the copies around it stay on the calling thread.
  * Header-only (static functions): each tests/cuda/test_*.c is its own program.
  */
 #ifndef MOEX_CUDA_MIRROR_H
 #define MOEX_CUDA_MIRROR_H
 
 #include <cuda_runtime_api.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,14 +160,96 @@ static moex_status cm_finish(cm_mirror *m, moex_context *ctx, moex_status st) {
     return st;
 }
 
+/* ---- the call itself: on this thread, or on a fresh one (MOEX_TEST_FRESH_THREAD=1) ------ */
+
+typedef struct cm_call {
+    moex_status (*fn)(void *);
+    void *arg;
+    moex_status st;
+} cm_call;
+
+static void *cm_call_main(void *p) {
+    cm_call *c = (cm_call *)p;
+    c->st = c->fn(c->arg);
+    return NULL;
+}
+
+static moex_status cm_call_on_thread(moex_status (*fn)(void *), void *arg) {
+    static int fresh = -1;
+    if (fresh < 0) {
+        const char *e = getenv("MOEX_TEST_FRESH_THREAD");
+        fresh = e != NULL && strcmp(e, "1") == 0;
+    }
+    if (!fresh) return fn(arg);
+    cm_call c = {fn, arg, MOEX_ERR_INTERNAL};
+    pthread_t t;
+    if (pthread_create(&t, NULL, cm_call_main, &c) != 0 || pthread_join(t, NULL) != 0) {
+        fprintf(stderr, "test: cuda_mirror: could not run a call on a new thread\n");
+        exit(1);
+    }
+    return c.st;
+}
+
+/* fn's workspace query and fn itself as functions of one pointer, for cm_call_on_thread. */
+#define CM_THUNKS(fn, args_t)                                                           \
+    typedef struct fn##_cm {                                                             \
+        moex_context *ctx;                                                               \
+        const args_t *a;                                                                 \
+        void *ws;                                                                        \
+        size_t bytes;                                                                    \
+    } fn##_cm;                                                                           \
+    static moex_status fn##_cm_query(void *p) {                                          \
+        fn##_cm *c = (fn##_cm *)p;                                                       \
+        return fn##_workspace_size(c->ctx, c->a, &c->bytes);                             \
+    }                                                                                    \
+    static moex_status fn##_cm_run(void *p) {                                            \
+        fn##_cm *c = (fn##_cm *)p;                                                       \
+        return fn(c->ctx, c->a, c->ws, c->bytes, NULL);                                  \
+    }
+
+CM_THUNKS(moex_splits_to_offsets, moex_splits_to_offsets_args)
+CM_THUNKS(moex_zero_tail, moex_zero_tail_args)
+CM_THUNKS(moex_grouped_linear_forward, moex_grouped_linear_args)
+CM_THUNKS(moex_grouped_linear_backward_data, moex_grouped_linear_dgrad_args)
+CM_THUNKS(moex_grouped_linear_backward_weight, moex_grouped_linear_wgrad_args)
+CM_THUNKS(moex_scaled_glu_forward, moex_scaled_glu_args)
+CM_THUNKS(moex_scaled_glu_backward, moex_scaled_glu_grad_args)
+CM_THUNKS(moex_grouped_mlp_forward, moex_grouped_mlp_args)
+CM_THUNKS(moex_grouped_mlp_backward, moex_grouped_mlp_grad_args)
+CM_THUNKS(moex_router_forward, moex_router_args)
+CM_THUNKS(moex_router_backward, moex_router_grad_args)
+CM_THUNKS(moex_permute_forward, moex_permute_args)
+CM_THUNKS(moex_permute_backward, moex_permute_grad_args)
+CM_THUNKS(moex_unpermute_forward, moex_unpermute_args)
+CM_THUNKS(moex_unpermute_backward, moex_unpermute_grad_args)
+CM_THUNKS(moex_group_quantize, moex_group_quantize_args)
+CM_THUNKS(moex_group_dequantize, moex_group_dequantize_args)
+CM_THUNKS(moex_weight_quantize, moex_weight_quantize_args)
+CM_THUNKS(moex_weight_dequantize, moex_weight_dequantize_args)
+CM_THUNKS(moex_grouped_linear_fp8_forward, moex_grouped_linear_fp8_args)
+CM_THUNKS(moex_grouped_linear_fp8_backward_weight, moex_grouped_linear_fp8_wgrad_args)
+CM_THUNKS(moex_moe_layer_forward, moex_moe_layer_args)
+CM_THUNKS(moex_moe_layer_backward, moex_moe_layer_grad_args)
+
+/* st = fn's workspace query, then fn on a workspace of that size (poisoned), each through
+ * cm_call_on_thread. */
+#define CM_CALL(ctx, m, fn, a, st)                                     \
+    do {                                                               \
+        fn##_cm c_ = {(ctx), (a), NULL, 0};                            \
+        (st) = cm_call_on_thread(fn##_cm_query, &c_);                  \
+        if ((st) == MOEX_OK) {                                         \
+            c_.ws = cm_workspace((m), c_.bytes);                       \
+            (st) = cm_call_on_thread(fn##_cm_run, &c_);                \
+        }                                                              \
+    } while (0)
+
 /* ---- one runner per operation: host args in, host outputs updated ----------------------- */
 
-#define CM_RUN(ctx, m, fn, a)                                                          \
-    do {                                                                               \
-        size_t bytes_ = 0;                                                             \
-        moex_status st_ = fn##_workspace_size((ctx), (a), &bytes_);                    \
-        if (st_ == MOEX_OK) st_ = fn((ctx), (a), cm_workspace((m), bytes_), bytes_, NULL); \
-        return cm_finish((m), (ctx), st_);                                             \
+#define CM_RUN(ctx, m, fn, a)                  \
+    do {                                       \
+        moex_status st_;                       \
+        CM_CALL(ctx, m, fn, a, st_);           \
+        return cm_finish((m), (ctx), st_);     \
     } while (0)
 
 static moex_status gpu_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *h) {
@@ -172,6 +258,13 @@ static moex_status gpu_splits_to_offsets(moex_context *ctx, const moex_splits_to
     cm_tensor(&m, &a.splits, 0);
     for (int i = 0; i < a.num_outputs && i < MOEX_MAX_OFFSETS; i++) cm_tensor(&m, &a.outputs[i].out, 1);
     CM_RUN(ctx, &m, moex_splits_to_offsets, &a);
+}
+
+static moex_status gpu_zero_tail(moex_context *ctx, const moex_zero_tail_args *h) {
+    cm_mirror m = {0};
+    moex_zero_tail_args a = *h;
+    cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.x, 1);
+    CM_RUN(ctx, &m, moex_zero_tail, &a);
 }
 
 static moex_status gpu_gl_forward(moex_context *ctx, const moex_grouped_linear_args *h) {
@@ -365,9 +458,8 @@ static moex_status gpu_moe_forward(moex_context *ctx, const moex_moe_layer_args 
     cm_mirror m = {0};
     moex_moe_layer_args a = *h;
     cm_moe_args(&m, &a, 1);
-    size_t bytes = 0;
-    moex_status st = moex_moe_layer_forward_workspace_size(ctx, &a, &bytes);
-    if (st == MOEX_OK) st = moex_moe_layer_forward(ctx, &a, cm_workspace(&m, bytes), bytes, NULL);
+    moex_status st;
+    CM_CALL(ctx, &m, moex_moe_layer_forward, &a, st);
     st = cm_finish(&m, ctx, st);
     cm_to_host(h->saved, a.saved, h->saved_bytes);
     return st;

@@ -2,6 +2,7 @@
  * test_gpu_splits.c - split values on the GPU:
  *   - splits_to_offsets against the reference (the CPU test's run_case for G = 1, 5, 128
  *     and 3000, i.e. more than one 1024-group scan chunk), through cuda_mirror.h;
+ *   - moex_zero_tail: the CPU test's zero_tail_suite, through cuda_mirror.h;
  *   - bad splits (a negative split; a sum past T; a sum that wraps int64): the grouped
  *     linear forward / backward (data; weight: flagged, nothing outside dW) and the grouped
  *     MLP forward write nothing outside their T rows (device buffers with
@@ -18,6 +19,7 @@
 
 #define tu_cpu_context() cm_context()
 #define moex_splits_to_offsets(c, a, w, b, s) gpu_splits_to_offsets((c), (a))
+#define moex_zero_tail(c, a, w, b, s) gpu_zero_tail((c), (a))
 #define main cpu_suite_main
 #include "../test_splits_to_offsets.c"
 #undef main
@@ -284,6 +286,7 @@ int main(void) {
     test_bad_ids(ctx);
     test_offsets_overflow(ctx);
     test_determinism(ctx, &r);
+    zero_tail_suite(ctx, &r);
     moex_context_destroy(ctx);
     return tu_finish();
 }
