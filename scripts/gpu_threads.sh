@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# gpu_threads.sh - calls from threads without a current CUDA context, on the GPU machine, in
+# one call (issue #30 item 1):
+#   build     this tree (Release, sm_90a) in $BUILD, and, when BASE names a revision, that
+#             revision's library in $BUILD-base (a git worktree), to show the tests fail there;
+#   ctest     every CUDA test, the *_fresh_thread variants included (each moex call of the GPU
+#             mirror on a new thread whose first CUDA work it is);
+#   python    tests/python/test_torch_threads.py against this tree's library, and against the
+#             base library (expected to fail) when there is one;
+#   stress    tests/stress/torch_stress.py in $STRESS_PROCS fresh processes of $STRESS_CALLS
+#             calls each (zero failures allowed);
+#   sanitize  compute-sanitizer memcheck over cuda_test_gpu_splits (zero_tail) on fresh threads.
+# Usage: BASE=583a7ff scripts/gpu_threads.sh [stage ...]   Logs and summary.txt go to $OUT.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-threads}
+OUT=${OUT:-$PWD/$BUILD/out}
+mkdir -p "$OUT"
+STAGES=${*:-build ctest python stress sanitize}
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
+has() { [[ " $STAGES " == *" $1 "* ]]; }
+note "gpu_threads $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null) base ${BASE:-none}"
+note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
+
+if has build; then
+    t0=$SECONDS
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+      ninja -C "$BUILD"; } > "$OUT/build.log" 2>&1
+    rc=$?
+    note "build: rc=$rc in $((SECONDS - t0)) s"
+    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+    if [ -n "${BASE:-}" ]; then
+        t0=$SECONDS
+        rm -rf "$BUILD-src-base"
+        { git worktree add -f --detach "$BUILD-src-base" "$BASE" &&
+          cmake -S "$BUILD-src-base" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+                -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
+          ninja -C "$BUILD-base" moex; } > "$OUT/build_base.log" 2>&1
+        note "build base $BASE: rc=$? in $((SECONDS - t0)) s"
+    fi
+fi
+
+if has ctest; then
+    t0=$SECONDS
+    (cd "$BUILD" && ctest -L cuda --output-on-failure -j 4 --timeout 900) > "$OUT/ctest.log" 2>&1
+    note "ctest -L cuda: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
+    grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/ctest.log" | grep -v ' Passed' | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+fi
+
+pytest_threads() {   # library label
+    MOEX_LIBRARY=$1 PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+        python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_threads.py > "$OUT/threads_$2.log" 2>&1
+    note "test_torch_threads ($2 library): rc=$? $(tail -1 "$OUT/threads_$2.log")"
+    grep -m3 -oE 'MOEX_ERR_[A-Z_]+: [^\\]{0,160}' "$OUT/threads_$2.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+}
+if has python; then
+    pytest_threads "$PWD/$BUILD/libmoex.so" this
+    [ -f "$BUILD-base/libmoex.so" ] && pytest_threads "$PWD/$BUILD-base/libmoex.so" base
+fi
+
+if has stress; then
+    t0=$SECONDS
+    : > "$OUT/stress.log"
+    fails=0
+    for p in $(seq 1 "${STRESS_PROCS:-4}"); do
+        MOEX_LIBRARY=$PWD/$BUILD/libmoex.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
+            python3 tests/stress/torch_stress.py --calls "${STRESS_CALLS:-1000}" --seed "$p" >> "$OUT/stress.log" 2>&1 ||
+            fails=$((fails + 1))
+    done
+    note "stress: $fails of ${STRESS_PROCS:-4} processes failed, $((SECONDS - t0)) s"
+    grep -E '^torch_stress:' "$OUT/stress.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    grep -m5 -E '^call ' "$OUT/stress.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+fi
+
+if has sanitize; then
+    t0=$SECONDS
+    MOEX_TEST_FRESH_THREAD=1 timeout 600 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$BUILD"/tests/cuda_test_gpu_splits > "$OUT/sanitize.log" 2>&1
+    note "memcheck cuda_test_gpu_splits (fresh threads): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/sanitize.log" | tail -1) $((SECONDS - t0)) s"
+fi
+
+echo
+echo "================ summary ================"
+cat "$SUMMARY"
