@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_threads.sh - calls from threads without a current CUDA context, on the GPU machine, in
 # one call (issue #30 item 1):
-#   build     this tree (Release, sm_90a) in $BUILD, and, when BASE names a revision, that
-#             revision's library in $BUILD-base (a git worktree), to show the tests fail there;
+#   build     this tree (Release, sm_90a) in $BUILD, and, when BASE_SRC names the source tree
+#             of an earlier revision, its library in $BUILD-base, to show the tests fail there;
 #   ctest     every CUDA test, the *_fresh_thread variants included (each moex call of the GPU
 #             mirror on a new thread whose first CUDA work it is);
 #   python    tests/python/test_torch_threads.py against this tree's library, and against the
@@ -10,7 +10,7 @@
 #   stress    tests/stress/torch_stress.py in $STRESS_PROCS fresh processes of $STRESS_CALLS
 #             calls each (zero failures allowed);
 #   sanitize  compute-sanitizer memcheck over cuda_test_gpu_splits (zero_tail) on fresh threads.
-# Usage: BASE=583a7ff scripts/gpu_threads.sh [stage ...]   Logs and summary.txt go to $OUT.
+# Usage: BASE_SRC=DIR scripts/gpu_threads.sh [stage ...]   Logs and summary.txt go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-threads}
@@ -21,7 +21,7 @@ SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-note "gpu_threads $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null) base ${BASE:-none}"
+note "gpu_threads $(date -u +%FT%TZ) commit ${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)} base ${BASE_SRC:-none}"
 note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
 
 if has build; then
@@ -31,14 +31,12 @@ if has build; then
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
-    if [ -n "${BASE:-}" ]; then
+    if [ -n "${BASE_SRC:-}" ]; then
         t0=$SECONDS
-        rm -rf "$BUILD-src-base"
-        { git worktree add -f --detach "$BUILD-src-base" "$BASE" &&
-          cmake -S "$BUILD-src-base" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        { cmake -S "$BASE_SRC" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release \
                 -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
           ninja -C "$BUILD-base" moex; } > "$OUT/build_base.log" 2>&1
-        note "build base $BASE: rc=$? in $((SECONDS - t0)) s"
+        note "build base: rc=$? in $((SECONDS - t0)) s"
     fi
 fi
 
