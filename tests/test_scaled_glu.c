@@ -306,6 +306,33 @@ static void zq_bad(moex_context *ctx, tu_rng *r) {
     free(hb);
 }
 
+/* The clamped GLU's gradient at exactly the clamp's bounds is 0, as torch.clamp gives it
+ * (GPT-OSS's PyTorch definition): a = limit gives da = 0, |b| = limit gives db = 0. In bf16,
+ * 7.0 is exact, so h lands on the bound often. Both halves of each column below: a in
+ * {limit, limit, 6.5, 8}, b in {limit, -limit, limit, 0}; p = 1, dz = 1 (f32). */
+static void test_clamp_bounds(moex_context *ctx) {
+    const float L = 7.0f;
+    float h[8] = {L, L, 6.5f, 8.0f, L, -L, L, 0.0f}, dz[4] = {1, 1, 1, 1}, dh[8];
+    tu_poison(dh, sizeof dh);
+    moex_scaled_glu_grad_args ba;
+    memset(&ba, 0, sizeof ba);
+    ba.glu = moex_glu_params_default(MOEX_GLU_CLAMPED_SWIGLU);
+    ba.h = moex_tensor_2d(h, MOEX_DTYPE_F32, 1, 8);
+    ba.dz = moex_tensor_2d(dz, MOEX_DTYPE_F32, 1, 4);
+    ba.dh = moex_tensor_2d(dh, MOEX_DTYPE_F32, 1, 8);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_scaled_glu_backward_workspace_size(ctx, &ba, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_scaled_glu_backward(ctx, &ba, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    const double s = 1.0 / (1.0 + exp(-1.702 * 6.5)), act7 = 7.0 / (1.0 + exp(-1.702 * 7.0));
+    const double da2 = (L + 1.0) * s * (1.0 + 1.702 * 6.5 * (1.0 - s));   /* g(b) = clamp(7) + 1 */
+    CHECK_MSG(dh[0] == 0.0f && dh[1] == 0.0f && fabs(dh[2] - da2) < 1e-5 * da2 && dh[3] == 0.0f,
+              "clamped GLU at the bounds: da %g %g %g %g (want 0 0 %g 0)", dh[0], dh[1], dh[2], dh[3], da2);
+    CHECK_MSG(dh[4] == 0.0f && dh[5] == 0.0f && dh[6] == 0.0f && fabs(dh[7] - act7) < 1e-5 * act7,
+              "clamped GLU at the bounds: db %g %g %g %g (want 0 0 0 %g)", dh[4], dh[5], dh[6], dh[7], act7);
+}
+
 int main(void) {
     moex_context *ctx = tu_cpu_context();
     tu_rng r = tu_rng_seed(4242);
@@ -349,6 +376,7 @@ int main(void) {
         c.T = 9, c.F = 13, c.G = 3, c.rows = 0, c.kind = TU_SPLITS_BALANCED, c.with_probs = 1, c.with_dprobs = 1;
         run_case(ctx, &r, &c), n++;
     }
+    test_clamp_bounds(ctx);
     n += zq_cases(ctx, &r);
     zq_bad(ctx, &r);
     printf("%d cases, worst err/tol %.3g\n", n, worst_seen);

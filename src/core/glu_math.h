@@ -10,8 +10,9 @@
  * Forward:  z = p * (act(a) g(b)).
  * Backward: da = (dz p) g(b) act'(a),  db = (dz p) act(a) g'(b),  dprobs term = dz (act(a) g(b)),
  * with act'(a) = s + alpha a' s (1 - s) (alpha = 1 for SWIGLU) and, for CLAMPED_SWIGLU,
- * act'(a) = 0 where a > limit and g'(b) = 0 where |b| > limit (the clamp passes the gradient
- * at the limit itself, as torch.clamp does). NaN inputs stay NaN.
+ * act'(a) = 0 where a >= limit and g'(b) = 0 where |b| >= limit: 0 at the bounds themselves, as
+ * torch.clamp gives it (GPT-OSS's definition is PyTorch's; in bf16 h often lands exactly on a
+ * bound such as 7.0). NaN inputs stay NaN.
  *
  * Layout of the halves in a row, as segments: a row holds F / L segments of 2L columns,
  * segment k has a in columns [2Lk, 2Lk + L) and b in [2Lk + L, 2Lk + 2L), and its outputs
@@ -96,8 +97,8 @@ MOEX_GLU_FN void moex_glu_backward(moex_glu_consts c, float a, float b, float p,
     float dact = s * (1.0f + c.alpha * ac * (1.0f - s));
     float dg = 1.0f;
     if (c.clamped) {
-        if (a > c.limit) dact = 0.0f;
-        if (b > c.limit || b < -c.limit) dg = 0.0f;
+        if (a >= c.limit) dact = 0.0f;
+        if (b >= c.limit || b <= -c.limit) dg = 0.0f;
     }
     float dzp = dz * p;
     *da = dzp * g * dact;

@@ -154,18 +154,18 @@ ref_glu_point ref_glu_eval(const moex_glu_params *glu, double a, double b) {
     ref_glu_point p;
     if (glu->kind == MOEX_GLU_CLAMPED_SWIGLU) {
         double L = glu->limit, al = glu->alpha, off = glu->offset;
-        double ac = a < L ? a : L;      /* min(a, limit); slope 1 at a == limit (from the left) */
+        double ac = a < L ? a : L;      /* min(a, limit); slope 0 at a == limit, as torch.clamp */
         double s = sigmoid(al * ac);
         p.act = ac * s;
         p.slope_mag = s + al * fabs(ac) * s * (1 - s);
         double d = s * (1 + al * ac * (1 - s));
         double d2 = al * s * (1 - s) * (2 + al * ac * (1 - 2 * s));
         p.act2_mag = al * s * (1 - s) * (2 + al * fabs(ac) * fabs(1 - 2 * s));
-        p.dact = a <= L ? d : 0.0;
-        p.act2 = a <= L ? d2 : 0.0;
+        p.dact = a < L ? d : 0.0;
+        p.act2 = a < L ? d2 : 0.0;
         double bc = b < -L ? -L : (b > L ? L : b);
         p.g = bc + off;
-        p.dg = (b >= -L && b <= L) ? 1.0 : 0.0;
+        p.dg = (b > -L && b < L) ? 1.0 : 0.0;
     } else {
         double s = sigmoid(a);
         p.act = a * s;
