@@ -107,6 +107,11 @@ static void ep_twins_free(void) {
 
 /* ---- the mirrors: host args in, host outputs (and handle) updated ---------------------- */
 
+CM_THUNKS(moex_ep_dispatch_backward, moex_ep_dispatch_grad_args)
+CM_THUNKS(moex_ep_combine_forward, moex_ep_combine_args)
+CM_THUNKS(moex_ep_combine_backward, moex_ep_combine_grad_args)
+CM_THUNKS(moex_ep_moe_layer_backward, moex_ep_moe_layer_grad_args)
+
 static moex_status gpu_ep_dispatch_forward(moex_context *c, const moex_ep_dispatch_args *h) {
     if (!h || !h->handle) return moex_ep_dispatch_forward(c, h, NULL, 0, NULL);
     cm_mirror m = {0};
