@@ -47,15 +47,23 @@ if has ctest; then
     grep -E '^ *[0-9]+/[0-9]+ Test' "$OUT/ctest.log" | grep -v ' Passed' | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
 fi
 
-pytest_threads() {   # library label
-    MOEX_LIBRARY=$1 PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-        python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_threads.py > "$OUT/threads_$2.log" 2>&1
-    note "test_torch_threads ($2 library): rc=$? $(tail -1 "$OUT/threads_$2.log")"
-    grep -m3 -oE 'MOEX_ERR_[A-Z_]+: [^\\]{0,160}' "$OUT/threads_$2.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+pytest_threads() {   # library python-package-dir label
+    MOEX_LIBRARY=$1 PYTHONPATH=$2 PYTHONUNBUFFERED=1 \
+        python3 -m pytest -q -p no:cacheprovider tests/python/test_torch_threads.py > "$OUT/threads_$3.log" 2>&1
+    note "test_torch_threads ($3 library and package): rc=$? $(tail -1 "$OUT/threads_$3.log")"
+    grep -oE 'MOEX_ERR_[A-Z_]+: [^\\]{0,200}' "$OUT/threads_$3.log" | sort | uniq -c | head -4 | sed 's/^/  /' |
+        tee -a "$SUMMARY" > /dev/null
 }
 if has python; then
-    pytest_threads "$PWD/$BUILD/libmoex.so" this
-    [ -f "$BUILD-base/libmoex.so" ] && pytest_threads "$PWD/$BUILD-base/libmoex.so" base
+    pytest_threads "$PWD/$BUILD/libmoex.so" "$PWD/python" this
+    if [ -f "$BUILD-base/libmoex.so" ]; then
+        pytest_threads "$PWD/$BUILD-base/libmoex.so" "$BASE_SRC/python" base
+        # this tree's C test with the base library (the loader takes LD_LIBRARY_PATH first)
+        MOEX_TEST_FRESH_THREAD=1 LD_LIBRARY_PATH=$PWD/$BUILD-base "$BUILD"/tests/cuda_test_gpu_grouped_linear \
+            > "$OUT/c_threads_base.log" 2>&1
+        note "cuda_test_gpu_grouped_linear_fresh_thread (base library): rc=$? $(tail -1 "$OUT/c_threads_base.log")"
+        grep -m2 -E 'FAIL' "$OUT/c_threads_base.log" | cut -c1-240 | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+    fi
 fi
 
 if has stress; then
