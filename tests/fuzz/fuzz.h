@@ -5,7 +5,7 @@
  *   fuzz.h               this header: the case model, the fault list, the oracles
  *   fuzz_core.c          decoding, memory of a case, fault injection, the call judge
  *   fuzz_mem.c           backend memory: host (CPU) or cudaMalloc'd device memory (CUDA)
- *   fuzz_ops_linear.c    argument builders: splits_to_offsets, grouped linear (3 ops)
+ *   fuzz_ops_linear.c    argument builders: splits_to_offsets, zero_tail, grouped linear (3 ops)
  *   fuzz_ops_mlp.c       argument builders: scaled GLU (2), grouped MLP (2)
  *   fuzz_ops_routing.c   argument builders: router (2), permute (2), unpermute (2)
  *   fuzz_ops_moe.c       argument builders: MoE layer (saved size, forward, backward), context calls
@@ -225,19 +225,22 @@ enum {
     FZ_OP_MLP_FWD, FZ_OP_MLP_BWD, FZ_OP_ROUTER_FWD, FZ_OP_ROUTER_BWD, FZ_OP_PERMUTE_FWD, FZ_OP_PERMUTE_BWD,
     FZ_OP_UNPERMUTE_FWD, FZ_OP_UNPERMUTE_BWD, FZ_OP_MOE, FZ_OP_CONTEXT, FZ_OP_QUANTIZE, FZ_OP_DEQUANTIZE,
     FZ_OP_FP8_FWD, FZ_OP_FP8_WGRAD, FZ_NUM_BASE_OPS,
-    /* expert parallelism (fuzz_ops_ep.c, CPU + MPI builds only): fz_op_of_byte */
-    FZ_OP_EP_DISPATCH = FZ_NUM_BASE_OPS, FZ_OP_EP_DISPATCH_BWD, FZ_OP_EP_COMBINE, FZ_OP_EP_COMBINE_BWD,
+    /* ops that came later, on op bytes of their own (fz_op_of_byte) */
+    FZ_OP_ZERO_TAIL = FZ_NUM_BASE_OPS, FZ_NUM_PLAIN_OPS,
+    /* expert parallelism (fuzz_ops_ep.c, CPU + MPI builds only) */
+    FZ_OP_EP_DISPATCH = FZ_NUM_PLAIN_OPS, FZ_OP_EP_DISPATCH_BWD, FZ_OP_EP_COMBINE, FZ_OP_EP_COMBINE_BWD,
     FZ_NUM_ALL_OPS
 };
 #ifdef MOEX_FUZZ_HAVE_MPI
 #define FZ_NUM_OPS ((int)FZ_NUM_ALL_OPS)
 #else
-#define FZ_NUM_OPS ((int)FZ_NUM_BASE_OPS)
+#define FZ_NUM_OPS ((int)FZ_NUM_PLAIN_OPS)
 #endif
 extern const char *const fz_op_names[FZ_NUM_OPS];
-/* The op a case's op byte picks: byte % 20 (the first 20 ops), but for the bytes 240, 241,
- * 246, 247, 248, 249 and 253 in MPI builds, which pick the EP ops (bytes that no input of
- * corpus/ used when they came: every seed keeps its meaning; fuzz_core.c has the table). */
+/* The op a case's op byte picks: byte % 20 (the first 20 ops), but for the bytes that no
+ * input of corpus/ used when the later ops came (every seed keeps its meaning): 253 picks
+ * zero_tail, and 240, 241, 246, 247, 248 and 249 the EP ops in MPI builds (fuzz_core.c has
+ * the table). */
 int fz_op_of_byte(uint8_t b);
 
 /* What the last fz_run_input did, for the seed-corpus generator: a bit per op, per
@@ -511,6 +514,7 @@ void *fz_alloc(fz_case *c, size_t bytes);
 /* ---- the builders (fuzz_ops_*.c) ------------------------------------------------------- */
 
 void fz_op_splits_to_offsets(fz_case *c);
+void fz_op_zero_tail(fz_case *c);
 void fz_op_gl_fwd(fz_case *c);
 void fz_op_gl_dgrad(fz_case *c);
 void fz_op_gl_wgrad(fz_case *c);

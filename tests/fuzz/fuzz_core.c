@@ -43,7 +43,7 @@ const char *const fz_op_names[FZ_NUM_OPS] = {
     "grouped_linear_backward_weight", "scaled_glu_forward", "scaled_glu_backward", "grouped_mlp_forward",
     "grouped_mlp_backward", "router_forward", "router_backward", "permute_forward", "permute_backward",
     "unpermute_forward", "unpermute_backward", "moe_layer", "context", "group_quantize", "group_dequantize",
-    "grouped_linear_fp8_forward", "grouped_linear_fp8_backward_weight",
+    "grouped_linear_fp8_forward", "grouped_linear_fp8_backward_weight", "zero_tail",
 #ifdef MOEX_FUZZ_HAVE_MPI
     "ep_dispatch_forward", "ep_dispatch_backward", "ep_combine_forward", "ep_combine_backward",
 #endif
@@ -53,20 +53,22 @@ static void (*const op_builders[FZ_NUM_OPS])(fz_case *) = {
     fz_op_splits_to_offsets, fz_op_gl_fwd, fz_op_gl_dgrad, fz_op_gl_wgrad, fz_op_glu_fwd, fz_op_glu_bwd,
     fz_op_mlp_fwd, fz_op_mlp_bwd, fz_op_router_fwd, fz_op_router_bwd, fz_op_permute_fwd, fz_op_permute_bwd,
     fz_op_unpermute_fwd, fz_op_unpermute_bwd, fz_op_moe, fz_op_context, fz_op_quantize, fz_op_dequantize,
-    fz_op_fp8_fwd, fz_op_fp8_wgrad,
+    fz_op_fp8_fwd, fz_op_fp8_wgrad, fz_op_zero_tail,
 #ifdef MOEX_FUZZ_HAVE_MPI
     fz_op_ep_dispatch, fz_op_ep_dispatch_bwd, fz_op_ep_combine, fz_op_ep_combine_bwd,
 #endif
 };
 
-/* The EP ops take op bytes that no input of corpus/ used when they came (so that every seed
- * decodes as before): 240, 241, 246, 247, 248, 249, 253 (in MPI builds; byte % 20 otherwise). */
+/* The later ops take op bytes that no input of corpus/ used when they came (so that every
+ * seed decodes as before): 253 zero_tail; 240, 241, 246, 247, 248, 249 the EP ops (in MPI
+ * builds; byte % 20 otherwise). */
 int fz_op_of_byte(uint8_t b) {
+    if (b == 253) return FZ_OP_ZERO_TAIL;
 #ifdef MOEX_FUZZ_HAVE_MPI
     switch (b) {
     case 240: case 248: return FZ_OP_EP_DISPATCH;
     case 241: case 249: return FZ_OP_EP_DISPATCH_BWD;
-    case 246: case 253: return FZ_OP_EP_COMBINE;
+    case 246: return FZ_OP_EP_COMBINE;
     case 247: return FZ_OP_EP_COMBINE_BWD;
     default: break;
     }

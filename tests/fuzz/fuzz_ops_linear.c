@@ -1,6 +1,6 @@
 /*
- * fuzz_ops_linear.c - argument builders of the moex API fuzzer for splits_to_offsets and
- * the grouped linear layer (forward, backward data, backward weight): a valid argument set
+ * fuzz_ops_linear.c - argument builders of the moex API fuzzer for splits_to_offsets,
+ * zero_tail and the grouped linear layer (forward, backward data, backward weight): a valid argument set
  * from the input bytes, and each operation's own faults (the generic ones are in
  * fuzz_core.c; the fault list is in fuzz.h).
  */
@@ -134,6 +134,45 @@ void fz_op_splits_to_offsets(fz_case *c) {
                 o->start == MOEX_OFFSETS_LEADING_ZERO ? "lz" : "incl");
     }
     fz_flow(c, &so_fns, a, so_fault);
+}
+
+/* ---- zero_tail ---------------------------------------------------------------------------- */
+
+FZ_OPFNS(zt_fns, zero_tail, moex_zero_tail_args);
+
+static bool zt_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
+    moex_zero_tail_args *a = (moex_zero_tail_args *)args;
+    fz_tensor *S = &c->tens[fz_find(c, "splits")];
+    if (kind % 2 == 0) {   /* x of no dimensions, or of more than 4 */
+        static const int32_t v[3] = {0, MOEX_MAX_DIMS + 1, -1};
+        a->x.ndim = v[p % 3];
+        fz_fault(c, FZ_STRUCT, "x.ndim = %d", (int)a->x.ndim);
+        return true;
+    }
+    /* a negative split, or a sum past T */
+    if (!S->i64 || S->touched || S->t->ndim != 1 || a->x.ndim < 1) return false;
+    const int64_t g = (int64_t)(p % (uint64_t)S->nints);
+    S->i64[g] = (p >> 8) & 1 ? -1 - (int64_t)((p >> 9) % 5) : a->x.shape[0] + 1 + (int64_t)((p >> 9) % 7);
+    fz_fault(c, FZ_SPLITS, "split values: splits[%lld] = %lld", (long long)g, (long long)S->i64[g]);
+    S->touched = S->refill = 1;
+    return true;
+}
+
+void fz_op_zero_tail(fz_case *c) {
+    moex_zero_tail_args *a = (moex_zero_tail_args *)fz_alloc(c, sizeof *a);
+    static const moex_dtype dts[8] = {F32, BF16, MOEX_DTYPE_F16, I32, I64, MOEX_DTYPE_E4M3, MOEX_DTYPE_E5M2,
+                                      MOEX_DTYPE_E8M0};
+    const int64_t G = fz_dim(c, 1, 12, 300), T = fz_dim(c, 0, 64, 4096);
+    const moex_dtype dt = dts[fz_pick(c, 8)];
+    const int ndim = 1 + fz_pick(c, MOEX_MAX_DIMS);
+    a->x = moex_tensor_1d(NULL, dt, T);
+    a->x.ndim = ndim;
+    for (int i = 1; i < ndim; i++) a->x.shape[i] = fz_dim(c, 0, 9, 300);
+    int ts;
+    const int64_t S = splits_reg(c, &a->splits, G, T, &ts);
+    fz_tensor_reg(c, "x", &a->x, FZ_OUT, FZ_REQUIRED, ~0u);
+    fz_note(c, "G=%lld T=%lld S=%lld %s %d-D", (long long)G, (long long)T, (long long)S, moex_dtype_name(dt), ndim);
+    fz_flow(c, &zt_fns, a, zt_fault);
 }
 
 /* ---- the layers' FP8 recipe (docs/ops.md 9.11), shared with fuzz_ops_mlp.c, fuzz_ops_moe.c ---- */
