@@ -107,9 +107,11 @@ static void ep_twins_free(void) {
 
 /* ---- the mirrors: host args in, host outputs (and handle) updated ---------------------- */
 
+CM_THUNKS(moex_ep_dispatch_forward, moex_ep_dispatch_args)
 CM_THUNKS(moex_ep_dispatch_backward, moex_ep_dispatch_grad_args)
 CM_THUNKS(moex_ep_combine_forward, moex_ep_combine_args)
 CM_THUNKS(moex_ep_combine_backward, moex_ep_combine_grad_args)
+CM_THUNKS(moex_ep_moe_layer_forward, moex_ep_moe_layer_args)
 CM_THUNKS(moex_ep_moe_layer_backward, moex_ep_moe_layer_grad_args)
 
 static moex_status gpu_ep_dispatch_forward(moex_context *c, const moex_ep_dispatch_args *h) {
@@ -120,9 +122,8 @@ static moex_status gpu_ep_dispatch_forward(moex_context *c, const moex_ep_dispat
     cm_tensor(&m, &a.probs_r, 1), cm_tensor(&m, &a.splits, 1), cm_tensor(&m, &a.dropped, 1);
     cm_tensor(&m, &a.x_scales, 0), cm_tensor(&m, &a.xr_scales, 1);
     a.handle = ep_twin_upload(h->handle, h->handle_bytes);
-    size_t bytes = 0;
-    moex_status st = moex_ep_dispatch_forward_workspace_size(c, &a, &bytes);
-    if (st == MOEX_OK) st = moex_ep_dispatch_forward(c, &a, cm_workspace(&m, bytes), bytes, NULL);
+    moex_status st;
+    CM_CALL(c, &m, moex_ep_dispatch_forward, &a, st);
     st = cm_finish(&m, c, st);
     cm_to_host(h->handle, a.handle, h->handle_bytes);
     return st;
@@ -168,9 +169,8 @@ static moex_status gpu_ep_layer_forward(moex_context *c, const moex_ep_moe_layer
     cm_mirror m = {0};
     moex_ep_moe_layer_args a = *h;
     ep_layer_mirror(&m, &a.layer, 1);
-    size_t bytes = 0;
-    moex_status st = moex_ep_moe_layer_forward_workspace_size(c, &a, &bytes);
-    if (st == MOEX_OK) st = moex_ep_moe_layer_forward(c, &a, cm_workspace(&m, bytes), bytes, NULL);
+    moex_status st;
+    CM_CALL(c, &m, moex_ep_moe_layer_forward, &a, st);
     st = cm_finish(&m, c, st);
     cm_to_host(h->layer.saved, a.layer.saved, h->layer.saved_bytes);
     return st;
