@@ -16,17 +16,22 @@
  * Errors: every NCCL failure is MOEX_ERR_CUDA (the CUDA stack's communication layer failed:
  * a CUDA error inside NCCL, a system or remote peer error, or a communicator NCCL refuses),
  * its message naming the call, NCCL's error string and ncclGetLastError's detail.
+ *
+ * NCCL is reached only through the table of ep_nccl_lib.h, resolved when moex_ep_create first
+ * runs over NCCL (the process's NCCL: PyTorch's or the caller's, who made the communicator):
+ * libmoex has no link dependency on libnccl, and this file calls no NCCL function directly
+ * (`api->Send` for ncclSend ...; the types and enum constants are nccl.h's).
  */
-#include <nccl.h>
-
 #include <stdlib.h>
 
 #include "cuda_check.h"
+#include "ep_nccl_lib.h"
 #include "ep_peer.h"
 
 /* ep->transport_state. The communicator is copied from *cfg.comm at init: the caller's
  * variable may go out of scope, the communicator itself must outlive the EP context (moex.h). */
 typedef struct nccl_state {
+    const moex_nccl_api *api;   /* NCCL's functions (ep_nccl_lib.h) */
     ncclComm_t comm;
     void *snd;                  /* CAPACITY: the send buffer, [W Tm] wire rows */
     void **out;                 /* [W] device: the outgoing regions (ep->out) */
@@ -38,25 +43,26 @@ typedef struct nccl_state {
     moex_ep_peer_state dev;
 } nccl_state;
 
-static ncclComm_t comm_of(const moex_ep *ep) { return ((const nccl_state *)ep->transport_state)->comm; }
-
-static moex_status nccl_fail(moex_ep *ep, ncclComm_t comm, const char *op, const char *call, ncclResult_t res) {
-    const char *detail = comm ? ncclGetLastError(comm) : NULL;
+static moex_status nccl_fail(moex_ep *ep, const moex_nccl_api *api, ncclComm_t comm, const char *op,
+                             const char *call, ncclResult_t res) {
+    const char *detail = comm ? api->GetLastError(comm) : NULL;
+    const char *text = api->GetErrorString(res);
     return moex_fail(ep->ctx, MOEX_ERR_CUDA, "%s: %s failed: NCCL error %d (%s)%s%s", op, call, (int)res,
-                     ncclGetErrorString(res), detail && detail[0] ? ": " : "", detail ? detail : "");
+                     text ? text : "?", detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
-#define NCCL_TRY(ep, comm, op, call)                                              \
-    do {                                                                          \
-        const ncclResult_t r_ = (call);                                           \
-        if (r_ != ncclSuccess) return nccl_fail((ep), (comm), (op), #call, r_);   \
+/* call: an expression of the table `api` in scope, e.g. api->CommCount(comm, &world) */
+#define NCCL_TRY(ep, comm, op, call)                                                   \
+    do {                                                                               \
+        const ncclResult_t r_ = (call);                                                \
+        if (r_ != ncclSuccess) return nccl_fail((ep), api, (comm), (op), #call, r_);   \
     } while (0)
 
 /* A non-blocking communicator (ncclConfig_t blocking = 0) may answer ncclInProgress: the
  * operation completes in the background; wait for it so that a return means enqueued. */
-static ncclResult_t wait_async(ncclComm_t comm, ncclResult_t res) {
+static ncclResult_t wait_async(const moex_nccl_api *api, ncclComm_t comm, ncclResult_t res) {
     while (res == ncclInProgress) {
-        if (ncclCommGetAsyncError(comm, &res) != ncclSuccess) return ncclInternalError;
+        if (api->CommGetAsyncError(comm, &res) != ncclSuccess) return ncclInternalError;
     }
     return res;
 }
@@ -66,40 +72,42 @@ static ncclResult_t wait_async(ncclComm_t comm, ncclResult_t res) {
 /* Runs inside a call (the core's enter made ctx->device, the communicator's, current). On a
  * failure inside the group the group is still closed, so NCCL is left usable. */
 static moex_status nccl_exchange(moex_ep *ep, const moex_call *c, const moex_ep_exchange *x) {
-    const ncclComm_t comm = comm_of(ep);
+    const nccl_state *st = (const nccl_state *)ep->transport_state;
+    const moex_nccl_api *api = st->api;
+    const ncclComm_t comm = st->comm;
     const moex_ep_geom *g = &ep->geom;
     const cudaStream_t stream = (cudaStream_t)c->stream;
     const size_t region = (size_t)g->Tm * g->wire;   /* W Tm wire rows fit PTRDIFF_MAX (ep.c) */
-    const char *snd = (const char *)((const nccl_state *)ep->transport_state)->snd;
+    const char *snd = (const char *)st->snd;
     char *rcv = (char *)ep->rcv;
 
-    NCCL_TRY(ep, comm, c->op, ncclGroupStart());
+    NCCL_TRY(ep, comm, c->op, api->GroupStart());
     ncclResult_t res = ncclSuccess;
     const char *what = "";
     /* Per peer, the same order on every rank (rows, then the count): NCCL matches the sends
      * to a peer with that peer's receives in order. */
     for (int r = 0; r < g->world; r++) {
-        if ((res = ncclSend(snd + (size_t)r * region, region, ncclInt8, r, comm, stream)) != ncclSuccess) {
+        if ((res = api->Send(snd + (size_t)r * region, region, ncclInt8, r, comm, stream)) != ncclSuccess) {
             what = "ncclSend(rows)";
             break;
         }
-        if ((res = ncclRecv(rcv + (size_t)r * region, region, ncclInt8, r, comm, stream)) != ncclSuccess) {
+        if ((res = api->Recv(rcv + (size_t)r * region, region, ncclInt8, r, comm, stream)) != ncclSuccess) {
             what = "ncclRecv(rows)";
             break;
         }
         if (!x->learn_counts) continue;
-        if ((res = ncclSend(x->send_counts + r, 1, ncclInt64, r, comm, stream)) != ncclSuccess) {
+        if ((res = api->Send(x->send_counts + r, 1, ncclInt64, r, comm, stream)) != ncclSuccess) {
             what = "ncclSend(count)";
             break;
         }
-        if ((res = ncclRecv(x->recv_counts + r, 1, ncclInt64, r, comm, stream)) != ncclSuccess) {
+        if ((res = api->Recv(x->recv_counts + r, 1, ncclInt64, r, comm, stream)) != ncclSuccess) {
             what = "ncclRecv(count)";
             break;
         }
     }
-    const ncclResult_t end = wait_async(comm, ncclGroupEnd());
-    if (res != ncclSuccess) return nccl_fail(ep, comm, c->op, what, res);
-    if (end != ncclSuccess) return nccl_fail(ep, comm, c->op, "ncclGroupEnd()", end);
+    const ncclResult_t end = wait_async(api, comm, api->GroupEnd());
+    if (res != ncclSuccess) return nccl_fail(ep, api, comm, c->op, what, res);
+    if (end != ncclSuccess) return nccl_fail(ep, api, comm, c->op, "ncclGroupEnd()", end);
     return MOEX_OK;
 }
 
@@ -150,12 +158,19 @@ static const moex_ep_transport peer_transport = {"nccl-peer", MOEX_EP_TRANSFER_P
 
 moex_status moex_ep_nccl_init(moex_ep *ep) {
     const char *op = "moex_ep_create";
+    char why[1536];
+    const moex_nccl_api *api = moex_nccl_api_load(why, sizeof why);
+    if (!api)
+        return moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED,
+                         "%s: EP over NCCL needs NCCL 2, opened when the first NCCL EP context is made: %s "
+                         "(load NCCL first, e.g. by making the communicator with torch's or your own, put "
+                         "libnccl.so.2 on the loader's path, or name it in $MOEX_EP_NCCL_LIBRARY)", op, why);
     const ncclComm_t comm = *(const ncclComm_t *)ep->cfg.comm;
     if (!comm) return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG, "%s: *comm is a NULL ncclComm_t", op);
     int rank = -1, world = 0, dev = -1;
-    NCCL_TRY(ep, comm, op, ncclCommUserRank(comm, &rank));
-    NCCL_TRY(ep, comm, op, ncclCommCount(comm, &world));
-    NCCL_TRY(ep, comm, op, ncclCommCuDevice(comm, &dev));
+    NCCL_TRY(ep, comm, op, api->CommUserRank(comm, &rank));
+    NCCL_TRY(ep, comm, op, api->CommCount(comm, &world));
+    NCCL_TRY(ep, comm, op, api->CommCuDevice(comm, &dev));
     if (dev != ep->ctx->device)
         return moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG,
                          "%s: the NCCL communicator is on CUDA device %d, the moex context on device %d "
@@ -165,6 +180,7 @@ moex_status moex_ep_nccl_init(moex_ep *ep) {
                          world);
     nccl_state *st = (nccl_state *)calloc(1, sizeof *st);
     if (!st) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    st->api = api;
     st->comm = comm;
     ep->geom.rank = rank, ep->geom.world = world;
     ep->transport_state = st;
@@ -192,11 +208,12 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
  * minimum (collective). */
 static moex_status map_peers(moex_ep *ep, nccl_state *st, cudaStream_t s, cudaIpcMemHandle_t *h, void *dh, int *ok) {
     const char *op = "moex_ep_create";
+    const moex_nccl_api *api = st->api;
     const int W = ep->geom.world, me = ep->geom.rank;
     const size_t hb = sizeof *h;
     int *dok = (int *)((char *)dh + (size_t)W * hb);
     CUDA_TRY(ep->ctx, op, cudaMemcpyAsync((char *)dh + (size_t)me * hb, &h[me], hb, cudaMemcpyHostToDevice, s));
-    NCCL_TRY(ep, st->comm, op, ncclAllGather((char *)dh + (size_t)me * hb, dh, hb, ncclInt8, st->comm, s));
+    NCCL_TRY(ep, st->comm, op, api->AllGather((char *)dh + (size_t)me * hb, dh, hb, ncclInt8, st->comm, s));
     CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(h, dh, (size_t)W * hb, cudaMemcpyDeviceToHost, s));
     CUDA_TRY(ep->ctx, op, cudaStreamSynchronize(s));
     for (int r = 0; r < W && *ok; r++) {
@@ -208,7 +225,7 @@ static moex_status map_peers(moex_ep *ep, nccl_state *st, cudaStream_t s, cudaIp
         }
     }
     CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(dok, ok, sizeof *ok, cudaMemcpyHostToDevice, s));
-    NCCL_TRY(ep, st->comm, op, ncclAllReduce(dok, dok, 1, ncclInt32, ncclMin, st->comm, s));
+    NCCL_TRY(ep, st->comm, op, api->AllReduce(dok, dok, 1, ncclInt32, ncclMin, st->comm, s));
     CUDA_TRY(ep->ctx, op, cudaMemcpyAsync(ok, dok, sizeof *ok, cudaMemcpyDeviceToHost, s));
     return MOEX_OK;
 }

@@ -1,0 +1,63 @@
+/*
+ * ep_dl.c - the run-time loader of expert parallelism's communication libraries (ep_dl.h):
+ * an already loaded copy first (RTLD_NOLOAD), else a fresh load, with every dlerror() kept
+ * for the caller's message.
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1   /* dlinfo, RTLD_NOLOAD */
+#endif
+#include "ep_dl.h"
+
+#include <dlfcn.h>
+#include <link.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Appends "; " (after the first) and text to why[len]; truncates silently. */
+static void append(char *why, size_t len, const char *text) {
+    if (!why || len == 0) return;
+    const size_t used = strlen(why);
+    if (used + 1 >= len) return;
+    snprintf(why + used, len - used, "%s%s", used ? "; " : "", text);
+}
+
+void *moex_ep_dlopen(const char *const *names, int n, char *why, size_t why_len) {
+    if (why && why_len) why[0] = '\0';
+    /* 1. a copy the process has already: the communicator's owner loaded it */
+    for (int i = 0; i < n; i++) {
+        if (!names[i]) continue;
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_NOLOAD);
+        if (lib) return lib;
+    }
+    (void)dlerror();
+    /* 2. a fresh load, each name in turn */
+    for (int i = 0; i < n; i++) {
+        if (!names[i]) continue;
+        void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (lib) return lib;
+        const char *e = dlerror();
+        char text[768];
+        snprintf(text, sizeof text, "%s", e ? e : names[i]);
+        append(why, why_len, text);
+    }
+    return NULL;
+}
+
+void moex_ep_dlclose(void *lib) {
+    if (lib) (void)dlclose(lib);
+}
+
+void *moex_ep_dlsym(void *lib, const char *name, char *why, size_t why_len) {
+    (void)dlerror();
+    void *sym = dlsym(lib, name);
+    if (sym) return sym;
+    const char *e = dlerror();
+    if (why && why_len) snprintf(why, why_len, "%s: %s", name, e ? e : "not found");
+    return NULL;
+}
+
+const char *moex_ep_dl_path(void *lib) {
+    struct link_map *map = NULL;
+    if (lib && dlinfo(lib, RTLD_DI_LINKMAP, &map) == 0 && map && map->l_name && map->l_name[0]) return map->l_name;
+    return "?";
+}

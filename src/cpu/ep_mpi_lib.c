@@ -1,0 +1,114 @@
+/*
+ * ep_mpi_lib.c - the MPI transport's function table (ep_mpi_lib.h), resolved with
+ * dlopen/dlsym when moex_ep_create first runs over MPI.
+ *
+ * Why a table in libmoex rather than a plugin library linked against libmpi: the transport
+ * uses nine MPI functions and three predefined handles; resolving them here keeps one library
+ * (libmoex.so and libmoex.a work alike, nothing more to install, find or keep in step) and
+ * the transport's code unchanged but for the `api->` in front of each call (docs/ops.md 10.5).
+ *
+ * Predefined handles. mpi.h defines MPI_BYTE, MPI_INT64_T and MPI_COMM_NULL either as
+ * constants (MPICH and its derivatives: integers, no symbol) or, under Open MPI, as the
+ * address of a global object of libmpi through OMPI_PREDEFINED_GLOBAL(type, global).
+ * Redefining that macro below makes the header's own definitions name the object by its
+ * symbol, looked up in the loaded library: whatever the header's handles name is what gets
+ * resolved, and the object code references no libmpi symbol (tests/python/
+ * test_import_order.py checks libmoex.so's undefined symbols).
+ *
+ * Build-time definitions (CMakeLists.txt): MOEX_MPI_SONAME, the SONAME of the MPI library
+ * the build found ("libmpi.so.40"), and MOEX_MPI_PATH, its path; either may be absent.
+ */
+#include "ep_mpi_lib.h"
+
+#include "ep_dl.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MOEX_MPI_SONAME
+#define MOEX_MPI_SONAME "libmpi.so"
+#endif
+#ifndef MOEX_MPI_PATH
+#define MOEX_MPI_PATH NULL
+#endif
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static moex_mpi_api table;        /* written once, under `lock` */
+static bool loaded;               /* under `lock` */
+
+const char *moex_mpi_api_soname(void) { return MOEX_MPI_SONAME; }
+
+/* A global object of the loaded libmpi by name (an Open MPI predefined handle); NULL with
+ * *why set, and *ok cleared, when it is missing. */
+static void *global_of(void *lib, const char *name, char *why, size_t why_len, bool *ok) {
+    if (!*ok) return NULL;
+    void *p = moex_ep_dlsym(lib, name, why, why_len);
+    if (!p) *ok = false;
+    return p;
+}
+
+#ifdef OMPI_PREDEFINED_GLOBAL
+#undef OMPI_PREDEFINED_GLOBAL
+#define OMPI_PREDEFINED_GLOBAL(type, global) ((type)global_of(lib, #global, sym_why, sizeof sym_why, &ok))
+#endif
+
+/* dlsym into table.field, the field's type checked against mpi.h's declaration of the function
+ * at compile time (sizeof's operand is not evaluated: no reference to the symbol is made). */
+#define RESOLVE(field, name)                                                                  \
+    do {                                                                                      \
+        (void)sizeof(t.field = name);                                                         \
+        void *p_ = ok ? moex_ep_dlsym(lib, #name, sym_why, sizeof sym_why) : NULL;            \
+        if (!p_) ok = false;                                                                  \
+        else memcpy(&t.field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */ \
+    } while (0)
+
+const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
+    pthread_mutex_lock(&lock);
+    if (loaded) {
+        pthread_mutex_unlock(&lock);
+        return &table;
+    }
+    /* $MOEX_EP_MPI_LIBRARY (a name or path), when set, replaces the build's names */
+    const char *env = getenv("MOEX_EP_MPI_LIBRARY");
+    const bool by_env = env && env[0];
+    const char *names[] = {by_env ? env : MOEX_MPI_SONAME, by_env ? NULL : MOEX_MPI_PATH};
+    char open_why[1024];
+    void *lib = moex_ep_dlopen(names, 2, open_why, sizeof open_why);
+    if (!lib) {
+        pthread_mutex_unlock(&lock);
+        snprintf(why, why_len, "cannot load the MPI library %s%s (%s)", names[0],
+                 by_env ? " ($MOEX_EP_MPI_LIBRARY)" : "", open_why);
+        return NULL;
+    }
+    moex_mpi_api t;
+    memset(&t, 0, sizeof t);
+    char sym_why[512] = "";
+    bool ok = true;
+    RESOLVE(Initialized, MPI_Initialized);
+    RESOLVE(Comm_rank, MPI_Comm_rank);
+    RESOLVE(Comm_size, MPI_Comm_size);
+    RESOLVE(Error_string, MPI_Error_string);
+    RESOLVE(Alltoall, MPI_Alltoall);
+    RESOLVE(Alltoallv, MPI_Alltoallv);
+    RESOLVE(Type_contiguous, MPI_Type_contiguous);
+    RESOLVE(Type_commit, MPI_Type_commit);
+    RESOLVE(Type_free, MPI_Type_free);
+    /* the header's handles: constants, or (Open MPI) global_of() through the macro above */
+    if (ok) t.byte = MPI_BYTE;
+    if (ok) t.int64 = MPI_INT64_T;
+    if (ok) t.comm_null = MPI_COMM_NULL;
+    if (!ok) {
+        pthread_mutex_unlock(&lock);
+        snprintf(why, why_len, "the MPI library %s (%s) lacks %s", names[0], moex_ep_dl_path(lib), sym_why);
+        moex_ep_dlclose(lib);
+        return NULL;
+    }
+    t.path = moex_ep_dl_path(lib);
+    table = t;
+    loaded = true;
+    pthread_mutex_unlock(&lock);
+    return &table;
+}
