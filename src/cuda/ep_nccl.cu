@@ -25,6 +25,7 @@
 #include <stdlib.h>
 
 #include "cuda_check.h"
+#include "cuda_ops.h"
 #include "ep_nccl_lib.h"
 #include "ep_peer.h"
 
@@ -138,13 +139,12 @@ static void peer_release(nccl_state *st, int world) {
 static void nccl_destroy(moex_ep *ep) {
     nccl_state *st = (nccl_state *)ep->transport_state;
     int prev = -1;
-    const bool switched = cudaGetDevice(&prev) == cudaSuccess && prev != ep->ctx->device &&
-                          cudaSetDevice(ep->ctx->device) == cudaSuccess;
+    const bool entered = moex_cuda_device_enter(ep->ctx, "moex_ep_destroy", &prev) == MOEX_OK;
     if (st && st->snd) cudaFree(st->snd);
     if (st && st->out) cudaFree(st->out);
     if (st && st->shared) peer_release(st, ep->geom.world);   /* ep->rcv lies in st->shared */
     else if (ep->rcv) cudaFree(ep->rcv);
-    if (switched) cudaSetDevice(prev);
+    if (entered) moex_cuda_device_leave(ep->ctx, prev);
     free(st);
     ep->rcv = NULL;
     ep->out = NULL;
@@ -311,8 +311,7 @@ moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) {
     nccl_state *st = (nccl_state *)ep->transport_state;
     ep->transport = &nccl_transport;   /* from here its destroy frees what was allocated */
     int prev = -1;
-    CUDA_TRY(ep->ctx, op, cudaGetDevice(&prev));
-    if (prev != ep->ctx->device) CUDA_TRY(ep->ctx, op, cudaSetDevice(ep->ctx->device));
+    MOEX_TRY(moex_cuda_device_enter(ep->ctx, op, &prev));
     cudaStream_t s = NULL;
     moex_status res = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess
                           ? MOEX_OK
@@ -330,6 +329,6 @@ moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) {
     if (res == MOEX_OK && !peer) res = alloc_buffer(ep, op, "receive", bytes, &ep->rcv);
     if (res == MOEX_OK) res = set_out(ep, st, peer, s);
     if (s) cudaStreamDestroy(s);
-    if (prev != ep->ctx->device) cudaSetDevice(prev);
+    moex_cuda_device_leave(ep->ctx, prev);
     return res;   /* on failure moex_ep_create destroys ep, freeing the buffers */
 }
