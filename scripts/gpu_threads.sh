@@ -7,8 +7,8 @@
 #             mirror on a new thread whose first CUDA work it is);
 #   python    tests/python/test_torch_threads.py against this tree's library, and against the
 #             base library (expected to fail) when there is one;
-#   stress    tests/stress/torch_stress.py in $STRESS_PROCS fresh processes of $STRESS_CALLS
-#             calls each (zero failures allowed);
+#   stress    gpu_check.sh's stress stage (tests/stress/torch_stress.py in fresh processes;
+#             zero failures allowed; STRESS_PROCS, STRESS_CALLS);
 #   sanitize  compute-sanitizer memcheck over cuda_test_gpu_splits (zero_tail) on fresh threads.
 # Usage: BASE_SRC=DIR scripts/gpu_threads.sh [stage ...]   Logs and summary.txt go to $OUT.
 set -u
@@ -66,18 +66,10 @@ if has python; then
     fi
 fi
 
-if has stress; then
-    t0=$SECONDS
-    : > "$OUT/stress.log"
-    fails=0
-    for p in $(seq 1 "${STRESS_PROCS:-4}"); do
-        MOEX_LIBRARY=$PWD/$BUILD/libmoex.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1 \
-            python3 tests/stress/torch_stress.py --calls "${STRESS_CALLS:-1000}" --seed "$p" >> "$OUT/stress.log" 2>&1 ||
-            fails=$((fails + 1))
-    done
-    note "stress: $fails of ${STRESS_PROCS:-4} processes failed, $((SECONDS - t0)) s"
-    grep -E '^torch_stress:' "$OUT/stress.log" | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
-    grep -m5 -E '^call ' "$OUT/stress.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$SUMMARY" > /dev/null
+if has stress; then   # gpu_check.sh's stage, on this build
+    BUILD=$BUILD OUT=$OUT/stress bash scripts/gpu_check.sh stress > /dev/null 2>&1
+    grep -E '^(stress|  torch_stress)' "$OUT/stress/summary.txt" | tee -a "$SUMMARY"
+    grep -m5 -E '^call ' "$OUT/stress/stress.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$SUMMARY"
 fi
 
 if has sanitize; then
