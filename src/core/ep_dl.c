@@ -10,19 +10,26 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Appends "; " (after the first) and text to why[len]; truncates silently. */
 static void append(char *why, size_t len, const char *text) {
-    if (!why || len == 0) return;
     const size_t used = strlen(why);
     if (used + 1 >= len) return;
     snprintf(why + used, len - used, "%s%s", used ? "; " : "", text);
 }
 
-void *moex_ep_dlopen(const char *const *names, int n, char *why, size_t why_len) {
-    if (why && why_len) why[0] = '\0';
+void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, const char *what, const char **name,
+                     char *why, size_t why_len) {
+    const char *env = getenv(env_var);
+    const bool by_env = env && env[0];
+    const char *names[2] = {by_env ? env : soname, by_env ? NULL : path};
+    const int n = 2;
+    char errors[1024] = "";
+    *name = names[0];
     /* 1. a copy the process has already: the communicator's owner loaded it */
     for (int i = 0; i < n; i++) {
         if (!names[i]) continue;
@@ -36,10 +43,10 @@ void *moex_ep_dlopen(const char *const *names, int n, char *why, size_t why_len)
         void *lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
         if (lib) return lib;
         const char *e = dlerror();
-        char text[768];
-        snprintf(text, sizeof text, "%s", e ? e : names[i]);
-        append(why, why_len, text);
+        append(errors, sizeof errors, e ? e : names[i]);
     }
+    snprintf(why, why_len, "cannot load %s %s%s%s%s (%s)", what, names[0], by_env ? " ($" : "", by_env ? env_var : "",
+             by_env ? ")" : "", errors);
     return NULL;
 }
 

@@ -14,22 +14,26 @@
 #define MOEX_EP_DL_H
 
 #include <stddef.h>
+#include <string.h>   /* MOEX_EP_RESOLVE */
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* The library a transport needs, found in this order:
- *   1. already loaded in the process under one of `names` (dlopen with RTLD_NOLOAD): the
+/* The library a transport needs (`what`, for messages: "NCCL's library"), by the names
+ * $env_var (a name or path) when it is set, else `soname` (such as "libnccl.so.2") and then
+ * `path` (the build's; NULL: none), found in this order:
+ *   1. already loaded in the process under one of the names (dlopen with RTLD_NOLOAD): the
  *      communicator's owner (torch's NCCL, the caller's MPI) loaded it, and that copy is the
  *      one whose communicator the caller passes;
- *   2. loaded now by each of `names` in turn (the loader's search: LD_LIBRARY_PATH, the cache,
- *      a name with a '/' as a path), RTLD_NOW | RTLD_LOCAL.
- * names: n >= 1 names (a SONAME such as "libnccl.so.2", or a path); NULL entries are skipped.
- * Returns the handle (never closed: the table resolved from it lives as long as the process),
- * or NULL with why[why_len] holding each name's dlerror() text. Thread-safe (dlopen is); the
- * callers serialise the table they fill. */
-void *moex_ep_dlopen(const char *const *names, int n, char *why, size_t why_len);
+ *   2. loaded now by each name in turn (the loader's search: LD_LIBRARY_PATH, the cache, a
+ *      name with a '/' as a path), RTLD_NOW | RTLD_LOCAL.
+ * Returns the handle (never closed: the table resolved from it lives as long as the process)
+ * and *name, the first name tried; or NULL with why[why_len] = "cannot load <what> <name>
+ * [($env_var)] (<each name's dlerror()>)". Thread-safe (dlopen is); the callers serialise the
+ * table they fill. */
+void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, const char *what, const char **name,
+                     char *why, size_t why_len);
 
 /* dlclose(lib) of a handle whose symbols turned out unusable (NULL: nothing). */
 void moex_ep_dlclose(void *lib);
@@ -39,6 +43,17 @@ void *moex_ep_dlsym(void *lib, const char *name, char *why, size_t why_len);
 
 /* The path of the file a handle of moex_ep_dlopen is (dlinfo's link map), or "?". */
 const char *moex_ep_dl_path(void *lib);
+
+/* table.field = dlsym(lib, "name") while ok holds (else ok = false, why[why_len] saying which
+ * symbol is missing); the field's type is checked against the header's declaration of `name`
+ * at compile time (sizeof's operand is not evaluated: no reference to the symbol is made). */
+#define MOEX_EP_RESOLVE(table, field, name, lib, ok, why, why_len)                                   \
+    do {                                                                                              \
+        (void)sizeof((table).field = name);                                                           \
+        void *p_ = (ok) ? moex_ep_dlsym((lib), #name, (why), (why_len)) : NULL;                       \
+        if (!p_) (ok) = false;                                                                        \
+        else memcpy(&(table).field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */ \
+    } while (0)
 
 #ifdef __cplusplus
 }

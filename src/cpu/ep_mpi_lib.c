@@ -25,7 +25,6 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #ifndef MOEX_MPI_SONAME
@@ -55,15 +54,7 @@ static void *global_of(void *lib, const char *name, char *why, size_t why_len, b
 #define OMPI_PREDEFINED_GLOBAL(type, global) ((type)global_of(lib, #global, sym_why, sizeof sym_why, &ok))
 #endif
 
-/* dlsym into table.field, the field's type checked against mpi.h's declaration of the function
- * at compile time (sizeof's operand is not evaluated: no reference to the symbol is made). */
-#define RESOLVE(field, name)                                                                  \
-    do {                                                                                      \
-        (void)sizeof(t.field = name);                                                         \
-        void *p_ = ok ? moex_ep_dlsym(lib, #name, sym_why, sizeof sym_why) : NULL;            \
-        if (!p_) ok = false;                                                                  \
-        else memcpy(&t.field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */ \
-    } while (0)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(t, field, name, lib, ok, sym_why, sizeof sym_why)
 
 const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
     pthread_mutex_lock(&lock);
@@ -72,15 +63,11 @@ const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
         return &table;
     }
     /* $MOEX_EP_MPI_LIBRARY (a name or path), when set, replaces the build's names */
-    const char *env = getenv("MOEX_EP_MPI_LIBRARY");
-    const bool by_env = env && env[0];
-    const char *names[] = {by_env ? env : MOEX_MPI_SONAME, by_env ? NULL : MOEX_MPI_PATH};
-    char open_why[1024];
-    void *lib = moex_ep_dlopen(names, 2, open_why, sizeof open_why);
+    const char *name;
+    void *lib = moex_ep_dlopen("MOEX_EP_MPI_LIBRARY", MOEX_MPI_SONAME, MOEX_MPI_PATH, "the MPI library", &name, why,
+                               why_len);
     if (!lib) {
         pthread_mutex_unlock(&lock);
-        snprintf(why, why_len, "cannot load the MPI library %s%s (%s)", names[0],
-                 by_env ? " ($MOEX_EP_MPI_LIBRARY)" : "", open_why);
         return NULL;
     }
     moex_mpi_api t;
@@ -102,7 +89,7 @@ const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
     if (ok) t.comm_null = MPI_COMM_NULL;
     if (!ok) {
         pthread_mutex_unlock(&lock);
-        snprintf(why, why_len, "the MPI library %s (%s) lacks %s", names[0], moex_ep_dl_path(lib), sym_why);
+        snprintf(why, why_len, "the MPI library %s (%s) lacks %s", name, moex_ep_dl_path(lib), sym_why);
         moex_ep_dlclose(lib);
         return NULL;
     }

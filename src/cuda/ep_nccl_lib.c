@@ -19,7 +19,6 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define NCCL_SONAME "libnccl.so.2"
@@ -31,15 +30,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static moex_nccl_api table;       /* written once, under `lock` */
 static bool loaded;               /* under `lock` */
 
-/* dlsym into t.field, the field's type checked against nccl.h's declaration of the function at
- * compile time (sizeof's operand is not evaluated: no reference to the symbol is made). */
-#define RESOLVE(field, name)                                                                  \
-    do {                                                                                      \
-        (void)sizeof(t.field = name);                                                         \
-        void *p_ = ok ? moex_ep_dlsym(lib, #name, sym_why, sizeof sym_why) : NULL;            \
-        if (!p_) ok = false;                                                                  \
-        else memcpy(&t.field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */ \
-    } while (0)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(t, field, name, lib, ok, sym_why, sizeof sym_why)
 
 const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
     pthread_mutex_lock(&lock);
@@ -48,15 +39,11 @@ const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
         return &table;
     }
     /* $MOEX_EP_NCCL_LIBRARY (a name or path), when set, replaces the build's names */
-    const char *env = getenv("MOEX_EP_NCCL_LIBRARY");
-    const bool by_env = env && env[0];
-    const char *names[] = {by_env ? env : NCCL_SONAME, by_env ? NULL : MOEX_NCCL_PATH};
-    char open_why[1024];
-    void *lib = moex_ep_dlopen(names, 2, open_why, sizeof open_why);
+    const char *name;
+    void *lib = moex_ep_dlopen("MOEX_EP_NCCL_LIBRARY", NCCL_SONAME, MOEX_NCCL_PATH, "NCCL's library", &name, why,
+                               why_len);
     if (!lib) {
         pthread_mutex_unlock(&lock);
-        snprintf(why, why_len, "cannot load NCCL's library %s%s (%s)", names[0],
-                 by_env ? " ($MOEX_EP_NCCL_LIBRARY)" : "", open_why);
         return NULL;
     }
     moex_nccl_api t;
@@ -78,7 +65,7 @@ const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
     RESOLVE(AllReduce, ncclAllReduce);
     if (!ok) {
         snprintf(why, why_len, "NCCL's library %s (%s) lacks %s (NCCL 2.13 or later has every function moex calls)",
-                 names[0], moex_ep_dl_path(lib), sym_why);
+                 name, moex_ep_dl_path(lib), sym_why);
         moex_ep_dlclose(lib);
         pthread_mutex_unlock(&lock);
         return NULL;
@@ -86,7 +73,7 @@ const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
     /* NCCL 2 encodes 2.x.y as 2x0y (x < 9) or 2xxyy; another major has another ABI */
     const ncclResult_t vr = t.GetVersion(&t.version);
     if (vr != ncclSuccess || t.version < 20000 || t.version >= 30000) {
-        snprintf(why, why_len, "%s (%s) is not NCCL 2 (ncclGetVersion: result %d, version %d)", names[0],
+        snprintf(why, why_len, "%s (%s) is not NCCL 2 (ncclGetVersion: result %d, version %d)", name,
                  moex_ep_dl_path(lib), (int)vr, t.version);
         moex_ep_dlclose(lib);
         pthread_mutex_unlock(&lock);
