@@ -49,5 +49,5 @@ if has example; then
     # shellcheck disable=SC2086
     python3 examples/moe_lm/compare.py --device cuda --out-dir "$OUT/moe_lm" ${EXAMPLE_ARGS:-} > "$OUT/example.log" 2>&1
     note "example: rc=$? in $((SECONDS - t0)) s"
-    tail -15 "$OUT/example.log" | tee -a "$SUMMARY"
+    sed -n '/^variant /,$p' "$OUT/example.log" | tee -a "$SUMMARY"   # the table, the checks, the verdict
 fi

@@ -1,35 +1,81 @@
-"""examples/moe_lm/compare.py - trains the language model of train.py once per MoE layer (each in
-its own process, one after the other), or reads the JSON those runs left (--read), then prints a
-table (final losses, how far each loss curve is from the plain PyTorch one, ms per step,
-speedup) and writes loss.svg (the loss curves on one plot, the SVG written by hand).
+"""examples/moe_lm/compare.py - trains the language model of train.py with each MoE layer, in
+each dtype, from several seeds (each run in its own process, one after the other), or reads the
+JSON those runs left (--read); then judges moex against plain PyTorch and prints a table, and
+writes summary.json and loss.svg.
 
-The runs: moex, torch, torch_gmm (train.py --moe), and torch_perturbed, the control: the torch
-model again from a start changed by rounding noise (train.py --perturb). Training amplifies
-any difference (a token routed to another expert, a plateau left a few steps earlier), so two
-runs of the same model drift apart; torch_perturbed's distance from torch measures how far,
-and a variant at about that distance agrees within noise.
+A seed fixes the start (the weights) and the batches; for one seed every variant starts from the
+same weights and sees the same batches. Training amplifies any difference of rounding (a token
+routed to another expert, a plateau left a few steps earlier), so two correct runs drift apart;
+how far is measured by the spread of the final losses over the seeds. Two checks:
+
+1. f32 parity, the correctness gate. For each seed, moex's and torch's f32 train losses agree
+   within --parity-rtol (1e-5) relative at each of the first --parity-steps (10) steps, before
+   the drift sets in. Both compute the same function in f32 (docs/conventions.md: no TF32),
+   with sums in other orders; measured on the CPU: 1.2e-7 at most over 12 steps. A wrong layer
+   (the GLU's halves swapped, p not applied, no renormalisation) moves the loss by 5e-5 to 2e-3
+   relative from the second step on (tests/python/test_example_moe_lm.py).
+2. The final losses against the seed spread, in every dtype (bf16 is where the question is). The
+   final train loss (the mean of the last --smooth steps) and the final validation loss of
+   moex's seeds against torch's: the difference of their means must lie within
+   t * s * sqrt(1/n_moex + 1/n_torch), s the pooled standard deviation over the seeds of both,
+   t the two-sided 99% quantile of Student's t with n_moex + n_torch - 2 degrees of freedom
+   (the two-sample t-test at the 1% level). Why this rule and not "within torch's min-max":
+   with 3 or 4 seeds the range of torch's seeds is narrow, and the mean of moex's seeds falls
+   outside it 37% (3 seeds each) or 23% (4 each) of the time when both variants train alike;
+   the t rule fails such a pair 1% of the time per comparison, whatever the number of seeds.
+   Its power is that of few seeds: a shift of 2 (3) seed standard deviations fails it 32%
+   (69%) of the time with 4 + 4 seeds, 47% (87%) with 5 + 5 (all simulated with normal final
+   losses). A pass therefore says "no difference as large as the spread shows", and the table
+   prints the spread it was judged against.
+
+The table: per variant and dtype, the seeds, the mean, min and max of the final train and
+validation losses, ms per step (the mean over the seeds), and how much the train loss still
+fell at the end (the mean of the last 10% of the steps minus that of the 10% before, mean over
+the seeds): near 0 when the curve has flattened. Exit status 1 when a check fails.
 
     python3 examples/moe_lm/compare.py --device cuda --out-dir DIR
     python3 examples/moe_lm/compare.py --device cpu --out-dir DIR --hidden 128 --ffn 256 --seq 128 --batch 16
     python3 examples/moe_lm/compare.py --read --out-dir DIR
 
-Options it does not know go to train.py. Without --variants: all four (torch_gmm on CUDA
-only). DIR gets <variant>.json (train.py --out) and loss.svg.
+Options it does not know go to train.py. DIR gets <variant>_<dtype>_seed<S>.json (train.py
+--out), summary.json (what the table and the checks show) and loss.svg.
 """
 import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The runs: train.py's options for each.
-RUNS = {"moex": ["--moe", "moex"], "torch": ["--moe", "torch"], "torch_gmm": ["--moe", "torch_gmm"],
-        "torch_perturbed": ["--moe", "torch", "--perturb"]}
-COLOURS = {"moex": "#d62728", "torch": "#1f77b4", "torch_gmm": "#2ca02c", "torch_perturbed": "#7f7f7f"}
-BASELINE = "torch"
+VARIANTS = ("moex", "torch", "torch_gmm")
+DTYPES = ("f32", "bf16")
+REFERENCE = "torch"
+# (variant, dtype) -> colour of its curves
+COLOURS = {("moex", "f32"): "#d62728", ("moex", "bf16"): "#ff9896", ("torch", "f32"): "#1f77b4",
+           ("torch", "bf16"): "#aec7e8", ("torch_gmm", "f32"): "#2ca02c", ("torch_gmm", "bf16"): "#98df8a"}
+# the two-sided 99% quantile of Student's t by degrees of freedom (beyond 30: the normal's)
+T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
+       11: 3.106, 12: 3.055, 13: 3.012, 14: 2.977, 15: 2.947, 16: 2.921, 17: 2.898, 18: 2.878, 19: 2.861,
+       20: 2.845, 22: 2.819, 24: 2.797, 26: 2.779, 28: 2.763, 30: 2.750}
+TAIL = 0.1   # the flatness column: the last 10% of the steps against the 10% before
 
+
+def t99(dof):
+    """The two-sided 99% quantile of Student's t with dof degrees of freedom (conservative
+    between the table's entries)."""
+    if dof > 30:
+        return 2.576
+    return T99[max(d for d in T99 if d <= dof)]
+
+
+def run_name(variant, dtype, seed):
+    return f"{variant}_{dtype}_seed{seed}"
+
+
+# ---- the measures ------------------------------------------------------------------------------
 
 def smooth(values, window):
     """The centred moving average over `window` values (odd), for the positions where the
@@ -38,58 +84,112 @@ def smooth(values, window):
     return h, [sum(values[i - h:i + h + 1]) / window for i in range(h, len(values) - h)]
 
 
-def summarise(runs, window):
-    """Rows of the table, one per run, with the baseline's curves as the reference."""
-    base = runs.get(BASELINE)
-    rows = []
-    for name, r in runs.items():
-        loss = r["train_loss"]
-        row = {"variant": name, "train": sum(loss[-window:]) / len(loss[-window:]), "val": r["val_loss"][-1][1],
-               "ms": r["ms_per_step"], "speedup": None, "train_diff": None, "val_diff": None}
-        if base is not None and name != BASELINE:
-            _, a = smooth(loss, window)
-            _, b = smooth(base["train_loss"], window)
-            row["train_diff"] = max(abs(x - y) for x, y in zip(a, b))
-            row["val_diff"] = max(abs(x[1] - y[1]) for x, y in zip(r["val_loss"], base["val_loss"]))
-            if row["ms"] and base["ms_per_step"]:
-                row["speedup"] = base["ms_per_step"] / row["ms"]
-        rows.append(row)
-    return rows
+def final_train(run, window):
+    """The final train loss: the mean of the last `window` steps."""
+    tail = run["train_loss"][-window:]
+    return sum(tail) / len(tail)
 
 
-def batch_noise(loss, window):
-    """The standard deviation of the train loss about its moving average: the step-to-step
-    noise of the batches, against which the curves' differences are judged."""
-    h, s = smooth(loss, window)
-    d = [loss[h + i] - v for i, v in enumerate(s)]
-    return math.sqrt(sum(x * x for x in d) / len(d))
+def tail_drop(run):
+    """The mean train loss of the last TAIL of the steps minus that of the TAIL before them
+    (negative: it still falls; near 0: the curve has flattened)."""
+    loss = run["train_loss"]
+    m = max(1, int(len(loss) * TAIL))
+    return statistics.fmean(loss[-m:]) - statistics.fmean(loss[-2 * m:-m])
 
 
-def cell(v, width, spec, suffix=""):
-    return ("-" if v is None else format(v, spec) + suffix).rjust(width)
+def spread(values):
+    return {"per_seed": values, "mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
-def print_table(runs, window):
-    print(f"\n{'variant':<16} {'train':>7} {'val':>7} {'ms/step':>8} {'speedup':>8} {'max|dtrain|':>11} "
-          f"{'max|dval|':>9}")
-    for r in summarise(runs, window):
-        print(f"{r['variant']:<16} {r['train']:7.4f} {r['val']:7.4f} {cell(r['ms'], 8, '.2f')} "
-              f"{cell(r['speedup'], 8, '.2f', 'x')} {cell(r['train_diff'], 11, '.4f')} {cell(r['val_diff'], 9, '.4f')}")
-    first = next(iter(runs.values()))
-    print(f"\ntrain: mean train loss of the last {window} steps; val: the last validation loss; "
-          f"speedup: {BASELINE}'s ms/step over the variant's;\nmax|dtrain|: the largest difference "
-          f"from {BASELINE}'s train loss after a {window}-step moving average; max|dval|: the largest "
-          f"difference of the validation losses.")
-    if BASELINE in runs and "torch_perturbed" in runs:
-        print(f"torch_perturbed: {BASELINE} from a start changed by rounding noise; its distance from {BASELINE} "
-              f"is how far two runs of one model drift apart")
-    if BASELINE in runs:
-        print(f"batch noise ({BASELINE}: std of the train loss about its {window}-step moving average): "
-              f"{batch_noise(runs[BASELINE]['train_loss'], window):.4f}")
-    c = first["config"]
-    print(f"{first['device_name']}, {c['dtype']}, torch {first['torch']}; {first['params'] / 1e6:.1f}M parameters, "
-          f"{c['layers']} layers, hidden {c['hidden']}, {c['experts']} experts top-{c['topk']}, ffn {c['ffn']}, "
-          f"batch {c['batch']} x seq {c['seq']}, {c['steps']} steps; {first['text']['bytes']} bytes of text")
+def groups(runs, window):
+    """{(variant, dtype): the group's record}; runs is {(variant, dtype, seed): run}."""
+    out = {}
+    for (v, d, seed), r in sorted(runs.items(), key=lambda kv: (DTYPES.index(kv[0][1]), VARIANTS.index(kv[0][0]),
+                                                                kv[0][2])):
+        out.setdefault((v, d), []).append((seed, r))
+    return {key: {"variant": key[0], "dtype": key[1], "seeds": [s for s, _ in rs],
+                  "train": spread([final_train(r, window) for _, r in rs]),
+                  "val": spread([r["val_loss"][-1][1] for _, r in rs]),
+                  "ms_per_step": statistics.fmean(r["ms_per_step"] for _, r in rs) if all(r["ms_per_step"] for _, r in rs)
+                  else None,
+                  "tail_drop": statistics.fmean(tail_drop(r) for _, r in rs)}
+            for key, rs in out.items()}
+
+
+def parity(moex, ref, steps, rtol):
+    """The f32 gate for one seed: the largest relative difference of the train losses over the
+    first `steps` steps, and whether it is within rtol."""
+    n = min(steps, len(moex["train_loss"]), len(ref["train_loss"]))
+    worst, at = max((abs(a - b) / abs(b), i + 1) for i, (a, b) in
+                    enumerate(zip(moex["train_loss"][:n], ref["train_loss"][:n])))
+    return {"steps": n, "rtol": rtol, "max_rel_diff": worst, "at_step": at, "ok": worst <= rtol}
+
+
+def against_spread(a, b):
+    """moex's final losses `a` against torch's `b` (one per seed): the difference of the means,
+    the pooled standard deviation s, and whether |difference| <= t99(n_a + n_b - 2) * s *
+    sqrt(1/n_a + 1/n_b). None with fewer than 2 seeds on either side (no spread to judge by)."""
+    na, nb = len(a), len(b)
+    if na < 2 or nb < 2:
+        return None
+    diff = statistics.fmean(a) - statistics.fmean(b)
+    s = math.sqrt(((na - 1) * statistics.variance(a) + (nb - 1) * statistics.variance(b)) / (na + nb - 2))
+    t = t99(na + nb - 2)
+    allowed = t * s * math.sqrt(1 / na + 1 / nb)
+    return {"diff": diff, "pooled_std": s, "t": t, "allowed": allowed, "ok": abs(diff) <= allowed}
+
+
+def judge(runs, window, parity_steps, parity_rtol):
+    """The summary: groups, the f32 parity of every seed that both moex and torch ran, and
+    moex's final losses against torch's spread in every dtype both ran."""
+    g = groups(runs, window)
+    checks = {"parity": [], "spread": []}
+    for (v, d, seed), r in sorted(runs.items()):
+        if v == "moex" and d == "f32" and (REFERENCE, d, seed) in runs:
+            checks["parity"].append({"seed": seed, **parity(r, runs[(REFERENCE, d, seed)], parity_steps, parity_rtol)})
+    for d in DTYPES:
+        if ("moex", d) in g and (REFERENCE, d) in g:
+            for metric in ("train", "val"):
+                res = against_spread(g[("moex", d)][metric]["per_seed"], g[(REFERENCE, d)][metric]["per_seed"])
+                checks["spread"].append({"dtype": d, "metric": metric, "judged": res is not None, **(res or {})})
+    failed = [c for c in checks["parity"] + checks["spread"] if c.get("ok") is False]
+    return {"groups": list(g.values()), "checks": checks, "ok": not failed}
+
+
+# ---- the report --------------------------------------------------------------------------------
+
+def print_report(summary, window, meta):
+    print(f"\n{'variant':<10} {'dtype':<5} {'seeds':>5} {'train':>7} {'train min-max':>15} {'val':>7} "
+          f"{'val min-max':>15} {'ms/step':>8} {'dtrain@end':>10}")
+    for g in summary["groups"]:
+        tr, va = g["train"], g["val"]
+        ms = "-" if g["ms_per_step"] is None else f"{g['ms_per_step']:.2f}"
+        print(f"{g['variant']:<10} {g['dtype']:<5} {len(g['seeds']):>5} {tr['mean']:7.4f} "
+              f"{tr['min']:7.4f}-{tr['max']:7.4f} {va['mean']:7.4f} {va['min']:7.4f}-{va['max']:7.4f} "
+              f"{ms:>8} {g['tail_drop']:+10.4f}")
+    print(f"\ntrain: the mean train loss of the last {window} steps; val: the last validation loss (mean, min "
+          f"and max over the seeds); dtrain@end: the mean train loss of the last {TAIL:.0%} of the steps minus "
+          f"that of the {TAIL:.0%} before (mean over the seeds; near 0: the curve has flattened).")
+    c = summary["checks"]
+    if c["parity"]:
+        p0 = c["parity"][0]
+        print(f"f32 parity (moex and {REFERENCE}, same seed: same start, same batches; the first {p0['steps']} steps "
+              f"within {p0['rtol']:g} relative):")
+        for p in c["parity"]:
+            print(f"  seed {p['seed']}: max {p['max_rel_diff']:.1e} (step {p['at_step']})  {'ok' if p['ok'] else 'FAIL'}")
+    if c["spread"]:
+        print(f"final losses, moex against {REFERENCE}'s seed spread: |mean difference| <= t99 * s * "
+              "sqrt(1/n_moex + 1/n_torch), s pooled over the seeds:")
+        for s in c["spread"]:
+            if not s["judged"]:
+                print(f"  {s['dtype']:<4} {s['metric']:<5}: not judged (fewer than 2 seeds on a side)")
+            else:
+                print(f"  {s['dtype']:<4} {s['metric']:<5}: moex - {REFERENCE} = {s['diff']:+.4f}, allowed "
+                      f"+-{s['allowed']:.4f} (t {s['t']:.2f}, s {s['pooled_std']:.4f})  {'ok' if s['ok'] else 'FAIL'}")
+    print(f"{meta['device_name']}, torch {meta['torch']}; {meta['params'] / 1e6:.1f}M parameters, {meta['config']}")
+    print("all checks passed" if summary["ok"] else "A CHECK FAILED")
 
 
 # ---- the plot ----------------------------------------------------------------------------------
@@ -103,11 +203,12 @@ def ticks(lo, hi, n=6):
 
 
 def write_svg(path, runs, window, title):
-    """Train loss (faint: every step; solid: the moving average) and validation loss (dashed,
-    dots) of every run against the step."""
+    """The train loss's moving average (solid) and the validation loss (dashed) of every run
+    against the step, one colour per variant and dtype (one curve per seed)."""
     W, Hh, left, right, top, bottom = 760, 460, 60, 150, 40, 45
     steps = max(len(r["train_loss"]) for r in runs.values())
-    values = [v for r in runs.values() for v in r["train_loss"] + [p[1] for p in r["val_loss"]]]
+    curves = {k: smooth(r["train_loss"], window) for k, r in runs.items()}
+    values = [v for _, s in curves.values() for v in s] + [p[1] for r in runs.values() for p in r["val_loss"]]
     ys = ticks(min(values), max(values))
     xs = ticks(0, steps)
     y0, y1, x1 = ys[0], ys[-1], xs[-1]
@@ -133,68 +234,97 @@ def write_svg(path, runs, window, title):
     out.append(f'<text x="{(left + W - right) / 2}" y="{Hh - 8}" text-anchor="middle">step</text>')
     out.append(f'<text transform="translate(16 {(top + Hh - bottom) / 2}) rotate(-90)" '
                f'text-anchor="middle">loss (nats per byte)</text>')
-    for name, r in reversed(runs.items()):  # the first run (moex) on top
-        colour = COLOURS[name]
-        loss = r["train_loss"]
-        out.append(line([px(s + 1, v) for s, v in enumerate(loss)], colour, 'stroke-opacity="0.25"'))
-        h, s = smooth(loss, window)
-        out.append(line([px(h + j + 1, v) for j, v in enumerate(s)], colour, 'stroke-width="2"'))
-        val = [px(step, v) for step, v in r["val_loss"]]
-        out.append(line(val, colour, 'stroke-dasharray="6 4"'))
-        out += [f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"/>' for x, y in val]
-    for i, name in enumerate(runs):
+    for key in sorted(runs, key=lambda k: (k[0] == "moex", k)):   # moex's curves on top
+        colour = COLOURS[key[:2]]
+        h, s = curves[key]
+        out.append(line([px(h + j + 1, v) for j, v in enumerate(s)], colour, 'stroke-width="1.5"'))
+        out.append(line([px(step, v) for step, v in runs[key]["val_loss"]], colour, 'stroke-dasharray="6 4"'))
+    legend = sorted({k[:2] for k in runs}, key=lambda k: (VARIANTS.index(k[0]), k[1]))
+    for i, (v, d) in enumerate(legend):
         ly = top + 14 + 20 * i
-        out.append(f'<line x1="{W - right + 12}" x2="{W - right + 36}" y1="{ly}" y2="{ly}" stroke="{COLOURS[name]}" '
+        out.append(f'<line x1="{W - right + 12}" x2="{W - right + 36}" y1="{ly}" y2="{ly}" stroke="{COLOURS[(v, d)]}" '
                    f'stroke-width="2"/>')
-        out.append(f'<text x="{W - right + 42}" y="{ly + 4}">{name}</text>')
-    ly = top + 14 + 20 * len(runs) + 10
+        out.append(f'<text x="{W - right + 42}" y="{ly + 4}">{v} {d}</text>')
+    ly = top + 14 + 20 * len(legend) + 10
     out.append(f'<text x="{W - right + 12}" y="{ly}" font-size="11">solid: train,</text>')
     out.append(f'<text x="{W - right + 12}" y="{ly + 14}" font-size="11">{window}-step average</text>')
     out.append(f'<text x="{W - right + 12}" y="{ly + 28}" font-size="11">dashed: validation</text>')
+    out.append(f'<text x="{W - right + 12}" y="{ly + 42}" font-size="11">one line per seed</text>')
     out.append("</svg>")
     with open(path, "w") as f:
         f.write("\n".join(out) + "\n")
 
 
+def int_list(text):
+    return [int(s) for s in text.split(",") if s]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", required=True, help="where the JSON of the runs and loss.svg go")
+    p.add_argument("--out-dir", required=True, help="where the JSON of the runs, summary.json and loss.svg go")
     p.add_argument("--device", default="cuda", help="passed to train.py (default cuda)")
-    p.add_argument("--variants", help=f"comma-separated, of {','.join(RUNS)} (default all; torch_gmm on CUDA only)")
+    p.add_argument("--variants", default="moex,torch", help=f"comma-separated, of {','.join(VARIANTS)} (default "
+                   "moex,torch)")
+    p.add_argument("--dtypes", help="comma-separated, of f32,bf16 (default f32,bf16 on CUDA, f32 on the CPU)")
+    p.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds, each a run of every variant and dtype "
+                   "(default 0,1,2,3)")
     p.add_argument("--read", action="store_true", help="read the runs' JSON in --out-dir instead of training")
-    p.add_argument("--smooth", type=int, default=21, help="moving-average window in steps (odd)")
+    p.add_argument("--smooth", type=int, default=21, help="moving-average window in steps (odd; default 21)")
+    p.add_argument("--parity-steps", type=int, default=10, help="f32 parity: the first steps compared (default 10)")
+    p.add_argument("--parity-rtol", type=float, default=1e-5, help="f32 parity: the relative tolerance (default 1e-5)")
     args, train_args = p.parse_known_args()
     if args.smooth < 1 or args.smooth % 2 == 0:
         p.error("--smooth must be odd")
-    if args.variants:
-        variants = args.variants.split(",")
-        if any(v not in RUNS for v in variants):
-            p.error(f"--variants: each one of {', '.join(RUNS)}")
-    else:
-        variants = [v for v in RUNS if v != "torch_gmm" or args.device.startswith("cuda")]
+    variants = args.variants.split(",")
+    if any(v not in VARIANTS for v in variants):
+        p.error(f"--variants: each one of {', '.join(VARIANTS)}")
+    dtypes = (args.dtypes or ("f32,bf16" if args.device.startswith("cuda") else "f32")).split(",")
+    if any(d not in DTYPES for d in dtypes):
+        p.error("--dtypes: each one of f32, bf16")
+    try:
+        seeds = int_list(args.seeds)
+    except ValueError:
+        p.error("--seeds: comma-separated integers")
+    if not seeds:
+        p.error("--seeds: at least one")
     os.makedirs(args.out_dir, exist_ok=True)
 
+    t0 = time.time()
     runs = {}
-    for v in variants:
-        path = os.path.join(args.out_dir, f"{v}.json")
-        if not args.read:
-            subprocess.run([sys.executable, os.path.join(HERE, "train.py")] + RUNS[v] +
-                           ["--device", args.device, "--out", path] + train_args, check=True)
-        with open(path) as f:
-            runs[v] = json.load(f)
+    for seed in seeds:               # seed by seed: an interrupted comparison leaves whole seeds
+        for d in dtypes:
+            for v in variants:
+                path = os.path.join(args.out_dir, run_name(v, d, seed) + ".json")
+                if not args.read:
+                    subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--moe", v, "--dtype", d,
+                                    "--seed", str(seed), "--device", args.device, "--out", path] + train_args,
+                                   check=True)
+                with open(path) as f:
+                    runs[(v, d, seed)] = json.load(f)
 
     n = min(len(r["train_loss"]) for r in runs.values())
     window = min(args.smooth, n if n % 2 else n - 1)
-    print_table(runs, window)
+    summary = judge(runs, window, args.parity_steps, args.parity_rtol)
     first = next(iter(runs.values()))
     c = first["config"]
+    config = (f"{c['layers']} layers, hidden {c['hidden']}, {c['experts']} experts top-{c['topk']}, ffn {c['ffn']}, "
+              f"batch {c['batch']} x seq {c['seq']}, {c['steps']} steps; {first['text']['bytes']} bytes of text")
+    meta = {"device_name": first["device_name"], "torch": first["torch"], "params": first["params"], "config": config}
+    summary.update({"meta": meta, "window": window, "runs": sorted(run_name(*k) for k in runs)})
+    if not args.read:
+        summary["wall_s"] = time.time() - t0
+    print_report(summary, window, meta)
+    with open(os.path.join(args.out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
     title = (f"byte-level MoE LM, {os.path.basename(first['text']['dir'])}: {c['layers']} layers, "
-             f"hidden {c['hidden']}, {c['experts']} experts top-{c['topk']}, {c['dtype']}, {first['device_name']}")
+             f"hidden {c['hidden']}, {c['experts']} experts top-{c['topk']}, {first['device_name']}")
     svg = os.path.join(args.out_dir, "loss.svg")
     write_svg(svg, runs, window, title)
-    print(f"wrote {svg}")
+    print(f"wrote {os.path.join(args.out_dir, 'summary.json')} and {svg}"
+          + (f"; {summary['wall_s']:.0f} s" if "wall_s" in summary else ""))
+    return 0 if summary["ok"] else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

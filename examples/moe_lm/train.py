@@ -24,9 +24,8 @@ the MoE layer, the same for every variant). AdamW; in bf16 the model computes in
 optimizer keeps f32 copies of the weights (Megatron's main params).
 
 Every variant starts from the same weights (built under --seed on the CPU in f32, then moved
-to --device and --dtype) and sees the same batches in the same order; --perturb changes the
-start by rounding noise, for a control run (compare.py's torch_perturbed). --out gets a JSON: the
-configuration, the train loss of every step, the validation loss every --eval-every steps
+to --device and --dtype) and sees the same batches in the same order (also drawn under --seed).
+In f32 every matrix product is computed in f32 (no TF32). --out gets a JSON: the configuration, the train loss of every step, the validation loss every --eval-every steps
 and at the end, and ms per step over the steps after --warmup (validation not counted).
 
     python3 examples/moe_lm/train.py --moe moex --device cuda --out moex.json
@@ -177,17 +176,11 @@ class MoELM(nn.Module):
 
 def build_model(args):
     """The model of args.moe, f32 on the CPU, with the weights of the plain PyTorch model
-    built under args.seed (so that every variant starts from the same weights); with
-    args.perturb, each weight multiplied by 1 + u * N(0, 1), u the unit roundoff of args.dtype."""
+    built under args.seed (so that every variant starts from the same weights)."""
     torch.manual_seed(args.seed)
     start = MoELM(argparse.Namespace(**{**vars(args), "moe": "torch"}))
     model = start if args.moe == "torch" else MoELM(args)
-    state = start.state_dict()
-    if args.perturb:
-        u = {"bf16": 2.0 ** -8, "f32": 2.0 ** -24}[args.dtype]
-        gen = torch.Generator().manual_seed(args.seed + 1)
-        state = {k: v * (1 + u * torch.randn(v.shape, generator=gen)) for k, v in state.items()}
-    model.load_state_dict(state)
+    model.load_state_dict(start.state_dict())
     return model
 
 
@@ -220,9 +213,11 @@ def lr_at(step, args):
 
 def train(args):
     """Trains args.moe's model; returns the record that --out gets."""
-    name = args.moe + ("_perturbed" if args.perturb else "")
+    name = args.moe
     device = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
+    if dtype == torch.float32:
+        torch.set_float32_matmul_precision("highest")   # f32 products in f32, as moex computes them (no TF32)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     train_text, val_text, text_info = load_text()
 
@@ -289,7 +284,7 @@ def parse_args(argv=None):
     p.add_argument("--moe", choices=VARIANTS, default="moex", help="the expert layer (default moex)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=("bf16", "f32"), help="default bf16 on CUDA, f32 on the CPU")
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, default=400)
     p.add_argument("--batch", type=int, default=32, help="sequences per step")
     p.add_argument("--seq", type=int, default=256, help="bytes per sequence")
     p.add_argument("--layers", type=int, default=4)
@@ -303,9 +298,6 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
     p.add_argument("--warmup", type=int, default=20, help="steps run before the timing window")
-    p.add_argument("--perturb", action="store_true",
-                   help="start from the weights times 1 + u * N(0, 1), u the unit roundoff of --dtype (a control: "
-                        "how far two runs drift apart from starts that differ by rounding)")
     p.add_argument("--out", help="the JSON to write")
     args = p.parse_args(argv)
     if args.dtype is None:

@@ -2,7 +2,9 @@
 seconds): the plain PyTorch MoE layer of train.py (the loop over experts, and torch._grouped_mm
 where torch has it on the CPU) against moex.torch.MoELayer on the same weights, forward and
 gradients; 12 training steps of the language model with each layer: the same loss at every
-step, and a loss that goes down; compare.py's table and plot from the runs' JSON.
+step, and a loss that goes down; compare.py's judgement of several seeds (its f32 parity gate,
+which a wrong layer fails, and its rule for the final losses against the seed spread), its
+table, summary.json and plot from the runs' JSON.
 
 Tolerances, f32 (unit roundoff u = 6e-8):
 - one MoE layer: 1e-5 of the largest magnitude, forward and every gradient. The two compute
@@ -18,6 +20,8 @@ import importlib.util
 import json
 import math
 import os
+import random
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -32,8 +36,11 @@ EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "
 _spec = importlib.util.spec_from_file_location("moe_lm_train", os.path.join(EXAMPLE, "train.py"))
 lm = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lm)
+_spec = importlib.util.spec_from_file_location("moe_lm_compare", os.path.join(EXAMPLE, "compare.py"))
+compare = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(compare)
 
-TINY = ("--device cpu --dtype f32 --hidden 32 --heads 2 --layers 2 --experts 4 --topk 2 --ffn 32 --seq 32 "
+TINY = ("--device cpu --hidden 32 --heads 2 --layers 2 --experts 4 --topk 2 --ffn 32 --seq 32 "
         "--batch 8 --steps 12 --eval-every 6 --warmup 2 --lr 1e-2").split()
 needs_text = pytest.mark.skipif(not os.path.isdir(lm.TEXT_DIR), reason=f"no {lm.TEXT_DIR} (Debian's base-files)")
 
@@ -54,8 +61,8 @@ GMM = pytest.param("torch_gmm", marks=pytest.mark.skipif(
 
 
 @functools.lru_cache(maxsize=None)
-def run(variant):
-    return lm.train(lm.parse_args(TINY + ["--moe", variant]))
+def run(variant, seed=0, dtype="f32"):
+    return lm.train(lm.parse_args(TINY + ["--moe", variant, "--seed", str(seed), "--dtype", dtype]))
 
 
 @pytest.mark.parametrize("variant", ["torch", GMM])
@@ -100,14 +107,98 @@ def test_loss_goes_down():
     assert r["ms_per_step"] > 0 and r["timed_steps"] == 10
 
 
+def write_runs(path, seeds, dtypes):
+    """The tiny runs of moex and torch for every seed and dtype, as compare.py names them."""
+    for seed in seeds:
+        for dtype in dtypes:
+            for v in ("moex", "torch"):
+                (path / f"{compare.run_name(v, dtype, seed)}.json").write_text(json.dumps(run(v, seed, dtype)))
+
+
+def run_compare(path, seeds, dtypes):
+    return subprocess.run([sys.executable, os.path.join(EXAMPLE, "compare.py"), "--read", "--out-dir", str(path),
+                           "--variants", "moex,torch", "--seeds", seeds, "--dtypes", dtypes],
+                          capture_output=True, text=True)
+
+
 @needs_text
-def test_compare_reads_the_runs(tmp_path):
-    for v in ("moex", "torch"):
-        (tmp_path / f"{v}.json").write_text(json.dumps(run(v)))
-    out = subprocess.run([sys.executable, os.path.join(EXAMPLE, "compare.py"), "--read", "--out-dir", str(tmp_path),
-                          "--variants", "moex,torch"], check=True, capture_output=True, text=True).stdout
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["moex"], ["torch"])}
-    assert float(rows["moex"][1]) == pytest.approx(float(rows["torch"][1]), abs=1e-3)
-    assert rows["moex"][4].endswith("x") and float(rows["moex"][5]) < 1e-4
+def test_compare_judges_the_seeds(tmp_path):
+    write_runs(tmp_path, (0, 1), ("f32", "bf16"))
+    res = run_compare(tmp_path, "0,1", "f32,bf16")
+    assert res.returncode == 0, res.stdout + res.stderr
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    window = summary["window"]
+    assert window == 11   # the 12 steps' largest odd window
+    groups = {(g["variant"], g["dtype"]): g for g in summary["groups"]}
+    assert set(groups) == {(v, d) for v in ("moex", "torch") for d in ("f32", "bf16")}
+    for (v, d), g in groups.items():
+        finals = [sum(run(v, s, d)["train_loss"][-window:]) / window for s in (0, 1)]
+        vals = [run(v, s, d)["val_loss"][-1][1] for s in (0, 1)]
+        assert g["seeds"] == [0, 1]
+        assert g["train"]["per_seed"] == pytest.approx(finals, rel=1e-12)
+        assert g["train"]["mean"] == pytest.approx(sum(finals) / 2, rel=1e-12)
+        assert (g["train"]["min"], g["train"]["max"]) == (min(finals), max(finals))
+        assert g["val"]["per_seed"] == vals
+        assert g["ms_per_step"] > 0
+    # the two seeds start from other weights and see other batches: a spread to judge by
+    assert groups[("torch", "f32")]["train"]["std"] > 0
+    parity = summary["checks"]["parity"]
+    assert [p["seed"] for p in parity] == [0, 1]
+    assert all(p["ok"] and p["max_rel_diff"] <= 1e-5 and p["steps"] == 10 for p in parity), parity
+    spread = {(c["dtype"], c["metric"]): c for c in summary["checks"]["spread"]}
+    assert set(spread) == {(d, m) for d in ("f32", "bf16") for m in ("train", "val")}
+    for (d, m), c in spread.items():
+        a = [run("moex", s, d)["train_loss" if m == "train" else "val_loss"] for s in (0, 1)]
+        a = [sum(x[-window:]) / window if m == "train" else x[-1][1] for x in a]
+        assert c["judged"] and c["ok"] and c["diff"] == pytest.approx(
+            sum(a) / 2 - groups[("torch", d)][m]["mean"], abs=1e-12), c
+    rows = [line.split() for line in res.stdout.splitlines() if line.split()[:1] in (["moex"], ["torch"])]
+    assert [r[:3] for r in rows] == [["moex", "f32", "2"], ["torch", "f32", "2"], ["moex", "bf16", "2"],
+                                     ["torch", "bf16", "2"]]
+    assert "all checks passed" in res.stdout
     svg = ET.parse(tmp_path / "loss.svg").getroot()
-    assert len(svg.findall("{http://www.w3.org/2000/svg}polyline")) == 6  # per run: every step, average, validation
+    assert len(svg.findall("{http://www.w3.org/2000/svg}polyline")) == 2 * 8  # per run: train average, validation
+
+
+@needs_text
+def test_compare_fails_a_wrong_layer_on_f32_parity(tmp_path):
+    """moex's f32 losses of seed 1 moved by 5e-5 relative from the second step on, as a wrong
+    layer moves them (the smallest such move measured): the gate fails and names the seed."""
+    write_runs(tmp_path, (0, 1), ("f32",))
+    path = tmp_path / f"{compare.run_name('moex', 'f32', 1)}.json"
+    r = json.loads(path.read_text())
+    r["train_loss"] = r["train_loss"][:1] + [x * (1 + 5e-5) for x in r["train_loss"][1:]]
+    path.write_text(json.dumps(r))
+    res = run_compare(tmp_path, "0,1", "f32")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert re.search(r"seed 0: max \S+ \(step \d+\)  ok", res.stdout), res.stdout
+    assert re.search(r"seed 1: max 5\.0e-05 \(step \d+\)  FAIL", res.stdout), res.stdout
+    assert "A CHECK FAILED" in res.stdout
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert not summary["ok"] and [p["ok"] for p in summary["checks"]["parity"]] == [True, False]
+
+
+def test_spread_rule():
+    """against_spread: the two-sample t rule at 1%, by hand and by its false-alarm rate."""
+    a, b = [1.0, 1.1, 1.2], [1.05, 1.15, 1.25]          # pooled std 0.1, 4 degrees of freedom
+    res = compare.against_spread(a, b)
+    assert res["diff"] == pytest.approx(-0.05) and res["pooled_std"] == pytest.approx(0.1)
+    assert res["t"] == 4.604 and res["allowed"] == pytest.approx(4.604 * 0.1 * math.sqrt(2 / 3))
+    assert res["ok"]
+    assert not compare.against_spread([x + 0.5 for x in a], b)["ok"]        # 0.45 > 0.376
+    assert compare.against_spread([1.0], b) is None                         # no spread on one side
+    assert compare.t99(23) == compare.T99[22] and compare.t99(31) == 2.576  # conservative between entries
+    # the rule's false alarms when both sides are one distribution: 1% (normal final losses)
+    rng = random.Random(0)
+    for n in (2, 4):
+        trials = 20000
+        fails = sum(not compare.against_spread([rng.gauss(0, 1) for _ in range(n)],
+                                               [rng.gauss(0, 1) for _ in range(n)])["ok"] for _ in range(trials))
+        assert 0.006 < fails / trials < 0.014, (n, fails / trials)
+
+
+def test_flatness_and_finals():
+    r = {"train_loss": [5.0] * 80 + [3.0] * 10 + [2.0] * 10, "val_loss": [[50, 4.0], [100, 3.5]]}
+    assert compare.tail_drop(r) == pytest.approx(-1.0)      # the last 10 steps against the 10 before
+    assert compare.final_train(r, 21) == pytest.approx((5.0 + 3.0 * 10 + 2.0 * 10) / 21)
+    assert compare.tail_drop({"train_loss": [2.0] * 100}) == 0.0
