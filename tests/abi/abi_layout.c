@@ -45,6 +45,10 @@ int main(void) {
     FIELD(moex_splits_to_offsets_args, num_outputs);
     FIELD(moex_splits_to_offsets_args, outputs);
 
+    STRUCT(moex_zero_tail_args);
+    FIELD(moex_zero_tail_args, x);
+    FIELD(moex_zero_tail_args, splits);
+
     STRUCT(moex_grouped_linear_args);
     FIELD(moex_grouped_linear_args, x);
     FIELD(moex_grouped_linear_args, w);
