@@ -33,9 +33,15 @@ workspaces from torch's allocator; one moex context per device, created on first
 failure raises moex.MoexError carrying moex_last_error; a wrong device, dtype, layout or shape
 raises ValueError before anything runs.
 """
+import functools
+import itertools
+import math
+import numbers
+import weakref
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
+import torch.fx.node
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -155,13 +161,56 @@ def _run(stem: str, args, device: torch.device) -> None:
     _capi.run(ctx, stem, args, alloc, stream)
 
 
+def _zero_tail(t: Tensor, splits: Tensor) -> Tensor:
+    """t (rows [T, ...], contiguous) with its rows at and past sum(splits) set to zero, in place
+    (moex_zero_tail: on the device, graph-safe, at the cost of those rows only); returns t. Every
+    row-indexed output of an operator with splits goes through it, so no uninitialised row
+    reaches autograd (a layer before moex would get it in its gradient)."""
+    if t.numel():
+        _run("zero_tail", _args(_capi.ZeroTailArgs, x=t, splits=splits), t.device)
+    return t
+
+
+_DOUBLE_BACKWARD = (b"moex: trying to differentiate twice: moex's backward is not differentiable "
+                    b"(double backward, create_graph=True, is not supported)")
+
+
+def _once_differentiable(backward):
+    """backward(ctx, *grads), made to refuse double backward as torch's once_differentiable does,
+    and also where the incoming gradients do not require grad (moex's gradients are not
+    differentiable in the saved inputs either: a gradient penalty through them would miss its
+    terms silently). Under create_graph=True every floating-point tensor it returns is marked so
+    that differentiating it raises; otherwise the gradients are returned as they are."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            out = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return out
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        idx = [i for i, t in enumerate(outs) if isinstance(t, Tensor) and t.is_floating_point()]
+        if not idx:
+            return out
+        marked = torch._C._functions.DelayedError(_DOUBLE_BACKWARD, len(idx))(
+            *[outs[i].detach().requires_grad_() for i in idx])
+        for i, t in zip(idx, marked if isinstance(marked, tuple) else (marked,)):
+            outs[i] = t
+        return tuple(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+    return wrapper
+
+
 def _check(op: str, name: str, t: Optional[Tensor], device: torch.device, dtypes, ndim: int,
            optional: bool = False) -> None:
-    """ValueError unless t is a contiguous tensor of `ndim` dims, one of `dtypes`, on `device`."""
+    """ValueError unless t is a contiguous tensor of `ndim` dims, one of `dtypes`, on `device`
+    (or None where optional)."""
     if t is None:
         if optional:
             return
         raise ValueError(f"moex.{op}: {name} is required")
+    if not isinstance(t, Tensor):
+        raise ValueError(f"moex.{op}: {name} must be a tensor, got {type(t).__name__}")
     if t.device != device:
         raise ValueError(f"moex.{op}: {name} is on {t.device}, the other tensors on {device}")
     if t.dtype not in dtypes:
@@ -180,10 +229,25 @@ def _check_group_inputs(op: str, rows: Tensor, rows_name: str, w: Tensor, splits
         raise ValueError(f"moex.{op}: splits has {splits.shape[0]} groups, {w_name} {w.shape[0]}")
 
 
+_BIAS_MODE_NAMES = {BIAS_NONE: "NONE", BIAS_ADD: "ADD", BIAS_SCALED: "SCALED"}
+
+
+def _check_bias_mode(op: str, name: str, mode: int, bias: Optional[Tensor], bias_name: str) -> None:
+    """ValueError for an unknown mode, or a bias given with mode NONE (it would be ignored)."""
+    if mode not in _BIAS_MODE_NAMES:
+        raise ValueError(f"moex.{op}: unknown {name} {mode}")
+    if mode == BIAS_NONE and bias is not None:
+        raise ValueError(f"moex.{op}: {bias_name} is given but {name} is NONE (pass None, or ADD / SCALED)")
+
+
 def _check_bias(op: str, bias_mode: int, bias: Optional[Tensor], probs: Optional[Tensor], rows: Tensor,
                 w: Tensor) -> None:
-    if bias_mode not in (BIAS_NONE, BIAS_ADD, BIAS_SCALED):
-        raise ValueError(f"moex.{op}: unknown bias_mode {bias_mode}")
+    """bias [G, N] (dt or f32) with ADD / SCALED, probs [T] f32 with SCALED only: a bias or probs
+    that the mode would ignore is refused (docs/conventions.md)."""
+    _check_bias_mode(op, "bias_mode", bias_mode, bias, "bias")
+    if probs is not None and bias_mode != BIAS_SCALED:
+        raise ValueError(f"moex.{op}: probs is given but bias_mode is {_BIAS_MODE_NAMES[bias_mode]} "
+                         "(probs scales the bias: SCALED only)")
     _check(op, "bias", bias, rows.device, (rows.dtype, torch.float32), 2, optional=bias_mode == BIAS_NONE)
     _check(op, "probs", probs, rows.device, (torch.float32,), 1, optional=bias_mode != BIAS_SCALED)
 
@@ -226,6 +290,7 @@ class _Operator:
         return self.op.register_fake(fake)
 
     def register_autograd(self, backward, setup_context) -> None:
+        backward = _once_differentiable(backward)   # both paths: no silent double backward
         self.op.register_autograd(backward, setup_context=setup_context)
         impl = self.impl
 
@@ -269,7 +334,7 @@ def _forward(x: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs
                  probs=probs if bias_mode == BIAS_SCALED else None, splits=splits, y=y,
                  fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_linear_forward", args, x.device)
-    return y
+    return _zero_tail(y, splits)
 
 
 @_forward.register_fake
@@ -294,7 +359,7 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
                  dprobs=dprobs if need_dprobs else None,
                  fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_linear_backward_data", args, dy.device)
-    return dx, dbias, dprobs
+    return _zero_tail(dx, splits), dbias, dprobs   # dprobs: zeroed above, += on the groups' rows only
 
 
 def _bias_grad_dtype(bias: Optional[Tensor]) -> torch.dtype:
@@ -330,6 +395,8 @@ def _wgrad_args(x, dy, splits, mode, dw, fp8: Fp8):
 @_operator("grouped_linear_backward_weight", mutates_args=())
 def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     _check_wgrad("grouped_linear_backward_weight", x, dy, splits)
+    if _TORCH_DTYPES.get(dw_dtype) not in _FLOATS:
+        raise ValueError(f"moex.grouped_linear_backward_weight: dw_dtype {dw_dtype} is not a float dtype code")
     dw = x.new_empty(splits.shape[0], dy.shape[1], x.shape[1], dtype=_TORCH_DTYPES[dw_dtype])
     fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
     _run("grouped_linear_backward_weight", _wgrad_args(x, dy, splits, GRAD_WRITE, dw, fp8), x.device)
@@ -405,10 +472,16 @@ def _absent_if_empty(t: Optional[Tensor]) -> Optional[Tensor]:
     return None if t is None or t.shape[0] == 0 else t
 
 
-def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs: Optional[Tensor]) -> None:
+def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs: Optional[Tensor],
+               b1: Optional[Tensor], b2: Optional[Tensor], b2_mode: int) -> None:
     _check_group_inputs(op, x, "x", w1, splits, "w1")
     _check(op, "w2", w2, x.device, (x.dtype,), 3)
     _check(op, "probs", probs, x.device, (torch.float32,), 1, optional=True)
+    _check(op, "b1", b1, x.device, (x.dtype, torch.float32), 2, optional=True)
+    _check_bias_mode(op, "b2_mode", b2_mode, b2, "b2")
+    _check(op, "b2", b2, x.device, (x.dtype, torch.float32), 2, optional=b2_mode == BIAS_NONE)
+    if b2_mode == BIAS_SCALED and probs is None:
+        raise ValueError(f"moex.{op}: b2_mode SCALED needs probs")
 
 
 @_operator("grouped_mlp_forward", mutates_args=())
@@ -416,7 +489,7 @@ def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Op
                  probs: Optional[Tensor], splits: Tensor, b2_mode: int, glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float,
                  save_z: bool, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
-    _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs)
+    _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs, b1, b2, b2_mode)
     y, h, z = _mlp_forward_outputs(x, w1, save_z)
     args = _args(_capi.GroupedMlpArgs, x=x, w1=w1, b1=b1, w2=w2, b2_mode=b2_mode,
                  b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
@@ -424,7 +497,7 @@ def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Op
                  z=z if save_z else None, y=y,
                  fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_mlp_forward", args, x.device)
-    return y, h, z
+    return _zero_tail(y, splits), h, z
 
 
 def _mlp_forward_outputs(x, w1, save_z):
@@ -451,8 +524,13 @@ def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: O
     that a second backward through the same graph (retain_graph) fails in autograd's check
     instead of reading dh as h (with an FP8 recipe moex leaves h as it was, but h is treated as
     consumed all the same)."""
-    _check_mlp("grouped_mlp_backward", x, w1, w2, splits, probs)
-    _check("grouped_mlp_backward", "dy", dy, x.device, (x.dtype,), 2)
+    op = "grouped_mlp_backward"
+    _check_mlp(op, x, w1, w2, splits, probs, b1, b2, b2_mode)
+    _check(op, "dy", dy, x.device, (x.dtype,), 2)
+    _check(op, "h", h, x.device, (x.dtype,), 2)
+    _check(op, "z", z, x.device, (x.dtype,), 2)
+    if len(needs) != 6:
+        raise ValueError(f"moex.{op}: needs has {len(needs)} entries, must have 6 (dx, dw1, dw2, db1, db2, dprobs)")
     outs = _mlp_backward_outputs(x, w1, b1, w2, b2, needs)
     dx, dw1, dw2, db1, db2, dprobs = (o if n else None for o, n in zip(outs, needs))
     if dprobs is not None:
@@ -465,6 +543,7 @@ def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: O
                  fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
     _run("grouped_mlp_backward", args, x.device)
     torch.autograd.graph.increment_version(h)
+    _zero_tail(outs[0], splits)   # dx; dprobs was zeroed before moex's +=
     return outs
 
 
@@ -514,8 +593,10 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     """The grouped MLP (docs/ops.md section 4): for the rows of group g,
     y = p * glu(x W1_g^T + b1_g) W2_g^T + b2_g (or + p b2_g with scale_b2), p = probs or 1.
 
-    x [T, H], w1 [G, 2F, H] (the GLU's halves as `layout` says), w2 [G, H, F], b1 [G, 2F],
-    b2 [G, H], probs [T] f32; glu "swiglu" or "clamped_swiglu" (limit, alpha, offset);
+    x [..., H] (the leading dimensions are the T rows) -> y [..., H], w1 [G, 2F, H] (the GLU's
+    halves as `layout` says), w2 [G, H, F], b1 [G, 2F], b2 [G, H], probs [T] (or x's leading
+    dimensions) f32, splits as grouped_linear's (the rows past sum(splits) of y and of the
+    gradients are 0); glu "swiglu" or "clamped_swiglu" (limit, alpha, offset);
     save_z keeps z for the backward; by default only h is kept, and the backward recomputes z
     from h (on Hopper in FC2's fused backward step, at almost no cost). Differentiable in x, the
     weights, the biases and probs.
@@ -529,9 +610,11 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     if scale_b2 and (b2 is None or probs is None):
         raise ValueError("moex.grouped_mlp: scale_b2 needs b2 and probs")
     mode = BIAS_NONE if b2 is None else (BIAS_SCALED if scale_b2 else BIAS_ADD)
-    y, _, _ = _mlp_forward(x.contiguous(), w1.contiguous(), b1, w2.contiguous(), b2, probs,
-                           _splits_tensor(splits, x.device), mode, *glu_code, save_z, *fp8)
-    return y
+    x2, c = _rows("grouped_mlp", "x", x), functools.partial(_contiguous, "grouped_mlp")
+    y, _, _ = _mlp_forward(x2, c("w1", w1), c("b1", b1), c("w2", w2), c("b2", b2),
+                           _row_probs("grouped_mlp", probs, x.shape[:-1]),
+                           _splits_tensor(splits, x2.device, "grouped_mlp", x2.shape[0]), mode, *glu_code, save_z, *fp8)
+    return y.view(x.shape)
 
 
 # ---- the scaled GLU and splits_to_offsets --------------------------------------------------------
@@ -539,12 +622,18 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
 @_operator("scaled_glu_forward", mutates_args=())
 def _glu_forward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float) -> Tensor:
-    _check("scaled_glu_forward", "h", h, h.device, _FLOATS, 2)
+    _check_glu("scaled_glu_forward", h, probs, splits)
     z = h.new_empty(h.shape[0], h.shape[1] // 2)
     args = _args(_capi.ScaledGluArgs, glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=h,
                  probs=probs, splits=splits, z=z)
     _run("scaled_glu_forward", args, h.device)
-    return z
+    return z if splits is None else _zero_tail(z, splits)
+
+
+def _check_glu(op: str, h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor]) -> None:
+    _check(op, "h", h, h.device, _FLOATS, 2)
+    _check(op, "probs", probs, h.device, (torch.float32,), 1, optional=True)
+    _check(op, "splits", splits, h.device, (torch.int64,), 1, optional=True)
 
 
 @_glu_forward.register_fake
@@ -556,12 +645,13 @@ def _(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset):
 def _glu_backward(h: Tensor, probs: Optional[Tensor], splits: Optional[Tensor], dz: Tensor, glu_kind: int,
                   glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float,
                   need_dprobs: bool) -> Tuple[Tensor, Tensor]:
+    _check_glu("scaled_glu_backward", h, probs, splits)
     _check("scaled_glu_backward", "dz", dz, h.device, (h.dtype,), 2)
     dh, dprobs = torch.empty_like(h), h.new_zeros(h.shape[0] if need_dprobs else 0, dtype=torch.float32)
     args = _args(_capi.ScaledGluGradArgs, glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), h=h,
                  probs=probs, splits=splits, dz=dz, dh=dh, dprobs=dprobs if need_dprobs else None)
     _run("scaled_glu_backward", args, h.device)
-    return dh, dprobs
+    return (dh if splits is None else _zero_tail(dh, splits)), dprobs   # dprobs: zeros, += on the groups' rows
 
 
 @_glu_backward.register_fake
@@ -587,11 +677,15 @@ _glu_forward.register_autograd(_glu_grads, setup_context=_glu_setup)
 
 def scaled_glu(h: Tensor, probs: Optional[Tensor] = None, splits: Optional["Splits"] = None, glu: str = "swiglu",
                layout: str = "contiguous", limit: float = 7.0, alpha: float = 1.702, offset: float = 1.0) -> Tensor:
-    """z = p * glu(h) (docs/ops.md section 3): h [T, 2F] -> z [T, F]; with splits, only the rows
-    < sum(splits) are done (the others are not written). Differentiable in h and probs."""
+    """z = p * glu(h) (docs/ops.md section 3): h [..., 2F] -> z [..., F] (the leading
+    dimensions are the T rows), probs [T] (or h's leading dimensions) f32; with splits, only
+    the rows < sum(splits) are computed, the others of z (and of h's gradient) are 0.
+    Differentiable in h and probs."""
     glu_code = _glu_code("scaled_glu", glu, layout, limit, alpha, offset)
-    s = None if splits is None else _splits_tensor(splits, h.device)
-    return _glu_forward(h.contiguous(), probs, s, *glu_code)
+    h2 = _rows("scaled_glu", "h", h)
+    s = None if splits is None else _splits_tensor(splits, h2.device, "scaled_glu", h2.shape[0])
+    z = _glu_forward(h2, _row_probs("scaled_glu", probs, h.shape[:-1]), s, *glu_code)
+    return z.view(*h.shape[:-1], z.shape[-1])
 
 
 @_operator("splits_to_offsets", mutates_args=())
@@ -616,7 +710,10 @@ def splits_to_offsets(splits: Tensor, stride: int = 1, leading_zero: bool = True
     values) or, without leading_zero, the G inclusive sums; int64 or int32."""
     if dtype not in (torch.int64, torch.int32):
         raise ValueError(f"moex.splits_to_offsets: dtype must be torch.int64 or torch.int32, got {dtype}")
-    return _splits_to_offsets(splits.contiguous(), stride, leading_zero, _DTYPES[dtype])
+    if not isinstance(splits, Tensor):
+        raise ValueError(f"moex.splits_to_offsets: splits must be a tensor, got {type(splits).__name__}")
+    return _splits_to_offsets(_splits_tensor(splits, splits.device, "splits_to_offsets"),
+                              _int_arg("splits_to_offsets", "stride", stride), bool(leading_zero), _DTYPES[dtype])
 
 
 _SCORES = {"softmax": 0, "sigmoid": 1}
@@ -626,11 +723,25 @@ _SCORES = {"softmax": 0, "sigmoid": 1}
 
 @_operator("router_forward", mutates_args=())
 def _router_forward(logits: Tensor, topk: int, score: int, norm: int) -> Tuple[Tensor, Tensor]:
-    _check("router_forward", "logits", logits, logits.device, (torch.float32, torch.bfloat16), 2)
+    _check_router("router_forward", logits, topk, score, norm)
     probs, ids = _router_outputs(logits, topk)
     args = _args(_capi.RouterArgs, logits=logits, topk=topk, score=score, norm=norm, probs=probs, ids=ids)
     _run("router_forward", args, logits.device)
     return probs, ids
+
+
+def _check_router(op: str, logits: Tensor, topk: int, score: int, norm: int) -> None:
+    _check(op, "logits", logits, logits.device, (torch.float32, torch.bfloat16), 2)
+    if not 1 <= topk <= logits.shape[1]:
+        raise ValueError(f"moex.{op}: topk = {topk}, must be 1..{logits.shape[1]} (the experts, logits' columns)")
+    if score not in _SCORES.values() or norm not in (0, 1):
+        raise ValueError(f"moex.{op}: score {score} must be one of {list(_SCORES.values())}, norm {norm} 0 or 1")
+
+
+def _check_k(op: str, k: int, rows: int, rows_name: str) -> None:
+    """ValueError unless k >= 1 divides the rows (T*k permuted rows)."""
+    if k < 1 or rows % k:
+        raise ValueError(f"moex.{op}: k = {k} must be >= 1 and divide the {rows} rows of {rows_name}")
 
 
 def _router_outputs(logits, topk):
@@ -645,6 +756,8 @@ def _(logits, topk, score, norm):
 
 @_operator("router_backward", mutates_args=())
 def _router_backward(logits: Tensor, ids: Tensor, dprobs: Tensor, topk: int, score: int, norm: int) -> Tensor:
+    _check_router("router_backward", logits, topk, score, norm)
+    _check("router_backward", "ids", ids, logits.device, (torch.int32,), 2)
     _check("router_backward", "dprobs", dprobs, logits.device, (torch.float32,), 2)
     dlogits = torch.empty_like(logits)
     args = _args(_capi.RouterGradArgs, logits=logits, topk=topk, score=score, norm=norm, ids=ids, dprobs=dprobs,
@@ -678,6 +791,11 @@ def _permute_forward(x: Tensor, ids: Tensor, probs: Tensor,
     _check("permute_forward", "x", x, x.device, _FLOATS, 2)
     _check("permute_forward", "ids", ids, x.device, (torch.int32,), 2)
     _check("permute_forward", "probs", probs, x.device, (torch.float32,), 2)
+    if num_experts < 1:
+        raise ValueError(f"moex.permute_forward: num_experts = {num_experts}, must be >= 1")
+    if ids.shape[0] != x.shape[0] or probs.shape != ids.shape:
+        raise ValueError(f"moex.permute_forward: x {tuple(x.shape)}, ids {tuple(ids.shape)} and probs "
+                         f"{tuple(probs.shape)} must be [T, H], [T, k], [T, k]")
     xp, probs_p, splits, row_map = _permute_outputs(x, ids, num_experts)
     args = _args(_capi.PermuteArgs, x=x, ids=ids, probs=probs, num_experts=num_experts, xp=xp, probs_p=probs_p,
                  splits=splits, row_map=row_map)
@@ -698,6 +816,11 @@ def _(x, ids, probs, num_experts):
 
 @_operator("permute_backward", mutates_args=())
 def _permute_backward(row_map: Tensor, dxp: Tensor, dprobs_p: Tensor, k: int) -> Tuple[Tensor, Tensor]:
+    op = "permute_backward"
+    _check(op, "dxp", dxp, dxp.device, _FLOATS, 2)
+    _check(op, "row_map", row_map, dxp.device, (torch.int32,), 1)
+    _check(op, "dprobs_p", dprobs_p, dxp.device, (torch.float32,), 1)
+    _check_k(op, k, dxp.shape[0], "dxp")
     dx, dprobs = _permute_grads_outputs(dxp, k)
     args = _args(_capi.PermuteGradArgs, row_map=row_map, dxp=dxp, dprobs_p=dprobs_p, dx=dx, dprobs=dprobs)
     _run("permute_backward", args, dxp.device)
@@ -732,6 +855,7 @@ _permute_forward.register_autograd(_permute_grads, setup_context=_permute_setup)
 def _unpermute_forward(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
     _check("unpermute_forward", "yp", yp, yp.device, _FLOATS, 2)
     _check("unpermute_forward", "row_map", row_map, yp.device, (torch.int32,), 1)
+    _check_k("unpermute_forward", k, yp.shape[0], "yp")
     y = yp.new_empty(yp.shape[0] // k, yp.shape[1])
     _run("unpermute_forward", _args(_capi.UnpermuteArgs, row_map=row_map, yp=yp, y=y), yp.device)
     return y
@@ -744,6 +868,8 @@ def _(yp, row_map, k):
 
 @_operator("unpermute_backward", mutates_args=())
 def _unpermute_backward(dy: Tensor, row_map: Tensor) -> Tensor:
+    _check("unpermute_backward", "dy", dy, dy.device, _FLOATS, 2)
+    _check("unpermute_backward", "row_map", row_map, dy.device, (torch.int32,), 1)
     dyp = dy.new_empty(row_map.shape[0], dy.shape[1])
     _run("unpermute_backward", _args(_capi.UnpermuteGradArgs, row_map=row_map, dy=dy, dyp=dyp),
          dy.device)
@@ -768,22 +894,41 @@ _unpermute_forward.register_autograd(_unpermute_grads, setup_context=_unpermute_
 
 
 def router(logits: Tensor, topk: int, score: str = "softmax", renorm: bool = True) -> Tuple[Tensor, Tensor]:
-    """probs [T, k] f32 and ids [T, k] int32 of the k best experts per token (docs/ops.md 5.1);
-    differentiable in logits."""
+    """probs [T, k] f32 and ids [T, k] int32 of the k best experts per token (docs/ops.md 5.1),
+    logits [T, E] f32 or bf16, 1 <= topk <= E; differentiable in logits."""
     if score not in _SCORES:
         raise ValueError(f"moex.router: score must be one of {list(_SCORES)}")
-    return _router_forward(logits.contiguous(), topk, _SCORES[score], int(renorm))
+    return _router_forward(_contiguous("router", "logits", logits), _int_arg("router", "topk", topk), _SCORES[score],
+                           int(renorm))
 
 
 def permute(x: Tensor, ids: Tensor, probs: Tensor, num_experts: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The T*k (token, expert) rows sorted by expert (docs/ops.md 6.1): xp [T*k, H], probs_p
-    [T*k], splits [E] int64 and row_map [T*k] int32; differentiable in x and probs."""
-    return _permute_forward(x.contiguous(), ids.contiguous(), probs.contiguous(), num_experts)
+    """The T*k (token, expert) rows sorted by expert (docs/ops.md 6.1): x [T, H], ids [T, k]
+    int32, probs [T, k] f32 (required) -> xp [T*k, H], probs_p [T*k], splits [E] int64 and
+    row_map [T, k] int32 (row_map[t, j]: the row of token t's j-th expert); differentiable in x
+    and probs."""
+    if probs is None:
+        raise ValueError("moex.permute: probs is required ([T, k] f32, e.g. router's)")
+    xp, probs_p, splits, row_map = _permute_forward(
+        _contiguous("permute", "x", x), _contiguous("permute", "ids", ids), _contiguous("permute", "probs", probs),
+        _int_arg("permute", "num_experts", num_experts))
+    return xp, probs_p, splits, row_map.view(ids.shape)
 
 
-def unpermute(yp: Tensor, row_map: Tensor, k: int) -> Tensor:
-    """y[t] = sum_j yp[row_map[t*k + j]] (docs/ops.md 7.1); differentiable in yp."""
-    return _unpermute_forward(yp.contiguous(), row_map, k)
+def unpermute(yp: Tensor, row_map: Tensor, k: Optional[int] = None) -> Tensor:
+    """y[t] = sum_j yp[row_map[t, j]] (docs/ops.md 7.1): yp [T*k, H] -> y [T, H]; row_map [T, k]
+    as permute gives it (k, when given, must be its second dimension) or flat [T*k] (then k is
+    required and must divide T*k); differentiable in yp."""
+    _contiguous("unpermute", "row_map", row_map)
+    if row_map.dim() == 2:
+        if k is not None and _int_arg("unpermute", "k", k) != row_map.shape[1]:
+            raise ValueError(f"moex.unpermute: k = {k}, but row_map is [T, k] = {list(row_map.shape)}: "
+                             "k must be permute's")
+        k = row_map.shape[1]
+    elif k is None:
+        raise ValueError("moex.unpermute: k is required with a flat row_map [T*k]")
+    return _unpermute_forward(_contiguous("unpermute", "yp", yp), row_map.contiguous().view(-1),
+                              _int_arg("unpermute", "k", k))
 
 
 # ---- the MoE layer ------------------------------------------------------------------------------
@@ -814,17 +959,22 @@ def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, gl
     return _capi.moe_layer_saved_size(_capi.context(_capi.BACKEND_CPU, 0), args)
 
 
-def _check_moe(op, x, router_w, w1, w2):
+def _check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode):
     _check(op, "x", x, x.device, _FLOATS, 2)
     for name, t, ndim in (("router_w", router_w, 2), ("w1", w1, 3), ("w2", w2, 3)):
         _check(op, name, t, x.device, (x.dtype,), ndim)
+    _check(op, "b1", b1, x.device, (x.dtype, torch.float32), 2, optional=True)
+    _check_bias_mode(op, "b2_mode", b2_mode, b2, "b2")
+    _check(op, "b2", b2, x.device, (x.dtype, torch.float32), 2, optional=b2_mode == BIAS_NONE)
+    if not 1 <= topk <= w1.shape[0]:
+        raise ValueError(f"moex.{op}: topk = {topk}, must be 1..{w1.shape[0]} (the experts)")
 
 
 @_operator("moe_layer_forward", mutates_args=())
 def _moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  topk: int, score: int, norm: int, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
                  glu_alpha: float, glu_offset: float, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
-    _check_moe("moe_layer_forward", x, router_w, w1, w2)
+    _check_moe("moe_layer_forward", x, router_w, w1, b1, w2, b2, topk, b2_mode)
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
     fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
     saved = x.new_empty(_moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8),
@@ -850,8 +1000,11 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
                   glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float, needs: List[bool],
                   fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> List[Tensor]:
     """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
-    _check_moe("moe_layer_backward", x, router_w, w1, w2)
+    _check_moe("moe_layer_backward", x, router_w, w1, b1, w2, b2, topk, b2_mode)
     _check("moe_layer_backward", "dy", dy, x.device, (x.dtype,), 2)
+    _check("moe_layer_backward", "saved", saved, x.device, (torch.uint8,), 1)
+    if len(needs) != 6:
+        raise ValueError(f"moex.moe_layer_backward: needs has {len(needs)} entries, must have 6")
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
     outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
@@ -900,14 +1053,69 @@ _moe_forward.register_autograd(_moe_grads, setup_context=_moe_setup)
 Splits = Union[Sequence[int], Tensor]
 
 
-def _splits_tensor(splits: Splits, device: torch.device) -> Tensor:
-    """int64 [G] on `device`: a list is copied there; a tensor on the device is used as it is
-    (graph-safe), one elsewhere is copied."""
+def _splits_tensor(splits: Splits, device: torch.device, owner: str = "torch", rows: Optional[int] = None) -> Tensor:
+    """The operators' splits, a contiguous int64 [G] tensor on `device`, from a 1-D int64 or
+    int32 tensor (torch._grouped_mm's offs are int32) or a sequence of ints. An int64 tensor on
+    the device is used as it is, an int32 one is converted there (a kernel, no host sync:
+    graph-safe), one on another device is copied. A sequence is checked on the host: ints only
+    (no floats, no bools), none negative, the sum at most `rows` when given; a tensor's values
+    are checked by moex (MoexError on the CPU, the device flag on CUDA)."""
     if isinstance(splits, Tensor):
-        if splits.dtype != torch.int64:
-            raise ValueError(f"moex: splits must be int64, got {splits.dtype}")
-        return splits if splits.device == device else splits.to(device)
-    return torch.tensor(list(splits), dtype=torch.int64, device=device)
+        if splits.dtype not in (torch.int64, torch.int32) or splits.dim() != 1:
+            raise ValueError(f"moex.{owner}: splits must be a 1-D int64 or int32 tensor, got {splits.dtype} "
+                             f"{tuple(splits.shape)}")
+        return splits.to(device=device, dtype=torch.int64).contiguous()
+    try:
+        values = list(splits)
+    except TypeError:
+        raise ValueError(f"moex.{owner}: splits must be a tensor or a sequence of ints, got "
+                         f"{type(splits).__name__}") from None
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+            raise ValueError(f"moex.{owner}: splits must be ints, got {v!r} in {values}")
+        if v < 0:
+            raise ValueError(f"moex.{owner}: splits must be >= 0, got {values}")
+    if rows is not None and sum(values) > rows:
+        raise ValueError(f"moex.{owner}: splits {values} sum to {sum(values)}, more than the {rows} rows")
+    return torch.tensor(values, dtype=torch.int64, device=device)
+
+
+def _contiguous(owner: str, name: str, t: Optional[Tensor]) -> Optional[Tensor]:
+    """t made contiguous (itself when it is); None stays None; ValueError for a non-tensor."""
+    if t is None:
+        return None
+    if not isinstance(t, Tensor):
+        raise ValueError(f"moex.{owner}: {name} must be a tensor, got {type(t).__name__}")
+    return t.contiguous()
+
+
+def _int_arg(owner: str, name: str, v) -> int:
+    """v as an int; ValueError for anything else (floats and bools included)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise ValueError(f"moex.{owner}: {name} must be an int, got {v!r}")
+    return int(v)
+
+
+def _rows(owner: str, name: str, t: Tensor) -> Tensor:
+    """t [..., C] as the contiguous [T, C] of its rows (T: the product of the leading
+    dimensions, as Transformer Engine flattens them); ValueError for a 0-D tensor."""
+    t = _contiguous(owner, name, t)
+    if t is None or t.dim() == 0:
+        raise ValueError(f"moex.{owner}: {name} must be a tensor [..., features], got "
+                         f"{'None' if t is None else 'a 0-D tensor'}")
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def _row_probs(owner: str, probs: Optional[Tensor], lead: torch.Size) -> Optional[Tensor]:
+    """probs of the rows of an input whose leading dimensions are `lead`: shaped `lead` or flat
+    [T]; returned flat and contiguous."""
+    probs = _contiguous(owner, "probs", probs)
+    if probs is None:
+        return None
+    if probs.dim() != 1 and probs.shape != lead:
+        raise ValueError(f"moex.{owner}: probs is {tuple(probs.shape)}, must be [T] or the input's leading "
+                         f"dimensions {tuple(lead)}")
+    return probs.reshape(-1)
 
 
 def grouped_linear(x: Tensor, w: Tensor, splits: Splits, bias: Optional[Tensor] = None,
@@ -915,8 +1123,10 @@ def grouped_linear(x: Tensor, w: Tensor, splits: Splits, bias: Optional[Tensor] 
                    fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
     """y[r] = x[r] W_g^T (+ b_g, or + p_r b_g when probs is given) for the rows r of group g.
 
-    x [T, K], w [G, N, K], splits [G] (list or int64 tensor), bias [G, N], probs [T] f32.
-    Differentiable in x, w, bias and probs.
+    x [..., K] (the leading dimensions are the rows, T of them), w [G, N, K], splits [G] (a
+    list of ints, or an int64 or int32 tensor), bias [G, N] (x's dtype or f32), probs [T] (or
+    x's leading dimensions) f32 -> y [..., N]; the rows past sum(splits) are 0. Differentiable in
+    x, w, bias and probs.
 
     fp8_recipe (experimental): None (off), "block", "current" or "mxfp8" runs every GEMM of the
     forward and the backward on FP8 operands (docs/ops.md 9.11); fp8_format "e4m3" or "hybrid"
@@ -931,13 +1141,17 @@ def _grouped_linear(owner: str, x: Tensor, w: Tensor, splits: Splits, bias: Opti
     if probs is not None and bias is None:
         raise ValueError(f"moex.{owner}: probs scales the bias, but bias is None")
     mode = BIAS_NONE if bias is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
-    return _forward(x.contiguous(), w.contiguous(), _splits_tensor(splits, x.device), bias, probs, mode, *fp8)
+    x2 = _rows(owner, "x", x)
+    y = _forward(x2, _contiguous(owner, "w", w), _splits_tensor(splits, x2.device, owner, x2.shape[0]),
+                 _contiguous(owner, "bias", bias), _row_probs(owner, probs, x.shape[:-1]), mode, *fp8)
+    return y.view(*x.shape[:-1], y.shape[-1])
 
 
 def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Tensor:
     """grouped_gemm.ops.gmm: for the rows of group g, a_g [m_g, K] @ b_g, where b is [G, K, N]
     (or [G, N, K] with trans_b) and batch_sizes [G] the rows per group, on the host or the
-    device. Differentiable in a and b."""
+    device (int64 or int32). a may have leading dimensions ([..., K] -> [..., N]).
+    Differentiable in a and b."""
     w = b if trans_b else b.transpose(1, 2)
     return grouped_linear(a, w, batch_sizes)
 
@@ -997,6 +1211,34 @@ class _Fp8Options:
         return ", " + ", ".join(f"{k}={v!r}" for k, v in zip(self._FP8_FIELDS, self._fp8_values))
 
 
+_WGRAD_MODULES = weakref.WeakValueDictionary()   # key -> module with _WeightGradOptions
+_WGRAD_KEYS = itertools.count()
+
+
+@_operator("module_weight_grads", mutates_args=())
+def _module_weight_grads(xs: List[Tensor], dys: List[Tensor], splits: Tensor, module: int, first_microbatch: bool,
+                         keep_copies: bool, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False,
+                         fp8_amax_epsilon: float = 0.0) -> None:
+    """The weight gradients of a module with the weight-gradient options (_WeightGradOptions;
+    `module` its key): dW = dys[i]^T xs[i] for its i-th weight group, into .grad or main_grad, now
+    or queued for backward_dw(). A side effect on the module, opaque to torch.compile, which
+    keeps the call (it is registered as side-effecting) and runs it where the backward does."""
+    target = _WGRAD_MODULES.get(module)
+    if target is None:
+        raise RuntimeError("moex.torch: the module of this backward's weight gradients no longer exists")
+    target._weight_grads(xs, dys, splits, first_microbatch, keep_copies,
+                         (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
+
+
+@_module_weight_grads.register_fake
+def _(xs, dys, splits, module, first_microbatch, keep_copies, *fp8):
+    return None
+
+
+if hasattr(torch.fx.node, "has_side_effect"):   # torch >= 2.6; older ones keep custom ops in the graph anyway
+    torch.fx.node.has_side_effect(torch.ops.moex.module_weight_grads.default)
+
+
 class _WeightGradOptions:
     """Transformer Engine's weight-gradient options for a module's grouped weights:
 
@@ -1011,24 +1253,59 @@ class _WeightGradOptions:
     def _init_weight_grads(self, fuse_wgrad_accumulation: bool, delay_wgrad_compute: bool) -> None:
         self.fuse_wgrad_accumulation, self.delay_wgrad_compute = fuse_wgrad_accumulation, delay_wgrad_compute
         self._wgrad_queue = []   # delay_wgrad_compute: one weight-gradient step per backward, FIFO
+        self._register_weight_grads()
+
+    def _register_weight_grads(self) -> None:
+        """The key by which moex::module_weight_grads finds this module (a copy gets its own)."""
+        self._wgrad_key = next(_WGRAD_KEYS)
+        _WGRAD_MODULES[self._wgrad_key] = self
+
+    def __setstate__(self, state):   # copy.deepcopy and unpickling: the copy's own key
+        super().__setstate__(state)
+        self._register_weight_grads()
 
     def backward_dw(self) -> None:
         """delay_wgrad_compute: runs the oldest queued weight-gradient step (one per backward)."""
         if self._wgrad_queue:
             self._wgrad_queue.pop(0)()
 
-    def _weight_grad_step(self, step, params: List[Tensor]) -> List[Optional[Tensor]]:
-        """Runs step() (which sets the weight gradients) now or queues it; returns what autograd
-        gets for `params`: None, or the dummy zero grads of fused accumulation."""
+    def _weight_groups(self) -> List[List[Tensor]]:
+        """The weights whose gradients the options handle, one list per (x, dy) pair of the
+        backward: [[weight]] or [[weight0, ..]] (GroupedLinear), [[w1], [w2]] (the MLPs)."""
+        return [[self.w1], [self.w2]]
+
+    def _wgrad_args(self, first_microbatch: bool) -> Tuple:
+        """The weight-gradient arguments of a forward, for its backward: (module key,
+        first_microbatch, keep_copies, dummy per weight group, fp8). keep_copies: under
+        torch.compile a delayed step keeps copies of its inputs (a compiled graph may reuse
+        their memory once the backward is done with them); dummy: the group's autograd gradient
+        is the zero tensor of Megatron's DDP convention (fuse_wgrad_accumulation and weights
+        with grad_added_to_main_grad) instead of None."""
+        dummy = tuple(self.fuse_wgrad_accumulation and any(hasattr(p, "grad_added_to_main_grad") for p in ps)
+                      for ps in self._weight_groups())
+        keep = self.delay_wgrad_compute and torch.compiler.is_compiling()
+        return self._wgrad_key, bool(first_microbatch), keep, dummy, self._fp8
+
+    def _weight_grads(self, xs: List[Tensor], dys: List[Tensor], splits: Tensor, first_microbatch: bool,
+                      keep_copies: bool, fp8: Fp8) -> None:
+        """dW = dys[i]^T xs[i] for the i-th weight group, now or queued for backward_dw()
+        (delay_wgrad_compute; copies of the inputs kept with keep_copies); marks the weights'
+        grad_added_to_main_grad with fuse_wgrad_accumulation."""
+        groups = self._weight_groups()
+        if keep_copies and self.delay_wgrad_compute:
+            xs, dys, splits = [x.clone() for x in xs], [dy.clone() for dy in dys], splits.clone()
+
+        def step():
+            for params, x, dy in zip(groups, xs, dys):
+                self._weight_grad(params, x, dy, splits, first_microbatch, fp8)
+
         if self.delay_wgrad_compute:
             self._wgrad_queue.append(step)
         else:
             step()
-        marked = [self.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad") for p in params]
-        for p, m in zip(params, marked):
-            if m:
+        for p in (p for ps in groups for p in ps):
+            if self.fuse_wgrad_accumulation and hasattr(p, "grad_added_to_main_grad"):
                 p.grad_added_to_main_grad = True
-        return [torch.zeros_like(p) if m else None for p, m in zip(params, marked)]
 
     def _weight_grad(self, params: List[Tensor], x: Tensor, dy: Tensor, splits: Tensor,
                      first_microbatch: bool, fp8: Fp8 = _FP8_OFF) -> None:
@@ -1052,36 +1329,145 @@ class _WeightGradOptions:
 
 class _GroupedLinearTE(torch.autograd.Function):
     """GroupedLinear's autograd with the weight-gradient options (_WeightGradOptions): x, bias
-    and probs get their gradients as usual, the weights theirs from the layer."""
+    and probs get their gradients as usual; the weights theirs through moex::module_weight_grads
+    (into .grad or main_grad, now or at backward_dw()), and w (the packed weight, or the stack
+    of the separate ones under torch.compile) the DDP dummy zero gradient or None. wgrad: the
+    layer's _wgrad_args. torch.compile(fullgraph=True) traces it: the backward's only side
+    effect is that opaque operator."""
 
     @staticmethod
-    def forward(ctx, layer, first_microbatch, x, w, splits, b, probs, *params):
+    def forward(ctx, x, w, splits, b, probs, wgrad):
         mode = BIAS_NONE if b is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
         ctx.save_for_backward(x, w, splits, b, probs)
-        ctx.layer, ctx.first_microbatch, ctx.mode, ctx.fp8 = layer, first_microbatch, mode, layer._fp8
-        return _forward(x, w, splits, b, probs, mode, *layer._fp8)
+        ctx.mode, ctx.wgrad = mode, wgrad
+        return _forward(x, w, splits, b, probs, mode, *wgrad[4])
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dy):
         x, w, splits, b, probs = ctx.saved_tensors
-        layer, mode = ctx.layer, ctx.mode
+        key, first_microbatch, keep_copies, dummy, fp8 = ctx.wgrad
+        mode, needs = ctx.mode, ctx.needs_input_grad
         dy = dy.contiguous()
-        need_dbias, need_dprobs = b is not None, mode == BIAS_SCALED and ctx.needs_input_grad[6]
-        dx, dbias, dprobs = _backward_data(dy, w, splits, b, probs, mode, ctx.needs_input_grad[2], need_dbias,
-                                           need_dprobs, *ctx.fp8)
-        params, fp8 = layer._weight_params(), ctx.fp8
-        weight_grads = layer._weight_grad_step(
-            lambda: layer._weight_grad(params, x, dy, splits, ctx.first_microbatch, fp8), params)
-        return (None, None, dx if ctx.needs_input_grad[2] else None, None, None,
-                dbias if need_dbias else None, dprobs if need_dprobs else None, *weight_grads)
+        need_dbias, need_dprobs = b is not None and needs[3], mode == BIAS_SCALED and needs[4]
+        dx = dbias = dprobs = None
+        if needs[0] or need_dbias or need_dprobs:
+            dx, dbias, dprobs = _backward_data(dy, w, splits, b, probs, mode, needs[0], need_dbias, need_dprobs, *fp8)
+        _module_weight_grads([x], [dy], splits, key, first_microbatch, keep_copies, *fp8)
+        return (dx if needs[0] else None, torch.zeros_like(w) if dummy[0] else None, None,
+                dbias if need_dbias else None, dprobs if need_dprobs else None, None)
+
+
+class _WeightPointers:
+    """The array of pointers to G separate [N, K] weights, in their memory (moex_weight's
+    discrete form, include/moex.h), so that GroupedLinear passes weight0.. to moex without
+    stacking a copy. Built on first use and rebuilt only when a weight's storage changes
+    (data_ptr): building it copies G pointers to the device, so do it outside CUDA graph
+    capture (one eager forward before capturing does); calls with the same weights, captured
+    or replayed, use the array as it is (graph-safe)."""
+
+    def __init__(self):
+        self._key, self._ptrs = None, None
+
+    def weight(self, owner: str, params: List[Tensor]) -> Tuple[_capi.Weight, Tensor]:
+        """The moex_weight of `params` and the pointer array it points to (keep it alive as long
+        as the weight is used)."""
+        p0 = params[0]
+        for g, p in enumerate(params):
+            if p.dtype not in _FLOATS or p.dtype != p0.dtype or p.device != p0.device or p.shape != p0.shape \
+                    or not p.is_contiguous():
+                raise ValueError(f"moex.{owner}: weight{g} is a {'' if p.is_contiguous() else 'non-contiguous '}"
+                                 f"{p.dtype} {tuple(p.shape)} on {p.device}; the weights must be contiguous, of "
+                                 f"one float dtype, shape and device (weight0: {p0.dtype} {tuple(p0.shape)} on "
+                                 f"{p0.device})")
+        key = (p0.device, tuple(p.data_ptr() for p in params))
+        if key != self._key:
+            self._ptrs = torch.tensor(key[1], dtype=torch.int64).to(p0.device)
+            self._key = key
+        w = _capi.Weight()
+        w.t.dtype, w.t.ndim = _DTYPES[p0.dtype], 3
+        w.t.shape[:3] = (len(params), *p0.shape)
+        w.ptrs = self._ptrs.data_ptr()
+        return w, self._ptrs
+
+
+def _discrete_forward(x: Tensor, w: _capi.Weight, splits: Tensor, b: Optional[Tensor], probs: Optional[Tensor],
+                      mode: int, fp8: Fp8) -> Tensor:
+    """grouped_linear_forward's implementation with discrete weights w (_WeightPointers)."""
+    op = "grouped_linear_forward"
+    _check(op, "x", x, x.device, _FLOATS, 2)
+    _check(op, "splits", splits, x.device, (torch.int64,), 1)
+    _check_bias(op, mode, b, probs, x, None)
+    y = x.new_empty(x.shape[0], w.t.shape[1])
+    args = _args(_capi.GroupedLinearArgs, x=x, w=w, bias_mode=mode, bias=b, probs=probs, splits=splits, y=y,
+                 fp8=_fp8_recipe(*fp8))
+    _run(op, args, x.device)
+    return _zero_tail(y, splits)
+
+
+def _discrete_backward_data(dy: Tensor, w: _capi.Weight, splits: Tensor, b: Optional[Tensor],
+                            probs: Optional[Tensor], mode: int, need_dx: bool, need_dbias: bool, need_dprobs: bool,
+                            fp8: Fp8) -> Tuple[Tensor, Tensor, Tensor]:
+    """grouped_linear_backward_data's implementation with discrete weights w (_WeightPointers)."""
+    op = "grouped_linear_backward_data"
+    _check(op, "dy", dy, dy.device, _FLOATS, 2)
+    T, (G, N, K) = dy.shape[0], tuple(w.t.shape[:3])
+    dx, dbias = dy.new_empty(T if need_dx else 0, K), dy.new_empty(G if need_dbias else 0, N, dtype=_bias_grad_dtype(b))
+    dprobs = dy.new_zeros(T if need_dprobs else 0, dtype=torch.float32)   # moex adds into it (+=)
+    scaled = mode == BIAS_SCALED
+    args = _args(_capi.GroupedLinearDgradArgs, dy=dy, w=w, bias_mode=mode, bias=b if scaled and need_dprobs else None,
+                 probs=probs if scaled else None, splits=splits, dx=dx if need_dx else None,
+                 dbias=dbias if need_dbias else None, dprobs=dprobs if need_dprobs else None, fp8=_fp8_recipe(*fp8))
+    _run(op, args, dy.device)
+    return _zero_tail(dx, splits), dbias, dprobs
+
+
+class _GroupedLinearDiscrete(torch.autograd.Function):
+    """GroupedLinear's eager forward and backward on its separate weights as moex's discrete
+    weights (_WeightPointers: no stacked copy). weights: the layer's weight0.., each getting
+    its view of one [G, N, K] dW; or, with the weight-gradient options (wgrad: the layer's
+    _wgrad_args, else None), their gradients through moex::module_weight_grads and autograd
+    the DDP dummy zeros or None."""
+
+    @staticmethod
+    def forward(ctx, x, splits, b, probs, w, ptrs, fp8, wgrad, *weights):
+        mode = BIAS_NONE if b is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
+        ctx.save_for_backward(x, splits, b, probs, ptrs, *weights)
+        ctx.w, ctx.mode, ctx.fp8, ctx.wgrad = w, mode, fp8, wgrad
+        return _discrete_forward(x, w, splits, b, probs, mode, fp8)
+
+    @staticmethod
+    @_once_differentiable
+    def backward(ctx, dy):
+        x, splits, b, probs, _, *weights = ctx.saved_tensors   # the pointer array kept alive for ctx.w
+        needs, mode, fp8 = ctx.needs_input_grad, ctx.mode, ctx.fp8
+        dy = dy.contiguous()
+        need_dbias, need_dprobs = b is not None and needs[2], mode == BIAS_SCALED and needs[3]
+        dx = dbias = dprobs = None
+        if needs[0] or need_dbias or need_dprobs:
+            dx, dbias, dprobs = _discrete_backward_data(dy, ctx.w, splits, b, probs, mode, needs[0], need_dbias,
+                                                        need_dprobs, fp8)
+        if ctx.wgrad is not None:
+            key, first_microbatch, keep_copies, dummy, _ = ctx.wgrad
+            _module_weight_grads([x], [dy], splits, key, first_microbatch, keep_copies, *fp8)
+            wgrads = [torch.zeros_like(p) if dummy[0] else None for p in weights]
+        elif any(needs[8:]):
+            wgrads = list(_backward_weight(x, dy, splits, _DTYPES[weights[0].dtype], *fp8).unbind(0))
+        else:
+            wgrads = [None] * len(weights)
+        return (dx if needs[0] else None, None, dbias if need_dbias else None, dprobs if need_dprobs else None,
+                None, None, None, None, *wgrads)
 
 
 class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     """G linear layers over the rows of G groups, a drop-in for
     transformer_engine.pytorch.GroupedLinear: the same constructor arguments where they apply,
     parameters weight0..weight{G-1} ([out_features, in_features]) and bias0.. ([out_features]),
-    and forward(inp, m_splits) with m_splits a list of ints or an int64 tensor on the input's
-    device (then graph-safe).
+    and forward(inp, m_splits) with inp [..., in_features] (the leading dimensions are the rows;
+    the output is [..., out_features], rows past sum(m_splits) 0) and m_splits a list of ints or
+    an int64 or int32 tensor on the input's device (then graph-safe). The separate weights reach
+    moex as an array of pointers to them (_WeightPointers), not a stacked copy; under
+    torch.compile, a dispatch mode or a functorch transform they are stacked.
 
     fuse_wgrad_accumulation, delay_wgrad_compute and backward_dw(): as in Transformer Engine
     (_WeightGradOptions); the bias gradient comes from the backward either way.
@@ -1108,6 +1494,7 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         self.num_gemms, self.in_features, self.out_features = num_gemms, in_features, out_features
         self.use_bias, self.packed = bias, packed
         self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
+        self._pointers = _WeightPointers()   # the separate weights as moex's discrete weights
         dtype = params_dtype or torch.get_default_dtype()
         init = init_method or (lambda t: torch.nn.init.kaiming_uniform_(t, a=5 ** 0.5))
         shape = (out_features, in_features)
@@ -1126,30 +1513,43 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                     setattr(self, f"bias{g}", torch.nn.Parameter(torch.zeros(out_features, dtype=dtype,
                                                                              device=device)))
 
-    def _weights(self) -> Tuple[Tensor, Optional[Tensor]]:
-        """The [G, out, in] weight and the [G, out] bias (None without bias)."""
-        if self.packed:
-            return self.weight, self.bias if self.use_bias else None
-        G = self.num_gemms
-        w = torch.stack([getattr(self, f"weight{g}") for g in range(G)])
-        b = torch.stack([getattr(self, f"bias{g}") for g in range(G)]) if self.use_bias else None
-        return w, b
+    def _bias(self) -> Optional[Tensor]:
+        """The [G, out] bias (the separate ones stacked: a small copy), None without bias."""
+        if not self.use_bias:
+            return None
+        return self.bias if self.packed else torch.stack([getattr(self, f"bias{g}") for g in range(self.num_gemms)])
 
     def _weight_params(self) -> List[Tensor]:
         return [self.weight] if self.packed else [getattr(self, f"weight{g}") for g in range(self.num_gemms)]
 
+    def _weight_groups(self) -> List[List[Tensor]]:
+        return [self._weight_params()]
+
     def forward(self, inp: Tensor, m_splits: Splits, probs: Optional[Tensor] = None,
                 is_first_microbatch: Optional[bool] = None) -> Tensor:
-        """y = inp W_g^T + b_g per group (probs: + p_r b_g). is_first_microbatch=True makes the
-        fused main_grad accumulation overwrite instead (as in Transformer Engine)."""
-        w, b = self._weights()
-        if probs is not None and b is None:
+        """y = inp W_g^T + b_g per group (probs [T] or inp's leading dimensions: + p_r b_g).
+        is_first_microbatch=True makes the fused main_grad accumulation overwrite instead (as in
+        Transformer Engine)."""
+        owner = "torch.GroupedLinear"
+        x = _rows(owner, "inp", inp)
+        splits = _splits_tensor(m_splits, x.device, owner, x.shape[0])
+        p, b = _row_probs(owner, probs, inp.shape[:-1]), self._bias()
+        if p is not None and b is None:
             raise ValueError("moex.torch.GroupedLinear: probs scales the bias, but the layer has none")
-        if not (self.fuse_wgrad_accumulation or self.delay_wgrad_compute):
-            return _grouped_linear("torch.GroupedLinear", inp, w, m_splits, b, probs, self._fp8)
-        splits = _splits_tensor(m_splits, inp.device)
-        return _GroupedLinearTE.apply(self, bool(is_first_microbatch), inp.contiguous(), w, splits, b, probs,
-                                      *self._weight_params())
+        te = self.fuse_wgrad_accumulation or self.delay_wgrad_compute
+        wgrad = self._wgrad_args(bool(is_first_microbatch)) if te else None
+        params = self._weight_params()
+        if not self.packed and _eager([x, p, b] + params):
+            w, ptrs = self._pointers.weight(owner, params)
+            y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
+        else:
+            w = self.weight if self.packed else torch.stack(params)
+            if te:
+                y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad)
+            else:
+                mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
+                y = _forward(x, w, splits, b, p, mode, *self._fp8)
+        return y.view(*inp.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
@@ -1160,39 +1560,38 @@ class _GroupedMLPTE(torch.autograd.Function):
     """The grouped MLP's autograd with the weight-gradient options (_WeightGradOptions). The
     backward is composed of the grouped linear and scaled GLU operators, as docs/ops.md 4.2
     writes it, because FC1's weight gradient needs dh, which the fused moex backward keeps in
-    its workspace; dW2 = dy^T z and dW1 = dh^T x then come from the module, now or later."""
+    its workspace; dW1 = dh^T x and dW2 = dy^T z then go through moex::module_weight_grads
+    (now or at backward_dw()), and w1, w2 get the DDP dummy zeros or None. wgrad: the module's
+    _wgrad_args. torch.compile(fullgraph=True) traces it."""
 
     @staticmethod
-    def forward(ctx, module, first_microbatch, x, w1, b1, w2, b2, probs, splits, b2_mode, glu, fp8):
-        y, h, z = _mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, True, *fp8)
+    def forward(ctx, x, w1, b1, w2, b2, probs, splits, b2_mode, glu, wgrad):
+        y, h, z = _mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, *glu, True, *wgrad[4])
         ctx.save_for_backward(x, w1, b1, w2, b2, probs, splits, h, z)
-        ctx.module, ctx.first_microbatch, ctx.b2_mode, ctx.glu, ctx.fp8 = module, first_microbatch, b2_mode, glu, fp8
+        ctx.b2_mode, ctx.glu, ctx.wgrad = b2_mode, glu, wgrad
         return y
 
     @staticmethod
+    @_once_differentiable
     def backward(ctx, dy):
         x, w1, b1, w2, b2, probs, splits, h, z = ctx.saved_tensors
-        module, b2_mode = ctx.module, ctx.b2_mode
-        need_x, need_b1, need_b2, need_probs = (ctx.needs_input_grad[i] for i in (2, 4, 6, 7))
+        key, first_microbatch, keep_copies, dummy, fp8 = ctx.wgrad
+        b2_mode = ctx.b2_mode
+        need_x, need_b1, need_b2, need_probs = (ctx.needs_input_grad[i] for i in (0, 2, 4, 5))
         need_db1, need_db2 = need_b1 and b1 is not None, need_b2 and b2_mode != BIAS_NONE
         need_dprobs, scaled = need_probs and probs is not None, b2_mode == BIAS_SCALED
         dy = dy.contiguous()
-        fp8 = ctx.fp8
-        dz, db2, dprobs_b2 = _backward_data(dy, w2, splits, b2, probs, b2_mode, True, need_db2, need_dprobs and scaled,
-                                            *fp8)
+        dz, db2, dprobs_b2 = _backward_data(dy, w2, splits, b2 if b2_mode != BIAS_NONE else None,
+                                            probs if scaled else None, b2_mode, True, need_db2,
+                                            need_dprobs and scaled, *fp8)
         dh, dprobs = _glu_backward(h, probs, splits, dz, *ctx.glu, need_dprobs)
         dx = db1 = None
         if need_x or need_db1:
-            dx, db1, _ = _backward_data(dh, w1, splits, b1, None, BIAS_ADD if need_db1 else BIAS_NONE, need_x,
-                                        need_db1, False, *fp8)
-
-        def step():
-            module._weight_grad([module.w1], x, dh, splits, ctx.first_microbatch, fp8)
-            module._weight_grad([module.w2], z, dy, splits, ctx.first_microbatch, fp8)
-
-        dw1, dw2 = module._weight_grad_step(step, [module.w1, module.w2])
-        return (None, None, dx if need_x else None, dw1, db1 if need_db1 else None, dw2,
-                db2 if need_db2 else None,
+            dx, db1, _ = _backward_data(dh, w1, splits, b1 if need_db1 else None, None,
+                                        BIAS_ADD if need_db1 else BIAS_NONE, need_x, need_db1, False, *fp8)
+        _module_weight_grads([x, z], [dh, dy], splits, key, first_microbatch, keep_copies, *fp8)
+        return (dx if need_x else None, torch.zeros_like(w1) if dummy[0] else None, db1 if need_db1 else None,
+                torch.zeros_like(w2) if dummy[1] else None, db2 if need_db2 else None,
                 (dprobs + dprobs_b2 if scaled else dprobs) if need_dprobs else None, None, None, None, None)
 
 
@@ -1237,12 +1636,17 @@ class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
 
     def forward(self, x: Tensor, m_splits: Splits, probs: Optional[Tensor] = None,
                 is_first_microbatch: Optional[bool] = None) -> Tensor:
-        """y [T, H] for x [T, H]; is_first_microbatch=True makes fused main_grad accumulation
+        """y [..., H] for x [..., H] (the leading dimensions are the rows), probs [T] or x's leading
+        dimensions; is_first_microbatch=True makes fused main_grad accumulation
         overwrite instead (as in Transformer Engine)."""
         if self.b2_mode == BIAS_SCALED and probs is None:
             raise ValueError("moex.torch.GroupedMLP: scale_b2 needs probs")
-        return _experts(self, x.contiguous(), _splits_tensor(m_splits, x.device), probs, self.b2_mode, self._glu,
-                        self.save_z, bool(is_first_microbatch))
+        owner = "torch.GroupedMLP"
+        x2 = _rows(owner, "x", x)
+        y = _experts(self, x2, _splits_tensor(m_splits, x2.device, owner, x2.shape[0]),
+                     _row_probs(owner, probs, x.shape[:-1]), self.b2_mode, self._glu, self.save_z,
+                     bool(is_first_microbatch))
+        return y.view(x.shape)
 
 
 def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode: int, glu: Tuple, save_z: bool,
@@ -1250,8 +1654,8 @@ def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode
     """The grouped MLP of module's w1, b1, w2, b2 (GroupedMLP, MoELayer): moex's fused forward
     and backward, or _GroupedMLPTE with the weight-gradient options."""
     if module.fuse_wgrad_accumulation or module.delay_wgrad_compute:
-        return _GroupedMLPTE.apply(module, first_microbatch, x, module.w1, module.b1, module.w2, module.b2, probs,
-                                   splits, b2_mode, glu, module._fp8)
+        return _GroupedMLPTE.apply(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, glu,
+                                   module._wgrad_args(first_microbatch))
     y, _, _ = _mlp_forward(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, *glu, save_z,
                            *module._fp8)
     return y
@@ -1301,8 +1705,13 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
 
     def forward(self, x: Tensor, is_first_microbatch: Optional[bool] = None) -> Tensor:
+        """y [..., H] for x [..., H] (the leading dimensions are the tokens)."""
+        H = self.w1.shape[2]
+        if not isinstance(x, Tensor) or x.dim() == 0 or x.shape[-1] != H:
+            raise ValueError(f"moex.torch.MoELayer: x must be a tensor [..., {H}], got "
+                             f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
         shape = x.shape
-        x = x.reshape(-1, shape[-1]).contiguous()
+        x = _rows("torch.MoELayer", "x", x)
         if self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
             y = self._forward_parts(x, bool(is_first_microbatch))
         else:

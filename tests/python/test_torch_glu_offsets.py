@@ -68,5 +68,6 @@ def test_errors():
         mt.scaled_glu(torch.randn(2, 4), glu="gelu")
     with pytest.raises(ValueError, match="dtype must be"):
         mt.splits_to_offsets(torch.tensor([1, 2]), dtype=torch.int16)
-    with pytest.raises(ValueError, match="splits is torch.int32"):
-        mt.splits_to_offsets(torch.tensor([1, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="splits must be a 1-D int64 or int32"):
+        mt.splits_to_offsets(torch.tensor([1, 2], dtype=torch.int16))
+    assert torch.equal(mt.splits_to_offsets(torch.tensor([1, 2], dtype=torch.int32)), torch.tensor([0, 1, 3]))

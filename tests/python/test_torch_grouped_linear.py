@@ -163,7 +163,8 @@ def test_module(device, packed):
     splits = [4, 0, 6]
     x = torch.randn(10, 8, device=device, requires_grad=True)
     y = layer(x, splits)
-    w, b = layer._weights()
+    w = torch.stack([getattr(layer, f"weight{g}") for g in range(3)]) if not packed else layer.weight
+    b = torch.stack([getattr(layer, f"bias{g}") for g in range(3)]) if not packed else layer.bias
     torch.testing.assert_close(y, reference(x, w, splits, b), **tol(torch.float32))
     y.sum().backward()
     grads = [p.grad for p in layer.parameters()]
@@ -226,8 +227,8 @@ def test_errors_before_anything_runs():
         torch.ops.moex.grouped_linear_forward(x.t().contiguous().t(), w, torch.tensor([2, 2]), None, None, 0)
     with pytest.raises(ValueError, match="w is torch.bfloat16"):
         mt.grouped_linear(x, w.bfloat16(), [2, 2])
-    with pytest.raises(ValueError, match="int64"):
-        mt.grouped_linear(x, w, torch.tensor([2, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match="int64 or int32"):
+        mt.grouped_linear(x, w, torch.tensor([2, 2], dtype=torch.int16))
     with pytest.raises(ValueError, match="groups"):
         mt.grouped_linear(x, w, [4])
     with pytest.raises(ValueError, match="unknown bias_mode 7"):
@@ -237,7 +238,9 @@ def test_errors_before_anything_runs():
 def test_moex_failure_raises_with_last_error():
     x, w, _, _ = inputs("cpu", torch.float32, [2, 2])
     with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS: .*splits sum past T"):
-        mt.grouped_linear(x, w, [3, 2])
+        mt.grouped_linear(x, w, torch.tensor([3, 2]))   # values on the "device": moex checks them
+    with pytest.raises(ValueError, match="sum to 5, more than the 4 rows"):
+        mt.grouped_linear(x, w, [3, 2])                 # a list: checked on the host first
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

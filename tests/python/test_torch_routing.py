@@ -37,7 +37,8 @@ def test_permute_and_unpermute(device):
     probs = torch.rand(T, K, device=device)
     xp, probs_p, splits, row_map = mt.permute(x, ids, probs, E)
     assert torch.equal(splits, torch.bincount(ids.flatten().long(), minlength=E))
-    rm = row_map.long()
+    assert row_map.shape == (T, K)   # row_map[t, j]: the row of token t's j-th expert
+    rm = row_map.long().flatten()
     assert torch.equal(torch.sort(rm).values, torch.arange(T * K, device=device))   # a permutation
     assert torch.equal(xp[rm], x.repeat_interleave(K, dim=0))
     assert torch.equal(probs_p[rm], probs.flatten())
