@@ -27,11 +27,22 @@ operands, quantized inside the call; inputs, outputs and their dtypes are the pl
 The modules and functions take it as fp8_recipe="block" | "current" | "mxfp8" and
 fp8_format="e4m3" | "hybrid".
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
-rows at or past sum(splits) of y and dx are not written. CPU tensors run on moex's CPU backend,
+the rows at or past sum(splits) of every row-indexed output (y, dx, dh, z with splits, dprobs)
+are zero (moex_zero_tail, graph-safe). CPU tensors run on moex's CPU backend,
 CUDA tensors on its CUDA backend for the tensor's device, on torch's current stream, with
 workspaces from torch's allocator; one moex context per device, created on first use. A moex
-failure raises moex.MoexError carrying moex_last_error; a wrong device, dtype, layout or shape
-raises ValueError before anything runs.
+failure raises moex.MoexError carrying moex_last_error; a wrong device, dtype, layout or shape,
+a non-contiguous tensor, or an argument its mode would ignore (a bias with bias_mode NONE,
+probs without SCALED) raises ValueError naming it before anything runs. The operators are
+differentiable once: a gradient of their gradients (create_graph=True) raises.
+moex::module_weight_grads(xs, dys, splits, module, ...) -> None is the modules' weight
+gradients with fuse_wgrad_accumulation / delay_wgrad_compute (an opaque side effect).
+
+The functions and modules take what the operators take and more: inputs [..., features] (the
+leading dimensions are the rows, as Transformer Engine flattens them; outputs [..., out]),
+non-contiguous tensors (made contiguous), splits as a list of ints (checked on the host: no
+floats or bools, none negative, the sum at most the rows) or an int64 or int32 tensor (an int32
+one converted on its device, without a host sync).
 """
 import functools
 import itertools
