@@ -1,0 +1,20 @@
+// schemas.cpp - the moex:: operators' schemas. They are exactly those of the Python operators of
+// moex/torch.py (torch.library.custom_op infers SymInt for int), so that the two paths are
+// interchangeable: the same names, arguments, defaults and aliasing annotations. The kernels are
+// in kernels.cpp, the autograd in autograd.cpp, the fake kernels in moex/torch.py.
+#include <torch/library.h>
+
+#define MOEX_FP8_ARGS "SymInt fp8_mode=0, SymInt fp8_dtypes=0, bool fp8_pow2_scales=False, float fp8_amax_epsilon=0."
+
+TORCH_LIBRARY(moex, m) {
+    // ---- grouped linear (docs/ops.md section 2)
+    m.def("grouped_linear_forward(Tensor x, Tensor w, Tensor splits, Tensor? bias, Tensor? probs, SymInt bias_mode, "
+          MOEX_FP8_ARGS ") -> Tensor");
+    m.def("grouped_linear_backward_data(Tensor dy, Tensor w, Tensor splits, Tensor? bias, Tensor? probs, "
+          "SymInt bias_mode, bool need_dx, bool need_dbias, bool need_dprobs, " MOEX_FP8_ARGS
+          ") -> (Tensor, Tensor, Tensor)");
+    m.def("grouped_linear_backward_weight(Tensor x, Tensor dy, Tensor splits, SymInt dw_dtype, " MOEX_FP8_ARGS
+          ") -> Tensor");
+    m.def("grouped_linear_backward_weight_accumulate(Tensor x, Tensor dy, Tensor splits, Tensor(a3!) main_grad, "
+          MOEX_FP8_ARGS ") -> ()");
+}
