@@ -108,3 +108,62 @@ def test_against_torch_grouped_mm(splits):
     for name, a, e in [("y", y, want_y), ("dx", got[0], want[0]), ("dw", got[1], want[1])]:
         m = e.float().abs().max().clamp_min(1.0)
         torch.testing.assert_close(a.float() / m, e.float() / m, rtol=1e-2, atol=1e-2, msg=lambda s, n=name: f"{n}: {s}")
+
+
+def test_cuda_graph_separate_weights_int32_splits_zero_tails():
+    """GroupedLinear's separate weights (the pointer array, built by the eager warm-up) with
+    int32 device splits, forward and backward captured once and replayed for new split values
+    (sums below T): the eager results, and the rows past the groups of y and dx zero."""
+    torch.manual_seed(13)
+    G, Kd, N, Tn = 4, 64, 32, 96
+    layer = mt.GroupedLinear(G, Kd, N, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    splits = torch.tensor([20, 0, 30, 10], device="cuda", dtype=torch.int32)
+    dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        y = layer(x, splits)
+        return (y,) + torch.autograd.grad(y, [x] + [getattr(layer, f"weight{g}") for g in range(G)], dy)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = step()
+    for new in ([5, 40, 0, 33], [0, 0, 0, 96], [1, 2, 3, 4]):
+        splits.copy_(torch.tensor(new, dtype=torch.int32))
+        x.data.copy_(torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        want = step()
+        S = sum(new)
+        for name, a, e in zip(["y", "dx"] + [f"dw{g}" for g in range(G)], outs, want):
+            torch.testing.assert_close(a, e, msg=lambda m, n=name: f"{n} for splits {new}: {m}")
+        assert torch.count_nonzero(outs[0][S:]) == 0 and torch.count_nonzero(outs[1][S:]) == 0
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_cuda_compile_delay_wgrad(backend):
+    """torch.compile(fullgraph=True) of GroupedMLP and GroupedLinear with delay_wgrad_compute on
+    the GPU: after backward_dw() the weight gradients of the eager module (inductor may reuse the
+    backward's buffers: the delayed step keeps copies)."""
+    torch.manual_seed(14)
+    for make, names in [(lambda: mt.GroupedMLP(4, 64, 32, delay_wgrad_compute=True, device="cuda"), ["w1", "w2"]),
+                        (lambda: mt.GroupedLinear(4, 64, 32, delay_wgrad_compute=True, device="cuda"),
+                         [f"weight{g}" for g in range(4)])]:
+        eager, comp = make(), make()
+        comp.load_state_dict(eager.state_dict())
+        x = torch.randn(96, 64, device="cuda")
+        splits = torch.tensor([30, 0, 40, 20], device="cuda")
+        run = lambda m, x: (m(x, splits) ** 2).sum()   # noqa: E731
+        compiled = torch.compile(run, fullgraph=True, backend=backend)
+        for m, f in ((eager, run), (comp, compiled)):
+            for _ in range(2):
+                f(m, x).backward()
+                torch.randn(1 << 20, device="cuda").sum()   # other work between backward and backward_dw
+            m.backward_dw()
+            m.backward_dw()
+        for n in names:
+            torch.testing.assert_close(getattr(comp, n).grad, getattr(eager, n).grad, rtol=1e-4, atol=1e-4)

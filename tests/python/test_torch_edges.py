@@ -150,6 +150,20 @@ def test_routing_argument_errors():
     torch.testing.assert_close(y, 2 * x)
 
 
+def test_raw_splits_to_offsets_dtype_code():
+    with pytest.raises(ValueError, match="dtype_code"):
+        torch.ops.moex.splits_to_offsets(torch.tensor([1, 2]), 1, True, 99)   # used to raise KeyError
+
+
+def test_copied_module_gets_its_own_weight_gradients():
+    import copy
+    a = mt.GroupedLinear(2, 4, 3, delay_wgrad_compute=True)
+    b = copy.deepcopy(a)
+    b(torch.randn(5, 4), [2, 3]).sum().backward()
+    b.backward_dw()
+    assert b.weight0.grad is not None and a.weight0.grad is None and not a._wgrad_queue
+
+
 def test_moe_layer_0d_input():
     layer = mt.MoELayer(4, 8, 4, topk=2)
     with pytest.raises(ValueError, match="x"):
