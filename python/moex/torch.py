@@ -56,7 +56,7 @@ import torch.fx.node
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import _capi
+from . import _capi, _torch_ext
 from ._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError
 
 __all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "router", "permute",
@@ -329,7 +329,31 @@ class _Operator:
         return self.impl(*args)
 
 
+class _CppOperator:
+    """A moex operator of the compiled extension (moex._torch_ext, python/csrc): schema, CPU and
+    CUDA kernels and autograd in C++; only the fake kernel is Python. A call goes straight to
+    the C++ operator (torch.ops.moex.<name>.default), which is also what tracing sees; `impl`
+    is the Python implementation the operator replaces (the path without the extension)."""
+
+    def __init__(self, name: str, impl):
+        self.name, self.impl = name, impl
+        self.op = getattr(torch.ops.moex, name).default
+
+    def register_fake(self, fake):
+        return torch.library.register_fake(f"moex::{self.name}")(fake)
+
+    def register_autograd(self, backward, setup_context) -> None:
+        """Nothing to do: the operator's autograd is C++ (python/csrc/autograd.cpp)."""
+
+    def __call__(self, *args):
+        return self.op(*args)
+
+
 def _operator(name: str, mutates_args):
+    """The operator moex::<name> of the Python implementation `impl`: the compiled extension's
+    when it defines it (_CppOperator), else impl registered with torch.library (_Operator)."""
+    if name in _torch_ext.OPS:
+        return lambda impl: _CppOperator(name, impl)
     return lambda impl: _Operator(name, impl, mutates_args)
 
 
