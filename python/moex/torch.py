@@ -1143,6 +1143,13 @@ def _rows(owner: str, name: str, t: Tensor) -> Tensor:
     return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
 
 
+def _check_sizes(owner: str, **sizes) -> None:
+    """ValueError unless every size is an int >= 1 (a module's constructor arguments)."""
+    for name, v in sizes.items():
+        if _int_arg(owner, name, v) < 1:
+            raise ValueError(f"moex.{owner}: {name} = {v}, must be >= 1")
+
+
 def _row_probs(owner: str, probs: Optional[Tensor], lead: torch.Size) -> Optional[Tensor]:
     """probs of the rows of an input whose leading dimensions are `lead`: shaped `lead` or flat
     [T]; returned flat and contiguous."""
@@ -1189,6 +1196,9 @@ def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Ten
     (or [G, N, K] with trans_b) and batch_sizes [G] the rows per group, on the host or the
     device (int64 or int32). a may have leading dimensions ([..., K] -> [..., N]).
     Differentiable in a and b."""
+    if not isinstance(b, Tensor) or b.dim() != 3:
+        raise ValueError(f"moex.gmm: b must be a tensor [G, K, N] (or [G, N, K] with trans_b), got "
+                         f"{tuple(b.shape) if isinstance(b, Tensor) else type(b).__name__}")
     w = b if trans_b else b.transpose(1, 2)
     return grouped_linear(a, w, batch_sizes)
 
@@ -1654,6 +1664,7 @@ class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                  fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
                  fp8_amax_epsilon: float = 0.0):
         super().__init__()
+        _check_sizes("torch.GroupedMLP", num_experts=num_experts, hidden_size=hidden_size, ffn_size=ffn_size)
         self._glu = _glu_code("torch.GroupedMLP", glu, layout, limit, alpha, offset)
         self._init_fp8("torch.GroupedMLP", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
         if scale_b2 and not bias2:
@@ -1721,6 +1732,8 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                  delay_wgrad_compute: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
                  fp8_amax_epsilon: float = 0.0):
         super().__init__()
+        _check_sizes("torch.MoELayer", num_experts=num_experts, hidden_size=hidden_size, ffn_size=ffn_size,
+                     topk=topk)
         glu_code = _glu_code("torch.MoELayer", glu, layout, limit, alpha, offset)
         self._init_fp8("torch.MoELayer", fp8_recipe, fp8_format, fp8_pow2_scales, fp8_amax_epsilon)
         if score not in _SCORES:

@@ -164,6 +164,16 @@ def test_copied_module_gets_its_own_weight_gradients():
     assert b.weight0.grad is not None and a.weight0.grad is None and not a._wgrad_queue
 
 
+def test_module_sizes():
+    for make in (lambda: mt.MoELayer(-2, 8, 4, topk=1), lambda: mt.MoELayer(4, 8, 0, topk=1),
+                 lambda: mt.MoELayer(4, 8, 4, topk=-1), lambda: mt.GroupedMLP(-1, 8, 4),
+                 lambda: mt.GroupedMLP(2, 8.5, 4), lambda: mt.GroupedLinear(0, 4, 4)):
+        with pytest.raises(ValueError):   # torch's RuntimeError from torch.empty before
+            make()
+    with pytest.raises(ValueError, match="b must be"):
+        mt.gmm(torch.randn(3, 4), [[1.0]], [3])
+
+
 def test_moe_layer_0d_input():
     layer = mt.MoELayer(4, 8, 4, topk=2)
     with pytest.raises(ValueError, match="x"):
