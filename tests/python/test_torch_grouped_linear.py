@@ -4,7 +4,7 @@ a GPU, on CUDA.
 
 Tolerances: f32 results agree to 1e-5 relative (both sides sum in f32, in other orders); bf16
 results to 2e-2 of the reference's largest magnitude (one bf16 rounding of each output, inputs
-the same). Rows past sum(splits) are not compared: moex does not write them.
+the same). Rows past sum(splits) are zero (test_torch_edges.py checks them).
 """
 import pytest
 
@@ -68,7 +68,7 @@ def test_forward_and_backward(device, dtype, kind, bias_kind):
     assert_rows_close(y, want, n, dtype)
 
     dy = torch.randn(T, w.shape[1], device=device).to(dtype)
-    dy[n:] = 0   # the rows moex does not write carry no gradient
+    dy[n:] = 0   # the tail: y's rows there are constant 0 (test_torch_edges.py gives them a gradient)
     got = torch.autograd.grad(y, leaves, dy)
     ref = torch.autograd.grad(want, leaves, dy.float())
     for name, a, e in zip(["x", "w", "bias", "probs"][:len(leaves)], got, ref):

@@ -164,7 +164,7 @@ def test_module_te_weight_gradients(device, fuse, delay, b2_kind, te_weight_grad
         y = m(x[key], splits, probs[key], is_first_microbatch=first)
         y[:sum(SPLITS)].backward(dy[:sum(SPLITS)])
 
-    n = sum(SPLITS)   # dx and dprobs rows past sum(splits) are not written
+    n = sum(SPLITS)   # rows compared: the groups' (those past them are zero, test_torch_edges.py)
     others = {"x": (x["plain"], x["te"], n), "probs": (probs["plain"], probs["te"], n), "b1": (plain.b1, te.b1),
               "b2": (plain.b2, te.b2)}
     te_weight_grads(plain, te, run, ["w1", "w2"], others, tol=1e-4)
