@@ -32,14 +32,14 @@ c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
 OptTensor optional(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
 // The index of each tensor argument among the edges that autograd gives a Function (its
-// defined tensor arguments, in order), -1 for an absent one; needs(ctx, edge) then says
+// defined tensor arguments, in order), -1 for an absent one; needs_grad(ctx, edge) then says
 // whether this backward must compute that argument's gradient.
 struct Edges {
     int next = 0;
     int64_t add(const at::Tensor& t) { return t.defined() ? next++ : -1; }
     int64_t add(const OptTensor& t) { return t.has_value() && t->defined() ? next++ : -1; }
 };
-bool needs(AutogradContext* ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
+bool needs_grad(AutogradContext* ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
 
 // The gradients a backward returns: as they are, or under create_graph=True (grad mode on in the
 // backward) each floating-point one marked by a DelayedError node, so that differentiating it
@@ -112,9 +112,9 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         const int64_t fp8_mode = d["fp8_mode"].toInt(), fp8_dtypes = d["fp8_dtypes"].toInt();
         const bool fp8_pow2 = d["fp8_pow2_scales"].toBool();
         const double fp8_eps = d["fp8_amax_epsilon"].toDouble();
-        const bool need_x = needs(ctx, d["edge_x"].toInt()), need_w = needs(ctx, d["edge_w"].toInt());
-        const bool need_dbias = needs(ctx, d["edge_bias"].toInt()) && bias_mode != MOEX_BIAS_NONE;
-        const bool need_dprobs = needs(ctx, d["edge_probs"].toInt()) && bias_mode == MOEX_BIAS_SCALED;
+        const bool need_x = needs_grad(ctx, d["edge_x"].toInt()), need_w = needs_grad(ctx, d["edge_w"].toInt());
+        const bool need_dbias = needs_grad(ctx, d["edge_bias"].toInt()) && bias_mode != MOEX_BIAS_NONE;
+        const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt()) && bias_mode == MOEX_BIAS_SCALED;
         const at::Tensor dy = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
@@ -143,10 +143,195 @@ at::Tensor grouped_linear_forward_autograd(const at::Tensor& x, const at::Tensor
                                         fp8_amax_epsilon);
 }
 
+// ---- grouped MLP -----------------------------------------------------------------------------
+
+using MlpForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+        const at::Tensor&, int64_t, int64_t, int64_t, double, double, double, bool, int64_t, int64_t, bool, double);
+using MlpBackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+        const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double,
+        double, double, const c10::List<bool>&, int64_t, int64_t, bool, double);
+
+// (y, h, z) = grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z, fp8...);
+// differentiable in x, the weights, the biases and probs through y. h and z are outputs for
+// the backward only: their gradients are ignored (not materialised).
+struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction> {
+    static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1,
+                                 const at::Tensor& w2, const OptTensor& b2, const OptTensor& probs,
+                                 const at::Tensor& splits, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
+                                 double glu_limit, double glu_alpha, double glu_offset, bool save_z, int64_t fp8_mode,
+                                 int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        static const auto op = op_handle<MlpForwardSig>("moex::grouped_mlp_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        auto [y, h, z] = op.call(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit,
+                                 glu_alpha, glu_offset, save_z, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                                 fp8_amax_epsilon);
+        ctx->save_for_backward({x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()),
+                                probs.value_or(at::Tensor()), splits, h, z});
+        ctx->set_materialize_grads(false);
+        Edges e;
+        auto& d = ctx->saved_data;
+        d["edge_x"] = e.add(x);
+        d["edge_w1"] = e.add(w1);
+        d["edge_b1"] = e.add(b1);
+        d["edge_w2"] = e.add(w2);
+        d["edge_b2"] = e.add(b2);
+        d["edge_probs"] = e.add(probs);
+        d["b2_mode"] = b2_mode;
+        d["glu_kind"] = glu_kind;
+        d["glu_layout"] = glu_layout;
+        d["glu_limit"] = glu_limit;
+        d["glu_alpha"] = glu_alpha;
+        d["glu_offset"] = glu_offset;
+        d["fp8_mode"] = fp8_mode;
+        d["fp8_dtypes"] = fp8_dtypes;
+        d["fp8_pow2_scales"] = fp8_pow2_scales;
+        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        return {y, h, z};
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<MlpBackwardSig>("moex::grouped_mlp_backward");
+        variable_list out(18);   // one per forward argument: x, w1, b1, w2, b2, probs, then non-tensors
+        if (!grads[0].defined()) return out;   // y does not reach the loss
+        const variable_list saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[3], &splits = saved[6], &h = saved[7],
+                         &z = saved[8];
+        const OptTensor b1 = optional(saved[2]), b2 = optional(saved[4]), probs = optional(saved[5]);
+        auto& d = ctx->saved_data;
+        const int64_t b2_mode = d["b2_mode"].toInt();
+        const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_w1"].toInt()),
+                               needs_grad(ctx, d["edge_w2"].toInt()), needs_grad(ctx, d["edge_b1"].toInt()),
+                               needs_grad(ctx, d["edge_b2"].toInt()) && b2_mode != MOEX_BIAS_NONE,
+                               needs_grad(ctx, d["edge_probs"].toInt())};
+        const at::Tensor dy = grads[0].contiguous();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        auto [dx, dw1, dw2, db1, db2, dprobs] =
+                op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, d["glu_kind"].toInt(),
+                        d["glu_layout"].toInt(), d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(),
+                        d["glu_offset"].toDouble(), c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), d["fp8_mode"].toInt(),
+                        d["fp8_dtypes"].toInt(), d["fp8_pow2_scales"].toBool(), d["fp8_amax_epsilon"].toDouble());
+        const at::Tensor grads_by_arg[6] = {dx, dw1, db1, dw2, db2, dprobs};   // x, w1, b1, w2, b2, probs
+        const int need_index[6] = {0, 1, 3, 2, 4, 5};                          // their entries in needs
+        for (int i = 0; i < 6; ++i)
+            if (needs[need_index[i]]) out[i] = grads_by_arg[i];
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward_autograd(
+        const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
+        const OptTensor& probs, const at::Tensor& splits, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
+        double glu_limit, double glu_alpha, double glu_offset, bool save_z, int64_t fp8_mode, int64_t fp8_dtypes,
+        bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    variable_list out = GroupedMlpFunction::apply(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout,
+                                                  glu_limit, glu_alpha, glu_offset, save_z, fp8_mode, fp8_dtypes,
+                                                  fp8_pow2_scales, fp8_amax_epsilon);
+    return {out[0], out[1], out[2]};
+}
+
+// ---- MoE layer ---------------------------------------------------------------------------------
+
+using MoeForwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                         const OptTensor&, const at::Tensor&, const OptTensor&, int64_t,
+                                                         int64_t, int64_t, int64_t, int64_t, int64_t, double, double,
+                                                         double, int64_t, int64_t, bool, double);
+using MoeBackwardSig = std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                               const OptTensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
+                                               const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                                               double, double, double, const c10::List<bool>&, int64_t, int64_t, bool,
+                                               double);
+
+// (y, saved) = moe_layer_forward(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu...,
+// fp8...); differentiable in x, router_w, the weights and the biases through y (saved, bytes for
+// the backward, is not differentiable).
+struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
+    static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& router_w,
+                                 const at::Tensor& w1, const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
+                                 int64_t topk, int64_t score, int64_t norm, int64_t b2_mode, int64_t glu_kind,
+                                 int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
+                                 int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        static const auto op = op_handle<MoeForwardSig>("moex::moe_layer_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        auto [y, saved] = op.call(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout,
+                                  glu_limit, glu_alpha, glu_offset, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                                  fp8_amax_epsilon);
+        ctx->save_for_backward({x, router_w, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()), saved});
+        ctx->mark_non_differentiable({saved});
+        Edges e;
+        auto& d = ctx->saved_data;
+        d["edge_x"] = e.add(x);
+        d["edge_router_w"] = e.add(router_w);
+        d["edge_w1"] = e.add(w1);
+        d["edge_b1"] = e.add(b1);
+        d["edge_w2"] = e.add(w2);
+        d["edge_b2"] = e.add(b2);
+        d["topk"] = topk;
+        d["score"] = score;
+        d["norm"] = norm;
+        d["b2_mode"] = b2_mode;
+        d["glu_kind"] = glu_kind;
+        d["glu_layout"] = glu_layout;
+        d["glu_limit"] = glu_limit;
+        d["glu_alpha"] = glu_alpha;
+        d["glu_offset"] = glu_offset;
+        d["fp8_mode"] = fp8_mode;
+        d["fp8_dtypes"] = fp8_dtypes;
+        d["fp8_pow2_scales"] = fp8_pow2_scales;
+        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        return {y, saved};
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<MoeBackwardSig>("moex::moe_layer_backward");
+        const variable_list saved = ctx->get_saved_variables();
+        const OptTensor b1 = optional(saved[3]), b2 = optional(saved[5]);
+        auto& d = ctx->saved_data;
+        const int64_t b2_mode = d["b2_mode"].toInt();
+        const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_router_w"].toInt()),
+                               needs_grad(ctx, d["edge_w1"].toInt()), needs_grad(ctx, d["edge_w2"].toInt()),
+                               needs_grad(ctx, d["edge_b1"].toInt()),
+                               needs_grad(ctx, d["edge_b2"].toInt()) && b2_mode != MOEX_BIAS_NONE};
+        const at::Tensor dy = grads[0].contiguous();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        std::vector<at::Tensor> g =
+                op.call(saved[0], saved[1], saved[2], b1, saved[4], b2, saved[6], dy, d["topk"].toInt(),
+                        d["score"].toInt(), d["norm"].toInt(), b2_mode, d["glu_kind"].toInt(), d["glu_layout"].toInt(),
+                        d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(), d["glu_offset"].toDouble(),
+                        c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), d["fp8_mode"].toInt(), d["fp8_dtypes"].toInt(),
+                        d["fp8_pow2_scales"].toBool(), d["fp8_amax_epsilon"].toDouble());
+        // g: dx, drouter_w, dw1, dw2, db1, db2; out: one per forward argument (x, router_w, w1, b1,
+        // w2, b2, then non-tensors)
+        variable_list out(19);
+        const int arg_of[6] = {0, 1, 2, 4, 3, 5};
+        for (int i = 0; i < 6; ++i)
+            if (needs[i]) out[arg_of[i]] = g[i];
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+std::tuple<at::Tensor, at::Tensor> moe_layer_forward_autograd(
+        const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1, const OptTensor& b1,
+        const at::Tensor& w2, const OptTensor& b2, int64_t topk, int64_t score, int64_t norm, int64_t b2_mode,
+        int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset, int64_t fp8_mode,
+        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    variable_list out = MoeLayerFunction::apply(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind,
+                                                glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode, fp8_dtypes,
+                                                fp8_pow2_scales, fp8_amax_epsilon);
+    return {out[0], out[1]};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(moex, Autograd, m) {
+    m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward_autograd));
     m.impl("grouped_linear_forward", TORCH_FN(grouped_linear_forward_autograd));
+    m.impl("grouped_mlp_forward", TORCH_FN(grouped_mlp_forward_autograd));
 }
 
 }  // namespace moex_torch

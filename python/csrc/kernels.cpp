@@ -9,6 +9,7 @@
 #include <torch/library.h>
 
 #include <tuple>
+#include <vector>
 
 #include "moex_torch.h"
 
@@ -137,6 +138,232 @@ void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Te
                    fp8_amax_epsilon));
 }
 
+// ---- grouped MLP (docs/ops.md section 4) ------------------------------------------------------
+
+// torch.py's _check_mlp: x [T, H], w1 [G, 2F, H], w2 [G, H, F] of x's dtype, splits int64 [G],
+// probs [T] f32 (optional; needed by SCALED), b1 [G, 2F] and b2 [G, H] of x's dtype or f32 (b1
+// optional, b2 with ADD / SCALED only).
+void check_mlp(const char* op, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+               const at::Tensor& splits, const std::optional<at::Tensor>& probs, const std::optional<at::Tensor>& b1,
+               const std::optional<at::Tensor>& b2, int64_t b2_mode) {
+    check_group_inputs(op, x, "x", w1, splits, "w1");
+    const at::ScalarType x_type = x.scalar_type();
+    check(op, "w2", w2, x.device(), only(x_type), 3);
+    static const at::ScalarType kF32 = at::kFloat;
+    check(op, "probs", probs, x.device(), only(kF32), 1, true);
+    const at::ScalarType bias_types[] = {x_type, at::kFloat};
+    check(op, "b1", b1, x.device(), Dtypes{bias_types, 2}, 2, true);
+    check_bias_mode(op, "b2_mode", b2_mode, b2, "b2");
+    check(op, "b2", b2, x.device(), Dtypes{bias_types, 2}, 2, b2_mode == MOEX_BIAS_NONE);
+    TORCH_CHECK_VALUE(!(b2_mode == MOEX_BIAS_SCALED && !probs.has_value()), "moex.", op,
+                      ": b2_mode SCALED needs probs");
+}
+
+// y [T, H] (rows past sum(splits) zero), h [T, 2F] (kept for the backward), z [T, F] (0 rows
+// without save_z: the backward recomputes it from h).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward(
+        const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1, const at::Tensor& w2,
+        const std::optional<at::Tensor>& b2, const std::optional<at::Tensor>& probs, const at::Tensor& splits,
+        int64_t b2_mode, int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
+        bool save_z, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    const char* op = "grouped_mlp_forward";
+    check_mlp(op, x, w1, w2, splits, probs, b1, b2, b2_mode);
+    const int64_t T = x.size(0), H = x.size(1), F2 = w1.size(1);
+    at::Tensor y = at::empty({T, H}, x.options());
+    at::Tensor h = at::empty({T, F2}, x.options());
+    at::Tensor z = at::empty({save_z ? T : 0, F2 / 2}, x.options());
+    moex_grouped_mlp_args a{};
+    a.x = view(x);
+    a.w1 = weight(w1);
+    a.b1 = view(b1);
+    a.w2 = weight(w2);
+    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
+    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
+    a.probs = view(probs);
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.splits = view(splits);
+    a.h = view(h);
+    if (save_z) a.z = view(z);
+    a.y = view(y);
+    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    Call call(x.device());
+    call.run(moex_grouped_mlp_forward_workspace_size, moex_grouped_mlp_forward, a);
+    zero_tail(call, y, splits);
+    return {y, h, z};
+}
+
+// needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed (db1,
+// db2 in b1's, b2's dtype, f32 without; dprobs f32). h is consumed: dh is written over it
+// (MOEX_H_OVERWRITE) and its version counter moves, so that a second backward through the same
+// graph fails in autograd's check instead of reading dh as h.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> grouped_mlp_backward(
+        const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1, const at::Tensor& w2,
+        const std::optional<at::Tensor>& b2, const std::optional<at::Tensor>& probs, const at::Tensor& splits,
+        const at::Tensor& h, const at::Tensor& z, const at::Tensor& dy, int64_t b2_mode, int64_t glu_kind,
+        int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset, const c10::List<bool>& needs,
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    const char* op = "grouped_mlp_backward";
+    check_mlp(op, x, w1, w2, splits, probs, b1, b2, b2_mode);
+    const at::ScalarType x_type = x.scalar_type();
+    check(op, "dy", dy, x.device(), only(x_type), 2);
+    check(op, "h", h, x.device(), only(x_type), 2);
+    check(op, "z", z, x.device(), only(x_type), 2);
+    TORCH_CHECK_VALUE(needs.size() == 6, "moex.", op, ": needs has ", needs.size(),
+                      " entries, must have 6 (dx, dw1, dw2, db1, db2, dprobs)");
+    const int64_t T = x.size(0), H = x.size(1), G = w1.size(0), F2 = w1.size(1);
+    const auto out = [&](bool need, std::initializer_list<int64_t> shape, at::ScalarType type) {
+        std::vector<int64_t> s(shape);
+        if (!need) s[0] = 0;
+        return at::empty(s, x.options().dtype(type));
+    };
+    bool need[6];
+    for (int i = 0; i < 6; ++i) need[i] = needs.get(i);
+    at::Tensor dx = out(need[0], {T, H}, x_type);
+    at::Tensor dw1 = out(need[1], {G, F2, H}, w1.scalar_type());
+    at::Tensor dw2 = out(need[2], {G, H, F2 / 2}, w2.scalar_type());
+    at::Tensor db1 = out(need[3], {G, F2}, b1 ? b1->scalar_type() : at::kFloat);
+    at::Tensor db2 = out(need[4], {G, H}, b2 ? b2->scalar_type() : at::kFloat);
+    at::Tensor dprobs = need[5] ? at::zeros({T}, x.options().dtype(at::kFloat))   // moex adds to it
+                                 : at::empty({0}, x.options().dtype(at::kFloat));
+    moex_grouped_mlp_grad_args a{};
+    a.x = view(x);
+    a.w1 = weight(w1);
+    a.w2 = weight(w2);
+    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
+    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
+    a.probs = view(probs);
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.splits = view(splits);
+    a.h = view(h);
+    if (z.size(0) != 0) a.z = view(z);   // else recomputed from h
+    a.dy = view(dy);
+    a.dw_mode = MOEX_GRAD_WRITE;
+    if (need[0]) a.dx = view(dx);
+    if (need[1]) a.dw1 = weight(dw1);
+    if (need[2]) a.dw2 = weight(dw2);
+    if (need[3]) a.db1 = view(db1);
+    if (need[4]) a.db2 = view(db2);
+    if (need[5]) a.dprobs = view(dprobs);
+    a.h_mode = MOEX_H_OVERWRITE;
+    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    Call call(x.device());
+    call.run(moex_grouped_mlp_backward_workspace_size, moex_grouped_mlp_backward, a);
+    if (!h.is_inference()) h.unsafeGetTensorImpl()->bump_version();
+    zero_tail(call, dx, splits);   // dprobs: zeros, += on the groups' rows only
+    return {dx, dw1, dw2, db1, db2, dprobs};
+}
+
+// ---- MoE layer (docs/ops.md section 8) ----------------------------------------------------------
+
+// torch.py's _check_moe: x [T, H] (a float dtype), router_w [E, H], w1 [E, 2F, H], w2 [E, H, F] of
+// x's dtype, b1 [E, 2F] (optional) and b2 [E, H] (ADD / SCALED) of x's dtype or f32, 1 <= topk <= E.
+void check_moe(const char* op, const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1,
+               const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
+               int64_t topk, int64_t b2_mode) {
+    check(op, "x", x, x.device(), kFloats, 2);
+    const at::ScalarType x_type = x.scalar_type();
+    check(op, "router_w", router_w, x.device(), only(x_type), 2);
+    check(op, "w1", w1, x.device(), only(x_type), 3);
+    check(op, "w2", w2, x.device(), only(x_type), 3);
+    const at::ScalarType bias_types[] = {x_type, at::kFloat};
+    check(op, "b1", b1, x.device(), Dtypes{bias_types, 2}, 2, true);
+    check_bias_mode(op, "b2_mode", b2_mode, b2, "b2");
+    check(op, "b2", b2, x.device(), Dtypes{bias_types, 2}, 2, b2_mode == MOEX_BIAS_NONE);
+    TORCH_CHECK_VALUE(topk >= 1 && topk <= w1.size(0), "moex.", op, ": topk = ", topk, ", must be 1..", w1.size(0),
+                      " (the experts)");
+}
+
+// The forward's arguments (saved and y left absent).
+moex_moe_layer_args moe_args(const char* op, const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1,
+                             const std::optional<at::Tensor>& b1, const at::Tensor& w2,
+                             const std::optional<at::Tensor>& b2, int64_t topk, int64_t score, int64_t norm,
+                             int64_t b2_mode, int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha,
+                             double glu_offset, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                             double fp8_amax_epsilon) {
+    moex_moe_layer_args a{};
+    a.x = view(x);
+    a.router_w = view(router_w);
+    a.topk = int_arg(op, "topk", topk);
+    a.score = static_cast<moex_router_score>(int_arg(op, "score", score));
+    a.norm = static_cast<moex_router_norm>(int_arg(op, "norm", norm));
+    a.w1 = weight(w1);
+    a.b1 = view(b1);
+    a.w2 = weight(w2);
+    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
+    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    return a;
+}
+
+// (y [T, H], saved: uint8 [moex_moe_layer_saved_size], what the backward needs).
+std::tuple<at::Tensor, at::Tensor> moe_layer_forward(
+        const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
+        const at::Tensor& w2, const std::optional<at::Tensor>& b2, int64_t topk, int64_t score, int64_t norm,
+        int64_t b2_mode, int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    const char* op = "moe_layer_forward";
+    check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode);
+    moex_moe_layer_args a = moe_args(op, x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout,
+                                     glu_limit, glu_alpha, glu_offset, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                                     fp8_amax_epsilon);
+    at::Tensor y = at::empty(x.sizes(), x.options());
+    a.y = view(y);
+    Call call(x.device());
+    size_t saved_bytes = 0;
+    call.check_status(moex_moe_layer_saved_size(call.context(), &a, &saved_bytes));
+    at::Tensor saved = at::empty({static_cast<int64_t>(saved_bytes)}, x.options().dtype(at::kByte));
+    a.saved = saved_bytes ? saved.data_ptr() : nullptr;
+    a.saved_bytes = saved_bytes;
+    call.run(moex_moe_layer_forward_workspace_size, moex_moe_layer_forward, a);
+    return {y, saved};
+}
+
+// needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed
+// (db1, db2 in b1's, b2's dtype, f32 without).
+std::vector<at::Tensor> moe_layer_backward(
+        const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
+        const at::Tensor& w2, const std::optional<at::Tensor>& b2, const at::Tensor& saved, const at::Tensor& dy,
+        int64_t topk, int64_t score, int64_t norm, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
+        double glu_limit, double glu_alpha, double glu_offset, const c10::List<bool>& needs, int64_t fp8_mode,
+        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    const char* op = "moe_layer_backward";
+    check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode);
+    const at::ScalarType x_type = x.scalar_type();
+    check(op, "dy", dy, x.device(), only(x_type), 2);
+    static const at::ScalarType kByte = at::kByte;
+    check(op, "saved", saved, x.device(), only(kByte), 1);
+    TORCH_CHECK_VALUE(needs.size() == 6, "moex.", op, ": needs has ", needs.size(), " entries, must have 6");
+    bool need[6];
+    for (int i = 0; i < 6; ++i) need[i] = needs.get(i);
+    const int64_t T = x.size(0), H = x.size(1), E = w1.size(0), F2 = w1.size(1);
+    const auto out = [&](bool n, std::initializer_list<int64_t> shape, at::ScalarType type) {
+        std::vector<int64_t> s(shape);
+        if (!n) s[0] = 0;
+        return at::empty(s, x.options().dtype(type));
+    };
+    std::vector<at::Tensor> outs = {out(need[0], {T, H}, x_type), out(need[1], {E, H}, router_w.scalar_type()),
+                                    out(need[2], {E, F2, H}, w1.scalar_type()),
+                                    out(need[3], {E, H, F2 / 2}, w2.scalar_type()),
+                                    out(need[4], {E, F2}, b1 ? b1->scalar_type() : at::kFloat),
+                                    out(need[5], {E, H}, b2 ? b2->scalar_type() : at::kFloat)};
+    moex_moe_layer_grad_args a{};
+    a.fwd = moe_args(op, x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit,
+                     glu_alpha, glu_offset, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    a.fwd.saved = saved.numel() ? saved.data_ptr() : nullptr;
+    a.fwd.saved_bytes = static_cast<size_t>(saved.numel());
+    a.dy = view(dy);
+    a.dw_mode = MOEX_GRAD_WRITE;
+    if (need[0]) a.dx = view(outs[0]);
+    if (need[1]) a.drouter_w = view(outs[1]);
+    if (need[2]) a.dw1 = weight(outs[2]);
+    if (need[3]) a.dw2 = weight(outs[3]);
+    if (need[4]) a.db1 = view(outs[4]);
+    if (need[5]) a.db2 = view(outs[5]);
+    run(x.device(), moex_moe_layer_backward_workspace_size, moex_moe_layer_backward, a);
+    return outs;
+}
+
 // The same kernels for both keys: the tensors' device picks moex's backend (a CUDA tensor with
 // a libmoex built without CUDA fails in moex_context_create, as MoexError).
 void register_kernels(torch::Library& m) {
@@ -144,6 +371,10 @@ void register_kernels(torch::Library& m) {
     m.impl("grouped_linear_backward_data", TORCH_FN(grouped_linear_backward_data));
     m.impl("grouped_linear_backward_weight", TORCH_FN(grouped_linear_backward_weight));
     m.impl("grouped_linear_backward_weight_accumulate", TORCH_FN(grouped_linear_backward_weight_accumulate));
+    m.impl("grouped_mlp_forward", TORCH_FN(grouped_mlp_forward));
+    m.impl("grouped_mlp_backward", TORCH_FN(grouped_mlp_backward));
+    m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward));
+    m.impl("moe_layer_backward", TORCH_FN(moe_layer_backward));
 }
 
 }  // namespace

@@ -60,6 +60,9 @@ moex_fp8_recipe fp8_recipe(const char* op, int64_t mode, int64_t dtypes, bool po
 // An operator's integer argument that the C API takes as an int: ValueError past int32.
 int32_t int_arg(const char* op, const char* name, int64_t value);
 
+// The GLU's parameters of an operator's glu_* arguments (the C library checks their values).
+moex_glu_params glu_params(const char* op, int64_t kind, int64_t layout, double limit, double alpha, double offset);
+
 // ---- argument checks (ValueError naming the argument, as moex/torch.py's _check) ------------
 
 // The dtypes an argument may have (a short list).
@@ -82,6 +85,10 @@ void check(const char* op, const char* name, const std::optional<at::Tensor>& t,
 // splits int64 [G].
 void check_group_inputs(const char* op, const at::Tensor& rows, const char* rows_name, const at::Tensor& w,
                         const at::Tensor& splits, const char* w_name);
+// torch.py's _check_bias_mode: `mode` (named `name`) is NONE, ADD or SCALED, and the bias
+// (named `bias_name`) is absent with NONE.
+void check_bias_mode(const char* op, const char* name, int64_t mode, const std::optional<at::Tensor>& bias,
+                     const char* bias_name);
 // torch.py's _check_bias: a known bias_mode; bias [G, N] (rows' dtype or f32) with ADD and
 // SCALED, probs [T] f32 with SCALED, and neither where the mode would ignore it.
 void check_bias(const char* op, int64_t bias_mode, const std::optional<at::Tensor>& bias,

@@ -82,6 +82,16 @@ int32_t int_arg(const char* op, const char* name, int64_t value) {
     return static_cast<int32_t>(value);
 }
 
+moex_glu_params glu_params(const char* op, int64_t kind, int64_t layout, double limit, double alpha, double offset) {
+    moex_glu_params g{};
+    g.kind = static_cast<moex_glu_kind>(int_arg(op, "glu_kind", kind));
+    g.layout = static_cast<moex_glu_layout>(int_arg(op, "glu_layout", layout));
+    g.limit = static_cast<float>(limit);
+    g.alpha = static_cast<float>(alpha);
+    g.offset = static_cast<float>(offset);
+    return g;
+}
+
 // ---- argument checks -------------------------------------------------------------------------
 
 static const at::ScalarType kFloatTypes[] = {at::kFloat, at::kBFloat16, at::kHalf};
@@ -140,13 +150,18 @@ static const char* bias_mode_name(int64_t mode) {
     return mode == MOEX_BIAS_NONE ? "NONE" : mode == MOEX_BIAS_ADD ? "ADD" : "SCALED";
 }
 
+void check_bias_mode(const char* op, const char* name, int64_t mode, const std::optional<at::Tensor>& bias,
+                     const char* bias_name) {
+    TORCH_CHECK_VALUE(mode == MOEX_BIAS_NONE || mode == MOEX_BIAS_ADD || mode == MOEX_BIAS_SCALED, "moex.", op,
+                      ": unknown ", name, " ", mode);
+    // a bias that the mode would ignore is refused (docs/conventions.md)
+    TORCH_CHECK_VALUE(!(mode == MOEX_BIAS_NONE && bias.has_value()), "moex.", op, ": ", bias_name,
+                      " is given but ", name, " is NONE (pass None, or ADD / SCALED)");
+}
+
 void check_bias(const char* op, int64_t bias_mode, const std::optional<at::Tensor>& bias,
                 const std::optional<at::Tensor>& probs, const at::Tensor& rows) {
-    TORCH_CHECK_VALUE(bias_mode == MOEX_BIAS_NONE || bias_mode == MOEX_BIAS_ADD || bias_mode == MOEX_BIAS_SCALED,
-                      "moex.", op, ": unknown bias_mode ", bias_mode);
-    // a bias or probs that the mode would ignore is refused (docs/conventions.md)
-    TORCH_CHECK_VALUE(!(bias_mode == MOEX_BIAS_NONE && bias.has_value()), "moex.", op,
-                      ": bias is given but bias_mode is NONE (pass None, or ADD / SCALED)");
+    check_bias_mode(op, "bias_mode", bias_mode, bias, "bias");
     TORCH_CHECK_VALUE(!(bias_mode != MOEX_BIAS_SCALED && probs.has_value()), "moex.", op,
                       ": probs is given but bias_mode is ", bias_mode_name(bias_mode),
                       " (probs scales the bias: SCALED only)");

@@ -4,6 +4,7 @@
 // in kernels.cpp, the autograd in autograd.cpp, the fake kernels in moex/torch.py.
 #include <torch/library.h>
 
+#define MOEX_GLU_ARGS "SymInt glu_kind, SymInt glu_layout, float glu_limit, float glu_alpha, float glu_offset"
 #define MOEX_FP8_ARGS "SymInt fp8_mode=0, SymInt fp8_dtypes=0, bool fp8_pow2_scales=False, float fp8_amax_epsilon=0."
 
 TORCH_LIBRARY(moex, m) {
@@ -17,4 +18,16 @@ TORCH_LIBRARY(moex, m) {
           ") -> Tensor");
     m.def("grouped_linear_backward_weight_accumulate(Tensor x, Tensor dy, Tensor splits, Tensor(a3!) main_grad, "
           MOEX_FP8_ARGS ") -> ()");
+    // ---- grouped MLP (docs/ops.md section 4)
+    m.def("grouped_mlp_forward(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? probs, Tensor splits, "
+          "SymInt b2_mode, " MOEX_GLU_ARGS ", bool save_z, " MOEX_FP8_ARGS ") -> (Tensor, Tensor, Tensor)");
+    m.def("grouped_mlp_backward(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? probs, Tensor splits, "
+          "Tensor(a7!) h, Tensor z, Tensor dy, SymInt b2_mode, " MOEX_GLU_ARGS ", bool[] needs, " MOEX_FP8_ARGS
+          ") -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+    // ---- MoE layer (docs/ops.md section 8)
+    m.def("moe_layer_forward(Tensor x, Tensor router_w, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, SymInt topk, "
+          "SymInt score, SymInt norm, SymInt b2_mode, " MOEX_GLU_ARGS ", " MOEX_FP8_ARGS ") -> (Tensor, Tensor)");
+    m.def("moe_layer_backward(Tensor x, Tensor router_w, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor saved, "
+          "Tensor dy, SymInt topk, SymInt score, SymInt norm, SymInt b2_mode, " MOEX_GLU_ARGS ", bool[] needs, "
+          MOEX_FP8_ARGS ") -> Tensor[]");
 }

@@ -22,7 +22,15 @@ import moex.torch as mt  # noqa: E402
 # The operators each migration step moved to C++ (python/csrc).
 GROUPED_LINEAR_OPS = ["grouped_linear_forward", "grouped_linear_backward_data", "grouped_linear_backward_weight",
                       "grouped_linear_backward_weight_accumulate"]
-CPP_OPS = GROUPED_LINEAR_OPS
+GROUPED_MLP_OPS = ["grouped_mlp_forward", "grouped_mlp_backward"]
+MOE_OPS = ["moe_layer_forward", "moe_layer_backward"]
+CPP_OPS = GROUPED_LINEAR_OPS + GROUPED_MLP_OPS + MOE_OPS
+# moex.torch's operator object of each
+OPERATORS = {"grouped_linear_forward": "_forward", "grouped_linear_backward_data": "_backward_data",
+             "grouped_linear_backward_weight": "_backward_weight",
+             "grouped_linear_backward_weight_accumulate": "_backward_weight_accumulate",
+             "grouped_mlp_forward": "_mlp_forward", "grouped_mlp_backward": "_mlp_backward",
+             "moe_layer_forward": "_moe_forward", "moe_layer_backward": "_moe_backward"}
 
 _INSTALLED = os.path.isdir(os.path.join(os.path.dirname(moex.__file__), "lib"))
 if ext.PATH is None and (not _INSTALLED or os.environ.get("MOEX_TORCH_EXTENSION") == "0"):
@@ -33,18 +41,15 @@ def test_extension_is_loaded_and_defines_the_operators():
     assert ext.PATH is not None, f"the installed package has no working PyTorch extension: {ext.LOAD_ERROR}"
     assert set(CPP_OPS) <= ext.OPS
     for name in CPP_OPS:
-        assert isinstance(getattr(mt, {"grouped_linear_forward": "_forward",
-                                       "grouped_linear_backward_data": "_backward_data",
-                                       "grouped_linear_backward_weight": "_backward_weight",
-                                       "grouped_linear_backward_weight_accumulate": "_backward_weight_accumulate"}
-                               [name]), mt._CppOperator)
+        assert isinstance(getattr(mt, OPERATORS[name]), mt._CppOperator), name
         # the dispatcher's registrations: schema, CPU and CUDA kernels from python/csrc
         dump = torch._C._dispatch_dump(f"moex::{name}")
         for key, source in (("debug", "schemas.cpp"), ("CPU", "kernels.cpp"), ("CUDA", "kernels.cpp")):
             line = next(ln for ln in dump.splitlines() if ln.startswith(key + ":"))
             assert source in line, f"moex::{name} {key}: {line}"
-    dump = torch._C._dispatch_dump("moex::grouped_linear_forward")
-    assert "autograd.cpp" in next(ln for ln in dump.splitlines() if ln.startswith("Autograd"))
+    for name in ("grouped_linear_forward", "grouped_mlp_forward", "moe_layer_forward"):
+        dump = torch._C._dispatch_dump(f"moex::{name}")
+        assert "autograd.cpp" in next(ln for ln in dump.splitlines() if ln.startswith("Autograd")), name
 
 
 def inputs(T=13, K=24, N=16, splits=(3, 0, 7, 2), dtype=torch.float32, seed=0):
@@ -166,3 +171,138 @@ def test_threads_share_the_context():
     assert not errors
     for i, ys in enumerate(got):
         assert len(ys) == 50 and all(torch.equal(y, want[i]) for y in ys)
+
+
+# ---- grouped MLP ---------------------------------------------------------------------------------
+
+def mlp_inputs(T=11, H=16, F=8, splits=(3, 0, 5, 2), dtype=torch.float32, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    G = len(splits)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    w1 = (0.3 * torch.randn(G, 2 * F, H, generator=g)).to(dtype)
+    w2 = (0.3 * torch.randn(G, H, F, generator=g)).to(dtype)
+    b1 = torch.randn(G, 2 * F, generator=g).to(dtype)
+    b2 = torch.randn(G, H, generator=g).to(dtype)
+    p = torch.rand(T, generator=g)
+    return x, w1, b1, w2, b2, p, torch.tensor(splits)
+
+
+GLU = (1, 0, 7.0, 1.702, 1.0)   # clamped SwiGLU, contiguous halves
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b2_mode", [0, 1, 2])
+@pytest.mark.parametrize("save_z", [False, True])
+def test_mlp_operators_match_the_python_implementation_bitwise(dtype, b2_mode, save_z):
+    x, w1, b1, w2, b2, p, splits = mlp_inputs(dtype=dtype)
+    args = (x, w1, b1, w2, b2 if b2_mode else None, p, splits, b2_mode, *GLU, save_z)
+    n = int(splits.sum())
+    outs, want = mt._mlp_forward(*args), mt._mlp_forward.impl(*args)
+    assert torch.equal(outs[0], want[0])   # y, its tail rows zero
+    for got, ref in zip(outs[1:], want[1:]):   # h, z: for the backward, rows past the groups unwritten
+        assert got.shape == ref.shape and torch.equal(got[:n], ref[:n])
+    y, h, z = outs
+    dy = torch.randn_like(y)
+    for needs in ([True, True, True, True, b2_mode != 0, True], [True, False, True, False, b2_mode != 0, False],
+                  [False, True, False, True, False, True]):
+        bargs = (x, w1, b1, w2, b2 if b2_mode else None, p, splits)
+        h_cpp, h_py = h.clone(), h.clone()
+        got = mt._mlp_backward(*bargs, h_cpp, z, dy, b2_mode, *GLU, needs)
+        ref = mt._mlp_backward.impl(*bargs, h_py, z, dy, b2_mode, *GLU, needs)
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), (needs, i)
+        assert torch.equal(h_cpp[:n], h_py[:n])   # dh written over h alike
+    with pytest.raises(ValueError, match="moex.grouped_mlp_backward: needs has 5 entries, must have 6"):
+        mt._mlp_backward(x, w1, b1, w2, None, p, splits, h.clone(), z, dy, 0, *GLU, [True] * 5)
+    with pytest.raises(ValueError, match="moex.grouped_mlp_forward: b2_mode SCALED needs probs"):
+        mt._mlp_forward(x, w1, b1, w2, b2, None, splits, 2, *GLU, save_z)
+    with pytest.raises(ValueError, match="moex.grouped_mlp_forward: b2 is given but b2_mode is NONE"):
+        mt._mlp_forward(x, w1, b1, w2, b2, p, splits, 0, *GLU, save_z)
+    with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS"):
+        mt._mlp_forward(x, w1, b1, w2, None, p, torch.tensor([3, 0, 5, 9]), 0, *GLU, save_z)
+
+
+def test_mlp_autograd_computes_only_what_is_asked():
+    x, w1, b1, w2, b2, p, splits = mlp_inputs()
+    leaves = {k: t.clone().requires_grad_() for k, t in zip(("x", "w1", "b1", "w2", "b2", "probs"),
+                                                              (x, w1, b1, w2, b2, p))}
+    dy = torch.randn(11, 16)
+    y, h, z = mt._mlp_forward.impl(x, w1, b1, w2, b2, p, splits, 2, *GLU, False)
+    ref = mt._mlp_backward.impl(x, w1, b1, w2, b2, p, splits, h, z, dy, 2, *GLU, [True] * 6)
+    want = dict(zip(("x", "w1", "w2", "b1", "b2", "probs"), ref))
+    for names in [list(leaves), ["x"], ["w1", "b2"], ["probs"]]:
+        out = mt.grouped_mlp(leaves["x"], leaves["w1"], leaves["w2"], splits, leaves["b1"], leaves["b2"],
+                             leaves["probs"], scale_b2=True, glu="clamped_swiglu")
+        grads = torch.autograd.grad(out, [leaves[k] for k in names], dy)
+        for k, g in zip(names, grads):
+            assert torch.equal(g, want[k]), (names, k)
+
+
+def test_mlp_backward_consumes_h_and_refuses_double_backward():
+    x, w1, _, w2, _, p, splits = mlp_inputs()
+    x.requires_grad_()
+    y = mt.grouped_mlp(x, w1, w2, splits, probs=p)
+    y.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):   # h holds dh now
+        y.sum().backward()
+    (gx,) = torch.autograd.grad(mt.grouped_mlp(x, w1, w2, splits, probs=p).sum(), [x], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gx.sum().backward()
+
+
+# ---- MoE layer -----------------------------------------------------------------------------------
+
+def moe_inputs(T=10, H=16, F=8, E=4, dtype=torch.float32, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).to(dtype)
+    rw = torch.randn(E, H, generator=g).to(dtype)
+    w1 = (0.3 * torch.randn(E, 2 * F, H, generator=g)).to(dtype)
+    w2 = (0.3 * torch.randn(E, H, F, generator=g)).to(dtype)
+    b1 = torch.randn(E, 2 * F, generator=g).to(dtype)
+    b2 = torch.randn(E, H, generator=g).to(dtype)
+    return x, rw, w1, b1, w2, b2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b2_mode", [0, 1, 2])
+def test_moe_operators_match_the_python_implementation_bitwise(dtype, b2_mode):
+    x, rw, w1, b1, w2, b2 = moe_inputs(dtype=dtype)
+    options = (2, 1, 1, b2_mode, *GLU)   # topk 2, sigmoid scores renormalised
+    args = (x, rw, w1, b1, w2, b2 if b2_mode else None, *options)
+    (y, saved), (y_py, saved_py) = mt._moe_forward(*args), mt._moe_forward.impl(*args)
+    assert saved.dtype == torch.uint8 and saved.shape == saved_py.shape
+    assert torch.equal(y, y_py)
+    dy = torch.randn_like(y)
+    for needs in ([True, True, True, True, True, b2_mode != 0], [True, False, False, True, False, False],
+                  [False, True, True, False, True, False]):
+        got = mt._moe_backward(x, rw, w1, b1, w2, b2 if b2_mode else None, saved, dy, *options, needs)
+        ref = mt._moe_backward.impl(x, rw, w1, b1, w2, b2 if b2_mode else None, saved_py, dy, *options, needs)
+        for i, (a, b) in enumerate(zip(got, ref)):
+            assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), (needs, i)
+    with pytest.raises(ValueError, match=r"moex.moe_layer_forward: topk = 5, must be 1..4 \(the experts\)"):
+        mt._moe_forward(x, rw, w1, b1, w2, None, 5, 1, 1, 0, *GLU)
+    with pytest.raises(ValueError, match="moex.moe_layer_backward: saved is torch.float32"):
+        mt._moe_backward(x, rw, w1, b1, w2, None, saved.float(), dy, 2, 1, 1, 0, *GLU, [True] * 6)
+    with pytest.raises(moex.MoexError, match="MOEX_ERR_INVALID_ARG"):   # the C library checks the score code
+        mt._moe_forward(x, rw, w1, b1, w2, None, 2, 7, 1, 0, *GLU)
+
+
+def test_moe_layer_autograd_computes_only_what_is_asked():
+    x, rw, w1, b1, w2, b2 = moe_inputs()
+    options = (2, 0, 1, 2, *GLU)
+    _, saved = mt._moe_forward.impl(x, rw, w1, b1, w2, b2, *options)
+    dy = torch.randn(10, 16)
+    ref = mt._moe_backward.impl(x, rw, w1, b1, w2, b2, saved, dy, *options, [True] * 6)
+    want = dict(zip(("x", "router_w", "w1", "w2", "b1", "b2"), ref))
+    leaves = {k: t.clone().requires_grad_() for k, t in zip(("x", "router_w", "w1", "b1", "w2", "b2"),
+                                                              (x, rw, w1, b1, w2, b2))}
+    for names in [list(leaves), ["x"], ["router_w", "b2"], ["w1", "w2"]]:
+        y, saved_out = mt._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
+        assert not saved_out.requires_grad
+        grads = torch.autograd.grad(y, [leaves[k] for k in names], dy)
+        for k, g in zip(names, grads):
+            assert torch.equal(g, want[k]), (names, k)
+    y, _ = mt._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
+    (gx,) = torch.autograd.grad(y.sum(), [leaves["x"]], create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        gx.sum().backward()
