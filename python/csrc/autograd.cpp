@@ -143,6 +143,95 @@ at::Tensor grouped_linear_forward_autograd(const at::Tensor& x, const at::Tensor
                                         fp8_amax_epsilon);
 }
 
+// ---- grouped linear on separate weights --------------------------------------------------------
+
+using DiscreteForwardSig = at::Tensor(const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&,
+                                      const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t, bool, double);
+using DiscreteDataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+        const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
+        int64_t, bool, bool, bool, int64_t, int64_t, bool, double);
+
+// y = grouped_linear_discrete_forward(x, weights, ptrs, splits, bias, probs, bias_mode, fp8...);
+// differentiable in x, each weight (its slice of one [G, N, K] dW), bias and probs.
+struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedLinearDiscreteFunction> {
+    static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
+                              const at::Tensor& splits, const OptTensor& bias, const OptTensor& probs,
+                              int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                              double fp8_amax_epsilon) {
+        static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        at::Tensor y = op.call(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                               fp8_amax_epsilon);
+        variable_list saved = {x, ptrs, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())};
+        saved.insert(saved.end(), weights.begin(), weights.end());
+        ctx->save_for_backward(saved);
+        Edges e;
+        auto& d = ctx->saved_data;
+        d["edge_x"] = e.add(x);
+        d["edge_w0"] = e.next;   // the weights' edges: edge_w0 .. edge_w0 + G - 1
+        for (const at::Tensor& w : weights) e.add(w);
+        e.add(ptrs);
+        e.add(splits);
+        d["edge_bias"] = e.add(bias);
+        d["edge_probs"] = e.add(probs);
+        d["bias_mode"] = bias_mode;
+        d["fp8_mode"] = fp8_mode;
+        d["fp8_dtypes"] = fp8_dtypes;
+        d["fp8_pow2_scales"] = fp8_pow2_scales;
+        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        return y;
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto data_op = op_handle<DiscreteDataSig>("moex::grouped_linear_discrete_backward_data");
+        static const auto weight_op = op_handle<WeightSig>("moex::grouped_linear_backward_weight");
+        const variable_list saved = ctx->get_saved_variables();
+        const at::Tensor &x = saved[0], &ptrs = saved[1], &splits = saved[2];
+        const OptTensor bias = optional(saved[3]), probs = optional(saved[4]);
+        const std::vector<at::Tensor> weights(saved.begin() + 5, saved.end());
+        const int64_t G = static_cast<int64_t>(weights.size());
+        auto& d = ctx->saved_data;
+        const int64_t bias_mode = d["bias_mode"].toInt();
+        const int64_t fp8_mode = d["fp8_mode"].toInt(), fp8_dtypes = d["fp8_dtypes"].toInt();
+        const bool fp8_pow2 = d["fp8_pow2_scales"].toBool();
+        const double fp8_eps = d["fp8_amax_epsilon"].toDouble();
+        const bool need_x = needs_grad(ctx, d["edge_x"].toInt());
+        bool need_w = false;
+        for (int64_t g = 0; g < G; ++g) need_w = need_w || needs_grad(ctx, d["edge_w0"].toInt() + g);
+        const bool need_dbias = needs_grad(ctx, d["edge_bias"].toInt()) && bias_mode != MOEX_BIAS_NONE;
+        const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt()) && bias_mode == MOEX_BIAS_SCALED;
+        const at::Tensor dy = grads[0].contiguous();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+
+        // one per forward argument: x, weights[0..G), ptrs, splits, bias, probs, then non-tensors
+        variable_list out(G + 10);
+        if (need_x || need_dbias || need_dprobs) {
+            auto [dx, dbias, dprobs] = data_op.call(dy, weights, ptrs, splits, bias, probs, bias_mode, need_x,
+                                                    need_dbias, need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2, fp8_eps);
+            if (need_x) out[0] = dx;
+            if (need_dbias) out[G + 3] = dbias;
+            if (need_dprobs) out[G + 4] = dprobs;
+        }
+        if (need_w) {
+            const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), fp8_mode,
+                                                 fp8_dtypes, fp8_pow2, fp8_eps);
+            for (int64_t g = 0; g < G; ++g) out[1 + g] = dw[g];
+        }
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+at::Tensor grouped_linear_discrete_forward_autograd(const at::Tensor& x, at::TensorList weights,
+                                                    const at::Tensor& ptrs, const at::Tensor& splits,
+                                                    const OptTensor& bias, const OptTensor& probs, int64_t bias_mode,
+                                                    int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                                                    double fp8_amax_epsilon) {
+    return GroupedLinearDiscreteFunction::apply(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
+                                                fp8_pow2_scales, fp8_amax_epsilon);
+}
+
 // ---- grouped MLP -----------------------------------------------------------------------------
 
 using MlpForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
@@ -331,6 +420,7 @@ std::tuple<at::Tensor, at::Tensor> moe_layer_forward_autograd(
 TORCH_LIBRARY_IMPL(moex, Autograd, m) {
     m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward_autograd));
     m.impl("grouped_linear_forward", TORCH_FN(grouped_linear_forward_autograd));
+    m.impl("grouped_linear_discrete_forward", TORCH_FN(grouped_linear_discrete_forward_autograd));
     m.impl("grouped_mlp_forward", TORCH_FN(grouped_mlp_forward_autograd));
 }
 

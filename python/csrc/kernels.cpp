@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -136,6 +137,104 @@ void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Te
     run(x.device(), moex_grouped_linear_backward_weight_workspace_size, moex_grouped_linear_backward_weight,
         wgrad_args(op, x, dy, splits, MOEX_GRAD_ACCUMULATE, main_grad, fp8_mode, fp8_dtypes, fp8_pow2_scales,
                    fp8_amax_epsilon));
+}
+
+// ---- grouped linear on separate weights (GroupedLinear's weight0..: moex's discrete weights) ----
+
+// The moex_weight of G separate [N, K] weights through `ptrs`, an int64 [G] tensor on their device
+// holding weights[g].data_ptr() (the caller builds it once and keeps it: moex/torch.py's
+// _WeightPointers). Checks that the weights are G contiguous tensors of rows' dtype, one shape,
+// on rows' device (ValueError naming weights[g]); on the CPU also that ptrs holds their addresses
+// (on CUDA reading ptrs would cost a synchronisation).
+moex_weight discrete_weight(const char* op, const at::Tensor& rows, const at::TensorList& weights,
+                            const at::Tensor& ptrs, const at::Tensor& splits) {
+    TORCH_CHECK_VALUE(!weights.empty(), "moex.", op, ": weights is empty");
+    const at::ScalarType rows_type = rows.scalar_type();
+    const at::Tensor& w0 = weights[0];
+    for (size_t g = 0; g < weights.size(); ++g) {
+        const std::string name = "weights[" + std::to_string(g) + "]";
+        check(op, name.c_str(), weights[g], rows.device(), only(rows_type), 2);
+        TORCH_CHECK_VALUE(weights[g].sizes() == w0.sizes(), "moex.", op, ": ", name, " is ", weights[g].sizes(),
+                          ", weights[0] ", w0.sizes(), " (the weights must have one shape)");
+    }
+    const int64_t G = static_cast<int64_t>(weights.size());
+    static const at::ScalarType kLong = at::kLong;
+    check(op, "ptrs", ptrs, rows.device(), only(kLong), 1);
+    check(op, "splits", splits, rows.device(), only(kLong), 1);
+    TORCH_CHECK_VALUE(ptrs.size(0) == G && splits.size(0) == G, "moex.", op, ": ", G, " weights, ptrs has ",
+                      ptrs.size(0), " entries and splits ", splits.size(0), " groups");
+    if (ptrs.is_cpu()) {
+        const int64_t* p = ptrs.data_ptr<int64_t>();
+        for (int64_t g = 0; g < G; ++g)
+            TORCH_CHECK_VALUE(p[g] == reinterpret_cast<int64_t>(weights[g].data_ptr()), "moex.", op, ": ptrs[", g,
+                              "] is not weights[", g, "].data_ptr()");
+    }
+    moex_weight w{};
+    w.t.data = nullptr;
+    w.t.dtype = dtype_code(rows_type);
+    w.t.ndim = 3;
+    w.t.shape[0] = G;
+    w.t.shape[1] = w0.size(0);
+    w.t.shape[2] = w0.size(1);
+    w.ptrs = reinterpret_cast<void* const*>(ptrs.data_ptr());
+    return w;
+}
+
+// y [T, N] = grouped_linear_forward with the weights `weights` (ptrs: discrete_weight).
+at::Tensor grouped_linear_discrete_forward(const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
+                                           const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                                           const std::optional<at::Tensor>& probs, int64_t bias_mode,
+                                           int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                                           double fp8_amax_epsilon) {
+    const char* op = "grouped_linear_discrete_forward";
+    check(op, "x", x, x.device(), kFloats, 2);
+    moex_grouped_linear_args a{};
+    a.w = discrete_weight(op, x, weights, ptrs, splits);
+    check_bias(op, bias_mode, bias, probs, x);
+    at::Tensor y = at::empty({x.size(0), a.w.t.shape[1]}, x.options());
+    a.x = view(x);
+    a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
+    if (bias_mode != MOEX_BIAS_NONE) a.bias = view(bias);
+    if (bias_mode == MOEX_BIAS_SCALED) a.probs = view(probs);
+    a.splits = view(splits);
+    a.y = view(y);
+    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    Call call(x.device());
+    call.run(moex_grouped_linear_forward_workspace_size, moex_grouped_linear_forward, a);
+    zero_tail(call, y, splits);
+    return y;
+}
+
+// (dx, dbias, dprobs) = grouped_linear_backward_data with the weights `weights`.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_discrete_backward_data(
+        const at::Tensor& dy, at::TensorList weights, const at::Tensor& ptrs, const at::Tensor& splits,
+        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs, int64_t bias_mode,
+        bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+        double fp8_amax_epsilon) {
+    const char* op = "grouped_linear_discrete_backward_data";
+    check(op, "dy", dy, dy.device(), kFloats, 2);
+    moex_grouped_linear_dgrad_args a{};
+    a.w = discrete_weight(op, dy, weights, ptrs, splits);
+    check_bias(op, bias_mode, bias, probs, dy);
+    const int64_t T = dy.size(0), G = a.w.t.shape[0], N = a.w.t.shape[1], K = a.w.t.shape[2];
+    at::Tensor dx = at::empty({need_dx ? T : 0, K}, dy.options());
+    at::Tensor dbias = at::empty({need_dbias ? G : 0, N}, dy.options().dtype(bias ? bias->scalar_type() : at::kFloat));
+    at::Tensor dprobs = need_dprobs ? at::zeros({T}, dy.options().dtype(at::kFloat))
+                                    : at::empty({0}, dy.options().dtype(at::kFloat));
+    const bool scaled = bias_mode == MOEX_BIAS_SCALED;
+    a.dy = view(dy);
+    a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
+    if (scaled && need_dprobs) a.bias = view(bias);
+    if (scaled) a.probs = view(probs);
+    a.splits = view(splits);
+    if (need_dx) a.dx = view(dx);
+    if (need_dbias) a.dbias = view(dbias);
+    if (need_dprobs) a.dprobs = view(dprobs);
+    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    Call call(dy.device());
+    call.run(moex_grouped_linear_backward_data_workspace_size, moex_grouped_linear_backward_data, a);
+    zero_tail(call, dx, splits);
+    return {dx, dbias, dprobs};
 }
 
 // ---- grouped MLP (docs/ops.md section 4) ------------------------------------------------------
@@ -371,6 +470,8 @@ void register_kernels(torch::Library& m) {
     m.impl("grouped_linear_backward_data", TORCH_FN(grouped_linear_backward_data));
     m.impl("grouped_linear_backward_weight", TORCH_FN(grouped_linear_backward_weight));
     m.impl("grouped_linear_backward_weight_accumulate", TORCH_FN(grouped_linear_backward_weight_accumulate));
+    m.impl("grouped_linear_discrete_forward", TORCH_FN(grouped_linear_discrete_forward));
+    m.impl("grouped_linear_discrete_backward_data", TORCH_FN(grouped_linear_discrete_backward_data));
     m.impl("grouped_mlp_forward", TORCH_FN(grouped_mlp_forward));
     m.impl("grouped_mlp_backward", TORCH_FN(grouped_mlp_backward));
     m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward));

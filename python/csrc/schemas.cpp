@@ -18,6 +18,13 @@ TORCH_LIBRARY(moex, m) {
           ") -> Tensor");
     m.def("grouped_linear_backward_weight_accumulate(Tensor x, Tensor dy, Tensor splits, Tensor(a3!) main_grad, "
           MOEX_FP8_ARGS ") -> ()");
+    // ---- grouped linear on G separate [N, K] weights (GroupedLinear's weight0..), through ptrs, an
+    // int64 [G] tensor of their addresses on their device (moex's discrete weights); C++ only
+    m.def("grouped_linear_discrete_forward(Tensor x, Tensor[] weights, Tensor ptrs, Tensor splits, Tensor? bias, "
+          "Tensor? probs, SymInt bias_mode, " MOEX_FP8_ARGS ") -> Tensor");
+    m.def("grouped_linear_discrete_backward_data(Tensor dy, Tensor[] weights, Tensor ptrs, Tensor splits, "
+          "Tensor? bias, Tensor? probs, SymInt bias_mode, bool need_dx, bool need_dbias, bool need_dprobs, "
+          MOEX_FP8_ARGS ") -> (Tensor, Tensor, Tensor)");
     // ---- grouped MLP (docs/ops.md section 4)
     m.def("grouped_mlp_forward(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? probs, Tensor splits, "
           "SymInt b2_mode, " MOEX_GLU_ARGS ", bool save_z, " MOEX_FP8_ARGS ") -> (Tensor, Tensor, Tensor)");

@@ -1506,6 +1506,23 @@ class _GroupedLinearDiscrete(torch.autograd.Function):
                 None, None, None, None, *wgrads)
 
 
+# The compiled extension's operator on separate weights (python/csrc: forward, backward and autograd in
+# C++; _GroupedLinearDiscrete's math without the weight-gradient options), None without it.
+_DISCRETE_FORWARD = None
+if "grouped_linear_discrete_forward" in _torch_ext.OPS:
+    _DISCRETE_FORWARD = torch.ops.moex.grouped_linear_discrete_forward.default
+
+    @torch.library.register_fake("moex::grouped_linear_discrete_forward")
+    def _(x, weights, ptrs, splits, bias, probs, bias_mode, *fp8):
+        return x.new_empty(x.shape[0], weights[0].shape[0])
+
+    @torch.library.register_fake("moex::grouped_linear_discrete_backward_data")
+    def _(dy, weights, ptrs, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs, *fp8):
+        T, (N, K), G = dy.shape[0], weights[0].shape, len(weights)
+        return (dy.new_empty(T if need_dx else 0, K), dy.new_empty(G if need_dbias else 0, N, dtype=_bias_grad_dtype(bias)),
+                dy.new_empty(T if need_dprobs else 0, dtype=torch.float32))
+
+
 class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     """G linear layers over the rows of G groups, a drop-in for
     transformer_engine.pytorch.GroupedLinear: the same constructor arguments where they apply,
@@ -1588,7 +1605,11 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         params = self._weight_params()
         if not self.packed and _eager([x, p, b] + params):
             w, ptrs = self._pointers.weight(owner, params)
-            y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
+            if wgrad is None and _DISCRETE_FORWARD is not None:
+                mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
+                y = _DISCRETE_FORWARD(x, params, ptrs, splits, b, p, mode, *self._fp8)
+            else:
+                y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
         else:
             w = self.weight if self.packed else torch.stack(params)
             if te:

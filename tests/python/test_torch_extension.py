@@ -24,6 +24,7 @@ GROUPED_LINEAR_OPS = ["grouped_linear_forward", "grouped_linear_backward_data", 
                       "grouped_linear_backward_weight_accumulate"]
 GROUPED_MLP_OPS = ["grouped_mlp_forward", "grouped_mlp_backward"]
 MOE_OPS = ["moe_layer_forward", "moe_layer_backward"]
+DISCRETE_OPS = ["grouped_linear_discrete_forward", "grouped_linear_discrete_backward_data"]   # C++ only
 CPP_OPS = GROUPED_LINEAR_OPS + GROUPED_MLP_OPS + MOE_OPS
 # moex.torch's operator object of each
 OPERATORS = {"grouped_linear_forward": "_forward", "grouped_linear_backward_data": "_backward_data",
@@ -306,3 +307,51 @@ def test_moe_layer_autograd_computes_only_what_is_asked():
     (gx,) = torch.autograd.grad(y.sum(), [leaves["x"]], create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         gx.sum().backward()
+
+
+# ---- GroupedLinear on separate weights (weight0..: the C++ discrete-weight operators) ------------
+
+@pytest.mark.parametrize("bias_kind", ["none", "add", "scaled"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_separate_weights_run_in_cpp_and_match_the_python_function(bias_kind, dtype):
+    """GroupedLinear with weight0.. runs the C++ operator (its autograd node is the C++ Function)
+    and gives bitwise what the Python autograd.Function over ctypes (_GroupedLinearDiscrete) gives."""
+    assert set(DISCRETE_OPS) <= ext.OPS
+    torch.manual_seed(0)
+    layer = mt.GroupedLinear(3, 8, 6, bias=bias_kind != "none", params_dtype=dtype)
+    x = torch.randn(11, 8, dtype=dtype, requires_grad=True)
+    p = torch.rand(11, requires_grad=True) if bias_kind == "scaled" else None
+    splits = torch.tensor([4, 0, 5])
+    dy = torch.randn(11, 6, dtype=dtype)
+
+    y = layer(x, splits, probs=p)
+    node = y.grad_fn.next_functions[0][0]   # under the module's final view
+    assert "GroupedLinearDiscreteFunction" in node.name()
+    y.backward(dy)
+    got = [y.detach()] + [t.grad.clone() for t in [x, *layer.parameters()] + ([p] if p is not None else [])]
+
+    for t in [x, *layer.parameters()] + ([p] if p is not None else []):
+        t.grad = None
+    params = layer._weight_params()
+    w, ptrs = layer._pointers.weight("test", params)
+    b = layer._bias()
+    y_py = mt._GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, layer._fp8, None, *params)
+    assert "GroupedLinearDiscrete" in y_py.grad_fn.name() and y_py.grad_fn.name() != node.name()
+    y_py.backward(dy)
+    want = [y_py.detach()] + [t.grad for t in [x, *layer.parameters()] + ([p] if p is not None else [])]
+    for i, (a, b_) in enumerate(zip(got, want)):
+        assert torch.equal(a, b_), i
+
+
+def test_separate_weights_operator_checks_its_pointer_array():
+    ws = [torch.randn(6, 8) for _ in range(3)]
+    ptrs = torch.tensor([w.data_ptr() for w in ws])
+    x, splits = torch.randn(9, 8), torch.tensor([3, 3, 3])
+    y = torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs, splits, None, None, 0)
+    assert torch.equal(y, mt._forward.impl(x, torch.stack(ws), splits, None, None, 0))
+    with pytest.raises(ValueError, match=r"ptrs\[1\] is not weights\[1\].data_ptr\(\)"):
+        torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs[[0, 0, 2]].contiguous(), splits, None, None, 0)
+    with pytest.raises(ValueError, match=r"weights\[2\] is \[6, 7\], weights\[0\] \[6, 8\]"):
+        torch.ops.moex.grouped_linear_discrete_forward(x, ws[:2] + [torch.randn(6, 7)], ptrs, splits, None, None, 0)
+    with pytest.raises(ValueError, match=r"weights\[0\] is torch.bfloat16"):
+        torch.ops.moex.grouped_linear_discrete_forward(x, [w.bfloat16() for w in ws], ptrs, splits, None, None, 0)
