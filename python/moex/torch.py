@@ -1136,6 +1136,8 @@ def _int_arg(owner: str, name: str, v) -> int:
 def _rows(owner: str, name: str, t: Tensor) -> Tensor:
     """t [..., C] as the contiguous [T, C] of its rows (T: the product of the leading
     dimensions, as Transformer Engine flattens them); ValueError for a 0-D tensor."""
+    if type(t) is Tensor and t.dim() == 2 and t.is_contiguous():   # already rows: no call's host time spent
+        return t
     t = _contiguous(owner, name, t)
     if t is None or t.dim() == 0:
         raise ValueError(f"moex.{owner}: {name} must be a tensor [..., features], got "
@@ -1188,7 +1190,7 @@ def _grouped_linear(owner: str, x: Tensor, w: Tensor, splits: Splits, bias: Opti
     x2 = _rows(owner, "x", x)
     y = _forward(x2, _contiguous(owner, "w", w), _splits_tensor(splits, x2.device, owner, x2.shape[0]),
                  _contiguous(owner, "bias", bias), _row_probs(owner, probs, x.shape[:-1]), mode, *fp8)
-    return y.view(*x.shape[:-1], y.shape[-1])
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
 def gmm(a: Tensor, b: Tensor, batch_sizes: Splits, trans_b: bool = False) -> Tensor:
@@ -1416,6 +1418,15 @@ class _WeightPointers:
     def __init__(self):
         self._key, self._ptrs = None, None
 
+    def pointers(self, params: List[Tensor]) -> Tensor:
+        """The pointer array of `params` alone, for the compiled extension's operator, which checks
+        the weights itself (python/csrc: ValueError naming weights[g])."""
+        key = (params[0].device, tuple(p.data_ptr() for p in params))
+        if key != self._key:
+            self._ptrs = torch.tensor(key[1], dtype=torch.int64).to(key[0])
+            self._key = key
+        return self._ptrs
+
     def weight(self, owner: str, params: List[Tensor]) -> Tuple[_capi.Weight, Tensor]:
         """The moex_weight of `params` and the pointer array it points to (keep it alive as long
         as the weight is used)."""
@@ -1584,7 +1595,10 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         return self.bias if self.packed else torch.stack([getattr(self, f"bias{g}") for g in range(self.num_gemms)])
 
     def _weight_params(self) -> List[Tensor]:
-        return [self.weight] if self.packed else [getattr(self, f"weight{g}") for g in range(self.num_gemms)]
+        if self.packed:
+            return [self.weight]
+        params = self._parameters   # (what getattr finds them in, without nn.Module.__getattr__'s host time)
+        return [params[f"weight{g}"] for g in range(self.num_gemms)]
 
     def _weight_groups(self) -> List[List[Tensor]]:
         return [self._weight_params()]
@@ -1604,11 +1618,11 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         wgrad = self._wgrad_args(bool(is_first_microbatch)) if te else None
         params = self._weight_params()
         if not self.packed and _eager([x, p, b] + params):
-            w, ptrs = self._pointers.weight(owner, params)
             if wgrad is None and _DISCRETE_FORWARD is not None:
                 mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
-                y = _DISCRETE_FORWARD(x, params, ptrs, splits, b, p, mode, *self._fp8)
+                y = _DISCRETE_FORWARD(x, params, self._pointers.pointers(params), splits, b, p, mode, *self._fp8)
             else:
+                w, ptrs = self._pointers.weight(owner, params)
                 y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
         else:
             w = self.weight if self.packed else torch.stack(params)
@@ -1617,7 +1631,7 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             else:
                 mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
                 y = _forward(x, w, splits, b, p, mode, *self._fp8)
-        return y.view(*inp.shape[:-1], self.out_features)
+        return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return (f"num_gemms={self.num_gemms}, in_features={self.in_features}, out_features={self.out_features}, "
