@@ -415,9 +415,181 @@ std::tuple<at::Tensor, at::Tensor> moe_layer_forward_autograd(
     return {out[0], out[1]};
 }
 
+// ---- scaled GLU --------------------------------------------------------------------------------
+
+using GluForwardSig = at::Tensor(const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, int64_t, double,
+                                 double, double);
+using GluBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const OptTensor&, const OptTensor&,
+                                                          const at::Tensor&, int64_t, int64_t, double, double, double,
+                                                          bool);
+
+// z = scaled_glu_forward(h, probs, splits, glu...); differentiable in h and probs.
+struct ScaledGluFunction : public torch::autograd::Function<ScaledGluFunction> {
+    static at::Tensor forward(AutogradContext* ctx, const at::Tensor& h, const OptTensor& probs, const OptTensor& splits,
+                              int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha,
+                              double glu_offset) {
+        static const auto op = op_handle<GluForwardSig>("moex::scaled_glu_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        at::Tensor z = op.call(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+        ctx->save_for_backward({h, probs.value_or(at::Tensor()), splits.value_or(at::Tensor())});
+        Edges e;
+        auto& d = ctx->saved_data;
+        e.add(h);
+        d["edge_probs"] = e.add(probs);
+        d["glu_kind"] = glu_kind;
+        d["glu_layout"] = glu_layout;
+        d["glu_limit"] = glu_limit;
+        d["glu_alpha"] = glu_alpha;
+        d["glu_offset"] = glu_offset;
+        return z;
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<GluBackwardSig>("moex::scaled_glu_backward");
+        const variable_list saved = ctx->get_saved_variables();
+        const OptTensor probs = optional(saved[1]), splits = optional(saved[2]);
+        auto& d = ctx->saved_data;
+        const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt());
+        const at::Tensor dz = grads[0].contiguous();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        auto [dh, dprobs] = op.call(saved[0], probs, splits, dz, d["glu_kind"].toInt(), d["glu_layout"].toInt(),
+                                    d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(), d["glu_offset"].toDouble(),
+                                    need_dprobs);
+        variable_list out(8);   // h, probs, splits, then non-tensors
+        out[0] = dh;
+        if (need_dprobs) out[1] = dprobs;
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+at::Tensor scaled_glu_forward_autograd(const at::Tensor& h, const OptTensor& probs, const OptTensor& splits,
+                                       int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha,
+                                       double glu_offset) {
+    return ScaledGluFunction::apply(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+}
+
+// ---- routing ------------------------------------------------------------------------------------
+
+using RouterForwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, int64_t, int64_t, int64_t);
+using RouterBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t,
+                                     int64_t);
+
+// (probs, ids) = router_forward(logits, topk, score, norm); probs differentiable in logits, ids not.
+struct RouterFunction : public torch::autograd::Function<RouterFunction> {
+    static variable_list forward(AutogradContext* ctx, const at::Tensor& logits, int64_t topk, int64_t score,
+                                 int64_t norm) {
+        static const auto op = op_handle<RouterForwardSig>("moex::router_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        auto [probs, ids] = op.call(logits, topk, score, norm);
+        ctx->save_for_backward({logits, ids});
+        ctx->mark_non_differentiable({ids});
+        ctx->saved_data["topk"] = topk;
+        ctx->saved_data["score"] = score;
+        ctx->saved_data["norm"] = norm;
+        return {probs, ids};
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<RouterBackwardSig>("moex::router_backward");
+        const variable_list saved = ctx->get_saved_variables();
+        auto& d = ctx->saved_data;
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        variable_list out(4);   // logits, then non-tensors
+        out[0] = op.call(saved[0], saved[1], grads[0].contiguous(), d["topk"].toInt(), d["score"].toInt(),
+                         d["norm"].toInt());
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+std::tuple<at::Tensor, at::Tensor> router_forward_autograd(const at::Tensor& logits, int64_t topk, int64_t score,
+                                                           int64_t norm) {
+    variable_list out = RouterFunction::apply(logits, topk, score, norm);
+    return {out[0], out[1]};
+}
+
+using PermuteForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&,
+                                                                                     const at::Tensor&,
+                                                                                     const at::Tensor&, int64_t);
+using PermuteBackwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                              int64_t);
+
+// (xp, probs_p, splits, row_map) = permute_forward(x, ids, probs, E); xp differentiable in x,
+// probs_p in probs; splits and row_map not.
+struct PermuteFunction : public torch::autograd::Function<PermuteFunction> {
+    static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& ids,
+                                 const at::Tensor& probs, int64_t num_experts) {
+        static const auto op = op_handle<PermuteForwardSig>("moex::permute_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        auto [xp, probs_p, splits, row_map] = op.call(x, ids, probs, num_experts);
+        ctx->save_for_backward({row_map});
+        ctx->mark_non_differentiable({splits, row_map});
+        ctx->saved_data["k"] = ids.size(1);
+        return {xp, probs_p, splits, row_map};
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<PermuteBackwardSig>("moex::permute_backward");
+        const variable_list saved = ctx->get_saved_variables();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        auto [dx, dprobs] = op.call(saved[0], grads[0].contiguous(), grads[1].contiguous(),
+                                    ctx->saved_data["k"].toInt());
+        variable_list out(4);   // x, ids, probs, num_experts
+        out[0] = dx;
+        out[2] = dprobs;
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_forward_autograd(const at::Tensor& x,
+                                                                                    const at::Tensor& ids,
+                                                                                    const at::Tensor& probs,
+                                                                                    int64_t num_experts) {
+    variable_list out = PermuteFunction::apply(x, ids, probs, num_experts);
+    return {out[0], out[1], out[2], out[3]};
+}
+
+using UnpermuteForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, int64_t);
+using UnpermuteBackwardSig = at::Tensor(const at::Tensor&, const at::Tensor&);
+
+// y = unpermute_forward(yp, row_map, k); differentiable in yp.
+struct UnpermuteFunction : public torch::autograd::Function<UnpermuteFunction> {
+    static at::Tensor forward(AutogradContext* ctx, const at::Tensor& yp, const at::Tensor& row_map, int64_t k) {
+        static const auto op = op_handle<UnpermuteForwardSig>("moex::unpermute_forward");
+        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        at::Tensor y = op.call(yp, row_map, k);
+        ctx->save_for_backward({row_map});
+        return y;
+    }
+
+    static variable_list backward(AutogradContext* ctx, variable_list grads) {
+        static const auto op = op_handle<UnpermuteBackwardSig>("moex::unpermute_backward");
+        const variable_list saved = ctx->get_saved_variables();
+        const bool create_graph = at::GradMode::is_enabled();
+        at::NoGradGuard no_grad;
+        variable_list out(3);   // yp, row_map, k
+        out[0] = op.call(grads[0].contiguous(), saved[0]);
+        at::AutoGradMode restore(create_graph);
+        return once_differentiable(std::move(out));
+    }
+};
+
+at::Tensor unpermute_forward_autograd(const at::Tensor& yp, const at::Tensor& row_map, int64_t k) {
+    return UnpermuteFunction::apply(yp, row_map, k);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(moex, Autograd, m) {
+    m.impl("scaled_glu_forward", TORCH_FN(scaled_glu_forward_autograd));
+    m.impl("router_forward", TORCH_FN(router_forward_autograd));
+    m.impl("permute_forward", TORCH_FN(permute_forward_autograd));
+    m.impl("unpermute_forward", TORCH_FN(unpermute_forward_autograd));
     m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward_autograd));
     m.impl("grouped_linear_forward", TORCH_FN(grouped_linear_forward_autograd));
     m.impl("grouped_linear_discrete_forward", TORCH_FN(grouped_linear_discrete_forward_autograd));

@@ -463,6 +463,223 @@ std::vector<at::Tensor> moe_layer_backward(
     return outs;
 }
 
+// ---- scaled GLU (docs/ops.md section 3) ----------------------------------------------------------
+
+// torch.py's _check_glu: h [T, 2F] (a float dtype), probs [T] f32 and splits int64 [G], both optional.
+void check_glu(const char* op, const at::Tensor& h, const std::optional<at::Tensor>& probs,
+               const std::optional<at::Tensor>& splits) {
+    check(op, "h", h, h.device(), kFloats, 2);
+    static const at::ScalarType kF32 = at::kFloat, kLong = at::kLong;
+    check(op, "probs", probs, h.device(), only(kF32), 1, true);
+    check(op, "splits", splits, h.device(), only(kLong), 1, true);
+}
+
+// z [T, F] = p * glu(h); with splits, rows past sum(splits) zero.
+at::Tensor scaled_glu_forward(const at::Tensor& h, const std::optional<at::Tensor>& probs,
+                              const std::optional<at::Tensor>& splits, int64_t glu_kind, int64_t glu_layout,
+                              double glu_limit, double glu_alpha, double glu_offset) {
+    const char* op = "scaled_glu_forward";
+    check_glu(op, h, probs, splits);
+    at::Tensor z = at::empty({h.size(0), h.size(1) / 2}, h.options());
+    moex_scaled_glu_args a{};
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.h = view(h);
+    a.probs = view(probs);
+    a.splits = view(splits);
+    a.z = view(z);
+    Call call(h.device());
+    call.run(moex_scaled_glu_forward_workspace_size, moex_scaled_glu_forward, a);
+    if (splits) zero_tail(call, z, *splits);
+    return z;
+}
+
+// (dh [T, 2F] (with splits, rows past sum(splits) zero), dprobs [T] f32, 0 rows unless need_dprobs).
+std::tuple<at::Tensor, at::Tensor> scaled_glu_backward(const at::Tensor& h, const std::optional<at::Tensor>& probs,
+                                                       const std::optional<at::Tensor>& splits, const at::Tensor& dz,
+                                                       int64_t glu_kind, int64_t glu_layout, double glu_limit,
+                                                       double glu_alpha, double glu_offset, bool need_dprobs) {
+    const char* op = "scaled_glu_backward";
+    check_glu(op, h, probs, splits);
+    const at::ScalarType h_type = h.scalar_type();
+    check(op, "dz", dz, h.device(), only(h_type), 2);
+    at::Tensor dh = at::empty(h.sizes(), h.options());
+    at::Tensor dprobs = at::zeros({need_dprobs ? h.size(0) : 0}, h.options().dtype(at::kFloat));   // moex adds to it
+    moex_scaled_glu_grad_args a{};
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.h = view(h);
+    a.probs = view(probs);
+    a.splits = view(splits);
+    a.dz = view(dz);
+    a.dh = view(dh);
+    if (need_dprobs) a.dprobs = view(dprobs);
+    Call call(h.device());
+    call.run(moex_scaled_glu_backward_workspace_size, moex_scaled_glu_backward, a);
+    if (splits) zero_tail(call, dh, *splits);
+    return {dh, dprobs};
+}
+
+// ---- splits_to_offsets (docs/ops.md section 1) ------------------------------------------------------
+
+// stride * the running sums of splits: [G+1] with a leading zero, else the G inclusive sums, of
+// the moex dtype code dtype_code (int64 or int32).
+at::Tensor splits_to_offsets(const at::Tensor& splits, int64_t stride, bool leading_zero, int64_t dtype_code) {
+    const char* op = "splits_to_offsets";
+    static const at::ScalarType kLong = at::kLong;
+    check(op, "splits", splits, splits.device(), only(kLong), 1);
+    TORCH_CHECK_VALUE(dtype_code == MOEX_DTYPE_I64 || dtype_code == MOEX_DTYPE_I32, "moex.", op, ": dtype_code ",
+                      dtype_code, " is not int64's or int32's");
+    at::Tensor out = at::empty({splits.size(0) + (leading_zero ? 1 : 0)},
+                               splits.options().dtype(scalar_type(op, "dtype_code", dtype_code)));
+    moex_splits_to_offsets_args a{};
+    a.splits = view(splits);
+    a.num_outputs = 1;
+    a.outputs[0].out = view(out);
+    a.outputs[0].stride = stride;
+    a.outputs[0].start = leading_zero ? MOEX_OFFSETS_LEADING_ZERO : MOEX_OFFSETS_INCLUSIVE;
+    run(splits.device(), moex_splits_to_offsets_workspace_size, moex_splits_to_offsets, a);
+    return out;
+}
+
+// ---- routing (docs/ops.md sections 5-7) --------------------------------------------------------------
+
+// torch.py's _check_router: logits [T, E] f32 or bf16, 1 <= topk <= E, score 0 or 1, norm 0 or 1.
+void check_router(const char* op, const at::Tensor& logits, int64_t topk, int64_t score, int64_t norm) {
+    static const at::ScalarType kLogits[] = {at::kFloat, at::kBFloat16};
+    check(op, "logits", logits, logits.device(), Dtypes{kLogits, 2}, 2);
+    TORCH_CHECK_VALUE(topk >= 1 && topk <= logits.size(1), "moex.", op, ": topk = ", topk, ", must be 1..",
+                      logits.size(1), " (the experts, logits' columns)");
+    TORCH_CHECK_VALUE((score == 0 || score == 1) && (norm == 0 || norm == 1), "moex.", op, ": score ", score,
+                      " must be one of [0, 1], norm ", norm, " 0 or 1");
+}
+
+// torch.py's _check_k: k >= 1 divides the rows (T*k permuted rows).
+void check_k(const char* op, int64_t k, int64_t rows, const char* rows_name) {
+    TORCH_CHECK_VALUE(k >= 1 && rows % k == 0, "moex.", op, ": k = ", k, " must be >= 1 and divide the ", rows,
+                      " rows of ", rows_name);
+}
+
+// (probs [T, k] f32, ids [T, k] int32) of the k best experts per token.
+std::tuple<at::Tensor, at::Tensor> router_forward(const at::Tensor& logits, int64_t topk, int64_t score, int64_t norm) {
+    const char* op = "router_forward";
+    check_router(op, logits, topk, score, norm);
+    at::Tensor probs = at::empty({logits.size(0), topk}, logits.options().dtype(at::kFloat));
+    at::Tensor ids = at::empty({logits.size(0), topk}, logits.options().dtype(at::kInt));
+    moex_router_args a{};
+    a.logits = view(logits);
+    a.topk = int_arg(op, "topk", topk);
+    a.score = static_cast<moex_router_score>(score);
+    a.norm = static_cast<moex_router_norm>(norm);
+    a.probs = view(probs);
+    a.ids = view(ids);
+    run(logits.device(), moex_router_forward_workspace_size, moex_router_forward, a);
+    return {probs, ids};
+}
+
+// dlogits [T, E] (logits' dtype) of dprobs [T, k].
+at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& ids, const at::Tensor& dprobs, int64_t topk,
+                           int64_t score, int64_t norm) {
+    const char* op = "router_backward";
+    check_router(op, logits, topk, score, norm);
+    static const at::ScalarType kInt = at::kInt, kF32 = at::kFloat;
+    check(op, "ids", ids, logits.device(), only(kInt), 2);
+    check(op, "dprobs", dprobs, logits.device(), only(kF32), 2);
+    at::Tensor dlogits = at::empty(logits.sizes(), logits.options());
+    moex_router_grad_args a{};
+    a.logits = view(logits);
+    a.topk = int_arg(op, "topk", topk);
+    a.score = static_cast<moex_router_score>(score);
+    a.norm = static_cast<moex_router_norm>(norm);
+    a.ids = view(ids);
+    a.dprobs = view(dprobs);
+    a.dlogits = view(dlogits);
+    run(logits.device(), moex_router_backward_workspace_size, moex_router_backward, a);
+    return dlogits;
+}
+
+// (xp [T*k, H], probs_p [T*k] f32, splits [E] int64, row_map [T*k] int32): the (token, expert)
+// rows sorted by expert.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> permute_forward(const at::Tensor& x, const at::Tensor& ids,
+                                                                           const at::Tensor& probs,
+                                                                           int64_t num_experts) {
+    const char* op = "permute_forward";
+    check(op, "x", x, x.device(), kFloats, 2);
+    static const at::ScalarType kInt = at::kInt, kF32 = at::kFloat;
+    check(op, "ids", ids, x.device(), only(kInt), 2);
+    check(op, "probs", probs, x.device(), only(kF32), 2);
+    TORCH_CHECK_VALUE(num_experts >= 1, "moex.", op, ": num_experts = ", num_experts, ", must be >= 1");
+    TORCH_CHECK_VALUE(ids.size(0) == x.size(0) && probs.sizes() == ids.sizes(), "moex.", op, ": x ", shape_tuple(x),
+                      ", ids ", shape_tuple(ids), " and probs ", shape_tuple(probs), " must be [T, H], [T, k], [T, k]");
+    const int64_t rows = ids.size(0) * ids.size(1);
+    at::Tensor xp = at::empty({rows, x.size(1)}, x.options());
+    at::Tensor probs_p = at::empty({rows}, x.options().dtype(at::kFloat));
+    at::Tensor splits = at::empty({num_experts}, x.options().dtype(at::kLong));
+    at::Tensor row_map = at::empty({rows}, x.options().dtype(at::kInt));
+    moex_permute_args a{};
+    a.x = view(x);
+    a.ids = view(ids);
+    a.probs = view(probs);
+    a.num_experts = int_arg(op, "num_experts", num_experts);
+    a.xp = view(xp);
+    a.probs_p = view(probs_p);
+    a.splits = view(splits);
+    a.row_map = view(row_map);
+    run(x.device(), moex_permute_forward_workspace_size, moex_permute_forward, a);
+    return {xp, probs_p, splits, row_map};
+}
+
+// (dx [T, H], dprobs [T, k] f32) of dxp [T*k, H] and dprobs_p [T*k].
+std::tuple<at::Tensor, at::Tensor> permute_backward(const at::Tensor& row_map, const at::Tensor& dxp,
+                                                    const at::Tensor& dprobs_p, int64_t k) {
+    const char* op = "permute_backward";
+    check(op, "dxp", dxp, dxp.device(), kFloats, 2);
+    static const at::ScalarType kInt = at::kInt, kF32 = at::kFloat;
+    check(op, "row_map", row_map, dxp.device(), only(kInt), 1);
+    check(op, "dprobs_p", dprobs_p, dxp.device(), only(kF32), 1);
+    check_k(op, k, dxp.size(0), "dxp");
+    const int64_t T = dxp.size(0) / k;
+    at::Tensor dx = at::empty({T, dxp.size(1)}, dxp.options());
+    at::Tensor dprobs = at::empty({T, k}, dxp.options().dtype(at::kFloat));
+    moex_permute_grad_args a{};
+    a.row_map = view(row_map);
+    a.dxp = view(dxp);
+    a.dprobs_p = view(dprobs_p);
+    a.dx = view(dx);
+    a.dprobs = view(dprobs);
+    run(dxp.device(), moex_permute_backward_workspace_size, moex_permute_backward, a);
+    return {dx, dprobs};
+}
+
+// y [T, H]: y[t] = sum_j yp[row_map[t*k + j]].
+at::Tensor unpermute_forward(const at::Tensor& yp, const at::Tensor& row_map, int64_t k) {
+    const char* op = "unpermute_forward";
+    check(op, "yp", yp, yp.device(), kFloats, 2);
+    static const at::ScalarType kInt = at::kInt;
+    check(op, "row_map", row_map, yp.device(), only(kInt), 1);
+    check_k(op, k, yp.size(0), "yp");
+    at::Tensor y = at::empty({yp.size(0) / k, yp.size(1)}, yp.options());
+    moex_unpermute_args a{};
+    a.row_map = view(row_map);
+    a.yp = view(yp);
+    a.y = view(y);
+    run(yp.device(), moex_unpermute_forward_workspace_size, moex_unpermute_forward, a);
+    return y;
+}
+
+// dyp [T*k, H] of dy [T, H].
+at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& row_map) {
+    const char* op = "unpermute_backward";
+    check(op, "dy", dy, dy.device(), kFloats, 2);
+    static const at::ScalarType kInt = at::kInt;
+    check(op, "row_map", row_map, dy.device(), only(kInt), 1);
+    at::Tensor dyp = at::empty({row_map.size(0), dy.size(1)}, dy.options());
+    moex_unpermute_grad_args a{};
+    a.row_map = view(row_map);
+    a.dy = view(dy);
+    a.dyp = view(dyp);
+    run(dy.device(), moex_unpermute_backward_workspace_size, moex_unpermute_backward, a);
+    return dyp;
+}
+
 // The same kernels for both keys: the tensors' device picks moex's backend (a CUDA tensor with
 // a libmoex built without CUDA fails in moex_context_create, as MoexError).
 void register_kernels(torch::Library& m) {
@@ -476,6 +693,15 @@ void register_kernels(torch::Library& m) {
     m.impl("grouped_mlp_backward", TORCH_FN(grouped_mlp_backward));
     m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward));
     m.impl("moe_layer_backward", TORCH_FN(moe_layer_backward));
+    m.impl("scaled_glu_forward", TORCH_FN(scaled_glu_forward));
+    m.impl("scaled_glu_backward", TORCH_FN(scaled_glu_backward));
+    m.impl("splits_to_offsets", TORCH_FN(splits_to_offsets));
+    m.impl("router_forward", TORCH_FN(router_forward));
+    m.impl("router_backward", TORCH_FN(router_backward));
+    m.impl("permute_forward", TORCH_FN(permute_forward));
+    m.impl("permute_backward", TORCH_FN(permute_backward));
+    m.impl("unpermute_forward", TORCH_FN(unpermute_forward));
+    m.impl("unpermute_backward", TORCH_FN(unpermute_backward));
 }
 
 }  // namespace

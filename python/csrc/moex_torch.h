@@ -31,6 +31,8 @@ moex_dtype dtype_code(at::ScalarType type);
 at::ScalarType scalar_type(const char* op, const char* name, int64_t code);
 // "torch.float32", as Python prints a torch dtype (for messages).
 std::string dtype_name(at::ScalarType type);
+// "(4, 8)", "(4,)", "()": a tensor's shape as Python prints a tuple (for messages).
+std::string shape_tuple(const at::Tensor& t);
 
 // The moex_tensor of a contiguous tensor of at most MOEX_MAX_DIMS dimensions (checked before).
 inline moex_tensor view(const at::Tensor& t) {

@@ -99,8 +99,7 @@ const Dtypes kFloats{kFloatTypes, 3};
 
 Dtypes only(const at::ScalarType& type) { return Dtypes{&type, 1}; }
 
-// "(4, 8)", "(4,)", "()": a shape as Python prints a tuple
-static std::string shape_tuple(const at::Tensor& t) {
+std::string shape_tuple(const at::Tensor& t) {
     std::ostringstream s;
     s << "(";
     for (int64_t d = 0; d < t.dim(); ++d) s << (d ? ", " : "") << t.size(d);

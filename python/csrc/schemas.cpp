@@ -37,4 +37,16 @@ TORCH_LIBRARY(moex, m) {
     m.def("moe_layer_backward(Tensor x, Tensor router_w, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor saved, "
           "Tensor dy, SymInt topk, SymInt score, SymInt norm, SymInt b2_mode, " MOEX_GLU_ARGS ", bool[] needs, "
           MOEX_FP8_ARGS ") -> Tensor[]");
+    // ---- scaled GLU (docs/ops.md section 3), splits_to_offsets (section 1)
+    m.def("scaled_glu_forward(Tensor h, Tensor? probs, Tensor? splits, " MOEX_GLU_ARGS ") -> Tensor");
+    m.def("scaled_glu_backward(Tensor h, Tensor? probs, Tensor? splits, Tensor dz, " MOEX_GLU_ARGS
+          ", bool need_dprobs) -> (Tensor, Tensor)");
+    m.def("splits_to_offsets(Tensor splits, SymInt stride, bool leading_zero, SymInt dtype_code) -> Tensor");
+    // ---- routing (docs/ops.md sections 5-7)
+    m.def("router_forward(Tensor logits, SymInt topk, SymInt score, SymInt norm) -> (Tensor, Tensor)");
+    m.def("router_backward(Tensor logits, Tensor ids, Tensor dprobs, SymInt topk, SymInt score, SymInt norm) -> Tensor");
+    m.def("permute_forward(Tensor x, Tensor ids, Tensor probs, SymInt num_experts) -> (Tensor, Tensor, Tensor, Tensor)");
+    m.def("permute_backward(Tensor row_map, Tensor dxp, Tensor dprobs_p, SymInt k) -> (Tensor, Tensor)");
+    m.def("unpermute_forward(Tensor yp, Tensor row_map, SymInt k) -> Tensor");
+    m.def("unpermute_backward(Tensor dy, Tensor row_map) -> Tensor");
 }

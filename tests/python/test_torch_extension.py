@@ -25,13 +25,20 @@ GROUPED_LINEAR_OPS = ["grouped_linear_forward", "grouped_linear_backward_data", 
 GROUPED_MLP_OPS = ["grouped_mlp_forward", "grouped_mlp_backward"]
 MOE_OPS = ["moe_layer_forward", "moe_layer_backward"]
 DISCRETE_OPS = ["grouped_linear_discrete_forward", "grouped_linear_discrete_backward_data"]   # C++ only
-CPP_OPS = GROUPED_LINEAR_OPS + GROUPED_MLP_OPS + MOE_OPS
+REST_OPS = ["scaled_glu_forward", "scaled_glu_backward", "splits_to_offsets", "router_forward", "router_backward",
+            "permute_forward", "permute_backward", "unpermute_forward", "unpermute_backward"]
+CPP_OPS = GROUPED_LINEAR_OPS + GROUPED_MLP_OPS + MOE_OPS + REST_OPS
 # moex.torch's operator object of each
 OPERATORS = {"grouped_linear_forward": "_forward", "grouped_linear_backward_data": "_backward_data",
              "grouped_linear_backward_weight": "_backward_weight",
              "grouped_linear_backward_weight_accumulate": "_backward_weight_accumulate",
              "grouped_mlp_forward": "_mlp_forward", "grouped_mlp_backward": "_mlp_backward",
-             "moe_layer_forward": "_moe_forward", "moe_layer_backward": "_moe_backward"}
+             "moe_layer_forward": "_moe_forward", "moe_layer_backward": "_moe_backward",
+             "scaled_glu_forward": "_glu_forward", "scaled_glu_backward": "_glu_backward",
+             "splits_to_offsets": "_splits_to_offsets", "router_forward": "_router_forward",
+             "router_backward": "_router_backward", "permute_forward": "_permute_forward",
+             "permute_backward": "_permute_backward", "unpermute_forward": "_unpermute_forward",
+             "unpermute_backward": "_unpermute_backward"}
 
 _INSTALLED = os.path.isdir(os.path.join(os.path.dirname(moex.__file__), "lib"))
 if ext.PATH is None and (not _INSTALLED or os.environ.get("MOEX_TORCH_EXTENSION") == "0"):
@@ -48,7 +55,8 @@ def test_extension_is_loaded_and_defines_the_operators():
         for key, source in (("debug", "schemas.cpp"), ("CPU", "kernels.cpp"), ("CUDA", "kernels.cpp")):
             line = next(ln for ln in dump.splitlines() if ln.startswith(key + ":"))
             assert source in line, f"moex::{name} {key}: {line}"
-    for name in ("grouped_linear_forward", "grouped_mlp_forward", "moe_layer_forward"):
+    for name in ("grouped_linear_forward", "grouped_mlp_forward", "moe_layer_forward", "grouped_linear_discrete_forward",
+                 "scaled_glu_forward", "router_forward", "permute_forward", "unpermute_forward"):
         dump = torch._C._dispatch_dump(f"moex::{name}")
         assert "autograd.cpp" in next(ln for ln in dump.splitlines() if ln.startswith("Autograd")), name
 
@@ -357,3 +365,73 @@ def test_separate_weights_operator_checks_its_pointer_array():
         torch.ops.moex.grouped_linear_discrete_forward(x, ws[:2] + [torch.randn(6, 7)], ptrs, splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[0\] is torch.bfloat16"):
         torch.ops.moex.grouped_linear_discrete_forward(x, [w.bfloat16() for w in ws], ptrs, splits, None, None, 0)
+
+
+# ---- the scaled GLU, splits_to_offsets and routing -------------------------------------------------
+
+def test_rest_operators_match_the_python_implementation_bitwise():
+    torch.manual_seed(3)
+    T, E, k, H = 9, 4, 2, 6
+    h, probs, splits = torch.randn(T, 2 * 8), torch.rand(T), torch.tensor([2, 0, 4, 1])
+    for args in [(h, probs, splits, *GLU), (h, None, None, 0, 0, 7.0, 1.702, 1.0)]:
+        z = mt._glu_forward(*args)
+        assert torch.equal(z, mt._glu_forward.impl(*args))
+        dz = torch.randn_like(z)
+        for got, want in zip(mt._glu_backward(*args[:3], dz, *args[3:], args[1] is not None),
+                             mt._glu_backward.impl(*args[:3], dz, *args[3:], args[1] is not None)):
+            assert torch.equal(got, want)
+    for lead, code in [(True, 4), (False, 3)]:
+        assert torch.equal(mt._splits_to_offsets(splits, 3, lead, code), mt._splits_to_offsets.impl(splits, 3, lead, code))
+    with pytest.raises(ValueError, match="dtype_code 0 is not int64's or int32's"):
+        mt._splits_to_offsets(splits, 1, True, 0)
+
+    logits = torch.randn(T, E)
+    for score, norm in [(0, 1), (1, 0)]:
+        (p, ids), (p_py, ids_py) = mt._router_forward(logits, k, score, norm), mt._router_forward.impl(logits, k, score, norm)
+        assert torch.equal(p, p_py) and torch.equal(ids, ids_py)
+        dp = torch.randn(T, k)
+        assert torch.equal(mt._router_backward(logits, ids, dp, k, score, norm),
+                           mt._router_backward.impl(logits, ids, dp, k, score, norm))
+    with pytest.raises(ValueError, match=r"topk = 5, must be 1..4 \(the experts, logits' columns\)"):
+        mt._router_forward(logits, 5, 0, 1)
+
+    x = torch.randn(T, H)
+    got, want = mt._permute_forward(x, ids, p, E), mt._permute_forward.impl(x, ids, p, E)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    xp, probs_p, psplits, row_map = got
+    dxp, dpp = torch.randn_like(xp), torch.randn_like(probs_p)
+    for a, b in zip(mt._permute_backward(row_map, dxp, dpp, k), mt._permute_backward.impl(row_map, dxp, dpp, k)):
+        assert torch.equal(a, b)
+    assert torch.equal(mt._unpermute_forward(xp, row_map, k), mt._unpermute_forward.impl(xp, row_map, k))
+    dy = torch.randn(T, H)
+    assert torch.equal(mt._unpermute_backward(dy, row_map), mt._unpermute_backward.impl(dy, row_map))
+    with pytest.raises(ValueError, match=r"permute_forward: x \(9, 6\), ids \(8, 2\) and probs \(9, 2\)"):
+        mt._permute_forward(x, ids[:8].contiguous(), p, E)
+    with pytest.raises(ValueError, match="k = 4 must be >= 1 and divide the 18 rows of yp"):
+        mt._unpermute_forward(xp, row_map, 4)
+
+
+def test_routing_autograd_runs_in_cpp_and_matches_the_python_operators():
+    """router -> permute -> scaled GLU -> unpermute, differentiated: the C++ nodes run, and the
+    gradients are those the Python implementations compose."""
+    torch.manual_seed(4)
+    T, E, k = 7, 3, 2
+    logits = torch.randn(T, E, requires_grad=True)
+    x = torch.randn(T, 2 * 4, requires_grad=True)
+    p, ids = mt.router(logits, k)
+    xp, pp, s, row_map = mt.permute(x, ids, p, E)
+    y = mt.unpermute(mt.scaled_glu(xp, pp, s), row_map, k)
+    assert "UnpermuteFunction" in y.grad_fn.name()
+    dy = torch.randn_like(y)
+    y.backward(dy)
+
+    # the same chain by hand through the Python implementations
+    with torch.no_grad():
+        p2, ids2 = mt._router_forward.impl(logits, k, 0, 1)
+        xp2, pp2, s2, rm2 = mt._permute_forward.impl(x, ids2, p2, E)
+        dz = mt._unpermute_backward.impl(dy, rm2)
+        dh, dpp = mt._glu_backward.impl(xp2, pp2, s2, dz, 0, 0, 7.0, 1.702, 1.0, True)
+        dx, dp = mt._permute_backward.impl(rm2, dh, dpp, k)
+        dlogits = mt._router_backward.impl(logits, ids2, dp, k, 0, 1)
+    assert torch.equal(x.grad, dx) and torch.equal(logits.grad, dlogits)
