@@ -1729,7 +1729,7 @@ class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         y = _experts(self, x2, _splits_tensor(m_splits, x2.device, owner, x2.shape[0]),
                      _row_probs(owner, probs, x.shape[:-1]), self.b2_mode, self._glu, self.save_z,
                      bool(is_first_microbatch))
-        return y.view(x.shape)
+        return y if x.dim() == 2 else y.view(x.shape)
 
 
 def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode: int, glu: Tuple, save_z: bool,
@@ -1801,7 +1801,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             y = self._forward_parts(x, bool(is_first_microbatch))
         else:
             y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)
-        return y.reshape(shape)
+        return y if len(shape) == 2 else y.reshape(shape)
 
     def _forward_parts(self, x: Tensor, first_microbatch: bool) -> Tensor:
         """docs/ops.md 8.1 step by step, the experts through _experts."""
