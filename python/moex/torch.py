@@ -37,6 +37,10 @@ probs without SCALED) raises ValueError naming it before anything runs. The oper
 differentiable once: a gradient of their gradients (create_graph=True) raises.
 moex::module_weight_grads(xs, dys, splits, module, ...) -> None is the modules' weight
 gradients with fuse_wgrad_accumulation / delay_wgrad_compute (an opaque side effect).
+Where `pip install ./python` built the compiled extension (moex._torch_ext, python/csrc), the
+operators it defines (all but module_weight_grads, plus grouped_linear_discrete_forward /
+_backward_data for GroupedLinear's separate weights) are its C++ ones, kernels and autograd
+alike (_CppOperator), and the Python implementations below are not registered.
 
 The functions and modules take what the operators take and more: inputs [..., features] (the
 leading dimensions are the rows, as Transformer Engine flattens them; outputs [..., out]),
