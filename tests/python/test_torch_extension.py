@@ -123,6 +123,18 @@ def test_errors_are_value_errors_and_moex_errors():
                                                     True, False, False)
 
 
+def test_a_failure_in_backward_is_a_moex_error():
+    """A moex failure inside the C++ backward reaches the caller of backward() as MoexError (the
+    autograd engine carries the C++ exception; torch's bindings raise its Python type)."""
+    x, w, splits, _, _ = inputs()
+    x.requires_grad_()
+    y = mt.grouped_linear(x, w, splits)
+    splits.data[3] = 100   # past T, behind autograd's back (no version bump)
+    with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS") as info:
+        y.sum().backward()
+    assert type(info.value) is ext.TorchMoexError
+
+
 @pytest.mark.parametrize("mode", [0, 1, 2])
 def test_autograd_computes_only_what_is_asked(mode):
     """The C++ autograd's gradients equal the Python operators' composed by hand, for each subset
