@@ -40,6 +40,8 @@ OPERATORS = {"grouped_linear_forward": "_forward", "grouped_linear_backward_data
              "permute_backward": "_permute_backward", "unpermute_forward": "_unpermute_forward",
              "unpermute_backward": "_unpermute_backward"}
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # bitwise tests on both backends
+
 _INSTALLED = os.path.isdir(os.path.join(os.path.dirname(moex.__file__), "lib"))
 if ext.PATH is None and (not _INSTALLED or os.environ.get("MOEX_TORCH_EXTENSION") == "0"):
     pytest.skip(f"the PyTorch extension is not loaded ({ext.LOAD_ERROR})", allow_module_level=True)
@@ -61,20 +63,21 @@ def test_extension_is_loaded_and_defines_the_operators():
         assert "autograd.cpp" in next(ln for ln in dump.splitlines() if ln.startswith("Autograd")), name
 
 
-def inputs(T=13, K=24, N=16, splits=(3, 0, 7, 2), dtype=torch.float32, seed=0):
+def inputs(T=13, K=24, N=16, splits=(3, 0, 7, 2), dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, K, generator=g).to(dtype)
-    w = (0.2 * torch.randn(len(splits), N, K, generator=g)).to(dtype)
-    b = torch.randn(len(splits), N, generator=g).to(dtype)
-    p = torch.rand(T, generator=g)
-    return x, w, torch.tensor(splits), b, p
+    x = torch.randn(T, K, generator=g).to(device, dtype)
+    w = (0.2 * torch.randn(len(splits), N, K, generator=g)).to(device, dtype)
+    b = torch.randn(len(splits), N, generator=g).to(device, dtype)
+    p = torch.rand(T, generator=g).to(device)
+    return x, w, torch.tensor(splits, device=device), b, p
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("mode", [0, 1, 2])
-def test_operators_match_the_python_implementation_bitwise(dtype, mode):
+def test_operators_match_the_python_implementation_bitwise(device, dtype, mode):
     """Each C++ kernel against its Python implementation over ctypes (_CppOperator.impl)."""
-    x, w, splits, b, p = inputs(dtype=dtype)
+    x, w, splits, b, p = inputs(dtype=dtype, device=device)
     n = int(splits.sum())
     bias, probs = (b if mode else None), (p if mode == 2 else None)
     args = (x, w, splits, bias, probs, mode)
@@ -89,10 +92,10 @@ def test_operators_match_the_python_implementation_bitwise(dtype, mode):
 
     code = 0 if dtype == torch.float32 else 1
     assert torch.equal(mt._backward_weight(x, dy, splits, code), mt._backward_weight.impl(x, dy, splits, code))
-    main, main_py = torch.ones(4, 16, 24), torch.ones(4, 16, 24)
+    main, main_py = torch.ones(4, 16, 24, device=device), torch.ones(4, 16, 24, device=device)
     mt._backward_weight_accumulate(x, dy, splits, main)
     mt._backward_weight_accumulate.impl(x, dy, splits, main_py)
-    assert torch.equal(main, main_py) and not torch.equal(main, torch.ones(4, 16, 24))
+    assert torch.equal(main, main_py) and not torch.equal(main, torch.ones_like(main))
 
 
 def test_errors_are_value_errors_and_moex_errors():
@@ -196,26 +199,27 @@ def test_threads_share_the_context():
 
 # ---- grouped MLP ---------------------------------------------------------------------------------
 
-def mlp_inputs(T=11, H=16, F=8, splits=(3, 0, 5, 2), dtype=torch.float32, seed=1):
+def mlp_inputs(T=11, H=16, F=8, splits=(3, 0, 5, 2), dtype=torch.float32, seed=1, device="cpu"):
     g = torch.Generator().manual_seed(seed)
     G = len(splits)
-    x = torch.randn(T, H, generator=g).to(dtype)
-    w1 = (0.3 * torch.randn(G, 2 * F, H, generator=g)).to(dtype)
-    w2 = (0.3 * torch.randn(G, H, F, generator=g)).to(dtype)
-    b1 = torch.randn(G, 2 * F, generator=g).to(dtype)
-    b2 = torch.randn(G, H, generator=g).to(dtype)
-    p = torch.rand(T, generator=g)
-    return x, w1, b1, w2, b2, p, torch.tensor(splits)
+    x = torch.randn(T, H, generator=g).to(device, dtype)
+    w1 = (0.3 * torch.randn(G, 2 * F, H, generator=g)).to(device, dtype)
+    w2 = (0.3 * torch.randn(G, H, F, generator=g)).to(device, dtype)
+    b1 = torch.randn(G, 2 * F, generator=g).to(device, dtype)
+    b2 = torch.randn(G, H, generator=g).to(device, dtype)
+    p = torch.rand(T, generator=g).to(device)
+    return x, w1, b1, w2, b2, p, torch.tensor(splits, device=device)
 
 
 GLU = (1, 0, 7.0, 1.702, 1.0)   # clamped SwiGLU, contiguous halves
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b2_mode", [0, 1, 2])
 @pytest.mark.parametrize("save_z", [False, True])
-def test_mlp_operators_match_the_python_implementation_bitwise(dtype, b2_mode, save_z):
-    x, w1, b1, w2, b2, p, splits = mlp_inputs(dtype=dtype)
+def test_mlp_operators_match_the_python_implementation_bitwise(device, dtype, b2_mode, save_z):
+    x, w1, b1, w2, b2, p, splits = mlp_inputs(dtype=dtype, device=device)
     args = (x, w1, b1, w2, b2 if b2_mode else None, p, splits, b2_mode, *GLU, save_z)
     n = int(splits.sum())
     outs, want = mt._mlp_forward(*args), mt._mlp_forward.impl(*args)
@@ -239,8 +243,9 @@ def test_mlp_operators_match_the_python_implementation_bitwise(dtype, b2_mode, s
         mt._mlp_forward(x, w1, b1, w2, b2, None, splits, 2, *GLU, save_z)
     with pytest.raises(ValueError, match="moex.grouped_mlp_forward: b2 is given but b2_mode is NONE"):
         mt._mlp_forward(x, w1, b1, w2, b2, p, splits, 0, *GLU, save_z)
-    with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS"):
-        mt._mlp_forward(x, w1, b1, w2, None, p, torch.tensor([3, 0, 5, 9]), 0, *GLU, save_z)
+    if device == "cpu":   # (CUDA flags bad split values on the device instead)
+        with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS"):
+            mt._mlp_forward(x, w1, b1, w2, None, p, torch.tensor([3, 0, 5, 9]), 0, *GLU, save_z)
 
 
 def test_mlp_autograd_computes_only_what_is_asked():
@@ -273,21 +278,22 @@ def test_mlp_backward_consumes_h_and_refuses_double_backward():
 
 # ---- MoE layer -----------------------------------------------------------------------------------
 
-def moe_inputs(T=10, H=16, F=8, E=4, dtype=torch.float32, seed=2):
+def moe_inputs(T=10, H=16, F=8, E=4, dtype=torch.float32, seed=2, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, H, generator=g).to(dtype)
-    rw = torch.randn(E, H, generator=g).to(dtype)
-    w1 = (0.3 * torch.randn(E, 2 * F, H, generator=g)).to(dtype)
-    w2 = (0.3 * torch.randn(E, H, F, generator=g)).to(dtype)
-    b1 = torch.randn(E, 2 * F, generator=g).to(dtype)
-    b2 = torch.randn(E, H, generator=g).to(dtype)
+    x = torch.randn(T, H, generator=g).to(device, dtype)
+    rw = torch.randn(E, H, generator=g).to(device, dtype)
+    w1 = (0.3 * torch.randn(E, 2 * F, H, generator=g)).to(device, dtype)
+    w2 = (0.3 * torch.randn(E, H, F, generator=g)).to(device, dtype)
+    b1 = torch.randn(E, 2 * F, generator=g).to(device, dtype)
+    b2 = torch.randn(E, H, generator=g).to(device, dtype)
     return x, rw, w1, b1, w2, b2
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("b2_mode", [0, 1, 2])
-def test_moe_operators_match_the_python_implementation_bitwise(dtype, b2_mode):
-    x, rw, w1, b1, w2, b2 = moe_inputs(dtype=dtype)
+def test_moe_operators_match_the_python_implementation_bitwise(device, dtype, b2_mode):
+    x, rw, w1, b1, w2, b2 = moe_inputs(dtype=dtype, device=device)
     options = (2, 1, 1, b2_mode, *GLU)   # topk 2, sigmoid scores renormalised
     args = (x, rw, w1, b1, w2, b2 if b2_mode else None, *options)
     (y, saved), (y_py, saved_py) = mt._moe_forward(*args), mt._moe_forward.impl(*args)
@@ -331,18 +337,19 @@ def test_moe_layer_autograd_computes_only_what_is_asked():
 
 # ---- GroupedLinear on separate weights (weight0..: the C++ discrete-weight operators) ------------
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("bias_kind", ["none", "add", "scaled"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_separate_weights_run_in_cpp_and_match_the_python_function(bias_kind, dtype):
+def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_kind, dtype):
     """GroupedLinear with weight0.. runs the C++ operator (its autograd node is the C++ Function)
     and gives bitwise what the Python autograd.Function over ctypes (_GroupedLinearDiscrete) gives."""
     assert set(DISCRETE_OPS) <= ext.OPS
     torch.manual_seed(0)
-    layer = mt.GroupedLinear(3, 8, 6, bias=bias_kind != "none", params_dtype=dtype)
-    x = torch.randn(11, 8, dtype=dtype, requires_grad=True)
-    p = torch.rand(11, requires_grad=True) if bias_kind == "scaled" else None
-    splits = torch.tensor([4, 0, 5])
-    dy = torch.randn(11, 6, dtype=dtype)
+    layer = mt.GroupedLinear(3, 8, 6, bias=bias_kind != "none", params_dtype=dtype, device=device)
+    x = torch.randn(11, 8, dtype=dtype, device=device, requires_grad=True)
+    p = torch.rand(11, device=device, requires_grad=True) if bias_kind == "scaled" else None
+    splits = torch.tensor([4, 0, 5], device=device)
+    dy = torch.randn(11, 6, dtype=dtype, device=device)
 
     y = layer(x, splits, probs=p)
     node = y.grad_fn
@@ -447,3 +454,40 @@ def test_routing_autograd_runs_in_cpp_and_matches_the_python_operators():
         dx, dp = mt._permute_backward.impl(rm2, dh, dpp, k)
         dlogits = mt._router_backward.impl(logits, ids2, dp, k, 0, 1)
     assert torch.equal(x.grad, dx) and torch.equal(logits.grad, dlogits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_cuda_calls_run_on_torchs_current_stream_and_capture():
+    """The C++ kernels enqueue on torch's current stream: a CUDA graph captured on torch's
+    capture stream (any other stream would break the capture) replays the forward and the
+    backward of GroupedLinear and GroupedMLP, with new inputs, equal to eager calls."""
+    torch.manual_seed(5)
+    layer = mt.GroupedLinear(4, 64, 32, params_dtype=torch.bfloat16, device="cuda")
+    mlp = mt.GroupedMLP(4, 32, 16, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    splits = torch.tensor([10, 0, 20, 18], device="cuda")
+
+    def step():
+        y = mlp(layer(x, splits), splits)
+        y.float().square().sum().backward()
+        return y
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):   # warm-up (the separate weights' pointer array is built here)
+            step()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    x.grad = None
+    with torch.cuda.graph(g):
+        y_graph = step()   # x.grad is now the graph's tensor, which replays write
+    with torch.no_grad():
+        x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    got, got_dx = y_graph.clone(), x.grad.clone()
+    x.grad = None
+    y = step()
+    torch.cuda.synchronize()
+    assert torch.equal(got, y.detach()) and torch.equal(got_dx, x.grad)
