@@ -121,7 +121,8 @@ public:
     Call& operator=(const Call&) = delete;
 
     // moex_<op>_workspace_size, a workspace of that many bytes from torch's allocator on the
-    // device (none for 0), then moex_<op>; either failing throws moex.MoexError.
+    // device (none for 0; an earlier call's when it is large enough), then moex_<op>; either
+    // failing throws moex.MoexError.
     template <class Args>
     void run(moex_status (*query)(moex_context*, const Args*, size_t*),
              moex_status (*call)(moex_context*, const Args*, void*, size_t, moex_stream), const Args& args) {

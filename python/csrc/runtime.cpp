@@ -241,9 +241,12 @@ void Call::check_status(moex_status status) const {
     if (status != MOEX_OK) throw_moex_error(status, moex_last_error(ctx_));
 }
 
+// The calls of one Call run one after the other on one stream (the CPU backend's synchronously),
+// so a later call may reuse an earlier call's workspace: it starts after that call has finished.
 void* Call::workspace(size_t bytes) {
     if (bytes == 0) return nullptr;
-    workspace_ = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
+    if (!workspace_.defined() || static_cast<size_t>(workspace_.numel()) < bytes)
+        workspace_ = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(device_));
     return workspace_.data_ptr();
 }
 
