@@ -491,3 +491,23 @@ def test_cuda_calls_run_on_torchs_current_stream_and_capture():
     y = step()
     torch.cuda.synchronize()
     assert torch.equal(got, y.detach()) and torch.equal(got_dx, x.grad)
+
+
+def test_an_unloadable_extension_falls_back_to_the_python_operators(tmp_path):
+    """An extension that cannot be loaded (e.g. built for another torch) warns and leaves moex.torch
+    on its Python operators over ctypes, which then work."""
+    import subprocess
+    import sys
+    bogus = tmp_path / "libmoex_torch.so"
+    bogus.write_bytes(b"not a shared library")
+    code = ("import warnings, torch\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always')\n"
+            "    import moex._torch_ext as ext, moex.torch as mt\n"
+            "assert ext.PATH is None and not ext.OPS and any('could not be loaded' in str(x.message) for x in w)\n"
+            "assert type(mt._forward).__name__ == '_Operator'\n"
+            "y = mt.grouped_linear(torch.ones(4, 2), torch.ones(2, 3, 2), [1, 3])\n"
+            "assert torch.equal(y, torch.full((4, 3), 2.0))\n")
+    env = {**os.environ, "MOEX_TORCH_EXTENSION": str(bogus)}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
