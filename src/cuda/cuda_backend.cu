@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_driver.h"
 #include "cuda_ops.h"
 
 /* ---- entering a call: ctx->device current, the caller's restored on leave -------------
@@ -14,17 +15,6 @@
  * driver calls of a call (the Hopper GEMMs' tensor-map encoder) need one: so the thread's
  * context is asked first (cuCtxGetCurrent, a thread-local read), and a thread without one gets
  * the device's primary context through cudaSetDevice. */
-
-static CUresult (*driver_ctx_get_current(void))(CUcontext *) {
-    void *p = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 4000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return (CUresult(*)(CUcontext *))p;
-}
 
 moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, int *prev) {
     CUcontext current = NULL;
@@ -180,7 +170,7 @@ extern "C" moex_status moex_cuda_backend_init(moex_context *ctx) {
                          ctx->device, count);
     moex_cuda_state *st = (moex_cuda_state *)calloc(1, sizeof *st);
     if (!st) return moex_fail(ctx, MOEX_ERR_OUT_OF_MEMORY, "moex_context_create: out of host memory");
-    st->ctx_get_current = driver_ctx_get_current();
+    st->ctx_get_current = (CUresult(*)(CUcontext *))moex_cuda_driver_entry("cuCtxGetCurrent", 4000);
     if (st->ctx_get_current == NULL) {
         free(st);
         return moex_fail(ctx, MOEX_ERR_CUDA, "moex_context_create: the driver gives no cuCtxGetCurrent");

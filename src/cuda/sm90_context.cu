@@ -7,19 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "cuda_driver.h"
 #include "sm90_common.cuh"
-
-/* A driver function through the runtime (no link against libcuda); NULL when absent. */
-static void *sm90_driver_entry(const char *name, int version) {
-    void *p = NULL;
-    cudaDriverEntryPointQueryResult q;
-    if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-        cudaGetLastError();
-        return NULL;
-    }
-    return p;
-}
 
 const char *sm90_map_failure(const moex_sm90_context *c, const char *kernel, const char *operand, CUresult r) {
     static thread_local char msg[256];
@@ -50,8 +39,8 @@ static moex_status sm90_context_fill(moex_sm90_context *c, const char **why) {
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the kernels are not in this binary");
     }
     if (fa.binaryVersion != 90) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: this binary has no sm_90a kernels");
-    c->encode = (PFN_cuTensorMapEncodeTiled_v12000)sm90_driver_entry("cuTensorMapEncodeTiled", 12000);
-    c->error_name = (PFN_cuGetErrorName_v6000)sm90_driver_entry("cuGetErrorName", 6000);
+    c->encode = (PFN_cuTensorMapEncodeTiled_v12000)moex_cuda_driver_entry("cuTensorMapEncodeTiled", 12000);
+    c->error_name = (PFN_cuGetErrorName_v6000)moex_cuda_driver_entry("cuGetErrorName", 6000);
     if (c->encode == NULL) SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90: the driver gives no cuTensorMapEncodeTiled");
     const char *w = "";
     if (sm90_rows_prepare(c->dev.sms, &c->dev.rows_cluster_slots, &w) != cudaSuccess ||
