@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu_python.sh - the Python package on the GPU machine, in one call: build libmoex (Release,
-# sm_90a), the pytest suite on CPU and CUDA (tests/python, through MOEX_LIBRARY), the host-time
-# benchmark (bench/torch_host_time.py) and the MoE language-model example's comparison
-# (examples/moe_lm/compare.py), then a summary.
+# sm_90a) and the PyTorch extension (python/CMakeLists.txt, as pip builds them), the pytest
+# suite on CPU and CUDA (tests/python, through MOEX_LIBRARY and MOEX_TORCH_EXTENSION), the
+# host-time benchmark (bench/torch_host_time.py --compare-ctypes) and the MoE language-model
+# example's comparison (examples/moe_lm/compare.py), then a summary.
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build test host example (default all)
 # Logs go to $OUT (the device tool's output folder) or $BUILD/py_out: build.log pytest.log
 # host.log example.log summary.txt. Env: BUILD (default build-py), PYTEST_K (a pytest -k
@@ -17,15 +18,17 @@ SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-export MOEX_LIBRARY=$PWD/$BUILD/libmoex.so PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
+export MOEX_LIBRARY=$PWD/$BUILD/libmoex/libmoex.so MOEX_TORCH_EXTENSION=$PWD/$BUILD/libmoex_torch.so \
+       PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 
 note "gpu_python $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) stages: $STAGES"
 note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), torch $(python3 -c 'import torch; print(torch.__version__)')"
 
 if has build; then
     t0=$SECONDS
-    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
-      ninja -C "$BUILD" moex; } > "$OUT/build.log" 2>&1
+    { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+            -DMOEX_TESTS=OFF -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+      ninja -C "$BUILD" moex moex_torch; } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
@@ -39,7 +42,7 @@ if has test; then
 fi
 
 if has host; then
-    python3 bench/torch_host_time.py > "$OUT/host.log" 2>&1
+    python3 bench/torch_host_time.py --compare-ctypes > "$OUT/host.log" 2>&1
     note "host time: rc=$?"
     tee -a "$SUMMARY" < "$OUT/host.log"
 fi
