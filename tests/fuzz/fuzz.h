@@ -269,6 +269,8 @@ enum {
     FZ_FREE0 = 1u << 4,       /* dim i may change without making the call invalid: G2 skips it */
     FZ_FREE1 = 1u << 5,
     FZ_FREE2 = 1u << 6,
+    FZ_FREE_ALL = FZ_FREE0 | FZ_FREE1 | FZ_FREE2,
+    FZ_ANY_NDIM = 1u << 7,    /* any ndim in 1..4 is valid: G0 picks only invalid ones         */
     FZ_NOFAULT = 1u << 8,     /* not validated by the call (ignored fields): never faulted   */
     FZ_DISCRETE_OK = 1u << 9  /* weights: may be discrete                                    */
 };

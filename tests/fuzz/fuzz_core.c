@@ -703,7 +703,7 @@ static bool g_ndim(fz_case *c, unsigned sel, uint64_t p) {
     fz_tensor *T = &c->tens[ti_];
     c->fault_ti = ti_;
     static const int32_t vals[8] = {1, 2, 3, 4, -1, 5, 100, INT32_MIN};
-    int32_t v = vals[p % 8];
+    int32_t v = vals[(T->flags & FZ_ANY_NDIM) ? 4 + p % 4 : p % 8];   /* any ndim: only invalid ones */
     if (v == T->t->ndim) v = T->t->ndim == 1 ? 2 : 1;
     const int32_t old = T->t->ndim;
     T->t->ndim = v;

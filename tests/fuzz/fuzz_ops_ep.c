@@ -17,7 +17,8 @@
  * then kept (FZ_KEEP: they must not change).
  *
  * Faults (besides the generic ones on every tensor; x_scales and xr_scales are G7's forbidden
- * tensors of a plain dispatch, dprobs_r / dprobs each G6-required or G7-forbidden together):
+ * tensors of a plain dispatch; dprobs_r and dprobs G6-required together, or dprobs alone
+ * G7-forbidden: given together they are a valid call, so dprobs_r is then never faulted):
  *   ep NULL, ep of another moex_context                                       STRUCT
  *   T past max_tokens (every [T, ...] tensor of the call)                     STRUCT
  *   FP8 dispatch with H % 16 != 0 (drawn with the EP context)                  STRUCT
@@ -509,7 +510,8 @@ void fz_op_ep_dispatch_bwd(fz_case *c) {
     a->dxr = moex_tensor_2d(NULL, ep_s.dt, ep_s.R, ep_s.H);
     fz_tail(c, fz_tensor_reg(c, "dxr", &a->dxr, FZ_IN, FZ_REQUIRED, DT(ep_s.dt)), ep_s.S);
     a->dprobs_r = moex_tensor_1d(NULL, F32, ep_s.R);
-    fz_tail(c, fz_tensor_reg(c, "dprobs_r", &a->dprobs_r, FZ_IN, dp ? FZ_REQUIRED : FZ_FORBIDDEN, DT(F32)), ep_s.S);
+    if (!dp) a->dprobs_r.ndim = 0;
+    fz_tail(c, fz_tensor_reg(c, "dprobs_r", &a->dprobs_r, FZ_IN, dp ? FZ_REQUIRED : FZ_NOFAULT, DT(F32)), ep_s.S);
     a->dx = moex_tensor_2d(NULL, ep_s.dt, ep_s.T, ep_s.H);
     ep_s.tok[ep_s.ntok++] = fz_tensor_reg(c, "dx", &a->dx, FZ_OUT, FZ_REQUIRED | FZ_FREE0, DT(ep_s.dt));
     a->dprobs = moex_tensor_2d(NULL, F32, ep_s.T, ep_s.k);
