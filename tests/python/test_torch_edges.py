@@ -48,8 +48,11 @@ def glu_ref(h, probs=None, limit=None, alpha=1.702, offset=1.0):
     if limit is None:
         z = F.silu(a) * b
     else:
-        a = a.clamp(max=limit)
-        z = a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + offset)
+        # clamps whose gradient is 0 at the bound itself (docs/ops.md 3.2; torch.clamp's own
+        # gradient there is 1 in torch 2.11, 0 in 2.15)
+        a = torch.where(a < limit, a, a.detach().clamp(max=limit))
+        b = torch.where((b > -limit) & (b < limit), b, b.detach().clamp(-limit, limit))
+        z = a * torch.sigmoid(alpha * a) * (b + offset)
     return z if probs is None else z * probs[..., None]
 
 
