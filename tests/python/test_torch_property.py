@@ -138,8 +138,11 @@ def glu_ref(h, kind, layout, p=None, limit=7.0, alpha=1.702, offset=1.0):
     if kind == "swiglu":
         z = F.silu(a) * b
     else:
-        a = a.clamp(max=limit)
-        z = a * torch.sigmoid(alpha * a) * (b.clamp(-limit, limit) + offset)
+        # clamps with gradient 0 at the bound itself, as moex (docs/ops.md 3.2; torch.clamp gives
+        # 1 there in torch 2.11)
+        a = torch.where(a < limit, a, a.detach().clamp(max=limit))
+        b = torch.where((b > -limit) & (b < limit), b, b.detach().clamp(-limit, limit))
+        z = a * torch.sigmoid(alpha * a) * (b + offset)
     return z if p is None else z * p[..., None]
 
 
