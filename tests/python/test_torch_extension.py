@@ -9,6 +9,8 @@ torch present builds it; its absence there is a build failure); run from the sou
 (PYTHONPATH=python) without it, or with MOEX_TORCH_EXTENSION=0, these tests are skipped.
 """
 import os
+import shutil
+import subprocess
 import threading
 
 import pytest
@@ -61,6 +63,17 @@ def test_extension_is_loaded_and_defines_the_operators():
                  "scaled_glu_forward", "router_forward", "permute_forward", "unpermute_forward"):
         dump = torch._C._dispatch_dump(f"moex::{name}")
         assert "autograd.cpp" in next(ln for ln in dump.splitlines() if ln.startswith("Autograd")), name
+
+
+def test_extension_shares_the_cpp_runtime():
+    """libmoex_torch.so needs the shared libstdc++, the one torch runs on: a private static copy
+    (a toolchain that links the standard library statically by default) crashed in iostreams on
+    the first ValueError message on the GPU machine (python/CMakeLists.txt)."""
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("no readelf")
+    needed = subprocess.run([readelf, "-d", ext.PATH], capture_output=True, text=True, check=True).stdout
+    assert "[libstdc++.so." in needed, needed
 
 
 def inputs(T=13, K=24, N=16, splits=(3, 0, 7, 2), dtype=torch.float32, seed=0, device="cpu"):
