@@ -41,6 +41,37 @@ struct Edges {
 };
 bool needs_grad(AutogradContext* ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
 
+// The fp8... and glu_... arguments of a forward operator, kept in saved_data for its backward.
+struct Fp8Args {
+    int64_t mode, dtypes;
+    bool pow2_scales;
+    double amax_epsilon;
+    void save(AutogradContext* ctx) const {
+        auto& d = ctx->saved_data;
+        d["fp8_mode"] = mode, d["fp8_dtypes"] = dtypes, d["fp8_pow2_scales"] = pow2_scales;
+        d["fp8_amax_epsilon"] = amax_epsilon;
+    }
+    static Fp8Args load(AutogradContext* ctx) {
+        auto& d = ctx->saved_data;
+        return {d["fp8_mode"].toInt(), d["fp8_dtypes"].toInt(), d["fp8_pow2_scales"].toBool(),
+                d["fp8_amax_epsilon"].toDouble()};
+    }
+};
+struct GluArgs {
+    int64_t kind, layout;
+    double limit, alpha, offset;
+    void save(AutogradContext* ctx) const {
+        auto& d = ctx->saved_data;
+        d["glu_kind"] = kind, d["glu_layout"] = layout, d["glu_limit"] = limit, d["glu_alpha"] = alpha;
+        d["glu_offset"] = offset;
+    }
+    static GluArgs load(AutogradContext* ctx) {
+        auto& d = ctx->saved_data;
+        return {d["glu_kind"].toInt(), d["glu_layout"].toInt(), d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(),
+                d["glu_offset"].toDouble()};
+    }
+};
+
 // The gradients a backward returns: as they are, or under create_graph=True (grad mode on in the
 // backward) each floating-point one marked by a DelayedError node, so that differentiating it
 // raises (moex's backward is not differentiable); the backward operators themselves run without
@@ -94,10 +125,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         ctx->saved_data["edge_bias"] = e.add(bias);
         ctx->saved_data["edge_probs"] = e.add(probs);
         ctx->saved_data["bias_mode"] = bias_mode;
-        ctx->saved_data["fp8_mode"] = fp8_mode;
-        ctx->saved_data["fp8_dtypes"] = fp8_dtypes;
-        ctx->saved_data["fp8_pow2_scales"] = fp8_pow2_scales;
-        ctx->saved_data["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
         return y;
     }
 
@@ -109,9 +137,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         const OptTensor bias = optional(saved[3]), probs = optional(saved[4]);
         auto& d = ctx->saved_data;
         const int64_t bias_mode = d["bias_mode"].toInt();
-        const int64_t fp8_mode = d["fp8_mode"].toInt(), fp8_dtypes = d["fp8_dtypes"].toInt();
-        const bool fp8_pow2 = d["fp8_pow2_scales"].toBool();
-        const double fp8_eps = d["fp8_amax_epsilon"].toDouble();
+        const Fp8Args f = Fp8Args::load(ctx);
         const bool need_x = needs_grad(ctx, d["edge_x"].toInt()), need_w = needs_grad(ctx, d["edge_w"].toInt());
         const bool need_dbias = needs_grad(ctx, d["edge_bias"].toInt()) && bias_mode != MOEX_BIAS_NONE;
         const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt()) && bias_mode == MOEX_BIAS_SCALED;
@@ -122,14 +148,14 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         variable_list out(10);   // one per forward argument: x, w, splits, bias, probs, then non-tensors
         if (need_x || need_dbias || need_dprobs) {
             auto [dx, dbias, dprobs] = data_op.call(dy, w, splits, bias, probs, bias_mode, need_x, need_dbias,
-                                                    need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2, fp8_eps);
+                                                    need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon);
             if (need_x) out[0] = dx;
             if (need_dbias) out[3] = dbias;
             if (need_dprobs) out[4] = dprobs;
         }
         if (need_w)
-            out[1] = weight_op.call(x, dy, splits, dtype_code(w.scalar_type()), fp8_mode, fp8_dtypes, fp8_pow2,
-                                    fp8_eps);
+            out[1] = weight_op.call(x, dy, splits, dtype_code(w.scalar_type()), f.mode, f.dtypes, f.pow2_scales,
+                                    f.amax_epsilon);
         at::AutoGradMode restore(create_graph);
         return once_differentiable(std::move(out));
     }
@@ -175,10 +201,7 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         d["edge_bias"] = e.add(bias);
         d["edge_probs"] = e.add(probs);
         d["bias_mode"] = bias_mode;
-        d["fp8_mode"] = fp8_mode;
-        d["fp8_dtypes"] = fp8_dtypes;
-        d["fp8_pow2_scales"] = fp8_pow2_scales;
-        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
         return y;
     }
 
@@ -192,9 +215,7 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         const int64_t G = static_cast<int64_t>(weights.size());
         auto& d = ctx->saved_data;
         const int64_t bias_mode = d["bias_mode"].toInt();
-        const int64_t fp8_mode = d["fp8_mode"].toInt(), fp8_dtypes = d["fp8_dtypes"].toInt();
-        const bool fp8_pow2 = d["fp8_pow2_scales"].toBool();
-        const double fp8_eps = d["fp8_amax_epsilon"].toDouble();
+        const Fp8Args f = Fp8Args::load(ctx);
         const bool need_x = needs_grad(ctx, d["edge_x"].toInt());
         bool need_w = false;
         for (int64_t g = 0; g < G; ++g) need_w = need_w || needs_grad(ctx, d["edge_w0"].toInt() + g);
@@ -208,14 +229,14 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         variable_list out(G + 10);
         if (need_x || need_dbias || need_dprobs) {
             auto [dx, dbias, dprobs] = data_op.call(dy, weights, ptrs, splits, bias, probs, bias_mode, need_x,
-                                                    need_dbias, need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2, fp8_eps);
+                                                    need_dbias, need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon);
             if (need_x) out[0] = dx;
             if (need_dbias) out[G + 3] = dbias;
             if (need_dprobs) out[G + 4] = dprobs;
         }
         if (need_w) {
-            const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), fp8_mode,
-                                                 fp8_dtypes, fp8_pow2, fp8_eps);
+            const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), f.mode,
+                                                 f.dtypes, f.pow2_scales, f.amax_epsilon);
             for (int64_t g = 0; g < G; ++g) out[1 + g] = dw[g];
         }
         at::AutoGradMode restore(create_graph);
@@ -268,15 +289,8 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         d["edge_b2"] = e.add(b2);
         d["edge_probs"] = e.add(probs);
         d["b2_mode"] = b2_mode;
-        d["glu_kind"] = glu_kind;
-        d["glu_layout"] = glu_layout;
-        d["glu_limit"] = glu_limit;
-        d["glu_alpha"] = glu_alpha;
-        d["glu_offset"] = glu_offset;
-        d["fp8_mode"] = fp8_mode;
-        d["fp8_dtypes"] = fp8_dtypes;
-        d["fp8_pow2_scales"] = fp8_pow2_scales;
-        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
         return {y, h, z};
     }
 
@@ -290,6 +304,8 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         const OptTensor b1 = optional(saved[2]), b2 = optional(saved[4]), probs = optional(saved[5]);
         auto& d = ctx->saved_data;
         const int64_t b2_mode = d["b2_mode"].toInt();
+        const GluArgs glu = GluArgs::load(ctx);
+        const Fp8Args f = Fp8Args::load(ctx);
         const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_w1"].toInt()),
                                needs_grad(ctx, d["edge_w2"].toInt()), needs_grad(ctx, d["edge_b1"].toInt()),
                                needs_grad(ctx, d["edge_b2"].toInt()) && b2_mode != MOEX_BIAS_NONE,
@@ -298,10 +314,9 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
         auto [dx, dw1, dw2, db1, db2, dprobs] =
-                op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, d["glu_kind"].toInt(),
-                        d["glu_layout"].toInt(), d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(),
-                        d["glu_offset"].toDouble(), c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), d["fp8_mode"].toInt(),
-                        d["fp8_dtypes"].toInt(), d["fp8_pow2_scales"].toBool(), d["fp8_amax_epsilon"].toDouble());
+                op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu.kind, glu.layout, glu.limit,
+                        glu.alpha, glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes,
+                        f.pow2_scales, f.amax_epsilon);
         const at::Tensor grads_by_arg[6] = {dx, dw1, db1, dw2, db2, dprobs};   // x, w1, b1, w2, b2, probs
         const int need_index[6] = {0, 1, 3, 2, 4, 5};                          // their entries in needs
         for (int i = 0; i < 6; ++i)
@@ -362,15 +377,8 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
         d["score"] = score;
         d["norm"] = norm;
         d["b2_mode"] = b2_mode;
-        d["glu_kind"] = glu_kind;
-        d["glu_layout"] = glu_layout;
-        d["glu_limit"] = glu_limit;
-        d["glu_alpha"] = glu_alpha;
-        d["glu_offset"] = glu_offset;
-        d["fp8_mode"] = fp8_mode;
-        d["fp8_dtypes"] = fp8_dtypes;
-        d["fp8_pow2_scales"] = fp8_pow2_scales;
-        d["fp8_amax_epsilon"] = fp8_amax_epsilon;
+        GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
         return {y, saved};
     }
 
@@ -380,6 +388,8 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
         const OptTensor b1 = optional(saved[3]), b2 = optional(saved[5]);
         auto& d = ctx->saved_data;
         const int64_t b2_mode = d["b2_mode"].toInt();
+        const GluArgs glu = GluArgs::load(ctx);
+        const Fp8Args f = Fp8Args::load(ctx);
         const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_router_w"].toInt()),
                                needs_grad(ctx, d["edge_w1"].toInt()), needs_grad(ctx, d["edge_w2"].toInt()),
                                needs_grad(ctx, d["edge_b1"].toInt()),
@@ -389,10 +399,9 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
         at::NoGradGuard no_grad;
         std::vector<at::Tensor> g =
                 op.call(saved[0], saved[1], saved[2], b1, saved[4], b2, saved[6], dy, d["topk"].toInt(),
-                        d["score"].toInt(), d["norm"].toInt(), b2_mode, d["glu_kind"].toInt(), d["glu_layout"].toInt(),
-                        d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(), d["glu_offset"].toDouble(),
-                        c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), d["fp8_mode"].toInt(), d["fp8_dtypes"].toInt(),
-                        d["fp8_pow2_scales"].toBool(), d["fp8_amax_epsilon"].toDouble());
+                        d["score"].toInt(), d["norm"].toInt(), b2_mode, glu.kind, glu.layout, glu.limit, glu.alpha,
+                        glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes, f.pow2_scales,
+                        f.amax_epsilon);
         // g: dx, drouter_w, dw1, dw2, db1, db2; out: one per forward argument (x, router_w, w1, b1,
         // w2, b2, then non-tensors)
         variable_list out(19);
@@ -436,11 +445,7 @@ struct ScaledGluFunction : public torch::autograd::Function<ScaledGluFunction> {
         auto& d = ctx->saved_data;
         e.add(h);
         d["edge_probs"] = e.add(probs);
-        d["glu_kind"] = glu_kind;
-        d["glu_layout"] = glu_layout;
-        d["glu_limit"] = glu_limit;
-        d["glu_alpha"] = glu_alpha;
-        d["glu_offset"] = glu_offset;
+        GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
         return z;
     }
 
@@ -453,9 +458,9 @@ struct ScaledGluFunction : public torch::autograd::Function<ScaledGluFunction> {
         const at::Tensor dz = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
-        auto [dh, dprobs] = op.call(saved[0], probs, splits, dz, d["glu_kind"].toInt(), d["glu_layout"].toInt(),
-                                    d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(), d["glu_offset"].toDouble(),
-                                    need_dprobs);
+        const GluArgs glu = GluArgs::load(ctx);
+        auto [dh, dprobs] = op.call(saved[0], probs, splits, dz, glu.kind, glu.layout, glu.limit, glu.alpha,
+                                    glu.offset, need_dprobs);
         variable_list out(8);   // h, probs, splits, then non-tensors
         out[0] = dh;
         if (need_dprobs) out[1] = dprobs;
