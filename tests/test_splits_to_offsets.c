@@ -170,6 +170,17 @@ static void zero_tail_suite(moex_context *ctx, tu_rng *r) {
         }
     const int64_t one[3] = {1, 1, 1};
     run_zero_tail(ctx, r, MOEX_DTYPE_BF16, 1, 0, one, 3, TU_SPLITS_BALANCED, 0);   /* T = 0 */
+    /* rows of no bytes: x.data may be NULL (fuzz finding: NULL + 0 under UBSan) */
+    int64_t sp[2] = {1, 0};
+    moex_zero_tail_args a;
+    memset(&a, 0, sizeof a);
+    a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, 2);
+    a.x = moex_tensor_2d(NULL, MOEX_DTYPE_F32, 5, 0);
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_zero_tail(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    free(ws);
     run_zero_tail_refused(ctx);
 }
 

@@ -99,6 +99,6 @@ size_t moex_cpu_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, co
 moex_status moex_cpu_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws) {
     const int64_t rows = d->T - g->off[g->G];   /* off[G] <= T: checked by the prepare */
-    if (rows > 0) memset((char *)a->x.data + g->off[g->G] * d->row_bytes, 0, (size_t)(rows * d->row_bytes));
+    if (rows > 0 && d->row_bytes > 0) memset((char *)a->x.data + g->off[g->G] * d->row_bytes, 0, (size_t)(rows * d->row_bytes));
     return MOEX_OK;
 }
