@@ -3,8 +3,10 @@ CUDA). Each case runs in a fresh Python process, so that the thread under test h
 work before the moex call:
 - autograd's worker thread: GroupedLinear, gmm and GroupedMLP steps whose backward is the first
   CUDA work of that thread (`y.sum().backward()`: the sum's backward launches nothing);
-- a new threading.Thread whose first CUDA work is torch.ops.moex.grouped_linear_backward_data
-  (tensors made on the main thread), then the same for the weight gradient and the MLP.
+- a new threading.Thread whose first CUDA work is a torch.ops.moex operator call (tensors made on
+  the main thread; the operator's outputs are allocated by torch on that thread before moex
+  runs, which may bind the context first: the autograd case above and the C tests' fresh-thread
+  variants, tests/cuda/cuda_mirror.h, are the ones where moex's call is the very first).
 Every call must succeed and match the same call made on the main thread bitwise (moex is
 deterministic).
 """
