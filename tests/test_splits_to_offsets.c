@@ -181,6 +181,11 @@ static void zero_tail_suite(moex_context *ctx, tu_rng *r) {
     void *ws = tu_workspace(bytes);
     CHECK_STATUS(ctx, moex_zero_tail(ctx, &a, ws, bytes, NULL), MOEX_OK);
     free(ws);
+    /* no rows, other sizes whose product overflows (fuzz finding zt-2: signed overflow, UBSan) */
+    a.x = moex_tensor_2d(NULL, MOEX_DTYPE_F32, 0, (int64_t)1 << 62);
+    a.x.ndim = 3;
+    a.x.shape[2] = 5;
+    CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_OK);
     run_zero_tail_refused(ctx);
 }
 

@@ -60,7 +60,9 @@ moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const 
     const int64_t any[MOEX_MAX_DIMS] = {-1, -1, -1, -1};
     MOEX_TRY(moex_check_output(ctx, op, "x", x, x->ndim, any, ~0u));
     d->T = x->shape[0];
-    d->row_bytes = (int64_t)moex_dtype_size(x->dtype);   /* < 2^63: x has at most 2^60 elements */
+    d->row_bytes = 0;   /* T = 0: no rows, whatever the other sizes (their product may not fit) */
+    if (d->T == 0) return MOEX_OK;
+    d->row_bytes = (int64_t)moex_dtype_size(x->dtype);   /* < 2^63: T >= 1 rows, 2^60 elements at most */
     for (int i = 1; i < x->ndim; i++) d->row_bytes *= x->shape[i];
     return MOEX_OK;
 }
