@@ -31,18 +31,16 @@ void zero_tail(Call& call, const at::Tensor& t, const at::Tensor& splits) {
 
 // ---- grouped linear (docs/ops.md section 2) -------------------------------------------------
 
-// y [T, N] (rows past sum(splits) zero).
-at::Tensor grouped_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
-                                  const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
-                                  int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                  double fp8_amax_epsilon) {
-    const char* op = "grouped_linear_forward";
-    check_group_inputs(op, x, "x", w, splits, "w");
-    check_bias(op, bias_mode, bias, probs, x);
-    at::Tensor y = at::empty({x.size(0), w.size(1)}, x.options());
+// y [T, N] (rows past sum(splits) zero) with the weight w [G, N, K] (packed or discrete), for
+// checked arguments: the packed and the discrete forward operators share it.
+at::Tensor run_linear_forward(const char* op, const at::Tensor& x, const moex_weight& w, const at::Tensor& splits,
+                              const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
+                              int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                              double fp8_amax_epsilon) {
+    at::Tensor y = at::empty({x.size(0), w.t.shape[1]}, x.options());
     moex_grouped_linear_args a{};
     a.x = view(x);
-    a.w = weight(w);
+    a.w = w;
     a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
     if (bias_mode != MOEX_BIAS_NONE) a.bias = view(bias);
     if (bias_mode == MOEX_BIAS_SCALED) a.probs = view(probs);
@@ -55,16 +53,27 @@ at::Tensor grouped_linear_forward(const at::Tensor& x, const at::Tensor& w, cons
     return y;
 }
 
+at::Tensor grouped_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
+                                  const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
+                                  int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+                                  double fp8_amax_epsilon) {
+    const char* op = "grouped_linear_forward";
+    check_group_inputs(op, x, "x", w, splits, "w");
+    check_bias(op, bias_mode, bias, probs, x);
+    return run_linear_forward(op, x, weight(w), splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                              fp8_amax_epsilon);
+}
+
 // dx [T, K] (rows past sum(splits) zero), dbias [G, N] (bias's dtype, f32 without one), dprobs
 // [T] f32 (zeroed: moex adds to it); each with 0 rows when not needed.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
-        const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits, const std::optional<at::Tensor>& bias,
-        const std::optional<at::Tensor>& probs, int64_t bias_mode, bool need_dx, bool need_dbias, bool need_dprobs,
-        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
-    const char* op = "grouped_linear_backward_data";
-    check_group_inputs(op, dy, "dy", w, splits, "w");
-    check_bias(op, bias_mode, bias, probs, dy);
-    const int64_t T = dy.size(0), N = dy.size(1), G = w.size(0), K = w.size(2);
+// For checked arguments, w [G, N, K] packed or discrete: the packed and the discrete backward-data
+// operators share it.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> run_linear_backward_data(
+        const char* op, const at::Tensor& dy, const moex_weight& w, const at::Tensor& splits,
+        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs, int64_t bias_mode,
+        bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
+        double fp8_amax_epsilon) {
+    const int64_t T = dy.size(0), G = w.t.shape[0], N = w.t.shape[1], K = w.t.shape[2];
     at::Tensor dx = at::empty({need_dx ? T : 0, K}, dy.options());
     at::Tensor dbias = at::empty({need_dbias ? G : 0, N}, dy.options().dtype(bias ? bias->scalar_type() : at::kFloat));
     at::Tensor dprobs = need_dprobs ? at::zeros({T}, dy.options().dtype(at::kFloat))
@@ -72,7 +81,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
     const bool scaled = bias_mode == MOEX_BIAS_SCALED;
     moex_grouped_linear_dgrad_args a{};
     a.dy = view(dy);
-    a.w = weight(w);
+    a.w = w;
     a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
     if (scaled && need_dprobs) a.bias = view(bias);
     if (scaled) a.probs = view(probs);
@@ -85,6 +94,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
     call.run(moex_grouped_linear_backward_data_workspace_size, moex_grouped_linear_backward_data, a);
     zero_tail(call, dx, splits);   // dprobs: zeros, += on the groups' rows only
     return {dx, dbias, dprobs};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
+        const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+        const std::optional<at::Tensor>& probs, int64_t bias_mode, bool need_dx, bool need_dbias, bool need_dprobs,
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+    const char* op = "grouped_linear_backward_data";
+    check_group_inputs(op, dy, "dy", w, splits, "w");
+    check_bias(op, bias_mode, bias, probs, dy);
+    return run_linear_backward_data(op, dy, weight(w), splits, bias, probs, bias_mode, need_dx, need_dbias,
+                                    need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
 }
 
 // torch.py's _check_wgrad: x [T, K] (a float dtype), dy [T, N] of x's dtype, splits int64 [G].
@@ -188,21 +208,10 @@ at::Tensor grouped_linear_discrete_forward(const at::Tensor& x, at::TensorList w
                                            double fp8_amax_epsilon) {
     const char* op = "grouped_linear_discrete_forward";
     check(op, "x", x, x.device(), kFloats, 2);
-    moex_grouped_linear_args a{};
-    a.w = discrete_weight(op, x, weights, ptrs, splits);
+    const moex_weight w = discrete_weight(op, x, weights, ptrs, splits);
     check_bias(op, bias_mode, bias, probs, x);
-    at::Tensor y = at::empty({x.size(0), a.w.t.shape[1]}, x.options());
-    a.x = view(x);
-    a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
-    if (bias_mode != MOEX_BIAS_NONE) a.bias = view(bias);
-    if (bias_mode == MOEX_BIAS_SCALED) a.probs = view(probs);
-    a.splits = view(splits);
-    a.y = view(y);
-    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
-    Call call(x.device());
-    call.run(moex_grouped_linear_forward_workspace_size, moex_grouped_linear_forward, a);
-    zero_tail(call, y, splits);
-    return y;
+    return run_linear_forward(op, x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                              fp8_amax_epsilon);
 }
 
 // (dx, dbias, dprobs) = grouped_linear_backward_data with the weights `weights`.
@@ -213,28 +222,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_discrete_backward_
         double fp8_amax_epsilon) {
     const char* op = "grouped_linear_discrete_backward_data";
     check(op, "dy", dy, dy.device(), kFloats, 2);
-    moex_grouped_linear_dgrad_args a{};
-    a.w = discrete_weight(op, dy, weights, ptrs, splits);
+    const moex_weight w = discrete_weight(op, dy, weights, ptrs, splits);
     check_bias(op, bias_mode, bias, probs, dy);
-    const int64_t T = dy.size(0), G = a.w.t.shape[0], N = a.w.t.shape[1], K = a.w.t.shape[2];
-    at::Tensor dx = at::empty({need_dx ? T : 0, K}, dy.options());
-    at::Tensor dbias = at::empty({need_dbias ? G : 0, N}, dy.options().dtype(bias ? bias->scalar_type() : at::kFloat));
-    at::Tensor dprobs = need_dprobs ? at::zeros({T}, dy.options().dtype(at::kFloat))
-                                    : at::empty({0}, dy.options().dtype(at::kFloat));
-    const bool scaled = bias_mode == MOEX_BIAS_SCALED;
-    a.dy = view(dy);
-    a.bias_mode = static_cast<moex_bias_mode>(bias_mode);
-    if (scaled && need_dprobs) a.bias = view(bias);
-    if (scaled) a.probs = view(probs);
-    a.splits = view(splits);
-    if (need_dx) a.dx = view(dx);
-    if (need_dbias) a.dbias = view(dbias);
-    if (need_dprobs) a.dprobs = view(dprobs);
-    a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
-    Call call(dy.device());
-    call.run(moex_grouped_linear_backward_data_workspace_size, moex_grouped_linear_backward_data, a);
-    zero_tail(call, dx, splits);
-    return {dx, dbias, dprobs};
+    return run_linear_backward_data(op, dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs,
+                                    fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
 }
 
 // ---- grouped MLP (docs/ops.md section 4) ------------------------------------------------------
