@@ -1,6 +1,7 @@
 /*
  * cli_plot.c - a hand-written SVG line plot for `moex train`: y[0..n) against the step
- * index, linear x axis, log10 y axis, with axes, ticks, grid lines, labels and a title.
+ * index, linear x axis (to the first tick at or past n - 1), log10 y axis, with axes, ticks,
+ * grid lines, labels and a title.
  */
 #include "cli_plot.h"
 
@@ -52,7 +53,11 @@ int cli_plot_svg(const char *path, const char *title, const char *xlabel, const 
     if (!(ymax > 0.0)) { ymin = 0.1; ymax = 1.0; }
     double d0 = floor(log10(ymin)), d1 = ceil(log10(ymax));
     if (d1 <= d0) d1 = d0 + 1.0;
-    double xmax = n > 1 ? (double)(n - 1) : 1.0;
+    /* the x axis ends at the first tick at or past the last step, so that the labels reach
+     * it (steps 0..4999 of 5000: ticks every 1000 up to 5000, not 4000) */
+    const double xlast = n > 1 ? (double)(n - 1) : 1.0;
+    const double xstep = nice_step(xlast, 8);
+    const double xmax = ceil(xlast / xstep - 1e-9) * xstep;
 
     const double pw = PLOT_W - MARGIN_L - MARGIN_R, ph = PLOT_H - MARGIN_T - MARGIN_B;
 #define SX(v) (MARGIN_L + (v) / xmax * pw)
@@ -91,9 +96,9 @@ int cli_plot_svg(const char *path, const char *title, const char *xlabel, const 
     fprintf(f, "</g>\n");
 
     /* x ticks */
-    double step = nice_step(xmax, 8);
     fprintf(f, "<g text-anchor=\"middle\">\n");
-    for (double v = 0.0; v <= xmax + 1e-9; v += step) {
+    for (int i = 0; (double)i * xstep <= xmax * (1.0 + 1e-9); i++) {
+        const double v = (double)i * xstep;
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#e4e4e4\"/>\n", SX(v),
                 MARGIN_T, SX(v), MARGIN_T + ph);
         fprintf(f, "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"black\"/>\n", SX(v),

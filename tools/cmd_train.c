@@ -94,8 +94,8 @@ static void usage(FILE *out) {
             "  --threads N      CPU threads (default: the library's, MOEX_NUM_THREADS or all)\n"
             "  --seed S         seed of the teacher, 0..2^53; the student and the data use derived\n"
             "                   seeds (default %lld)\n"
-            "  --out DIR        directory for train_loss.csv and train_loss.svg, created if\n"
-            "                   missing and checked writable before training (default .)\n"
+            "  --out DIR        directory for train_loss.csv and train_loss.svg, created with its\n"
+            "                   parents if missing and checked writable before training (default .)\n"
             "  --max-memory BYTES  the most memory the run may take, host and (cuda) device\n"
             "                   memory each; BYTES is an integer with an optional K, M, G or T\n"
             "                   suffix (KiB...TiB), e.g. 512M or 8G (default: the memory available\n"
@@ -529,14 +529,37 @@ static int make_dir(const char *dir) {
         errno = ENOTDIR;
         return -1;
     }
-    return mkdir(dir, 0777);
+    if (mkdir(dir, 0777) == 0) return 0;
+    /* made meanwhile by someone else: fine when it is a directory */
+    return errno == EEXIST && stat(dir, &st) == 0 && S_ISDIR(st.st_mode) ? 0 : -1;
 }
 
-/* Creates `dir` when missing and checks that a file can be created in it (a temporary
- * one, removed at once), so that an unusable --out is refused before training. Prints a
- * message and returns -1 when not. */
+/* `mkdir -p dir`: makes each missing directory of the path, parents first. 0 when `dir` is a
+ * directory afterwards, else -1 with errno (ENOTDIR when a part of the path is a file). */
+static int make_dirs(const char *dir) {
+    char path[4096];
+    const size_t n = strlen(dir);
+    if (n >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(path, dir, n + 1);
+    /* each prefix that ends before a '/' (not the root's), then the whole path */
+    for (size_t i = 1; i < n; i++) {
+        if (path[i] != '/' || path[i - 1] == '/') continue;
+        path[i] = '\0';
+        const int rc = make_dir(path);
+        path[i] = '/';
+        if (rc != 0) return -1;
+    }
+    return make_dir(path);
+}
+
+/* Creates `dir` and its missing parents and checks that a file can be created in it (a
+ * temporary one, removed at once), so that an unusable --out is refused before training.
+ * Prints a message and returns -1 when not. */
 static int check_out_dir(const char *dir) {
-    if (make_dir(dir) != 0) {
+    if (make_dirs(dir) != 0) {
         cli_error(CMD, "cannot create the output directory '%s': %s", dir, strerror(errno));
         return -1;
     }
