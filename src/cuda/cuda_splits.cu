@@ -24,11 +24,7 @@ sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t 
     for (int64_t base = 0; base < G; base += SCAN_THREADS) {
         int64_t g = base + threadIdx.x;
         int64_t s = 0;
-        if (g < G) {
-            s = splits ? splits[g] : T;
-            if (s < 0) bad = 1;
-            s = s < 0 ? 0 : (s > T + 1 ? T + 1 : s);   /* bounded: the sums cannot overflow */
-        }
+        if (g < G) s = splits ? clamp_split(splits[g], T, &bad) : T;   /* bounded: the sums cannot overflow */
         int64_t total;
         int64_t incl = block_scan_i64(s, sh, &total) + carry_rows;
         int64_t prev = incl - s;

@@ -2,7 +2,9 @@
  * test_gpu_splits.c - split values on the GPU:
  *   - splits_to_offsets against the reference (the CPU test's run_case for G = 1, 5, 128
  *     and 3000, i.e. more than one 1024-group scan chunk), through cuda_mirror.h;
- *   - moex_zero_tail: the CPU test's zero_tail_suite, through cuda_mirror.h;
+ *   - moex_zero_tail: the CPU test's zero_tail_suite, through cuda_mirror.h; G = 255 to 3000
+ *     (past one block of the kernel, which sums the splits itself); bad splits: the clamped
+ *     end's rows kept, the rest zero, one BAD_SPLITS report naming zero_tail;
  *   - bad splits (a negative split; a sum past T; a sum that wraps int64): the grouped
  *     linear forward / backward (data; weight: flagged, nothing outside dW) and the grouped
  *     MLP forward write nothing outside their T rows (device buffers with
@@ -256,6 +258,48 @@ static void test_determinism(moex_context *ctx, tu_rng *r) {
     free(dy); free(w); free(b); free(p); free(hdy); free(hw); free(hb); free(hp);
 }
 
+/* zero_tail on the GPU past the CPU suite: G beyond one block of the kernel (each block sums
+ * every split itself), and bad splits: the rows from the clamped end E on are zero, the rows
+ * before it kept, and moex_context_check_splits reports BAD_SPLITS naming zero_tail, once. */
+static void test_zero_tail_gpu(moex_context *ctx, tu_rng *r) {
+    static const int64_t Gs[] = {255, 257, 1000, 3000};
+    const int64_t inner[3] = {24, 1, 1};
+    for (int gi = 0; gi < 4; gi++)
+        for (int kind = 0; kind < TU_SPLITS_NUM_KINDS; kind++) {
+            const int64_t T = Gs[gi] + 1 + tu_randint(r, 2 * Gs[gi]);
+            run_zero_tail(ctx, r, MOEX_DTYPE_BF16, 2, T, inner, Gs[gi], (tu_splits_kind)kind, tu_randint(r, T + 1));
+        }
+    const int64_t T = 100, C = 24, G = 4;
+    const int64_t bad[3][4] = {{30, -5, 20, 10}, {60, 30, 40, 10}, {INT64_MAX, INT64_MAX, 2, 0}};
+    const int64_t end[3] = {60, 100, 100};
+    float *h = (float *)tu_alloc((size_t)(T * C) * sizeof(float));
+    for (int c = 0; c < 3; c++) {
+        for (int64_t i = 0; i < T * C; i++) h[i] = 1.0f + (float)(i % 7);
+        void *dx = cm_to_dev(h, (size_t)(T * C) * sizeof(float));
+        void *dsplits = cm_to_dev(bad[c], (size_t)G * sizeof(int64_t));
+        moex_zero_tail_args a = {0};
+        a.x = moex_tensor_2d(dx, MOEX_DTYPE_F32, T, C);
+        a.splits = moex_tensor_1d(dsplits, MOEX_DTYPE_I64, G);
+        size_t bytes = 0;
+        cm_mirror m = {0};
+        CHECK_STATUS(ctx, moex_zero_tail_workspace_size(ctx, &a, &bytes), MOEX_OK);
+        CHECK_STATUS(ctx, moex_zero_tail(ctx, &a, cm_workspace(&m, bytes), bytes, NULL), MOEX_OK);
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_ERR_BAD_SPLITS);
+        CHECK_MSG_HAS(ctx, "moex_zero_tail");
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);   /* cleared */
+        cm_finish(&m, ctx, MOEX_OK);
+        cm_to_host(h, dx, (size_t)(T * C) * sizeof(float));
+        int64_t wrong = -1;
+        for (int64_t i = 0; i < T * C && wrong < 0; i++)
+            if (h[i] != (i < end[c] * C ? 1.0f + (float)(i % 7) : 0.0f)) wrong = i;
+        CHECK_MSG(wrong < 0, "zero_tail with bad splits %d: element %lld (row %lld) is %g, the clamped end is row %lld",
+                  c, (long long)wrong, (long long)(wrong / C), wrong < 0 ? 0.0 : (double)h[wrong], (long long)end[c]);
+        cudaFree(dx);
+        cudaFree(dsplits);
+    }
+    free(h);
+}
+
 int main(void) {
     moex_context *ctx = cm_context();
     tu_rng r = tu_rng_seed(7);
@@ -287,6 +331,7 @@ int main(void) {
     test_offsets_overflow(ctx);
     test_determinism(ctx, &r);
     zero_tail_suite(ctx, &r);
+    test_zero_tail_gpu(ctx, &r);
     moex_context_destroy(ctx);
     return tu_finish();
 }
