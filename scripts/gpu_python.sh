@@ -2,11 +2,14 @@
 # gpu_python.sh - the Python package on the GPU machine, in one call: build libmoex (Release,
 # sm_90a) and the PyTorch extension (python/CMakeLists.txt, as pip builds them), the pytest
 # suite on CPU and CUDA (tests/python, through MOEX_LIBRARY and MOEX_TORCH_EXTENSION), the
-# host-time benchmark (bench/torch_host_time.py --compare-ctypes) and the MoE language-model
-# example's comparison (examples/moe_lm/compare.py), then a summary.
-# Usage: scripts/gpu_python.sh [stage ...]   stages: build test host example (default all)
-# Logs go to $OUT (the device tool's output folder) or $BUILD/py_out: build.log pytest.log
-# host.log example.log summary.txt. Env: BUILD (default build-py), PYTEST_K (a pytest -k
+# host-time benchmark (bench/torch_host_time.py --compare-ctypes, then bench/torch_host_trace.py)
+# and the MoE language-model example's comparison (examples/moe_lm/compare.py), then a summary.
+# The ctest stage builds the C tests in the same tree and runs those of the CUDA label that
+# match CTEST_R, each under compute-sanitizer memcheck too.
+# Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test host example (default
+# build test host example). Logs go to $OUT (the device tool's output folder) or
+# $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
+# Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
 # expression), EXAMPLE_ARGS (extra compare.py arguments).
 set -u
 cd "$(dirname "$0")/.."
@@ -26,12 +29,24 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 
 if has build; then
     t0=$SECONDS
+    if has ctest; then tests=ON; else tests=OFF; fi
     { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
-            -DMOEX_TESTS=OFF -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-      ninja -C "$BUILD" moex moex_torch; } > "$OUT/build.log" 2>&1
+            -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+      if [ $tests = ON ]; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi; } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+if has ctest; then
+    t0=$SECONDS
+    ctest --test-dir "$BUILD/libmoex" -L cuda -R "${CTEST_R:-gpu_splits}" --output-on-failure > "$OUT/ctest.log" 2>&1
+    note "ctest -L cuda -R ${CTEST_R:-gpu_splits}: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
+    : > "$OUT/memcheck.log"
+    for t in $(ls "$BUILD"/libmoex/tests/cuda_test_* | grep -E "${CTEST_R:-gpu_splits}"); do
+        compute-sanitizer --tool memcheck --error-exitcode 9 "$t" >> "$OUT/memcheck.log" 2>&1
+        note "memcheck $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+    done
 fi
 
 if has test; then
@@ -45,6 +60,9 @@ if has host; then
     python3 bench/torch_host_time.py --compare-ctypes > "$OUT/host.log" 2>&1
     note "host time: rc=$?"
     tee -a "$SUMMARY" < "$OUT/host.log"
+    python3 bench/torch_host_trace.py > "$OUT/trace.log" 2>&1
+    note "host trace: rc=$?"
+    tee -a "$SUMMARY" < "$OUT/trace.log"
 fi
 
 if has example; then

@@ -93,6 +93,8 @@ def _fp8_code(owner: str, fp8_recipe: Optional[str], fp8_format: str = "e4m3", f
     "e4m3" (every operand E4M3) or "hybrid" (gradients E5M2, as Transformer Engine's
     Format.HYBRID); fp8_pow2_scales rounds scales down to powers of 2 (block and current);
     fp8_amax_epsilon >= 0 floors each amax (not mxfp8)."""
+    if fp8_recipe is None and fp8_format == "e4m3" and fp8_pow2_scales is False and fp8_amax_epsilon == 0.0:
+        return _FP8_OFF   # the defaults, without the checks' host time
     if fp8_recipe is not None and fp8_recipe not in _FP8_RECIPES:
         raise ValueError(f"moex.{owner}: fp8_recipe must be None or one of {list(_FP8_RECIPES)}, "
                          f"got {fp8_recipe!r}")
@@ -651,7 +653,7 @@ def grouped_mlp(x: Tensor, w1: Tensor, w2: Tensor, splits: "Splits", b1: Optiona
     mode = BIAS_NONE if b2 is None else (BIAS_SCALED if scale_b2 else BIAS_ADD)
     x2, c = _rows("grouped_mlp", "x", x), functools.partial(_contiguous, "grouped_mlp")
     y, _, _ = _mlp_forward(x2, c("w1", w1), c("b1", b1), c("w2", w2), c("b2", b2),
-                           _row_probs("grouped_mlp", probs, x.shape[:-1]),
+                           _row_probs("grouped_mlp", probs, x),
                            _splits_tensor(splits, x2.device, "grouped_mlp", x2.shape[0]), mode, *glu_code, save_z, *fp8)
     return y.view(x.shape)
 
@@ -723,7 +725,7 @@ def scaled_glu(h: Tensor, probs: Optional[Tensor] = None, splits: Optional["Spli
     glu_code = _glu_code("scaled_glu", glu, layout, limit, alpha, offset)
     h2 = _rows("scaled_glu", "h", h)
     s = None if splits is None else _splits_tensor(splits, h2.device, "scaled_glu", h2.shape[0])
-    z = _glu_forward(h2, _row_probs("scaled_glu", probs, h.shape[:-1]), s, *glu_code)
+    z = _glu_forward(h2, _row_probs("scaled_glu", probs, h), s, *glu_code)
     return z.view(*h.shape[:-1], z.shape[-1])
 
 
@@ -1102,6 +1104,8 @@ def _splits_tensor(splits: Splits, device: torch.device, owner: str = "torch", r
     (no floats, no bools), none negative, the sum at most `rows` when given; a tensor's values
     are checked by moex (MoexError on the CPU, the device flag on CUDA)."""
     if isinstance(splits, Tensor):
+        if splits.dtype == torch.int64 and splits.dim() == 1 and splits.device == device and splits.is_contiguous():
+            return splits   # the common case, without .to()'s host time
         if splits.dtype not in (torch.int64, torch.int32) or splits.dim() != 1:
             raise ValueError(f"moex.{owner}: splits must be a 1-D int64 or int32 tensor, got {splits.dtype} "
                              f"{tuple(splits.shape)}")
@@ -1156,12 +1160,13 @@ def _check_sizes(owner: str, **sizes) -> None:
             raise ValueError(f"moex.{owner}: {name} = {v}, must be >= 1")
 
 
-def _row_probs(owner: str, probs: Optional[Tensor], lead: torch.Size) -> Optional[Tensor]:
-    """probs of the rows of an input whose leading dimensions are `lead`: shaped `lead` or flat
-    [T]; returned flat and contiguous."""
-    probs = _contiguous(owner, "probs", probs)
+def _row_probs(owner: str, probs: Optional[Tensor], inp: Tensor) -> Optional[Tensor]:
+    """probs of the rows of inp [..., C]: shaped as inp's leading dimensions or flat [T];
+    returned flat and contiguous."""
     if probs is None:
         return None
+    probs = _contiguous(owner, "probs", probs)
+    lead = inp.shape[:-1]
     if probs.dim() != 1 and probs.shape != lead:
         raise ValueError(f"moex.{owner}: probs is {tuple(probs.shape)}, must be [T] or the input's leading "
                          f"dimensions {tuple(lead)}")
@@ -1193,7 +1198,7 @@ def _grouped_linear(owner: str, x: Tensor, w: Tensor, splits: Splits, bias: Opti
     mode = BIAS_NONE if bias is None else (BIAS_SCALED if probs is not None else BIAS_ADD)
     x2 = _rows(owner, "x", x)
     y = _forward(x2, _contiguous(owner, "w", w), _splits_tensor(splits, x2.device, owner, x2.shape[0]),
-                 _contiguous(owner, "bias", bias), _row_probs(owner, probs, x.shape[:-1]), mode, *fp8)
+                 _contiguous(owner, "bias", bias), _row_probs(owner, probs, x), mode, *fp8)
     return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])
 
 
@@ -1615,26 +1620,25 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         owner = "torch.GroupedLinear"
         x = _rows(owner, "inp", inp)
         splits = _splits_tensor(m_splits, x.device, owner, x.shape[0])
-        p, b = _row_probs(owner, probs, inp.shape[:-1]), self._bias()
+        p, b = _row_probs(owner, probs, inp), self._bias()
         if p is not None and b is None:
             raise ValueError("moex.torch.GroupedLinear: probs scales the bias, but the layer has none")
         te = self.fuse_wgrad_accumulation or self.delay_wgrad_compute
         wgrad = self._wgrad_args(bool(is_first_microbatch)) if te else None
-        params = self._weight_params()
-        if not self.packed and _eager([x, p, b] + params):
-            if wgrad is None and _DISCRETE_FORWARD is not None:
-                mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
-                y = _DISCRETE_FORWARD(x, params, self._pointers.pointers(params), splits, b, p, mode, *self._fp8)
-            else:
-                w, ptrs = self._pointers.weight(owner, params)
-                y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
+        mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
+        if self.packed:
+            w = self._parameters["weight"]   # (without nn.Module.__getattr__'s host time)
         else:
-            w = self.weight if self.packed else torch.stack(params)
-            if te:
-                y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad)
-            else:
-                mode = BIAS_NONE if b is None else (BIAS_SCALED if p is not None else BIAS_ADD)
-                y = _forward(x, w, splits, b, p, mode, *self._fp8)
+            params = self._weight_params()
+            if _eager([x, p, b] + params):
+                if wgrad is None and _DISCRETE_FORWARD is not None:
+                    y = _DISCRETE_FORWARD(x, params, self._pointers.pointers(params), splits, b, p, mode, *self._fp8)
+                else:
+                    w, ptrs = self._pointers.weight(owner, params)
+                    y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
+                return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
+            w = torch.stack(params)
+        y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad) if te else _forward(x, w, splits, b, p, mode, *self._fp8)
         return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -1731,7 +1735,7 @@ class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         owner = "torch.GroupedMLP"
         x2 = _rows(owner, "x", x)
         y = _experts(self, x2, _splits_tensor(m_splits, x2.device, owner, x2.shape[0]),
-                     _row_probs(owner, probs, x.shape[:-1]), self.b2_mode, self._glu, self.save_z,
+                     _row_probs(owner, probs, x), self.b2_mode, self._glu, self.save_z,
                      bool(is_first_microbatch))
         return y if x.dim() == 2 else y.view(x.shape)
 
