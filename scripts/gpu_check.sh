@@ -41,7 +41,7 @@ note "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noh
 
 if has build; then
     t0=$SECONDS
-    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
       ninja -C "$BUILD" -j "$(nproc)"; } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s ($(grep -c 'warning' "$OUT/build.log") warning lines)"

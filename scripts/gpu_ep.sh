@@ -20,7 +20,7 @@ export OMPI_MCA_btl_vader_single_copy_mechanism=none
 NGPU=$(nvidia-smi -L | wc -l)
 MPIRUN="mpirun --oversubscribe --bind-to none -x NCCL_NVLS_ENABLE"
 
-cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a > $OUT/build.log 2>&1
+cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a > $OUT/build.log 2>&1
 ninja -C $B -k 0 >> $OUT/build.log 2>&1
 grep -E "moex: EP|FAILED" $OUT/build.log | head -8
 [ -f $B/libmoex.so ] || { tail -30 $OUT/build.log; exit 1; }

@@ -15,7 +15,7 @@ OUT=${OUT:-$PWD/$BUILD/host_out}
 ROUNDS=${ROUNDS:-3}
 mkdir -p "$OUT"
 build() {
-    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
       ninja -C "$BUILD" moex moex_host_time moex_launch_floor; } >> "$OUT/build.log" 2>&1 ||
         { tail -30 "$OUT/build.log"; exit 1; }
     rm -rf "$BUILD/lib_$1" && mkdir -p "$BUILD/lib_$1" && cp -L "$BUILD"/libmoex.so.* "$BUILD/lib_$1/"

@@ -13,7 +13,7 @@ BUILD=${BUILD:-build-mlp}
 OUT=${OUT:-$PWD/$BUILD/mlp_out}
 mkdir -p "$OUT"
 TESTS=${TESTS-cuda_test_gpu_grouped_mlp cuda_test_gpu_moe_layer cuda_test_gpu_graph}
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
   ninja -C "$BUILD" moex moex_host_time $TESTS; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 for t in $TESTS; do
     "$BUILD/tests/$t" > "$OUT/$t.log" 2>&1

@@ -30,7 +30,7 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 if has build; then
     t0=$SECONDS
     if has ctest; then tests=ON; else tests=OFF; fi
-    { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a \
+    { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
             -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
       if [ $tests = ON ]; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi; } > "$OUT/build.log" 2>&1
     rc=$?

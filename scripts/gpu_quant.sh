@@ -11,7 +11,7 @@ BUILD=${BUILD:-build-quant}
 OUT=${OUT:-$PWD/$BUILD/quant_out}
 mkdir -p "$OUT"
 TESTS="cuda_test_gpu_quantize cuda_test_gpu_weight_quantize cuda_test_gpu_scaled_glu cuda_test_gpu_graph"
-{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+{ cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
   ninja -C "$BUILD" moex $TESTS; } > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 for t in $TESTS; do
     "$BUILD/tests/$t" > "$OUT/$t.log" 2>&1

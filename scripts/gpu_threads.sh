@@ -26,7 +26,7 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 
 if has build; then
     t0=$SECONDS
-    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a &&
+    { cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a &&
       ninja -C "$BUILD"; } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
@@ -34,7 +34,7 @@ if has build; then
     if [ -n "${BASE_SRC:-}" ]; then
         t0=$SECONDS
         { cmake -S "$BASE_SRC" -B "$BUILD-base" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-                -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
+                -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF &&
           ninja -C "$BUILD-base" moex; } > "$OUT/build_base.log" 2>&1
         note "build base: rc=$? in $((SECONDS - t0)) s"
     fi

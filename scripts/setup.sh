@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Installs what the build needs when it is missing (cmake, a C compiler, OpenBLAS, and
-# pkg-config for tests/install; for expert parallelism Open MPI with mpirun and, where nvcc
-# is, NCCL from pip) and builds moex into build/ (or $MOEX_BUILD_DIR). Sourced by
-# scripts/test.sh and scripts/run.sh.
+# pkg-config for tests/install; for expert parallelism Open MPI with mpirun and, where the
+# CUDA backend is built, NCCL from pip) and builds moex into build/ (or $MOEX_BUILD_DIR).
+# Sourced by scripts/test.sh and scripts/run.sh.
 # Without root or apt-get it says what is missing and builds without OpenBLAS (and MPI).
+# The CUDA backend: MOEX_CUDA=AUTO (default: for this machine's GPUs, none without a GPU), ON
+# or OFF from the environment (CMakeLists.txt, "CUDA"); a build directory configured with
+# another value is configured again. MOEX_CMAKE_ARGS: more arguments for the first configure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD_DIR=${MOEX_BUILD_DIR:-build}
@@ -40,13 +43,32 @@ if [ $(( ${#missing[@]} + ${#mpi_missing[@]} )) -gt 0 ]; then
   fi
 fi
 
-# NCCL (EP on the CUDA backend): where nvcc is and no nccl.h is found where CMakeLists.txt
-# looks (NCCL_ROOT, /usr, /usr/local, the CUDA toolkit, pip's nvidia-nccl-cu13), pip installs
-# nvidia-nccl-cu13 for this python3 (CMake finds it there). Skipped when the build is told
-# not to use CUDA or NCCL (MOEX_CMAKE_ARGS).
+# Will the build have the CUDA backend? MOEX_CUDA of MOEX_CMAKE_ARGS, else of the environment,
+# else AUTO; AUTO builds it for the GPUs present (CMakeLists.txt asks the same two tools), or
+# for CMAKE_CUDA_ARCHITECTURES / CUDAARCHS when given.
 nvcc=$(command -v nvcc || true)
 if [ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ]; then nvcc=/usr/local/cuda/bin/nvcc; fi
-if [ -n "$nvcc" ] && ! [[ " ${MOEX_CMAKE_ARGS:-} " =~ -DMOEX_(CUDA|NCCL)=(OFF|off|0|FALSE|false|NO|no)\  ]]; then
+cuda_mode=${MOEX_CUDA:-AUTO}
+[[ " ${MOEX_CMAKE_ARGS:-} " =~ -DMOEX_CUDA(:[A-Z]+)?=([A-Za-z0-9]+) ]] && cuda_mode=${BASH_REMATCH[2]}
+cuda_mode=${cuda_mode^^}
+want_cuda=0
+case $cuda_mode in
+  ON | 1 | TRUE | YES | Y) want_cuda=1 ;;
+  AUTO)
+    if [ -n "$nvcc" ]; then
+      if [[ " ${MOEX_CMAKE_ARGS:-} " =~ -DCMAKE_CUDA_ARCHITECTURES ]] || [ -n "${CUDAARCHS:-}" ] ||
+         "$(dirname "$nvcc")/__nvcc_device_query" >/dev/null 2>&1 ||
+         nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+        want_cuda=1
+      fi
+    fi ;;
+esac
+
+# NCCL (EP on the CUDA backend): where the CUDA backend is built and no nccl.h is found where
+# CMakeLists.txt looks (NCCL_ROOT, /usr, /usr/local, the CUDA toolkit, pip's
+# nvidia-nccl-cu13), pip installs nvidia-nccl-cu13 for this python3 (CMake finds it there).
+# Skipped when the build is told not to use NCCL (MOEX_CMAKE_ARGS).
+if [ -n "$nvcc" ] && [ $want_cuda = 1 ] && ! [[ " ${MOEX_CMAKE_ARGS:-} " =~ -DMOEX_NCCL=(OFF|off|0|FALSE|false|NO|no)\  ]]; then
   cuda_home=$(cd "$(dirname "$(readlink -f "$nvcc")")/.." && pwd)
   have_nccl=0
   for f in ${NCCL_ROOT:+"$NCCL_ROOT/include/nccl.h"} /usr/include/nccl.h /usr/local/include/nccl.h \
@@ -70,6 +92,9 @@ command -v cmake >/dev/null || { echo "setup: cmake is required" >&2; exit 1; }
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then
-  cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${MOEX_CMAKE_ARGS:-}
+  cmake -S . -B "$BUILD_DIR" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release ${MOEX_CUDA:+-DMOEX_CUDA="$MOEX_CUDA"} \
+        ${MOEX_CMAKE_ARGS:-}
+elif [ -n "${MOEX_CUDA:-}" ] && ! grep -qx "MOEX_CUDA:[A-Z]*=$MOEX_CUDA" "$BUILD_DIR/CMakeCache.txt"; then
+  cmake "$BUILD_DIR" -DMOEX_CUDA="$MOEX_CUDA"
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
