@@ -5,12 +5,14 @@
 # host-time benchmark (bench/torch_host_time.py --compare-ctypes, then bench/torch_host_trace.py)
 # and the MoE language-model example's comparison (examples/moe_lm/compare.py), then a summary.
 # The ctest stage builds the C tests in the same tree and runs those of the CUDA label that
-# match CTEST_R, each under compute-sanitizer memcheck too.
-# Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test host example (default
-# build test host example). Logs go to $OUT (the device tool's output folder) or
+# match CTEST_R, each under compute-sanitizer memcheck too; the stress stage runs
+# tests/stress/torch_stress.py through the extension in STRESS_PROCS fresh processes at once.
+# Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host example
+# (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
-# expression), EXAMPLE_ARGS (extra compare.py arguments).
+# expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), EXAMPLE_ARGS (extra
+# compare.py arguments).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-py}
@@ -54,6 +56,19 @@ if has test; then
     python3 -m pytest -q -rs -p no:cacheprovider ${PYTEST_K:+-k "$PYTEST_K"} tests/python > "$OUT/pytest.log" 2>&1
     note "pytest: rc=$? in $((SECONDS - t0)) s: $(tail -1 "$OUT/pytest.log")"
     grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -30 | tee -a "$SUMMARY"
+fi
+
+if has stress; then
+    t0=$SECONDS
+    pids=()
+    for seed in $(seq 1 "${STRESS_PROCS:-4}"); do
+        python3 tests/stress/torch_stress.py --seed "$seed" --calls "${STRESS_CALLS:-1000}" > "$OUT/stress_$seed.log" 2>&1 &
+        pids+=($!)
+    done
+    fails=0
+    for pid in "${pids[@]}"; do wait "$pid" || fails=$((fails + 1)); done
+    note "stress: ${#pids[@]} processes x ${STRESS_CALLS:-1000} calls, $fails failed, in $((SECONDS - t0)) s"
+    tail -qn 1 "$OUT"/stress_*.log | tee -a "$SUMMARY"
 fi
 
 if has host; then

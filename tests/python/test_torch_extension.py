@@ -74,6 +74,10 @@ def test_extension_shares_the_cpp_runtime():
         pytest.skip("no readelf")
     needed = subprocess.run([readelf, "-d", ext.PATH], capture_output=True, text=True, check=True).stdout
     assert "[libstdc++.so." in needed, needed
+    # and no part of a static libstdc++ inside (the crash's frame: std::ostream::_M_insert<long>)
+    symbols = subprocess.run([readelf, "-sW", ext.PATH], capture_output=True, text=True, check=True).stdout
+    private = [ln for ln in symbols.splitlines() if "_ZNSo9_M_insert" in ln and " UND " not in ln]
+    assert not private, private[:3]
 
 
 def inputs(T=13, K=24, N=16, splits=(3, 0, 7, 2), dtype=torch.float32, seed=0, device="cpu"):

@@ -20,7 +20,7 @@ import traceback
 import torch
 
 import moex.torch as mt
-from moex import _capi
+from moex import _capi, _torch_ext
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -227,8 +227,9 @@ def main():
         if "err" in box:
             failures.append(f"call {i} {case.__name__} seed {seed} thread={on_thread}: {box['err']}")
             print(failures[-1], flush=True)
-    print(f"torch_stress: {args.calls} calls ({threaded} on new threads), seed {args.seed}, device {args.device}: "
-          f"{len(failures)} failures")
+    path = "the C++ extension" if _torch_ext.PATH else "the ctypes binding"
+    print(f"torch_stress: {args.calls} calls ({threaded} on new threads), seed {args.seed}, device {args.device}, "
+          f"moex.torch through {path}: {len(failures)} failures")
     sys.exit(1 if failures else 0)
 
 
