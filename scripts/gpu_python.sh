@@ -11,8 +11,10 @@
 # (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
-# expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), EXAMPLE_ARGS (extra
-# compare.py arguments).
+# expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), HOST_ARGS (default
+# --compare-ctypes), EXAMPLE_ARGS (extra compare.py arguments, e.g. --gpus 4 --steps 1200). The
+# example's runs stay in $BUILD/moe_lm; its summary.json, loss.svg and a tarball of the runs'
+# JSON go to $OUT.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-py}
@@ -72,7 +74,8 @@ if has stress; then
 fi
 
 if has host; then
-    python3 bench/torch_host_time.py --compare-ctypes > "$OUT/host.log" 2>&1
+    # shellcheck disable=SC2086
+    python3 bench/torch_host_time.py ${HOST_ARGS---compare-ctypes} > "$OUT/host.log" 2>&1
     note "host time: rc=$?"
     tee -a "$SUMMARY" < "$OUT/host.log"
     python3 bench/torch_host_trace.py > "$OUT/trace.log" 2>&1
@@ -83,7 +86,10 @@ fi
 if has example; then
     t0=$SECONDS
     # shellcheck disable=SC2086
-    python3 examples/moe_lm/compare.py --device cuda --out-dir "$OUT/moe_lm" ${EXAMPLE_ARGS:-} > "$OUT/example.log" 2>&1
+    rm -rf "$BUILD/moe_lm"
+    python3 examples/moe_lm/compare.py --device cuda --out-dir "$BUILD/moe_lm" ${EXAMPLE_ARGS:-} > "$OUT/example.log" 2>&1
     note "example: rc=$? in $((SECONDS - t0)) s"
+    cp "$BUILD"/moe_lm/summary.json "$BUILD"/moe_lm/loss.svg "$OUT/" 2>/dev/null
+    tar -czf "$OUT/moe_lm_runs.tgz" -C "$BUILD" moe_lm
     sed -n '/^variant /,$p' "$OUT/example.log" | tee -a "$SUMMARY"   # the table, the checks, the verdict
 fi

@@ -33,7 +33,7 @@ validation losses, ms per step (the mean over the seeds), and how much the train
 fell at the end (the mean of the last 10% of the steps minus that of the 10% before, mean over
 the seeds): near 0 when the curve has flattened. Exit status 1 when a check fails.
 
-    python3 examples/moe_lm/compare.py --device cuda --out-dir DIR
+    python3 examples/moe_lm/compare.py --device cuda --out-dir DIR [--gpus 4]
     python3 examples/moe_lm/compare.py --device cpu --out-dir DIR --hidden 128 --ffn 256 --seq 128 --batch 16
     python3 examples/moe_lm/compare.py --read --out-dir DIR
 
@@ -47,6 +47,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -259,6 +260,35 @@ def int_list(text):
     return [int(s) for s in text.split(",") if s]
 
 
+def train_all(args, seeds, dtypes, variants, train_args):
+    """Every run of train.py, each in its own process: seed by seed (an interrupted comparison
+    leaves whole seeds), on --gpus GPUs at once (seed i on GPU i mod N, one run per GPU at a
+    time, so that every run's ms per step is that of a GPU of its own)."""
+    workers = max(1, min(args.gpus, len(seeds)))
+    errors = []
+
+    def work(gpu):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)) if args.gpus > 1 else None
+        try:
+            for seed in seeds[gpu::workers]:
+                for d in dtypes:
+                    for v in variants:
+                        path = os.path.join(args.out_dir, run_name(v, d, seed) + ".json")
+                        subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--moe", v, "--dtype", d,
+                                        "--seed", str(seed), "--device", args.device, "--out", path] + train_args,
+                                       check=True, env=env)
+        except subprocess.CalledProcessError as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(g,)) for g in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -269,6 +299,8 @@ def main():
     p.add_argument("--dtypes", help="comma-separated, of f32,bf16 (default f32,bf16 on CUDA, f32 on the CPU)")
     p.add_argument("--seeds", default="0,1,2,3", help="comma-separated seeds, each a run of every variant and dtype "
                    "(default 0,1,2,3)")
+    p.add_argument("--gpus", type=int, default=1, help="run the seeds on this many GPUs at once (CUDA_VISIBLE_DEVICES "
+                   "per run; default 1)")
     p.add_argument("--read", action="store_true", help="read the runs' JSON in --out-dir instead of training")
     p.add_argument("--smooth", type=int, default=21, help="moving-average window in steps (odd; default 21)")
     p.add_argument("--parity-steps", type=int, default=10, help="f32 parity: the first steps compared (default 10)")
@@ -277,6 +309,8 @@ def main():
     if args.smooth < 1 or args.smooth % 2 == 0:
         p.error("--smooth must be odd")
     variants = args.variants.split(",")
+    if args.gpus < 1:
+        p.error("--gpus: at least 1")
     if any(v not in VARIANTS for v in variants):
         p.error(f"--variants: each one of {', '.join(VARIANTS)}")
     dtypes = (args.dtypes or ("f32,bf16" if args.device.startswith("cuda") else "f32")).split(",")
@@ -291,16 +325,13 @@ def main():
     os.makedirs(args.out_dir, exist_ok=True)
 
     t0 = time.time()
+    if not args.read:
+        train_all(args, seeds, dtypes, variants, train_args)
     runs = {}
-    for seed in seeds:               # seed by seed: an interrupted comparison leaves whole seeds
+    for seed in seeds:
         for d in dtypes:
             for v in variants:
-                path = os.path.join(args.out_dir, run_name(v, d, seed) + ".json")
-                if not args.read:
-                    subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--moe", v, "--dtype", d,
-                                    "--seed", str(seed), "--device", args.device, "--out", path] + train_args,
-                                   check=True)
-                with open(path) as f:
+                with open(os.path.join(args.out_dir, run_name(v, d, seed) + ".json")) as f:
                     runs[(v, d, seed)] = json.load(f)
 
     n = min(len(r["train_loss"]) for r in runs.values())
