@@ -7,8 +7,10 @@
 # The ctest stage builds the C tests in the same tree and runs those of the CUDA label that
 # match CTEST_R, each under compute-sanitizer memcheck too; the stress stage runs
 # tests/stress/torch_stress.py through the extension in STRESS_PROCS fresh processes at once.
+# The c_example stage installs the built libmoex into a prefix and builds and runs
+# examples/c/grouped_mlp.c against it, with find_package and with pkg-config (CUDA=1).
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host example
-# (default build test host example). Logs go to $OUT (the device tool's output folder) or
+# c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
 # expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), HOST_ARGS (default
@@ -33,10 +35,22 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 
 if has build; then
     t0=$SECONDS
-    if has ctest; then tests=ON; else tests=OFF; fi
+    if has c_example; then
+    ex=$(mktemp -d)
+    { cmake --install "$BUILD/libmoex" --prefix "$ex/prefix" &&
+      cmake -S examples/c -B "$ex/cmake" -DCMAKE_PREFIX_PATH="$ex/prefix" && cmake --build "$ex/cmake" &&
+      "$ex/cmake/grouped_mlp" &&
+      PKG_CONFIG_PATH=$(dirname "$(find "$ex/prefix" -name moex.pc)") make -C "$ex" -f "$PWD/examples/c/Makefile" CUDA=1 &&
+      "$ex/grouped_mlp"; } > "$OUT/c_example.log" 2>&1
+    note "c_example: rc=$?"
+    grep -E "^(cpu|cuda)" "$OUT/c_example.log" | tee -a "$SUMMARY"
+fi
+
+if has ctest; then tests=ON; else tests=OFF; fi
     { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
             -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-      if [ $tests = ON ]; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi; } > "$OUT/build.log" 2>&1
+      if [ $tests = ON ] || has c_example; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi
+    } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }

@@ -271,7 +271,7 @@ def _check_bias(op: str, bias_mode: int, bias: Optional[Tensor], probs: Optional
 
 # ---- operators ----------------------------------------------------------------------------------
 
-_PLAIN = (Tensor, torch.nn.Parameter)
+_PLAIN = frozenset((Tensor, torch.nn.Parameter))
 
 
 def _eager(args) -> bool:
@@ -281,7 +281,10 @@ def _eager(args) -> bool:
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or
             torch._C._is_torch_function_mode_enabled() or torch._C._are_functorch_transforms_active()):
         return False
-    return all(type(a) in _PLAIN for a in args if isinstance(a, Tensor))
+    for a in args:   # (a loop: a generator costs a microsecond here)
+        if type(a) not in _PLAIN and isinstance(a, Tensor):
+            return False
+    return True
 
 
 class _Operator:
@@ -1430,9 +1433,9 @@ class _WeightPointers:
     def pointers(self, params: List[Tensor]) -> Tensor:
         """The pointer array of `params` alone, for the compiled extension's operator, which checks
         the weights itself (python/csrc: ValueError naming weights[g])."""
-        key = (params[0].device, tuple(p.data_ptr() for p in params))
+        key = tuple(map(Tensor.data_ptr, params))   # (unique across devices: unified addressing)
         if key != self._key:
-            self._ptrs = torch.tensor(key[1], dtype=torch.int64).to(key[0])
+            self._ptrs = torch.tensor(key, dtype=torch.int64).to(params[0].device)
             self._key = key
         return self._ptrs
 
@@ -1447,14 +1450,10 @@ class _WeightPointers:
                                  f"{p.dtype} {tuple(p.shape)} on {p.device}; the weights must be contiguous, of "
                                  f"one float dtype, shape and device (weight0: {p0.dtype} {tuple(p0.shape)} on "
                                  f"{p0.device})")
-        key = (p0.device, tuple(p.data_ptr() for p in params))
-        if key != self._key:
-            self._ptrs = torch.tensor(key[1], dtype=torch.int64).to(p0.device)
-            self._key = key
         w = _capi.Weight()
         w.t.dtype, w.t.ndim = _DTYPES[p0.dtype], 3
         w.t.shape[:3] = (len(params), *p0.shape)
-        w.ptrs = self._ptrs.data_ptr()
+        w.ptrs = self.pointers(params).data_ptr()
         return w, self._ptrs
 
 
@@ -1589,6 +1588,7 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             if bias:
                 self.bias = torch.nn.Parameter(torch.zeros(num_gemms, out_features, dtype=dtype, device=device))
         else:
+            self._weight_names = [f"weight{g}" for g in range(num_gemms)]
             for g in range(num_gemms):
                 w = torch.nn.Parameter(torch.empty(*shape, dtype=dtype, device=device))
                 init(w.data)
@@ -1607,7 +1607,7 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         if self.packed:
             return [self.weight]
         params = self._parameters   # (what getattr finds them in, without nn.Module.__getattr__'s host time)
-        return [params[f"weight{g}"] for g in range(self.num_gemms)]
+        return [params[name] for name in self._weight_names]
 
     def _weight_groups(self) -> List[List[Tensor]]:
         return [self._weight_params()]
