@@ -35,7 +35,17 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 
 if has build; then
     t0=$SECONDS
-    if has c_example; then
+    if has ctest; then tests=ON; else tests=OFF; fi
+    { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
+            -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
+      if [ $tests = ON ] || has c_example; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi
+    } > "$OUT/build.log" 2>&1
+    rc=$?
+    note "build: rc=$rc in $((SECONDS - t0)) s"
+    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
+fi
+
+if has c_example; then
     ex=$(mktemp -d)
     { cmake --install "$BUILD/libmoex" --prefix "$ex/prefix" &&
       cmake -S examples/c -B "$ex/cmake" -DCMAKE_PREFIX_PATH="$ex/prefix" && cmake --build "$ex/cmake" &&
@@ -44,16 +54,6 @@ if has build; then
       "$ex/grouped_mlp"; } > "$OUT/c_example.log" 2>&1
     note "c_example: rc=$?"
     grep -E "^(cpu|cuda)" "$OUT/c_example.log" | tee -a "$SUMMARY"
-fi
-
-if has ctest; then tests=ON; else tests=OFF; fi
-    { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
-            -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-      if [ $tests = ON ] || has c_example; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi
-    } > "$OUT/build.log" 2>&1
-    rc=$?
-    note "build: rc=$rc in $((SECONDS - t0)) s"
-    [ $rc -eq 0 ] || { tail -30 "$OUT/build.log"; exit 1; }
 fi
 
 if has ctest; then
