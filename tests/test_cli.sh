@@ -5,7 +5,8 @@
 # message, nothing on stdout: more memory than --max-memory, a GPU-sized bench config on
 # the CPU, an unwritable --out), `moex check` on the CPU (exit 0, every row PASS), a short
 # `moex train --json` whose loss falls at least 5x (JSON parsed, CSV and SVG checked),
-# plain progress lines when stdout is not a terminal, `moex train --fp8 block` against the
+# plain progress lines when stdout is not a terminal, --out's missing parents made, the plot's
+# x axis labelled to the last step, `moex train --fp8 block` against the
 # same run without FP8 (final loss within 1.2x), and a tiny `moex bench --json`.
 #
 # usage: bash tests/test_cli.sh /path/to/moex
@@ -186,6 +187,13 @@ assert sum(losses[-50:]) < sum(losses[:50]) / 5, "the training curve does not fa
 svg = open(os.path.join(out, "train_loss.svg")).read()
 assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")
 assert "<polyline" in svg and svg.count("<text") >= 5
+# the x axis's labels (the numbers that share one baseline) reach the last step
+import re
+rows = {}
+for y, v in re.findall(r'<text x="[0-9.]+" y="([0-9.]+)">(-?[0-9.]+(?:e[-+]?[0-9]+)?)</text>', svg):
+    rows.setdefault(y, []).append(float(v))
+xticks = max(rows.values(), key=len)
+assert max(xticks) >= steps - 1, "the x axis's labels stop at %g of %d steps" % (max(xticks), steps)
 print("train: loss %.4g -> %.4g (%.1fx) in %d steps, %.0f tokens/s"
       % (d["initial_loss"], d["final_loss"], d["initial_loss"] / d["final_loss"], steps, d["tokens_per_s"]))
 EOF
@@ -197,6 +205,9 @@ if grep -q $'\r' "$TMP/out"; then fail "train wrote a carriage return to a pipe"
 grep_in "$TMP/out" "^step 40/40 " "train progress lines"
 grep_in "$TMP/out" "^initial loss .* final loss " "train summary"
 [ -s "$TMP/plain/train_loss.csv" ] && [ -s "$TMP/plain/train_loss.svg" ] && pass || fail "train files"
+# --out makes the missing parents of its directory too
+run 0 "$MOEX" train --backend cpu --steps 2 --out "$TMP/new/parents/run"
+[ -s "$TMP/new/parents/run/train_loss.csv" ] && pass || fail "train --out did not make the missing parents"
 
 # FP8 training (--fp8, experimental): the student's expert GEMMs in FP8. The same short run
 # (500 steps, seed 3) with and without --fp8 block: both losses fall at least 3x, and the FP8
