@@ -306,6 +306,52 @@ static void zq_bad(moex_context *ctx, tu_rng *r) {
     free(hb);
 }
 
+/* z given and no zq data: a zq field that only goes with the zq outputs (zq_amax, a copy's
+ * scales, zq_params other than all zero) is refused naming it, as moex_group_quantize refuses
+ * scales without data, and z is not written. All of them zero is the plain GLU. */
+static void zq_companions_without_data(moex_context *ctx, tu_rng *r) {
+    const int64_t T = 10, F = 20;
+    double h[T * 2 * F];
+    tu_fill_uniform(r, h, T * 2 * F, -2, 2, MOEX_DTYPE_F32);
+    void *hb = tu_buffer(MOEX_DTYPE_F32, h, T * 2 * F);
+    const moex_quant_params block = {MOEX_QUANT_BLOCK, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    const moex_quant_params tensor = {MOEX_QUANT_TENSOR, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    for (int m = 0; m < 6; m++) {
+        moex_scaled_glu_args a;
+        memset(&a, 0, sizeof a);
+        a.glu = moex_glu_params_default(MOEX_GLU_SWIGLU), a.h = moex_tensor_2d(hb, MOEX_DTYPE_F32, T, 2 * F);
+        void *z = tu_poisoned(MOEX_DTYPE_F32, T * F);
+        a.z = moex_tensor_2d(z, MOEX_DTYPE_F32, T, F);
+        moex_quant_tensor row, col;
+        moex_tensor amax;
+        zq_out o = zq_make(m == 0 ? &tensor : &block, 1, 1, 1, 1, T, F, &row, &col, &amax);
+        const char *name = "";
+        switch (m) {
+        case 0: a.zq_amax = amax, name = "zq_amax"; break;
+        case 1: a.zq_rowwise.scales = row.scales, name = "zq_rowwise.scales"; break;
+        case 2: a.zq_columnwise.scales = col.scales, name = "zq_columnwise.scales"; break;
+        case 3: a.zq_params = block, name = "zq_params"; break;
+        case 4: a.zq_params = block, a.zq_params.fp8 = MOEX_DTYPE_BF16, name = "zq_params"; break;
+        default: a.zq_params.amax_epsilon = 1.0f, name = "zq_params"; break;
+        }
+        size_t bytes = 0;
+        moex_status st = moex_scaled_glu_forward_workspace_size(ctx, &a, &bytes);
+        if (!CHECK_REFUSED(ctx, st, "moex_scaled_glu_forward_workspace_size", name))
+            printf("  (case: %s without zq data, workspace query)\n", name);
+        void *ws = tu_alloc(1 << 16);
+        st = moex_scaled_glu_forward(ctx, &a, ws, 1 << 16, NULL);
+        free(ws);
+        if (!CHECK_REFUSED(ctx, st, "moex_scaled_glu_forward", name)) printf("  (case: %s without zq data)\n", name);
+        const int untouched = tu_first_unpoisoned(z, (size_t)(T * F) * 4) < 0 &&
+                              (!o.rs || tu_first_unpoisoned(o.rs, (size_t)o.n_rs * 4) < 0) &&
+                              (!o.cs || tu_first_unpoisoned(o.cs, (size_t)o.n_cs * 4) < 0) &&
+                              (!o.am || tu_first_unpoisoned(o.am, (size_t)o.n_am * 4) < 0);
+        CHECK_MSG(untouched, "%s without zq data: refused, but an output was written", name);
+        zq_free(&o), free(z);
+    }
+    free(hb);
+}
+
 /* The clamped GLU's gradient at exactly the clamp's bounds is 0, as torch.clamp gives it
  * (GPT-OSS's PyTorch definition): a = limit gives da = 0, |b| = limit gives db = 0. In bf16,
  * 7.0 is exact, so h lands on the bound often. Both halves of each column below: a in
@@ -379,6 +425,7 @@ int main(void) {
     test_clamp_bounds(ctx);
     n += zq_cases(ctx, &r);
     zq_bad(ctx, &r);
+    zq_companions_without_data(ctx, &r);
     printf("%d cases, worst err/tol %.3g\n", n, worst_seen);
     moex_context_destroy(ctx);
     return tu_finish();

@@ -126,12 +126,31 @@ static moex_status glu_forward_zq(moex_context *ctx, const moex_call *c, const m
 
 /* ---- forward ------------------------------------------------------------------------- */
 
+/* Without zq data, the fields that only go with it must be absent (zq_params all zero), as
+ * the quantize refuses scales without their data: a given one is refused, not ignored. */
+static moex_status check_no_zq(moex_context *ctx, const char *op, const moex_scaled_glu_args *a) {
+    const moex_quant_params *q = &a->zq_params;
+    const bool params = q->recipe != 0 || q->fp8 != 0 || q->amax_epsilon != 0.0f || q->rounding != 0 ||
+                        q->scale_layout != 0;
+    const char *name = moex_present(&a->zq_amax)              ? "zq_amax"
+                       : moex_present(&a->zq_rowwise.scales)    ? "zq_rowwise.scales"
+                       : moex_present(&a->zq_columnwise.scales) ? "zq_columnwise.scales"
+                       : params                                 ? "zq_params (not all zero)"
+                                                                : NULL;
+    if (!name) return MOEX_OK;
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                     "%s: %s is given without zq data (neither zq_rowwise.data nor zq_columnwise.data)", op, name);
+}
+
 moex_status moex_op_scaled_glu_forward_validate(moex_context *ctx, const char *op, const moex_scaled_glu_args *a,
                                                 moex_purpose p, moex_glu_dims *d) {
     MOEX_TRY(validate_glu_common(ctx, op, &a->glu, &a->h, &a->probs, &a->splits, d));
     const int64_t zshape[2] = {d->T, d->F};
     d->zq = moex_present(&a->zq_rowwise.data) || moex_present(&a->zq_columnwise.data);
-    if (!d->zq) return moex_check_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt));
+    if (!d->zq) {
+        MOEX_TRY(moex_check_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
+        return check_no_zq(ctx, op, a);
+    }
     MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
     memset(&d->q, 0, sizeof d->q);
     d->q.G = d->G > 0 ? d->G : 1, d->q.T = d->T, d->q.K = d->F, d->q.dt = d->dt;
