@@ -111,82 +111,6 @@ typedef struct moex_cast_rows_args {
     moex_tensor dst;
 } moex_cast_rows_args;
 
-/* The primitives with a workspace query, written once: X(p, field, args type, dims type),
- * p passed through (a backend's prefix).
- * GROUPED ones run on a prepared handle (moex_groups); the others need none. A backend
- * implements each as <prefix>_<field> and <prefix>_<field>_ws (MOEX_DECLARE_PRIMITIVES) and
- * fills its table with MOEX_PRIMITIVE_FIELDS.
- *   linear_fwd     grouped linear forward y = x W_g^T with its bias epilogue
- *   linear_dgrad   its backward data: dx, dbias, dprobs (+=)
- *   linear_wgrad   its backward weight: dW (= or +=)
- *   glu_fwd/bwd    the scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows); the
- *                  backward also takes an absent dh (dprobs only)
- *   quantize       the FP8 copies of docs/ops.md section 9 (math: quant_math.h)
- *   dequantize     their way back
- *   weight_quantize, weight_dequantize   the same for grouped weights (9.7; no splits)
- *   weight_copy    grouped weights from one form and dtype into another (moex_weight_copy_args)
- *   cast_rows      dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into
- *                  dst's dtype (d: T, N)
- *   zero_tail      every byte of x's rows r >= off[G] = 0 (d: T rows of row_bytes)
- * The splits fields of the args are not read by grouped primitives: the handle has them.
- * glu_bwd's dh may be its h itself (each pair of h is read before its dh is written: the
- * grouped MLP's MOEX_H_OVERWRITE).
- * (The rows look like op_list.h's, but primitives are not public operations.) */
-#define MOEX_GROUPED_PRIMITIVES(X, p)                                                             \
-    X(p, linear_fwd, moex_grouped_linear_args, moex_gl_dims)                                      \
-    X(p, linear_dgrad, moex_grouped_linear_dgrad_args, moex_gl_dims)                              \
-    X(p, linear_wgrad, moex_grouped_linear_wgrad_args, moex_gl_dims)                              \
-    X(p, glu_fwd, moex_scaled_glu_args, moex_glu_dims)                                            \
-    X(p, glu_bwd, moex_scaled_glu_grad_args, moex_glu_dims)                                       \
-    X(p, quantize, moex_group_quantize_args, moex_quant_dims)                                     \
-    X(p, dequantize, moex_group_dequantize_args, moex_quant_dims)                                 \
-    X(p, cast_rows, moex_cast_rows_args, moex_gl_dims)                                            \
-    X(p, zero_tail, moex_zero_tail_args, moex_tail_dims)
-#define MOEX_PLAIN_PRIMITIVES(X, p)                                                               \
-    X(p, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                        \
-    X(p, router_fwd, moex_router_args, moex_router_dims)                                          \
-    X(p, router_bwd, moex_router_grad_args, moex_router_dims)                                     \
-    X(p, permute_fwd, moex_permute_args, moex_perm_dims)                                          \
-    X(p, permute_bwd, moex_permute_grad_args, moex_perm_dims)                                     \
-    X(p, unpermute_fwd, moex_unpermute_args, moex_perm_dims)                                      \
-    X(p, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)                                 \
-    X(p, weight_quantize, moex_weight_quantize_args, moex_quant_dims)                             \
-    X(p, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)                         \
-    X(p, weight_copy, moex_weight_copy_args, moex_gl_dims)
-
-/* The signatures: of a table field (*_FIELD_), or of a backend's function (*_DECL_). */
-#define MOEX_GROUPED_SIG_(ws_name, name, args_t, dims_t)                                           \
-    size_t ws_name(moex_context *ctx, const args_t *a, const dims_t *d);                          \
-    moex_status name(moex_context *ctx, const moex_call *c, const moex_groups *g, const args_t *a, const dims_t *d, \
-                     void *ws);
-#define MOEX_PLAIN_SIG_(ws_name, name, args_t, dims_t)                                             \
-    size_t ws_name(moex_context *ctx, const args_t *a, const dims_t *d);                          \
-    moex_status name(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, void *ws);
-#define MOEX_GROUPED_FIELD_(p, f, args_t, dims_t) MOEX_GROUPED_SIG_((*f##_ws), (*f), args_t, dims_t)
-#define MOEX_PLAIN_FIELD_(p, f, args_t, dims_t) MOEX_PLAIN_SIG_((*f##_ws), (*f), args_t, dims_t)
-#define MOEX_GROUPED_DECL_(p, f, args_t, dims_t) MOEX_GROUPED_SIG_(p##_##f##_ws, p##_##f, args_t, dims_t)
-#define MOEX_PLAIN_DECL_(p, f, args_t, dims_t) MOEX_PLAIN_SIG_(p##_##f##_ws, p##_##f, args_t, dims_t)
-#define MOEX_INIT_(p, f, args_t, dims_t) .f##_ws = p##_##f##_ws, .f = p##_##f,
-
-/* A backend declares its primitives with MOEX_DECLARE_PRIMITIVES(prefix) (then defines
- * <prefix>_<field> and <prefix>_<field>_ws, plus <prefix>_groups_ws, <prefix>_groups_prepare,
- * <prefix>_dense_gemm_ws and <prefix>_dense_gemm), and fills its table with
- * MOEX_PRIMITIVE_FIELDS(prefix) (in the order of the fields, as C++ wants). */
-#define MOEX_DECLARE_PRIMITIVES(p)                                                                \
-    MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_DECL_, p)                                                \
-    MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_DECL_, p)                                                    \
-    size_t p##_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd); \
-    moex_status p##_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G, \
-                                   int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g); \
-    size_t p##_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);                     \
-    moex_status p##_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,    \
-                               const moex_dense_gemm *gemm, void *ws);
-#define MOEX_PRIMITIVE_FIELDS(p)                                                                  \
-    .groups_ws = p##_groups_ws, .groups_prepare = p##_groups_prepare,                             \
-    MOEX_GROUPED_PRIMITIVES(MOEX_INIT_, p)                                                        \
-    MOEX_PLAIN_PRIMITIVES(MOEX_INIT_, p)                                                          \
-    .dense_gemm_ws = p##_dense_gemm_ws, .dense_gemm = p##_dense_gemm
-
 typedef struct moex_backend_ops {
     const char *name;
     bool host_memory;           /* tensors are host memory: the core may read them */
@@ -211,8 +135,93 @@ typedef struct moex_backend_ops {
     moex_status (*groups_prepare)(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
                                   int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
 
-    MOEX_GROUPED_PRIMITIVES(MOEX_GROUPED_FIELD_, _)
-    MOEX_PLAIN_PRIMITIVES(MOEX_PLAIN_FIELD_, _)
+    /* The primitives with a workspace query, each a pair: <f>_ws, its workspace bytes, and <f>.
+     * Those with a moex_groups *g run on the call's prepared handle and do not read the splits
+     * fields of their args (the handle has them); the others need none. A backend defines each as
+     * <prefix>_<f>_ws and <prefix>_<f> (declared in its header: src/cpu/cpu_ops.h,
+     * src/cuda/cuda_ops.h) and names them in its table. */
+
+    /* The grouped linear forward y = x W_g^T with its bias epilogue. */
+    size_t (*linear_fwd_ws)(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
+    moex_status (*linear_fwd)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
+
+    /* Its backward data: dx, dbias, dprobs (+=). */
+    size_t (*linear_dgrad_ws)(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
+    moex_status (*linear_dgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
+
+    /* Its backward weight: dW (= or +=). */
+    size_t (*linear_wgrad_ws)(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
+    moex_status (*linear_wgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+
+    /* The scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows), forward and backward.
+     * The backward also takes an absent dh (dprobs only), and its dh may be its h itself (each
+     * pair of h is read before its dh is written: the grouped MLP's MOEX_H_OVERWRITE). */
+    size_t (*glu_fwd_ws)(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
+    moex_status (*glu_fwd)(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_scaled_glu_args *a,
+                           const moex_glu_dims *d, void *ws);
+    size_t (*glu_bwd_ws)(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
+    moex_status (*glu_bwd)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                           const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+
+    /* The FP8 copies of docs/ops.md section 9 (math: quant_math.h), and their way back. */
+    size_t (*quantize_ws)(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
+    moex_status (*quantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                            const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
+    size_t (*dequantize_ws)(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
+    moex_status (*dequantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
+
+    /* dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into dst's dtype
+     * (moex_cast_rows_args; d: T, N). */
+    size_t (*cast_rows_ws)(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
+    moex_status (*cast_rows)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                             const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+
+    /* Every byte of x's rows r >= off[G] = 0 (d: T rows of row_bytes). */
+    size_t (*zero_tail_ws)(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
+    moex_status (*zero_tail)(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                             const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+
+    /* The public splits_to_offsets, router, permute and unpermute (forward and backward): one
+     * primitive each (docs/ops.md 1, 5, 6, 7). */
+    size_t (*splits_to_offsets_ws)(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                   const moex_splits_dims *d);
+    moex_status (*splits_to_offsets)(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
+                                     const moex_splits_dims *d, void *ws);
+    size_t (*router_fwd_ws)(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
+    moex_status (*router_fwd)(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                              const moex_router_dims *d, void *ws);
+    size_t (*router_bwd_ws)(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
+    moex_status (*router_bwd)(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                              const moex_router_dims *d, void *ws);
+    size_t (*permute_fwd_ws)(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
+    moex_status (*permute_fwd)(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                               const moex_perm_dims *d, void *ws);
+    size_t (*permute_bwd_ws)(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
+    moex_status (*permute_bwd)(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                               const moex_perm_dims *d, void *ws);
+    size_t (*unpermute_fwd_ws)(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
+    moex_status (*unpermute_fwd)(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                 const moex_perm_dims *d, void *ws);
+    size_t (*unpermute_bwd_ws)(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
+    moex_status (*unpermute_bwd)(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                 const moex_perm_dims *d, void *ws);
+
+    /* The FP8 copies of grouped weights and their way back (docs/ops.md 9.7; no splits). */
+    size_t (*weight_quantize_ws)(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
+    moex_status (*weight_quantize)(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                   const moex_quant_dims *d, void *ws);
+    size_t (*weight_dequantize_ws)(moex_context *ctx, const moex_weight_dequantize_args *a, const moex_quant_dims *d);
+    moex_status (*weight_dequantize)(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
+                                     const moex_quant_dims *d, void *ws);
+
+    /* Grouped weights from one form and dtype into another (moex_weight_copy_args). */
+    size_t (*weight_copy_ws)(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
+    moex_status (*weight_copy)(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
+                               const moex_gl_dims *d, void *ws);
 
     /* The router's dense GEMMs; `rows` is a handle of one group of T rows (M of NT and NN,
      * K of TN). */

@@ -9,12 +9,90 @@
 
 #include "backend.h"
 
-/* The primitives of src/core/backend.h: linear_* in cpu_grouped_linear.c, glu_* in
- * cpu_glu.c, router_* in cpu_router.c, permute_* and unpermute_* in cpu_permute.c,
- * splits_to_offsets and the prepared groups in cpu_splits.c (off[G+1] in the workspace, read
- * from host splits and checked: MOEX_ERR_BAD_SPLITS naming the call and the group when a
- * split is negative or the sum passes T), dense_gemm in cpu_dense_gemm.c. */
-MOEX_DECLARE_PRIMITIVES(moex_cpu)
+/* ---- the primitives of src/core/backend.h (cpu_backend.c's table), by file ------------ */
+
+/* cpu_splits.c: the prepared groups (off[G+1] in the workspace, read from host splits and
+ * checked: MOEX_ERR_BAD_SPLITS naming the call and the group when a split is negative or the
+ * sum passes T), splits_to_offsets and zero_tail. */
+size_t moex_cpu_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
+moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                    int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
+size_t moex_cpu_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                     const moex_splits_dims *d);
+moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
+                                       const moex_splits_dims *d, void *ws);
+size_t moex_cpu_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
+moex_status moex_cpu_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+
+/* cpu_grouped_linear.c (GEMMs: cpu_gemm.c). */
+size_t moex_cpu_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
+moex_status moex_cpu_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cpu_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
+moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                  const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cpu_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
+moex_status moex_cpu_linear_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                  const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+
+/* cpu_glu.c. */
+size_t moex_cpu_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
+moex_status moex_cpu_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                             const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws);
+size_t moex_cpu_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
+moex_status moex_cpu_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                             const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+
+/* cpu_quantize.c. */
+size_t moex_cpu_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
+moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
+size_t moex_cpu_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
+moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
+size_t moex_cpu_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
+moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                     const moex_quant_dims *d, void *ws);
+size_t moex_cpu_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
+                                     const moex_quant_dims *d);
+moex_status moex_cpu_weight_dequantize(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
+                                       const moex_quant_dims *d, void *ws);
+
+/* cpu_common.c. */
+size_t moex_cpu_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
+moex_status moex_cpu_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cpu_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
+moex_status moex_cpu_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
+                                 const moex_gl_dims *d, void *ws);
+
+/* cpu_router.c. */
+size_t moex_cpu_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
+moex_status moex_cpu_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                const moex_router_dims *d, void *ws);
+size_t moex_cpu_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
+moex_status moex_cpu_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                const moex_router_dims *d, void *ws);
+
+/* cpu_permute.c. */
+size_t moex_cpu_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
+moex_status moex_cpu_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                 const moex_perm_dims *d, void *ws);
+size_t moex_cpu_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
+moex_status moex_cpu_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                 const moex_perm_dims *d, void *ws);
+size_t moex_cpu_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
+moex_status moex_cpu_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                   const moex_perm_dims *d, void *ws);
+size_t moex_cpu_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
+moex_status moex_cpu_unpermute_bwd(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                   const moex_perm_dims *d, void *ws);
+
+/* cpu_dense_gemm.c. */
+size_t moex_cpu_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);
+moex_status moex_cpu_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                                const moex_dense_gemm *gemm, void *ws);
 
 /* Expert parallelism's local kernels (cpu_ep.c; src/core/ep.h). */
 extern const struct moex_ep_kernels moex_cpu_ep_kernels;

@@ -276,15 +276,92 @@ extern "C" const struct moex_ep_kernels moex_cuda_ep_kernels;
  * primitive. */
 moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, int64_t n);
 
-/* ---- the primitives of backend.h (cuda_backend.cu's table) -------------------------- */
+/* ---- the primitives of backend.h (cuda_backend.cu's table), by file -------------------- */
 
-/* linear_*, fc1_glu, fc2_glu_grad and linear_fp8 in cuda_grouped_linear.cu, glu_* in cuda_glu.cu, quantize,
- * dequantize and glu_quantize in cuda_quantize.cu, router_*,
- * permute_* and unpermute_* in cuda_routing.cu, splits_to_offsets and the prepared groups in
- * cuda_splits.cu (the schedule's arrays, and for a grouped linear forward the Hopper GEMM's
- * scratch, from ws; built by one launch), dense_gemm in cuda_dense_gemm.cu (the router's
- * GEMMs on the grouped GEMM with one group). */
-MOEX_DECLARE_PRIMITIVES(moex_cuda)
+/* cuda_splits.cu: the prepared groups (the schedule's arrays, and for a grouped linear
+ * forward the Hopper GEMM's scratch, from ws; built by one launch), splits_to_offsets. */
+size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
+moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                     int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
+size_t moex_cuda_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                      const moex_splits_dims *d);
+moex_status moex_cuda_splits_to_offsets(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
+                                        const moex_splits_dims *d, void *ws);
+
+/* cuda_zero_tail.cu. */
+size_t moex_cuda_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
+moex_status moex_cuda_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+
+/* cuda_grouped_linear.cu (with fc1_glu, fc2_glu_grad and the FP8 slots below). */
+size_t moex_cuda_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                 const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cuda_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_linear_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+
+/* cuda_glu.cu. */
+size_t moex_cuda_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
+moex_status moex_cuda_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws);
+size_t moex_cuda_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
+moex_status moex_cuda_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                              const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+
+/* cuda_quantize.cu (with glu_quantize below), and cuda_weight_dequantize.cu. */
+size_t moex_cuda_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
+moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                               const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
+size_t moex_cuda_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
+moex_status moex_cuda_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                 const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
+size_t moex_cuda_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
+moex_status moex_cuda_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                      const moex_quant_dims *d, void *ws);
+size_t moex_cuda_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
+                                      const moex_quant_dims *d);
+moex_status moex_cuda_weight_dequantize(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
+                                        const moex_quant_dims *d, void *ws);
+
+/* cuda_cast.cu. */
+size_t moex_cuda_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cuda_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
+moex_status moex_cuda_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
+                                  const moex_gl_dims *d, void *ws);
+
+/* cuda_routing.cu. */
+size_t moex_cuda_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
+moex_status moex_cuda_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                 const moex_router_dims *d, void *ws);
+size_t moex_cuda_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
+moex_status moex_cuda_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                 const moex_router_dims *d, void *ws);
+size_t moex_cuda_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
+moex_status moex_cuda_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                  const moex_perm_dims *d, void *ws);
+size_t moex_cuda_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
+moex_status moex_cuda_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                  const moex_perm_dims *d, void *ws);
+size_t moex_cuda_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
+moex_status moex_cuda_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                    const moex_perm_dims *d, void *ws);
+size_t moex_cuda_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
+moex_status moex_cuda_unpermute_bwd(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                    const moex_perm_dims *d, void *ws);
+
+/* cuda_dense_gemm.cu: the router's GEMMs on the grouped GEMM with one group. */
+size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);
+moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                                 const moex_dense_gemm *gemm, void *ws);
+
+/* The optional slots: fc1_glu, fc2_glu_grad and the FP8 GEMMs in cuda_grouped_linear.cu,
+ * glu_quantize in cuda_quantize.cu. */
 moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
                               const moex_gl_dims *d, bool *ran);
 size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
