@@ -22,6 +22,15 @@
  * gradients (main grads) are f32; bias gradients f32 or the activation dtype (summed in f32,
  * rounded once), as biases are.
  *
+ * Alignment: the data of every tensor with elements is aligned to its dtype's size (natural
+ * alignment: f32 and i32 4 bytes, i64 8, bf16 and f16 2, the FP8 dtypes and E8M0 1), and so
+ * is each matrix of a discrete weight, whose pointer array is aligned to a pointer. A tensor
+ * that breaks it is MOEX_ERR_INVALID_ARG naming it, from the size queries and the runs, on
+ * every backend (CUDA cannot see the matrices behind a device pointer array: there they are
+ * the caller's to align). The workspace, `saved` and the EP dispatch handle have no
+ * alignment requirement. (Some fast paths want more, e.g. 16 bytes for the Hopper GEMMs, and
+ * fall back to another kernel without it: docs/conventions.md 10.)
+ *
  * Output contracts: each output field below says "=" (overwritten) or "+=" (accumulated).
  * An optional tensor is absent when it is zero-initialised (ndim == 0); an absent optional
  * output is not computed.
@@ -162,7 +171,8 @@ MOEX_API const char *moex_dtype_name(moex_dtype dtype);
 #define MOEX_MAX_DIMS 4
 
 /* A dense row-major view; shape[0] is the outermost dimension. ndim == 0: absent.
- * `data` may be NULL only when the tensor has no elements. */
+ * `data` may be NULL only when the tensor has no elements; with elements it is aligned to
+ * moex_dtype_size(dtype) (the alignment rule above). */
 typedef struct moex_tensor {
     void      *data;
     moex_dtype dtype;

@@ -93,6 +93,18 @@ static moex_status shape_fail(moex_context *ctx, const char *op, const char *nam
     return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s must be %s, got %s", op, name, want, got);
 }
 
+/* The alignment rule (moex.h, "Tensors"): data with elements is aligned to its dtype's size,
+ * on every backend (the pointer's value is checked, never the memory). `what` follows the
+ * name in the message (".data" for a tensor, "" for a discrete weight's matrix). */
+static moex_status check_aligned(moex_context *ctx, const char *op, const char *name, const char *what,
+                                 const void *p, moex_dtype dtype) {
+    const size_t align = moex_dtype_size(dtype);
+    if (align <= 1 || (uintptr_t)p % align == 0) return MOEX_OK;
+    return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                     "%s: %s%s (%p) is not aligned to %zu bytes, the size of its dtype %s (moex.h: every tensor's "
+                     "data is aligned to its dtype)", op, name, what, p, align, moex_dtype_name(dtype));
+}
+
 static moex_status check_shape(moex_context *ctx, const char *op, const char *name, const moex_tensor *t, int ndim,
                                const int64_t *shape, unsigned dtypes) {
     if (t->ndim == 0)
@@ -116,6 +128,7 @@ static moex_status check_shape(moex_context *ctx, const char *op, const char *na
     }
     if (!t->data && numel > 0)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.data is NULL", op, name);
+    if (numel > 0) MOEX_TRY(check_aligned(ctx, op, name, ".data", t->data, t->dtype));
     return MOEX_OK;
 }
 
@@ -154,7 +167,12 @@ static moex_status check_weight_as(moex_context *ctx, const char *op, const char
     if (w->t.data)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s has both t.data and ptrs; discrete weights set t.data = NULL", op, name);
-    /* Discrete: t describes dtype and shape only; check it as if it had data. */
+    if ((uintptr_t)w->ptrs % _Alignof(void *) != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: %s.ptrs (%p) is not aligned to %zu bytes, the alignment of a pointer (moex.h: the "
+                         "pointer array of discrete weights)", op, name, (const void *)w->ptrs, _Alignof(void *));
+    /* Discrete: t describes dtype and shape only; check it as if it had data (the pointer
+     * array, aligned to a pointer, passes the dtype's alignment). */
     moex_tensor desc = w->t;
     desc.data = (void *)w->ptrs;
     MOEX_TRY(check_shape(ctx, op, name, &desc, 3, shape, dtypes));
@@ -172,6 +190,11 @@ static moex_status check_weight_as(moex_context *ctx, const char *op, const char
         if (mat_bytes > UINTPTR_MAX - (uintptr_t)w->ptrs[g])
             return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.ptrs[%lld] wraps around the address space", op,
                              name, (long long)g);
+        if ((uintptr_t)w->ptrs[g] % moex_dtype_size(desc.dtype) != 0) {
+            char mat[48];
+            snprintf(mat, sizeof mat, "%s.ptrs[%lld]", name, (long long)g);
+            return check_aligned(ctx, op, mat, "", w->ptrs[g], desc.dtype);
+        }
     }
     moex_span s;
     memset(&s, 0, sizeof s);

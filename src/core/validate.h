@@ -22,7 +22,8 @@
 #define MOEX_DT_BIAS(dt) (MOEX_DT(dt) | MOEX_DT_F32)   /* a bias: the activation dtype or f32 */
 
 /* A required input: ndim and shape match, at most MOEX_MAX_ELEMS elements, dtype in
- * `dtypes`, data non-NULL unless empty, and its bytes do not wrap the address space. */
+ * `dtypes`, data non-NULL and aligned to the dtype's size unless empty (moex.h's alignment
+ * rule), and its bytes do not wrap the address space. */
 moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
                               int ndim, const int64_t *shape, unsigned dtypes);
 
@@ -30,7 +31,9 @@ moex_status moex_check_tensor(moex_context *ctx, const char *op, const char *nam
 moex_status moex_check_optional(moex_context *ctx, const char *op, const char *name,
                                 const moex_tensor *t, int ndim, const int64_t *shape, unsigned dtypes);
 
-/* A grouped weight [G, R, C], packed or discrete (see moex_weight), read. */
+/* A grouped weight [G, R, C], packed or discrete (see moex_weight), read. Discrete: the
+ * pointer array aligned to a pointer; on the CPU backend (host pointer array) each matrix
+ * non-NULL and aligned to the dtype's size. */
 moex_status moex_check_weight(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
                               int64_t G, int64_t R, int64_t C, unsigned dtypes);
 
