@@ -1,8 +1,24 @@
 /*
  * moex.h - the moex C API: expert layers of Mixture-of-Experts models.
  *
- * This header is the manual. It is C11, includes no CUDA header, and compiles as C++.
- * docs/ops.md gives the math of every operation, forward and backward.
+ * This header is the manual of the stable API. It is C11, includes no CUDA header, and
+ * compiles as C++. docs/ops.md gives the math of every operation, forward and backward.
+ *
+ * What is where
+ *   moex.h      stable: the context, tensors, and the operations splits_to_offsets,
+ *               zero_tail, grouped linear, scaled GLU, grouped MLP, router, permute,
+ *               unpermute and the MoE layer.
+ *   moex_fp8.h  experimental: FP8 training. The recipe a layer's GEMMs run in (the `fp8`
+ *               field of the grouped linear, grouped MLP and MoE layer arguments), the scaled
+ *               GLU's quantized output (its zq_* fields), grouped and weight quantize and
+ *               dequantize, the FP8 grouped linear.
+ *   moex_ep.h   experimental: expert parallelism. An EP context over an MPI or NCCL
+ *               communicator, dispatch and combine, the EP MoE layer.
+ * Experimental means tested like the rest, but the declarations may still change. The
+ * experimental fields of the stable structs (fp8, zq_*) are off when zero-initialised.
+ * This header includes both, so `#include "moex.h"` declares the whole API: moex_fp8.h
+ * after the shared types below (the stable argument structs carry its types as fields),
+ * moex_ep.h at the end. Either may be included alone: it includes this header.
  *
  * ---------------------------------------------------------------------------------------
  * Vocabulary
@@ -222,42 +238,19 @@ typedef enum moex_grad_mode {
     MOEX_GRAD_ACCUMULATE = 1  /* dW += ...  into an f32 main grad (empty groups unchanged)    */
 } moex_grad_mode;
 
-/* FP8 training (experimental): the recipe a layer's GEMMs run in, as the `fp8` field of the
- * grouped linear, grouped MLP and MoE layer arguments (zero-initialised: off, the GEMMs run
- * in the activation dtype). With a recipe, each GEMM quantizes its operands as it needs them
- * (moex_group_quantize, moex_weight_quantize; weights from their bf16/f16/f32 master copy on
- * every call) and runs moex_grouped_linear_fp8_*; the outputs and the gradients keep the
- * dtypes and the "=" / "+=" contracts of the plain call, and the main grads stay f32. Bias
- * gradients and dprobs are the plain call's sums; the MLP keeps h, z, dz and dh in the
- * activation dtype as the plain path does (its workspace holds dz, dh and the FP8 copies:
- * MOEX_H_OVERWRITE and the memory reuse of the plain backward do not apply). Discrete weights
- * (and discrete bf16/f16 dW) are handled one expert at a time through their pointer array,
- * which must then be host memory: on CUDA they are MOEX_ERR_UNSUPPORTED. Every field is
- * validated, also with MOEX_FP8_OFF (which then ignores them: the plain path, bitwise).
- * docs/ops.md 9.11 says which operand gets which recipe and orientation.
- *   BLOCK    DeepSeek-V3's: 1x128 activations and gradients, 128x128 weight blocks (the
- *            recipe to pick on Hopper)
- *   CURRENT  current scaling, one scale per group (activations, gradients) or expert (weights)
- *   MXFP8    1x32 blocks with E8M0 scales (correct on Hopper, not its fast recipe)        */
-typedef enum moex_fp8_mode {
-    MOEX_FP8_OFF = 0,
-    MOEX_FP8_BLOCK = 1,
-    MOEX_FP8_CURRENT = 2,
-    MOEX_FP8_MXFP8 = 3
-} moex_fp8_mode;
+#ifdef __cplusplus
+}
+#endif
 
-typedef enum moex_fp8_dtypes {
-    MOEX_FP8_E4M3_ALL = 0,      /* every operand E4M3                                      */
-    MOEX_FP8_HYBRID = 1         /* activations and weights E4M3, gradients E5M2             */
-} moex_fp8_dtypes;
+/* ---- FP8 (experimental): moex_fp8.h ---------------------------------------------------- *
+ * Included here, before the operations: the grouped linear, grouped MLP and MoE layer
+ * arguments carry its FP8 recipe (`fp8`; zero: off, the GEMMs run in the activation dtype),
+ * the scaled GLU's arguments its quantized output (zq_*; absent when zero).                */
+#include "moex_fp8.h"
 
-typedef struct moex_fp8_recipe {
-    moex_fp8_mode mode;
-    moex_fp8_dtypes dtypes;
-    int32_t pow2_scales;        /* nonzero: scales rounded down to powers of 2 (MOEX_SCALE_POW2);
-                                   BLOCK and CURRENT only                                  */
-    float amax_epsilon;         /* >= 0, as moex_quant_params.amax_epsilon (not MXFP8)      */
-} moex_fp8_recipe;
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- splits_to_offsets --------------------------------------------------------------- */
 
@@ -321,7 +314,7 @@ typedef struct moex_grouped_linear_args {
     moex_tensor probs;          /* [T] f32; SCALED only                     in            */
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_tensor y;              /* [T, N], dtype of x                       =             */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_grouped_linear_args;
 
 typedef struct moex_grouped_linear_dgrad_args {
@@ -334,7 +327,7 @@ typedef struct moex_grouped_linear_dgrad_args {
     moex_tensor dx;             /* [T, K], dtype of dy; optional            =             */
     moex_tensor dbias;          /* [G, N] f32 or dtype of dy; ADD/SCALED    =             */
     moex_tensor dprobs;         /* [T] f32; optional, SCALED only           +=            */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_grouped_linear_dgrad_args;
 
 typedef struct moex_grouped_linear_wgrad_args {
@@ -343,7 +336,7 @@ typedef struct moex_grouped_linear_wgrad_args {
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_grad_mode dw_mode;
     moex_weight dw;             /* [G, N, K]: WRITE f32 or dtype of x (=); ACCUMULATE f32 (+=) */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_grouped_linear_wgrad_args;
 
 MOEX_API moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx,
@@ -393,42 +386,6 @@ typedef struct moex_glu_params {
 /* {kind, CONTIGUOUS, limit 7, alpha 1.702, offset 1}: the GPT-OSS constants. */
 MOEX_API moex_glu_params moex_glu_params_default(moex_glu_kind kind);
 
-/* FP8 quantization's types (experimental), used by the GLU's quantized output below and by
- * the grouped quantization section, which describes the recipes. */
-typedef enum moex_quant_recipe {
-    MOEX_QUANT_TENSOR = 0,
-    MOEX_QUANT_GROUP = 1,
-    MOEX_QUANT_BLOCK = 2,
-    MOEX_QUANT_MXFP8 = 3
-} moex_quant_recipe;
-
-typedef enum moex_scale_rounding {
-    MOEX_SCALE_EXACT = 0,       /* s = fp8_max / amax in f32                                */
-    MOEX_SCALE_POW2 = 1         /* s rounded down to a power of 2 (TENSOR, GROUP, BLOCK)     */
-} moex_scale_rounding;
-
-/* Where the scales of BLOCK and MXFP8 are: as the recipes above (the default), or, for
- * MXFP8, in the 128x4-tiled ("swizzled") layout that cuBLAS and Transformer Engine consume
- * for MX GEMMs, each group (or expert) padded to whole tiles: one E8M0 vector per copy,
- * sized by docs/ops.md 9.8. */
-typedef enum moex_scale_layout {
-    MOEX_SCALES_PLAIN = 0,
-    MOEX_SCALES_MX_SWIZZLED = 1
-} moex_scale_layout;
-
-typedef struct moex_quant_params {
-    moex_quant_recipe recipe;
-    moex_dtype fp8;             /* MOEX_DTYPE_E4M3 or MOEX_DTYPE_E5M2                        */
-    float amax_epsilon;         /* >= 0: amax = max(amax, epsilon) (not MXFP8)               */
-    moex_scale_rounding rounding;
-    moex_scale_layout scale_layout; /* MOEX_SCALES_MX_SWIZZLED: MXFP8 only                  */
-} moex_quant_params;
-
-/* One orientation of a quantized tensor: the FP8 data and its scales. */
-typedef struct moex_quant_tensor {
-    moex_tensor data;           /* rowwise [T, K], columnwise [K, T]; params.fp8           */
-    moex_tensor scales;         /* its recipe's shape (docs/ops.md 9.4); f32 (MXFP8: E8M0) */
-} moex_quant_tensor;
 
 typedef struct moex_scaled_glu_args {
     moex_glu_params glu;
@@ -436,7 +393,7 @@ typedef struct moex_scaled_glu_args {
     moex_tensor probs;          /* [T] f32; optional (absent: p = 1)        in            */
     moex_tensor splits;         /* [G] I64; optional: only rows < sum(splits) (else all T) */
     moex_tensor z;              /* [T, F], dtype of h; optional when a zq copy is present =  */
-    /* Optional (experimental): z quantized to FP8 as it leaves the GLU, exactly what
+    /* Optional (experimental, moex_fp8.h): z quantized to FP8 as it leaves the GLU, exactly what
      * moex_group_quantize of z (as stored in h's dtype) with these splits writes (no splits:
      * one group of all T rows); docs/ops.md 9.9. Absent when both zq data are absent. */
     moex_quant_params zq_params;
@@ -491,7 +448,7 @@ typedef struct moex_grouped_mlp_args {
     moex_tensor z;              /* [T, F], dtype of x; optional: absent asks the backward
                                    to recompute z from h                    =             */
     moex_tensor y;              /* [T, H], dtype of x                       =             */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_grouped_mlp_args;
 
 /* What the grouped MLP backward may do with the saved h. */
@@ -524,7 +481,7 @@ typedef struct moex_grouped_mlp_grad_args {
     moex_tensor db2;            /* [G, H] f32 or dtype of x; ADD/SCALED     =             */
     moex_tensor dprobs;         /* [T] f32; needs probs                     +=            */
     moex_h_mode h_mode;         /* MOEX_H_KEEP (0) unless h may be consumed               */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_grouped_mlp_grad_args;
 
 MOEX_API moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx,
@@ -656,7 +613,7 @@ typedef struct moex_moe_layer_args {
     void *saved;                /* forward: =; backward: in                               */
     size_t saved_bytes;
     moex_tensor y;              /* [T, H], dtype of x; forward only         =             */
-    moex_fp8_recipe fp8;        /* experimental; zero: off                                */
+    moex_fp8_recipe fp8;        /* experimental (moex_fp8.h); zero: off                   */
 } moex_moe_layer_args;
 
 typedef struct moex_moe_layer_grad_args {
@@ -683,334 +640,11 @@ MOEX_API moex_status moex_moe_layer_backward_workspace_size(moex_context *ctx,
 MOEX_API moex_status moex_moe_layer_backward(moex_context *ctx, const moex_moe_layer_grad_args *args,
         void *workspace, size_t workspace_bytes, moex_stream stream);
 
-/* ---- Grouped quantization (experimental) -------------------------------------------- *
- * FP8 quantization of the rows of G groups (x [T, K], the rows of group g after those of
- * g - 1, rows >= sum(splits) neither read nor written), computed on the device from the data
- * and the device splits: no host synchronisation, capturable in a CUDA graph. One call
- * writes a rowwise copy (data [T, K]) and/or a columnwise one (data [K, T]: the transpose,
- * for GEMMs that reduce over the rows), each with its scales. Scales are dequantization
- * factors: x ~= data * scale. The recipes (docs/ops.md section 9 has the exact rules):
- *   TENSOR  current scaling, one scale for all rows < sum(splits): scales [1] f32
- *   GROUP   current scaling, one scale per group: scales [G] f32
- *   BLOCK   1x128 blocks (DeepSeek-V3's activations and gradients), f32 scales:
- *           rowwise: 128 consecutive columns of one row, scales [T, ceil(K/128)];
- *           columnwise: 128 consecutive rows of one group in one column, the tiles of group g
- *           starting at its first row, scales [K, ceil(T/128) + G] (group g's tiles at
- *           columns b_g, b_g + 1, ... with b_g = sum over h < g of ceil(m_h/128))
- *   MXFP8   1x32 blocks, E8M0 scales (the OCP MX rule), laid out as BLOCK with 32 for 128
- * Current and block scaling take an amax epsilon and optionally round scales to powers of
- * 2; MXFP8 scales are powers of 2 by nature.                                              */
-
-typedef struct moex_group_quantize_args {
-    moex_tensor x;              /* [T, K] f32, bf16 or f16                  in            */
-    moex_tensor splits;         /* [G] i64, sum <= T                        in            */
-    moex_quant_params params;
-    /* outputs: at least one of rowwise and columnwise (absent: data with ndim 0) */
-    moex_quant_tensor rowwise;  /* data [T, K], scales                      =             */
-    moex_quant_tensor columnwise; /* data [K, T], scales                    =             */
-    moex_tensor amax;           /* TENSOR [1], GROUP [G] f32; optional      =             */
-    moex_tensor dbias;          /* [G, K] f32, optional: the bias gradient  =
-                                 * of a quantized output gradient, dbias[g, k] = the sum
-                                 * of x[t, k] over group g's rows (deterministic)          */
-} moex_group_quantize_args;
-
-typedef enum moex_quant_orientation {
-    MOEX_QUANT_ROWWISE = 0,
-    MOEX_QUANT_COLUMNWISE = 1
-} moex_quant_orientation;
-
-/* y = data * scale, back to [T, K] from either orientation (rows < sum(splits)). */
-typedef struct moex_group_dequantize_args {
-    moex_quant_params params;   /* as the quantize used                                   */
-    moex_quant_orientation orientation;
-    moex_quant_tensor src;      /* rowwise or columnwise, as quantized      in            */
-    moex_tensor splits;         /* [G] i64                                  in            */
-    moex_tensor y;              /* [T, K] f32, bf16 or f16                  =             */
-} moex_group_dequantize_args;
-
-/* Grouped weights w [G, N, K] (moex_weight_packed's layout) quantized per expert, for the
- * FP8 GEMMs: the rowwise copy [G, N, K] feeds the forward (y = x W^T reduces over K), the
- * columnwise copy [G, K, N] (each W_g transposed) the backward data (dx = dy W reduces over
- * N). The recipes (docs/ops.md 9.7):
- *   GROUP   one current scale per expert: scales [G] f32 (both copies)
- *   BLOCK   128x128 blocks of each W_g (DeepSeek-V3's weights), f32 scales: rowwise
- *           [G, ceil(N/128), ceil(K/128)], columnwise [G, ceil(K/128), ceil(N/128)]; a block
- *           has one scale, so the columnwise copy is the transpose of the rowwise one
- *   MXFP8   1x32 blocks along each copy's reduction dimension, E8M0 scales: rowwise
- *           [G, N, ceil(K/32)], columnwise [G, K, ceil(N/32)]
- * (TENSOR: use GROUP with G = 1.) The weights are dense: nothing depends on split values. */
-typedef struct moex_weight_quantize_args {
-    moex_tensor w;              /* [G, N, K] f32, bf16 or f16               in            */
-    moex_quant_params params;   /* recipe GROUP, BLOCK or MXFP8                           */
-    /* outputs: at least one of rowwise and columnwise (absent: data with ndim 0) */
-    moex_quant_tensor rowwise;  /* data [G, N, K], scales                   =             */
-    moex_quant_tensor columnwise; /* data [G, K, N], scales                 =             */
-    moex_tensor amax;           /* GROUP: [G] f32; optional                 =             */
-} moex_weight_quantize_args;
-
-/* w = data * scale, back to [G, N, K] from either copy. */
-typedef struct moex_weight_dequantize_args {
-    moex_quant_params params;   /* as the quantize used                                   */
-    moex_quant_orientation orientation;
-    moex_quant_tensor src;      /* rowwise or columnwise, as quantized      in            */
-    moex_tensor w;              /* [G, N, K] f32, bf16 or f16               =             */
-} moex_weight_dequantize_args;
-
-MOEX_API moex_status moex_group_quantize_workspace_size(moex_context *ctx,
-        const moex_group_quantize_args *args, size_t *bytes);
-MOEX_API moex_status moex_group_quantize(moex_context *ctx, const moex_group_quantize_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_group_dequantize_workspace_size(moex_context *ctx,
-        const moex_group_dequantize_args *args, size_t *bytes);
-MOEX_API moex_status moex_group_dequantize(moex_context *ctx, const moex_group_dequantize_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_weight_quantize_workspace_size(moex_context *ctx,
-        const moex_weight_quantize_args *args, size_t *bytes);
-MOEX_API moex_status moex_weight_quantize(moex_context *ctx, const moex_weight_quantize_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_weight_dequantize_workspace_size(moex_context *ctx,
-        const moex_weight_dequantize_args *args, size_t *bytes);
-MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight_dequantize_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-
-/* ---- FP8 grouped linear (experimental) ------------------------------------------------ *
- * The grouped linear's GEMMs on FP8 operands as moex_group_quantize and moex_weight_quantize
- * write them. Each operand stands for its dequantized value (data * scale, docs/ops.md 9.5);
- * the products are summed in f32 and the result is rounded once:
- *   forward          y_g = x_g W_g^T (+ b_g | + p_i b_g): x a rowwise copy, data [T, K];
- *                    w data [G, N, K] with its scales as a rowwise weight copy has them
- *   backward data    dx_g = dy_g W_g is the forward's call with dy's rowwise copy as x and
- *                    the weights' columnwise copy (data [G, K, N]) as w, and no bias (its
- *                    dbias comes with dy's quantize)
- *   backward weight  dW_g = dy_g^T x_g: dy's and x's columnwise copies, data [N, T], [K, T]
- * The recipes pair as DeepSeek-V3's BLOCK (1x128 rows with 128x128 weight blocks), current
- * scaling (TENSOR or GROUP rows with GROUP weights), or MXFP8 with MXFP8; either operand E4M3
- * or E5M2. Rows >= sum(splits) are neither read nor written.
- * On Hopper the forward of current-scaled or BLOCK operands, y bf16 or f16, K a multiple of
- * 16 and N of 8, runs on the FP8 tensor cores (x.data, w.data and y 16-byte aligned), and so
- * does the backward weight of such copies with K and N multiples of 8 and T of 16 (dy.data,
- * x.data and dw 16-byte aligned); everything else (MXFP8 included: Hopper has no MX
- * instruction) runs through the dequantized operands in f32 (workspace: f32 copies of both
- * operands and, unless y is f32, of y). docs/ops.md 9.10. */
-typedef struct moex_grouped_linear_fp8_args {
-    moex_quant_params x_params;
-    moex_quant_tensor x;        /* rowwise: data [T, K], scales             in            */
-    moex_quant_params w_params; /* GROUP, BLOCK or MXFP8                                  */
-    moex_quant_tensor w;        /* data [G, N, K], scales                   in            */
-    moex_tensor splits;         /* [G] I64                                  in            */
-    moex_bias_mode bias_mode;
-    moex_tensor bias;           /* [G, N], dtype of y or f32; ADD/SCALED    in            */
-    moex_tensor probs;          /* [T] f32; SCALED only                     in            */
-    moex_tensor y;              /* [T, N] f32, bf16 or f16                  =             */
-} moex_grouped_linear_fp8_args;
-
-typedef struct moex_grouped_linear_fp8_wgrad_args {
-    moex_quant_params dy_params;
-    moex_quant_tensor dy;       /* columnwise: data [N, T], scales          in            */
-    moex_quant_params x_params;
-    moex_quant_tensor x;        /* columnwise: data [K, T], scales          in            */
-    moex_tensor splits;         /* [G] I64                                  in            */
-    moex_grad_mode dw_mode;
-    moex_weight dw;             /* [G, N, K] f32 (empty groups: WRITE 0)    = or +=       */
-} moex_grouped_linear_fp8_wgrad_args;
-
-MOEX_API moex_status moex_grouped_linear_fp8_forward_workspace_size(moex_context *ctx,
-        const moex_grouped_linear_fp8_args *args, size_t *bytes);
-MOEX_API moex_status moex_grouped_linear_fp8_forward(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_grouped_linear_fp8_backward_weight_workspace_size(moex_context *ctx,
-        const moex_grouped_linear_fp8_wgrad_args *args, size_t *bytes);
-MOEX_API moex_status moex_grouped_linear_fp8_backward_weight(moex_context *ctx,
-        const moex_grouped_linear_fp8_wgrad_args *args, void *workspace, size_t workspace_bytes,
-        moex_stream stream);
-
-/* ---- Expert parallelism (experimental) ----------------------------------------------- *
- * The experts of a layer spread over the W ranks of a communicator (expert parallelism, EP):
- * rank r holds the E / W experts [r E/W, (r+1) E/W) ("local experts", El = E / W). Each rank
- * routes its own T tokens; dispatch sends every token's row once to each rank that holds at
- * least one of its k experts, and that rank sorts the rows it receives by local expert (as
- * the permute does: expert e's rows in the order of (source rank, source token, slot));
- * combine sums each token's expert outputs back on the token's rank:
- *   dispatch forward   x [T, H], ids, probs [T, k]   ->  xr [R, H], probs_r [R], splits [El]
- *   combine forward    yr [R, H]                     ->  y [T, H] = sum over the token's k rows
- *   combine backward   dy [T, H]                     ->  dyr [R, H] (each row: dy of its token)
- *   dispatch backward  dxr [R, H], dprobs_r [R]      ->  dx [T, H] = sum over the k rows,
- *                                                        dprobs [T, k]
- * Sums are in f32, in a fixed order (deterministic): each rank first sums its rows of a token
- * in slot order and rounds the partial sum to the activation dtype (what travels back), and
- * the token's rank sums the partial sums in slot order of their first slots, rounded once.
- *
- * Capacity. An EP context has static capacities: T <= max_tokens tokens per call, and at most
- * R = max_recv_rows expert rows received per rank. Expert rows past R (in the sorted order:
- * the last experts' last rows first) are dropped: they are not computed, contribute zero to y
- * and get zero gradients; the call reports how many (the `dropped` output, and
- * moex_context_check_splits: MOEX_ERR_BAD_SPLITS naming the dispatch). Never a write past R.
- *
- * The communicator and the mechanism (moex_ep_transfer):
- *   CPU backend, MPI: comm is the address of an MPI_Comm; rows move with MPI_Alltoallv
- *   (only the real rows; the calls block).
- *   CUDA backend, NCCL: comm is the address of an ncclComm_t; the calls enqueue on the stream
- *   and are capturable in a CUDA graph (counts stay on the device). PEER (one node) moves
- *   only the real rows, written by kernels into the peers' mapped receive buffers; CAPACITY
- *   moves capacity-sized messages (max_tokens rows to each peer) with grouped
- *   ncclSend/ncclRecv. A PEER call waits on the device for every rank's same call: a rank
- *   that stops making them leaves the others' kernels spinning.
- * The caller creates and destroys the communicator (MPI_Init, ncclCommInitRank, torchrun);
- * it must outlive the EP context. moex_ep_create is collective: every rank of the
- * communicator calls it with the same config (comm aside), and so are the EP calls: every
- * rank makes the same sequence of them. One EP context serves one call at a time, in order
- * on one stream (its transfer buffers are shared by its calls). Thread safety: as a context.
- * A build without MPI (or NCCL) returns MOEX_ERR_UNSUPPORTED from moex_ep_create.          */
-
-typedef struct moex_ep moex_ep;   /* opaque: an EP context, bound to a moex_context */
-
-typedef enum moex_ep_comm_kind {
-    MOEX_EP_COMM_MPI = 0,         /* CPU backend: comm points to an MPI_Comm                  */
-    MOEX_EP_COMM_NCCL = 1         /* CUDA backend: comm points to an ncclComm_t               */
-} moex_ep_comm_kind;
-
-typedef enum moex_ep_transfer {
-    MOEX_EP_TRANSFER_AUTO = 0,    /* PEER where every rank can map every peer, else CAPACITY  */
-    MOEX_EP_TRANSFER_CAPACITY = 1,/* NCCL: grouped send/recv of max_tokens rows per peer;
-                                     MPI: MPI_Alltoallv of the real rows                   */
-    MOEX_EP_TRANSFER_PEER = 2     /* NCCL ranks on one node with peer access (NVLink): the
-                                     kernels write only the real rows into the peers' receive
-                                     buffers (mapped with CUDA IPC at creation), with
-                                     device-side barriers; MOEX_ERR_UNSUPPORTED elsewhere  */
-} moex_ep_transfer;
-
-typedef struct moex_ep_config {
-    moex_ep_comm_kind comm_kind;
-    const void *comm;             /* the address of the caller's MPI_Comm or ncclComm_t       */
-    int32_t num_experts;          /* E >= 1, a multiple of the world size                     */
-    int32_t topk;                 /* k, 1 <= k <= E                                           */
-    int64_t hidden;               /* H >= 1                                                   */
-    moex_dtype dtype;             /* of the rows: f32, bf16 or f16                            */
-    int64_t max_tokens;           /* >= 1: T of any call, at most                             */
-    int64_t max_recv_rows;        /* R >= 1: the expert rows a rank receives per call, at most */
-    moex_ep_transfer transfer;
-} moex_ep_config;
-
-typedef struct moex_ep_info {
-    int32_t rank, world;
-    int32_t local_experts;        /* El = E / world; this rank's are [rank El, (rank+1) El)   */
-    moex_ep_transfer transfer;    /* the mechanism in use (never AUTO)                        */
-    size_t handle_bytes;          /* the size of a dispatch handle (see below)                */
-} moex_ep_info;
-
-/* Creates an EP context on ctx (collective over the communicator): validates the config,
- * allocates every buffer its calls use (backend memory) and learns rank and world. On
- * failure *out is NULL and moex_last_error(ctx) says why. */
-MOEX_API moex_status moex_ep_create(moex_ep **out, moex_context *ctx, const moex_ep_config *config);
-/* Frees the context's buffers (not the communicator); accepts NULL. Not collective. */
-MOEX_API void        moex_ep_destroy(moex_ep *ep);
-MOEX_API moex_status moex_ep_get_info(const moex_ep *ep, moex_ep_info *info);
-
-/* The dispatch handle: a caller-owned buffer of handle_bytes bytes (backend memory, no
- * alignment requirement) that the dispatch forward writes (the routing: where each token's
- * row went and where each received row sits among the expert rows) and that the combine
- * and both backwards read; keep it, at the same address, until the last of them. A layer
- * needs one per dispatch it keeps (e.g. one per MoE layer of a model). */
-typedef struct moex_ep_dispatch_args {
-    moex_ep *ep;
-    moex_tensor x;                /* [T, H], T <= max_tokens, the EP dtype    in            */
-    moex_tensor ids;              /* [T, k] i32 global expert ids in [0, E)   in            */
-    moex_tensor probs;            /* [T, k] f32                               in            */
-    void *handle;                 /* handle_bytes                             =             */
-    size_t handle_bytes;
-    moex_tensor xr;               /* [R, H]: the received rows by local expert =; rows past
-                                     sum(splits) are not written                           */
-    moex_tensor probs_r;          /* [R] f32: each row's prob; optional       =             */
-    moex_tensor splits;           /* [El] i64: rows per local expert          =             */
-    moex_tensor dropped;          /* [1] i64: expert rows dropped; optional   =             */
-    /* FP8 dispatch (experimental): x in E4M3 or E5M2 instead of the EP dtype (a rowwise BLOCK
-     * copy, as moex_group_quantize writes it; H a multiple of 16) travels with its 1x128
-     * scales, half the bytes of bf16; xr is then of x's dtype, with its scales (the rowwise
-     * copy the FP8 grouped linear reads). The combine and the backwards stay in the EP dtype. */
-    moex_tensor x_scales;         /* [T, ceil(H/128)] f32; FP8 x only         in            */
-    moex_tensor xr_scales;        /* [R, ceil(H/128)] f32; FP8 x only         =             */
-} moex_ep_dispatch_args;
-
-typedef struct moex_ep_dispatch_grad_args {
-    moex_ep *ep;
-    const void *handle;           /* the dispatch forward's                   in            */
-    size_t handle_bytes;
-    moex_tensor dxr;              /* [R, H]                                   in            */
-    moex_tensor dprobs_r;         /* [R] f32; optional (with dprobs)          in            */
-    moex_tensor dx;               /* [T, H], the forward's T: sum of the token's rows' dxr =  */
-    moex_tensor dprobs;           /* [T, k] f32: slot j's row's dprobs_r (0 when dropped); = */
-} moex_ep_dispatch_grad_args;
-
-typedef struct moex_ep_combine_args {
-    moex_ep *ep;
-    const void *handle;           /* the dispatch forward's                   in            */
-    size_t handle_bytes;
-    moex_tensor yr;               /* [R, H], rows as the dispatch sorted them in            */
-    moex_tensor y;                /* [T, H], the dispatch's T: sum over the token's rows  =  */
-} moex_ep_combine_args;
-
-typedef struct moex_ep_combine_grad_args {
-    moex_ep *ep;
-    const void *handle;           /* the dispatch forward's                   in            */
-    size_t handle_bytes;
-    moex_tensor dy;               /* [T, H], the dispatch's T                 in            */
-    moex_tensor dyr;              /* [R, H]: each row dy of its token; rows past
-                                     sum(splits) not written                  =             */
-} moex_ep_combine_grad_args;
-
-MOEX_API moex_status moex_ep_dispatch_forward_workspace_size(moex_context *ctx,
-        const moex_ep_dispatch_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_dispatch_forward(moex_context *ctx, const moex_ep_dispatch_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_ep_dispatch_backward_workspace_size(moex_context *ctx,
-        const moex_ep_dispatch_grad_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_dispatch_backward(moex_context *ctx, const moex_ep_dispatch_grad_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_ep_combine_forward_workspace_size(moex_context *ctx,
-        const moex_ep_combine_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_combine_forward(moex_context *ctx, const moex_ep_combine_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_ep_combine_backward_workspace_size(moex_context *ctx,
-        const moex_ep_combine_grad_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_combine_backward(moex_context *ctx, const moex_ep_combine_grad_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-
-/* The EP MoE layer: the MoE layer above with its experts spread over the EP context's ranks.
- *   forward:  logits, probs, ids = router(x Wr^T)                 (this rank's T tokens)
- *             xr, probs_r, splits = dispatch(x, ids, probs)
- *             yr = grouped_mlp(xr, probs_r, splits)               (the El local experts)
- *             y = combine(yr)
- *   backward: the reverse: combine backward, the grouped MLP's backward, dispatch backward,
- *             the router's backward; dx = (dispatch's dx) + dlogits Wr, rounded once.
- * `layer` is moex_moe_layer_args with the local experts' weights (w1 [El, 2F, H], b1 [El, 2F],
- * w2 [El, H, F], b2 [El, H]) and the full router (router_w [E, H]); topk, H and the dtype as
- * the EP context's, T <= max_tokens. Its `saved` (moex_ep_moe_layer_saved_size) holds the
- * dispatch handle. The weight gradients are this rank's: dw1, dw2, db1, db2 of its local
- * experts (summed over the tokens of every rank), drouter_w of its own tokens (a data-parallel
- * all-reduce is the caller's). */
-typedef struct moex_ep_moe_layer_args {
-    moex_ep *ep;
-    moex_moe_layer_args layer;
-} moex_ep_moe_layer_args;
-
-typedef struct moex_ep_moe_layer_grad_args {
-    moex_ep *ep;
-    moex_moe_layer_grad_args layer;   /* its fwd: the forward's layer arguments            */
-} moex_ep_moe_layer_grad_args;
-
-MOEX_API moex_status moex_ep_moe_layer_saved_size(moex_context *ctx, const moex_ep_moe_layer_args *args,
-        size_t *bytes);
-MOEX_API moex_status moex_ep_moe_layer_forward_workspace_size(moex_context *ctx,
-        const moex_ep_moe_layer_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_moe_layer_forward(moex_context *ctx, const moex_ep_moe_layer_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-MOEX_API moex_status moex_ep_moe_layer_backward_workspace_size(moex_context *ctx,
-        const moex_ep_moe_layer_grad_args *args, size_t *bytes);
-MOEX_API moex_status moex_ep_moe_layer_backward(moex_context *ctx, const moex_ep_moe_layer_grad_args *args,
-        void *workspace, size_t workspace_bytes, moex_stream stream);
-
 #ifdef __cplusplus
 }
 #endif
+
+/* ---- Expert parallelism (experimental): moex_ep.h --------------------------------------- */
+#include "moex_ep.h"
 
 #endif /* MOEX_H */

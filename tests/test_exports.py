@@ -3,8 +3,13 @@
 
     python3 tests/test_exports.py [--nm NM] LIBMOEX_SO MOEX_H
 
+The API is moex.h with the headers it includes from its directory (the experimental
+moex_fp8.h and moex_ep.h), read as the compiler reads them; a header of that directory that
+moex.h does not include fails the test (it would be installed but never seen by a user of
+moex.h, and not checked here).
+
 Compares the dynamic symbols the shared library defines (`nm -D --defined-only`) with the
-functions moex.h declares with MOEX_API, and fails with the difference when they differ
+functions the API declares with MOEX_API, and fails with the difference when they differ
 either way: a public function the library does not export (a missing MOEX_API on its
 definition's declaration, a function not built), or a symbol the library exports that the
 header does not declare (a private function, or a static library such as
@@ -16,6 +21,8 @@ __asan_/__ubsan_/__sanitizer_/__sancov_ names and the __start_/__stop_ bounds of
 fuzzer's __sancov sections) are not the library's and are ignored.
 """
 import argparse
+import glob
+import os
 import re
 import subprocess
 import sys
@@ -25,9 +32,33 @@ TOOL_PREFIXES = ("__asan", "__ubsan", "__sanitizer", "__sancov", "__odr_asan", "
                  "__start___sancov", "__stop___sancov")
 
 
+def read_header(path, seen):
+    """The header's text with each `#include "name.h"` of a header beside it replaced by that
+    header's text, once (a header read before expands to nothing, as its include guard makes
+    it): the order the compiler reads them in. `seen` collects the headers read."""
+    path = os.path.realpath(path)
+    if path in seen:
+        return ""
+    seen.add(path)
+    out = []
+    for line in open(path, encoding="utf-8").read().split("\n"):
+        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+        inc = os.path.join(os.path.dirname(path), m.group(1)) if m else None
+        if inc and os.path.exists(inc):
+            out.append(read_header(inc, seen))
+            line = line[m.end():]      # the rest of the line: a comment may go on below
+        out.append(line)
+    return "\n".join(out)
+
+
 def header_functions(path):
-    """(names declared with MOEX_API, names declared without it) in the header."""
-    text = open(path, encoding="utf-8").read()
+    """(names declared with MOEX_API, names declared without it) in the header and the
+    headers it includes from its directory, and the headers of that directory it does not
+    include."""
+    seen = set()
+    text = read_header(path, seen)
+    unread = sorted(h for h in glob.glob(os.path.join(os.path.dirname(os.path.realpath(path)), "*.h"))
+                    if os.path.realpath(h) not in seen)
     # comments out, keeping line structure (declarations start in column 0)
     text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)
     text = re.sub(r"//[^\n]*", "", text)
@@ -45,7 +76,7 @@ def header_functions(path):
     # a use of MOEX_API anywhere else (not at the start of a line) still counts
     for m in re.finditer(r"MOEX_API\b[^;{(]*?\b([A-Za-z_]\w*)\s*\(", text):
         api.add(m.group(1))
-    return api, bare - api
+    return api, bare - api, unread
 
 
 def library_symbols(nm, lib):
@@ -70,7 +101,7 @@ def main():
     ap.add_argument("header")
     a = ap.parse_args()
 
-    declared, bare = header_functions(a.header)
+    declared, bare, unread = header_functions(a.header)
     exported = library_symbols(a.nm, a.lib)
     missing = sorted(declared - exported)
     extra = sorted(exported - declared)
@@ -79,6 +110,10 @@ def main():
     if not declared:
         print(f"test_exports: FAIL: found no MOEX_API declaration in {a.header}")
         ok = False
+    if unread:
+        ok = False
+        print(f"test_exports: FAIL: {a.header} does not include these headers of its directory: "
+              f"{' '.join(os.path.basename(h) for h in unread)}")
     if bare:
         ok = False
         print(f"test_exports: FAIL: {a.header} declares {len(bare)} function(s) without MOEX_API:")
@@ -94,7 +129,7 @@ def main():
             print(f"+   {n}")
     if ok:
         print(f"test_exports: OK: {a.lib} exports exactly the {len(declared)} functions "
-              f"{a.header} declares")
+              f"{a.header} declares (with the headers it includes)")
         return 0
     return 1
 

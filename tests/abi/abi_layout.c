@@ -1,13 +1,14 @@
 /*
- * abi_layout.c - the layout of every struct of include/moex.h as this compiler lays it out,
- * for tests/abi/test_abi.py, which compares it with the ctypes mirrors of python/moex/_capi.py.
+ * abi_layout.c - the layout of every struct of include/moex.h (with the experimental
+ * moex_fp8.h and moex_ep.h it includes) as this compiler lays it out, for
+ * tests/abi/test_abi.py, which compares it with the ctypes mirrors of python/moex/_capi.py.
  *
  * Output, one line each (all numbers in bytes):
  *     struct <name> <sizeof> <alignof>
  *     field <struct> <field> <offsetof> <sizeof>
- * The list is written by hand from the header, in the header's order: a struct or field
- * added to moex.h and not here fails test_abi.py (it parses the header for the names), so
- * the list cannot fall behind silently.
+ * The list is written by hand from the headers, header by header in each one's order: a
+ * struct or field added to moex.h (or a header it includes) and not here fails test_abi.py
+ * (it parses the headers for the names), so the list cannot fall behind silently.
  */
 #include <stdalign.h>
 #include <stddef.h>
@@ -19,6 +20,7 @@
 #define FIELD(S, f) printf("field %s %s %zu %zu\n", #S, #f, offsetof(S, f), sizeof(((S *)0)->f))
 
 int main(void) {
+    /* moex.h */
     STRUCT(moex_tensor);
     FIELD(moex_tensor, data);
     FIELD(moex_tensor, dtype);
@@ -28,12 +30,6 @@ int main(void) {
     STRUCT(moex_weight);
     FIELD(moex_weight, t);
     FIELD(moex_weight, ptrs);
-
-    STRUCT(moex_fp8_recipe);
-    FIELD(moex_fp8_recipe, mode);
-    FIELD(moex_fp8_recipe, dtypes);
-    FIELD(moex_fp8_recipe, pow2_scales);
-    FIELD(moex_fp8_recipe, amax_epsilon);
 
     STRUCT(moex_offsets_output);
     FIELD(moex_offsets_output, out);
@@ -85,17 +81,6 @@ int main(void) {
     FIELD(moex_glu_params, limit);
     FIELD(moex_glu_params, alpha);
     FIELD(moex_glu_params, offset);
-
-    STRUCT(moex_quant_params);
-    FIELD(moex_quant_params, recipe);
-    FIELD(moex_quant_params, fp8);
-    FIELD(moex_quant_params, amax_epsilon);
-    FIELD(moex_quant_params, rounding);
-    FIELD(moex_quant_params, scale_layout);
-
-    STRUCT(moex_quant_tensor);
-    FIELD(moex_quant_tensor, data);
-    FIELD(moex_quant_tensor, scales);
 
     STRUCT(moex_scaled_glu_args);
     FIELD(moex_scaled_glu_args, glu);
@@ -226,6 +211,24 @@ int main(void) {
     FIELD(moex_moe_layer_grad_args, db1);
     FIELD(moex_moe_layer_grad_args, db2);
 
+    /* moex_fp8.h (experimental) */
+    STRUCT(moex_quant_params);
+    FIELD(moex_quant_params, recipe);
+    FIELD(moex_quant_params, fp8);
+    FIELD(moex_quant_params, amax_epsilon);
+    FIELD(moex_quant_params, rounding);
+    FIELD(moex_quant_params, scale_layout);
+
+    STRUCT(moex_quant_tensor);
+    FIELD(moex_quant_tensor, data);
+    FIELD(moex_quant_tensor, scales);
+
+    STRUCT(moex_fp8_recipe);
+    FIELD(moex_fp8_recipe, mode);
+    FIELD(moex_fp8_recipe, dtypes);
+    FIELD(moex_fp8_recipe, pow2_scales);
+    FIELD(moex_fp8_recipe, amax_epsilon);
+
     STRUCT(moex_group_quantize_args);
     FIELD(moex_group_quantize_args, x);
     FIELD(moex_group_quantize_args, splits);
@@ -275,6 +278,7 @@ int main(void) {
     FIELD(moex_grouped_linear_fp8_wgrad_args, dw_mode);
     FIELD(moex_grouped_linear_fp8_wgrad_args, dw);
 
+    /* moex_ep.h (experimental) */
     STRUCT(moex_ep_config);
     FIELD(moex_ep_config, comm_kind);
     FIELD(moex_ep_config, comm);

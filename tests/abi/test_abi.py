@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""test_abi.py - the ctypes mirrors of python/moex/_capi.py have the layout of include/moex.h.
+"""test_abi.py - the ctypes mirrors of python/moex/_capi.py have the layout of include/moex.h
+(with the headers it includes from its directory: the experimental moex_fp8.h and moex_ep.h,
+read where moex.h includes them).
 
     python3 tests/abi/test_abi.py --layout ABI_LAYOUT --header include/moex.h \\
         --capi python/moex/_capi.py --lib LIBMOEX_SO --root REPO
@@ -42,10 +44,31 @@ FLOAT_TYPES = {"float", "double"}
 
 # ---- the header: struct and field names, and each field's kind -----------------------------
 
+def read_header(path, seen=None):
+    """The header's text with each `#include "name.h"` of a header beside it replaced by that
+    header's text, once (a header read before expands to nothing, as its include guard makes
+    it): the order the compiler reads them in."""
+    seen = set() if seen is None else seen
+    path = os.path.realpath(path)
+    if path in seen:
+        return ""
+    seen.add(path)
+    out = []
+    for line in open(path, encoding="utf-8").read().split("\n"):
+        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
+        inc = os.path.join(os.path.dirname(path), m.group(1)) if m else None
+        if inc and os.path.exists(inc):
+            out.append(read_header(inc, seen))
+            line = line[m.end():]      # the rest of the line: a comment may go on below
+        out.append(line)
+    return "\n".join(out)
+
+
 def parse_header(path):
-    """{struct: [(field, kind, element type, is array)]} in the header's order; kind is
-    'pointer', 'integer' (enums too), 'float' or 'struct' (of the element for an array)."""
-    text = open(path, encoding="utf-8").read()
+    """{struct: [(field, kind, element type, is array)]} in the header's order (its includes
+    read in place); kind is 'pointer', 'integer' (enums too), 'float' or 'struct' (of the
+    element for an array)."""
+    text = read_header(path)
     text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
     text = re.sub(r"//[^\n]*", " ", text)
     enums = set(re.findall(r"typedef\s+enum\s+\w*\s*\{[^}]*\}\s*(\w+)\s*;", text))

@@ -5,7 +5,10 @@
 #   1. CMake, find_package(moex) through CMAKE_PREFIX_PATH, linking moex::moex (libmoex.so);
 #   2. the same with moex::moex_static (libmoex.a and its find_dependency()s);
 #   3. pkg-config: cc app.c $(pkg-config --cflags --libs moex) through PKG_CONFIG_PATH, run
-#      with LD_LIBRARY_PATH set to the prefix's library directory.
+#      with LD_LIBRARY_PATH set to the prefix's library directory; and the same for
+#      tests/header/header_fp8.c and header_ep.c, each including one experimental header
+#      alone (C11, -pedantic -Werror): the installed headers stand on their own.
+# Every header of include/ must be in the prefix.
 # Each app must link the installed library (not the build tree's), run, and print OK.
 # Exits 1 with a message on the first failure, and keeps the temporary directory then.
 # scripts/test.sh runs it after CTest (the unit stage). Needs cmake, cc and pkg-config.
@@ -39,7 +42,10 @@ done
 # ---- install -------------------------------------------------------------------------------
 step "cmake --install $BUILD --prefix $PREFIX"
 run_logged "$TMP/install.log" cmake --install "$BUILD" --prefix "$PREFIX"
-[ -f "$PREFIX/include/moex.h" ] || fail "no include/moex.h in the prefix"
+for h in "$HERE"/../../include/*.h; do
+  h=$(basename "$h")
+  [ -f "$PREFIX/include/$h" ] || fail "no include/$h in the prefix"
+done
 cfg=$(find "$PREFIX" -path '*/cmake/moex/moexConfig.cmake' | head -1)
 [ -n "$cfg" ] || fail "no lib*/cmake/moex/moexConfig.cmake in the prefix"
 LIBDIR=$(dirname "$(dirname "$(dirname "$cfg")")")
@@ -98,6 +104,15 @@ run_logged "$TMP/pkgconfig-app/build.log" \
         $(pkg-config --cflags --libs moex)
 uses_prefix_lib "$TMP/pkgconfig-app/app" "$LIBDIR"
 run_app "$TMP/pkgconfig-app/app" "$LIBDIR"
+for h in header_fp8 header_ep; do
+  step "pkg-config: tests/header/$h.c (one experimental header alone)"
+  # shellcheck disable=SC2046
+  run_logged "$TMP/pkgconfig-app/$h.log" \
+    "$CC" -std=c11 -pedantic -Wall -Wextra -Werror "$HERE/../header/$h.c" -o "$TMP/pkgconfig-app/$h" \
+          $(pkg-config --cflags --libs moex)
+  out=$(LD_LIBRARY_PATH=$LIBDIR "$TMP/pkgconfig-app/$h" 2>&1) || { echo "$out" >&2; fail "$h failed"; }
+  echo "    $out"
+done
 
 rm -rf "$TMP"
-echo "test_install: OK: installed, then found and linked by find_package (shared, static) and pkg-config"
+echo "test_install: OK: installed, then found and linked by find_package (shared, static) and pkg-config (moex.h; moex_fp8.h and moex_ep.h alone)"
