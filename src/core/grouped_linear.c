@@ -83,41 +83,25 @@ moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const m
 }
 
 /* ---- the composition ------------------------------------------------------------------
- * Workspace: the prepared handle, then the primitive's region. The forward's handle carries
- * its GEMM's own scratch where the backend wants one (groups_ws). */
+ * Workspace: the prepared handle, then the primitive's region (moex_groups_layout_of). The
+ * forward's handle carries its GEMM's own scratch where the backend wants one (groups_ws).
+ * A run: the backend's limits, the groups, then the primitive; with an FP8 recipe (fp8.mode
+ * not OFF), fp8_layers.c's composition instead. */
 
-typedef struct gl_layout {
-    void *groups, *sub;
-    size_t total;
-} gl_layout;
-
-static gl_layout layout_of(moex_context *ctx, const moex_gl_dims *d, const moex_grouped_linear_args *fwd, size_t sub,
-                           void *ws) {
-    moex_carver c = {(char *)ws, 0};
-    gl_layout l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, fwd));
-    l.sub = moex_take(&c, sub);
-    l.total = c.used;
-    return l;
+/* The workspace of a grouped linear op whose primitive needs `sub` bytes (fwd: the forward's
+ * args, whose GEMM scratch the handle carries, or NULL). */
+static size_t gl_ws(moex_context *ctx, const moex_gl_dims *d, const moex_grouped_linear_args *fwd, size_t sub) {
+    return moex_groups_layout_of(ctx, d->G, d->T, fwd, sub, NULL).total;
 }
 
-/* The workspace query and the run of a grouped linear op: the backend's limits, the groups
- * (carrying the GEMM scratch of `fwd`, the forward's args, or NULL), then the primitive; with an
- * FP8 recipe, the FP8 composition moex_fp8_<fp8op> instead (fp8_layers.c). */
-#define GROUPED_LINEAR_OP(name, prim, args_t, fwd, fp8op)                                                \
-    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_gl_dims *d) {              \
-        if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_##fp8op##_ws(ctx, a, d);                        \
-        return layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                  \
-    }                                                                                                    \
-    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
-                                     const moex_gl_dims *d, void *ws) {                                  \
-        if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_##fp8op##_run(ctx, c, a, d, ws);                \
-        const gl_layout l = layout_of(ctx, d, fwd, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);             \
-        moex_groups g;                                                                                   \
-        MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));                                              \
-        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, fwd, l.groups, &g));                      \
-        return moex_ops(ctx)->prim(ctx, c, &g, a, d, l.sub);                                             \
-    }
+/* A grouped linear run up to its primitive: the backend's limits, then the groups of splits
+ * in ws (fwd as in gl_ws); *sub: the primitive's region. */
+static moex_status gl_prepare(moex_context *ctx, const moex_call *c, const moex_tensor *splits,
+                              const moex_gl_dims *d, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g,
+                              void **sub) {
+    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
+    return moex_groups_layout_prepare(ctx, c, splits, d->G, d->T, fwd, ws, g, sub);
+}
 
 /* ---- forward ------------------------------------------------------------------------- */
 
@@ -136,7 +120,19 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_forward, linear_fwd, moex_grouped_linear_args, a, linear_forward)
+size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_forward_ws(ctx, a, d);
+    return gl_ws(ctx, d, a, moex_ops(ctx)->linear_fwd_ws(ctx, a, d));
+}
+
+moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
+                                               const moex_gl_dims *d, void *ws) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_forward_run(ctx, c, a, d, ws);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, a, ws, &g, &sub));
+    return moex_ops(ctx)->linear_fwd(ctx, c, &g, a, d, sub);
+}
 
 /* ---- backward data ------------------------------------------------------------------- */
 
@@ -165,7 +161,21 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_data, linear_dgrad, moex_grouped_linear_dgrad_args, NULL, linear_dgrad)
+size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
+                                               const moex_gl_dims *d) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_dgrad_ws(ctx, a, d);
+    return gl_ws(ctx, d, NULL, moex_ops(ctx)->linear_dgrad_ws(ctx, a, d));
+}
+
+moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
+                                                     const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                                                     void *ws) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_dgrad_run(ctx, c, a, d, ws);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, NULL, ws, &g, &sub));
+    return moex_ops(ctx)->linear_dgrad(ctx, c, &g, a, d, sub);
+}
 
 /* ---- backward weight ----------------------------------------------------------------- */
 
@@ -182,7 +192,21 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "dw", a->dw.t.data);
 }
 
-GROUPED_LINEAR_OP(grouped_linear_backward_weight, linear_wgrad, moex_grouped_linear_wgrad_args, NULL, linear_wgrad)
+size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
+                                                 const moex_gl_dims *d) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_wgrad_ws(ctx, a, d);
+    return gl_ws(ctx, d, NULL, moex_ops(ctx)->linear_wgrad_ws(ctx, a, d));
+}
+
+moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
+                                                       const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                                                       void *ws) {
+    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_wgrad_run(ctx, c, a, d, ws);
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, NULL, ws, &g, &sub));
+    return moex_ops(ctx)->linear_wgrad(ctx, c, &g, a, d, sub);
+}
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their

@@ -2,12 +2,13 @@
  * op_list.h - private: the list of public operations, written once. Each row is
  * X(ID, name, args type, dims type): the op id MOEX_OP_<ID>, the public pair
  * moex_<name>_workspace_size / moex_<name>, its argument struct, and the dims its
- * validation fills (src/core/moex_impl.h). The ids, the names, the op table that runs them (src/core/op.c) and
- * the declarations of each op's three functions come from this list; an op's file
- * (src/core/<family>.c) defines those three functions and its public pair.
+ * validation fills (src/core/moex_impl.h). The ids and the names (src/core/op.c) come from
+ * this list; each op's three functions are plain definitions in its file
+ * (src/core/<family>.c), declared in op.h and called by op.c's dispatch, one case per op.
  *
  * Adding an operation: a row here, its declarations in include/moex.h, its three functions
- * and public pair in src/core, and the primitives it needs in src/core/backend.h.
+ * and public pair in src/core (declared in op.h, a case in each of op.c's three switches:
+ * -Wswitch names a missing one), and the primitives it needs in src/core/backend.h.
  */
 #ifndef MOEX_OP_LIST_H
 #define MOEX_OP_LIST_H

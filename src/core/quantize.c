@@ -2,8 +2,8 @@
  * quantize.c - FP8 quantization and dequantization (experimental): validation and
  * composition (the rules: docs/ops.md section 9; the element math: quant_math.h). Grouped
  * rows: the groups are prepared from the splits, then the backend's primitive runs on them
- * (workspace: the prepared handle, then the primitive's region). Grouped weights (9.7): one
- * primitive each way.
+ * (workspace: the prepared handle, then the primitive's region: moex_groups_layout_of).
+ * Grouped weights (9.7): one primitive each way.
  */
 #include "op.h"
 
@@ -100,32 +100,11 @@ static moex_status check_copies_present(moex_context *ctx, const char *op, const
     return MOEX_OK;
 }
 
-/* The workspace: the handle's storage, then the primitive's region of `sub` bytes. */
-typedef struct quant_layout {
-    void *groups, *sub;
-    size_t total;
-} quant_layout;
-
-static quant_layout layout_of(moex_context *ctx, const moex_quant_dims *d, size_t sub, void *ws) {
-    moex_carver c = {(char *)ws, 0};
-    quant_layout l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
-    l.sub = moex_take(&c, sub);
-    l.total = c.used;
-    return l;
+/* The workspace of a grouped quantize or dequantize whose primitive needs `sub` bytes: the
+ * handle's storage, then the primitive's region (moex_groups_layout_of). */
+static size_t quant_ws(moex_context *ctx, const moex_quant_dims *d, size_t sub) {
+    return moex_groups_layout_of(ctx, d->G, d->T, NULL, sub, NULL).total;
 }
-
-#define QUANT_OP(name, prim, args_t)                                                                     \
-    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_quant_dims *d) {          \
-        return layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                       \
-    }                                                                                                    \
-    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
-                                     const moex_quant_dims *d, void *ws) {                               \
-        const quant_layout l = layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);               \
-        moex_groups g;                                                                                   \
-        MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));                     \
-        return moex_ops(ctx)->prim(ctx, c, &g, a, d, l.sub);                                             \
-    }
 
 /* ---- quantize ------------------------------------------------------------------------- */
 
@@ -157,7 +136,17 @@ moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, c
     return moex_check_optional_output(ctx, op, "dbias", &a->dbias, 2, dbshape, MOEX_DT_F32);
 }
 
-QUANT_OP(group_quantize, quantize, moex_group_quantize_args)
+size_t moex_op_group_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d) {
+    return quant_ws(ctx, d, moex_ops(ctx)->quantize_ws(ctx, a, d));
+}
+
+moex_status moex_op_group_quantize_run(moex_context *ctx, const moex_call *c, const moex_group_quantize_args *a,
+                                       const moex_quant_dims *d, void *ws) {
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(moex_groups_layout_prepare(ctx, c, &a->splits, d->G, d->T, NULL, ws, &g, &sub));
+    return moex_ops(ctx)->quantize(ctx, c, &g, a, d, sub);
+}
 
 /* ---- dequantize ----------------------------------------------------------------------- */
 
@@ -177,7 +166,18 @@ moex_status moex_op_group_dequantize_validate(moex_context *ctx, const char *op,
     return check_copy(ctx, op, "src.data", "src.scales", &a->src, &a->params, d, a->orientation, MOEX_SPAN_IN);
 }
 
-QUANT_OP(group_dequantize, dequantize, moex_group_dequantize_args)
+size_t moex_op_group_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a,
+                                   const moex_quant_dims *d) {
+    return quant_ws(ctx, d, moex_ops(ctx)->dequantize_ws(ctx, a, d));
+}
+
+moex_status moex_op_group_dequantize_run(moex_context *ctx, const moex_call *c, const moex_group_dequantize_args *a,
+                                         const moex_quant_dims *d, void *ws) {
+    moex_groups g;
+    void *sub;
+    MOEX_TRY(moex_groups_layout_prepare(ctx, c, &a->splits, d->G, d->T, NULL, ws, &g, &sub));
+    return moex_ops(ctx)->dequantize(ctx, c, &g, a, d, sub);
+}
 
 /* ---- weights (docs/ops.md 9.7) ---------------------------------------------------------- */
 
@@ -242,7 +242,14 @@ moex_status moex_op_weight_quantize_validate(moex_context *ctx, const char *op, 
     return MOEX_OK;
 }
 
-MOEX_ONE_PRIMITIVE(weight_quantize, weight_quantize, moex_weight_quantize_args, moex_quant_dims)
+size_t moex_op_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d) {
+    return moex_ops(ctx)->weight_quantize_ws(ctx, a, d);
+}
+
+moex_status moex_op_weight_quantize_run(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                        const moex_quant_dims *d, void *ws) {
+    return moex_ops(ctx)->weight_quantize(ctx, c, a, d, ws);
+}
 
 moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op,
                                                const moex_weight_dequantize_args *a, moex_purpose p,
@@ -257,7 +264,15 @@ moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op
                              MOEX_SPAN_IN);
 }
 
-MOEX_ONE_PRIMITIVE(weight_dequantize, weight_dequantize, moex_weight_dequantize_args, moex_quant_dims)
+size_t moex_op_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
+                                    const moex_quant_dims *d) {
+    return moex_ops(ctx)->weight_dequantize_ws(ctx, a, d);
+}
+
+moex_status moex_op_weight_dequantize_run(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
+                                          const moex_quant_dims *d, void *ws) {
+    return moex_ops(ctx)->weight_dequantize(ctx, c, a, d, ws);
+}
 
 /* ---- FP8 GEMM operands (op.h) ---------------------------------------------------------- */
 

@@ -33,7 +33,14 @@ moex_status moex_op_router_forward_validate(moex_context *ctx, const char *op, c
     return moex_check_output(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32);
 }
 
-MOEX_ONE_PRIMITIVE(router_forward, router_fwd, moex_router_args, moex_router_dims)
+size_t moex_op_router_forward_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) {
+    return moex_ops(ctx)->router_fwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_router_forward_run(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                       const moex_router_dims *d, void *ws) {
+    return moex_ops(ctx)->router_fwd(ctx, c, a, d, ws);
+}
 
 moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, const moex_router_grad_args *a,
                                              moex_purpose p, moex_router_dims *d) {
@@ -44,7 +51,14 @@ moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, 
     return moex_check_output(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
 }
 
-MOEX_ONE_PRIMITIVE(router_backward, router_bwd, moex_router_grad_args, moex_router_dims)
+size_t moex_op_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
+    return moex_ops(ctx)->router_bwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_router_backward_run(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                        const moex_router_dims *d, void *ws) {
+    return moex_ops(ctx)->router_bwd(ctx, c, a, d, ws);
+}
 
 /* ---- permute and unpermute ----------------------------------------------------------- */
 
@@ -97,7 +111,14 @@ moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, 
     return moex_check_output(ctx, op, "row_map", &a->row_map, 1, rows, MOEX_DT_I32);
 }
 
-MOEX_ONE_PRIMITIVE(permute_forward, permute_fwd, moex_permute_args, moex_perm_dims)
+size_t moex_op_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
+    return moex_ops(ctx)->permute_fwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_permute_forward_run(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                        const moex_perm_dims *d, void *ws) {
+    return moex_ops(ctx)->permute_fwd(ctx, c, a, d, ws);
+}
 
 moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                               moex_purpose p, moex_perm_dims *d) {
@@ -121,7 +142,14 @@ moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op,
     return MOEX_OK;
 }
 
-MOEX_ONE_PRIMITIVE(permute_backward, permute_bwd, moex_permute_grad_args, moex_perm_dims)
+size_t moex_op_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
+    return moex_ops(ctx)->permute_bwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_permute_backward_run(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                         const moex_perm_dims *d, void *ws) {
+    return moex_ops(ctx)->permute_bwd(ctx, c, a, d, ws);
+}
 
 typedef moex_status (*check_fn)(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
                                 int ndim, const int64_t *shape, unsigned dtypes);
@@ -150,14 +178,28 @@ moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op
     return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, MOEX_SPAN_OUT, d);
 }
 
-MOEX_ONE_PRIMITIVE(unpermute_forward, unpermute_fwd, moex_unpermute_args, moex_perm_dims)
+size_t moex_op_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
+    return moex_ops(ctx)->unpermute_fwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_unpermute_forward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                          const moex_perm_dims *d, void *ws) {
+    return moex_ops(ctx)->unpermute_fwd(ctx, c, a, d, ws);
+}
 
 moex_status moex_op_unpermute_backward_validate(moex_context *ctx, const char *op, const moex_unpermute_grad_args *a,
                                                 moex_purpose p, moex_perm_dims *d) {
     return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, MOEX_SPAN_IN, d);
 }
 
-MOEX_ONE_PRIMITIVE(unpermute_backward, unpermute_bwd, moex_unpermute_grad_args, moex_perm_dims)
+size_t moex_op_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d) {
+    return moex_ops(ctx)->unpermute_bwd_ws(ctx, a, d);
+}
+
+moex_status moex_op_unpermute_backward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                           const moex_perm_dims *d, void *ws) {
+    return moex_ops(ctx)->unpermute_bwd(ctx, c, a, d, ws);
+}
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their

@@ -34,20 +34,18 @@ static moex_status validate_glu_common(moex_context *ctx, const char *op, const 
     return moex_check_glu(ctx, op, glu, d->F);
 }
 
-/* The workspace: the handle's storage when splits are given, then the primitive's region
- * of `sub` bytes. */
-typedef struct glu_layout {
-    void *groups, *sub;
-    size_t total;
-} glu_layout;
+/* The workspace of a GLU op whose primitive needs `sub` bytes: the handle's storage when
+ * splits are given (d->G > 0), then the primitive's region (moex_groups_layout_of). */
+static size_t glu_ws(moex_context *ctx, const moex_glu_dims *d, size_t sub) {
+    return moex_groups_layout_of(ctx, d->G, d->T, NULL, sub, NULL).total;
+}
 
-static glu_layout layout_of(moex_context *ctx, const moex_glu_dims *d, size_t sub, void *ws) {
-    moex_carver c = {(char *)ws, 0};
-    glu_layout l;
-    l.groups = d->G > 0 ? moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL)) : NULL;
-    l.sub = moex_take(&c, sub);
-    l.total = c.used;
-    return l;
+/* A GLU run up to its primitive: the groups of splits in ws when given (*gp = g; without
+ * splits NULL: all T rows); *sub: the primitive's region. */
+static moex_status glu_prepare(moex_context *ctx, const moex_call *c, const moex_tensor *splits,
+                               const moex_glu_dims *d, void *ws, moex_groups *g, const moex_groups **gp, void **sub) {
+    *gp = d->G > 0 ? g : NULL;
+    return moex_groups_layout_prepare(ctx, c, splits, d->G, d->T, NULL, ws, g, sub);
 }
 
 /* ---- the forward with z quantized ---------------------------------------------------- */
@@ -110,20 +108,6 @@ static moex_status glu_forward_zq(moex_context *ctx, const moex_call *c, const m
     return ops->quantize(ctx, c, &g, &q, &d->q, l.sub);
 }
 
-/* The workspace query and the run of a GLU op: the groups when splits are given, then the
- * primitive `prim` on them (g NULL: all T rows). */
-#define GLU_OP(name, prim, args_t)                                                                       \
-    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const moex_glu_dims *d) {             \
-        return layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), NULL).total;                       \
-    }                                                                                                    \
-    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a,             \
-                                     const moex_glu_dims *d, void *ws) {                                 \
-        const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->prim##_ws(ctx, a, d), ws);                 \
-        moex_groups g;                                                                                   \
-        if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g)); \
-        return moex_ops(ctx)->prim(ctx, c, d->G > 0 ? &g : NULL, a, d, l.sub);                           \
-    }
-
 /* ---- forward ------------------------------------------------------------------------- */
 
 /* Without zq data, the fields that only go with it must be absent (zq_params all zero), as
@@ -160,16 +144,17 @@ moex_status moex_op_scaled_glu_forward_validate(moex_context *ctx, const char *o
 
 size_t moex_op_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d) {
     if (d->zq) return zq_layout_of(ctx, a, d, NULL).total;
-    return layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), NULL).total;
+    return glu_ws(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d));
 }
 
 moex_status moex_op_scaled_glu_forward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_args *a,
                                            const moex_glu_dims *d, void *ws) {
     if (d->zq) return glu_forward_zq(ctx, c, a, d, ws);
-    const glu_layout l = layout_of(ctx, d, moex_ops(ctx)->glu_fwd_ws(ctx, a, d), ws);
     moex_groups g;
-    if (d->G > 0) MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
-    return moex_ops(ctx)->glu_fwd(ctx, c, d->G > 0 ? &g : NULL, a, d, l.sub);
+    const moex_groups *gp;
+    void *sub;
+    MOEX_TRY(glu_prepare(ctx, c, &a->splits, d, ws, &g, &gp, &sub));
+    return moex_ops(ctx)->glu_fwd(ctx, c, gp, a, d, sub);
 }
 
 /* ---- backward ------------------------------------------------------------------------ */
@@ -187,7 +172,18 @@ moex_status moex_op_scaled_glu_backward_validate(moex_context *ctx, const char *
     return MOEX_OK;
 }
 
-GLU_OP(scaled_glu_backward, glu_bwd, moex_scaled_glu_grad_args)
+size_t moex_op_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d) {
+    return glu_ws(ctx, d, moex_ops(ctx)->glu_bwd_ws(ctx, a, d));
+}
+
+moex_status moex_op_scaled_glu_backward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_grad_args *a,
+                                            const moex_glu_dims *d, void *ws) {
+    moex_groups g;
+    const moex_groups *gp;
+    void *sub;
+    MOEX_TRY(glu_prepare(ctx, c, &a->splits, d, ws, &g, &gp, &sub));
+    return moex_ops(ctx)->glu_bwd(ctx, c, gp, a, d, sub);
+}
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
  * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
