@@ -10,6 +10,7 @@
  */
 #include "moex.h"   /* first, outside the guard, as moex_fp8.h does */
 
+/* the guard is *_API_H: MOEX_EP_H is the private src/core/ep.h's */
 #ifndef MOEX_EP_API_H
 #define MOEX_EP_API_H
 

@@ -19,6 +19,7 @@
 #include "moex.h"   /* first, outside the guard: included alone, this header then lets moex.h
                        include it where moex.h needs its types */
 
+/* the guard is MOEX_FP8_API_H, as moex_ep.h's is MOEX_EP_API_H (MOEX_EP_H is src/core/ep.h's) */
 #ifndef MOEX_FP8_API_H
 #define MOEX_FP8_API_H
 
