@@ -1,5 +1,5 @@
 /*
- * ep.c - expert parallelism (moex.h, "Expert parallelism"; the private contract: ep.h): the
+ * ep.c - expert parallelism (include/moex_ep.h; the private contract: ep.h): the
  * EP context, the dispatch handle, and the four operations composed once from a backend's
  * local kernels (ctx->ops->ep) and a transport's exchange:
  * (each exchange opened before the kernel that writes the outgoing rows, ep.h)

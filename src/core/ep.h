@@ -1,5 +1,5 @@
 /*
- * ep.h - private: expert parallelism (moex.h, "Expert parallelism"). The EP context, the
+ * ep.h - private: expert parallelism (include/moex_ep.h). The EP context, the
  * layout of its transfer buffers and of a dispatch handle, what a backend provides (the local
  * kernels, moex_ep_kernels) and what a transport provides (moving rows between ranks,
  * moex_ep_transport). The operations are composed once, in src/core/ep.c and ep_layer.c.

@@ -1,5 +1,5 @@
 /*
- * ep_layer.c - the EP MoE layer (moex.h, "Expert parallelism"): the MoE layer with its experts
+ * ep_layer.c - the EP MoE layer (include/moex_ep.h): the MoE layer with its experts
  * spread over the ranks of an EP context, composed once from the router steps (moe_router.c),
  * the EP steps (ep.c) and the grouped MLP (grouped_mlp.c):
  *   forward:   logits, probs, ids = router(x)                       (saved)
