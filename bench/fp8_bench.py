@@ -27,8 +27,9 @@ import json
 
 import torch
 
-import moex.torch as mt
 from moex import _capi
+from moex.torch._linear import _backward_data, _backward_weight, _backward_weight_accumulate, _forward
+from moex.torch._operators import _fill, _run
 from configs import select
 from torch_baseline import median_ms, splits_of
 
@@ -49,20 +50,20 @@ def quantized(x, splits, w, recipe):
                y=torch.empty(T, N, dtype=torch.bfloat16, device=x.device))
     params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     q = _capi.GroupQuantizeArgs()
-    mt._fill(q.x, x), mt._fill(q.splits, splits)
+    _fill(q.x, x), _fill(q.splits, splits)
     q.params = params
-    mt._fill(q.rowwise.data, out["xd"]), mt._fill(q.rowwise.scales, out["xs"])
-    mt._run("group_quantize", q, x.device)
+    _fill(q.rowwise.data, out["xd"]), _fill(q.rowwise.scales, out["xs"])
+    _run("group_quantize", q, x.device)
     wq = _capi.WeightQuantizeArgs()
-    mt._fill(wq.w, w)
+    _fill(wq.w, w)
     wq.params = params
-    mt._fill(wq.rowwise.data, out["wd"]), mt._fill(wq.rowwise.scales, out["ws"])
-    mt._run("weight_quantize", wq, x.device)
+    _fill(wq.rowwise.data, out["wd"]), _fill(wq.rowwise.scales, out["ws"])
+    _run("weight_quantize", wq, x.device)
     a = _capi.GroupedLinearFp8Args()
     a.x_params = a.w_params = params
-    mt._fill(a.x.data, out["xd"]), mt._fill(a.x.scales, out["xs"])
-    mt._fill(a.w.data, out["wd"]), mt._fill(a.w.scales, out["ws"])
-    mt._fill(a.splits, splits), mt._fill(a.y, out["y"])
+    _fill(a.x.data, out["xd"]), _fill(a.x.scales, out["xs"])
+    _fill(a.w.data, out["wd"]), _fill(a.w.scales, out["ws"])
+    _fill(a.splits, splits), _fill(a.y, out["y"])
     a.keep = (x, splits, w)
     return a, out
 
@@ -80,10 +81,10 @@ def quantized_wgrad(x, dy, splits, recipe):
         d = torch.empty(t.shape[1], T, dtype=E4M3, device=t.device)
         sc = torch.empty((t.shape[1], ld) if recipe == 2 else (G,), device=t.device)
         q = _capi.GroupQuantizeArgs()
-        mt._fill(q.x, t), mt._fill(q.splits, splits)
+        _fill(q.x, t), _fill(q.splits, splits)
         q.params = params
-        mt._fill(q.columnwise.data, d), mt._fill(q.columnwise.scales, sc)
-        mt._run("group_quantize", q, t.device)
+        _fill(q.columnwise.data, d), _fill(q.columnwise.scales, sc)
+        _run("group_quantize", q, t.device)
         keep.extend((d, sc))
         return d, sc
 
@@ -91,8 +92,8 @@ def quantized_wgrad(x, dy, splits, recipe):
     a = _capi.GroupedLinearFp8WgradArgs()
     a.dy_params = a.x_params = params
     (dd, ds), (xd, xs) = columnwise(dy), columnwise(x)
-    mt._fill(a.dy.data, dd), mt._fill(a.dy.scales, ds), mt._fill(a.x.data, xd), mt._fill(a.x.scales, xs)
-    mt._fill(a.splits, splits), mt._fill(a.dw.t, dw)
+    _fill(a.dy.data, dd), _fill(a.dy.scales, ds), _fill(a.x.data, xd), _fill(a.x.scales, xs)
+    _fill(a.splits, splits), _fill(a.dw.t, dw)
     a.dw_mode = _capi.GRAD_ACCUMULATE
     a.keep = keep
     return a, dw
@@ -128,9 +129,9 @@ def wgrad_row(name, kind, G, T, K, N, splits, iters, dev):
     a, dw = quantized_wgrad(x, dy, splits, 1)
     ab, dwb = quantized_wgrad(x, dy, splits, 2)
     main = torch.zeros(G, N, K, device=dev)
-    fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_backward_weight", a, dev),
-           "moex_block": lambda: mt._run("grouped_linear_fp8_backward_weight", ab, dev),
-           "moex_bf16": lambda: mt._backward_weight_accumulate(x, dy, splits, main),
+    fns = {"moex_fp8": lambda: _run("grouped_linear_fp8_backward_weight", a, dev),
+           "moex_block": lambda: _run("grouped_linear_fp8_backward_weight", ab, dev),
+           "moex_bf16": lambda: _backward_weight_accumulate(x, dy, splits, main),
            "dense_fp8": dense_fp8(N, T, K, dev)}
     # torch's K-grouped call asserts on the device unless every group's rows are a multiple of 16
     tk = torch_kgrouped(dy, x, splits.cumsum(0).to(torch.int32)) if bool((splits % 16 == 0).all()) else None
@@ -139,10 +140,10 @@ def wgrad_row(name, kind, G, T, K, N, splits, iters, dev):
     r = {"config": name, "splits": kind}
     for k, fn in fns.items():
         r[k] = round(flops / median_ms(fn, iters, SPIN) / 1e9, 1)
-    ref = mt._backward_weight(x, dy, splits, _capi.DTYPE_F32)
+    ref = _backward_weight(x, dy, splits, _capi.DTYPE_F32)
     for key, args, out in (("err_moex_fp8", a, dw), ("err_moex_block", ab, dwb)):
         out.zero_()
-        mt._run("grouped_linear_fp8_backward_weight", args, dev)
+        _run("grouped_linear_fp8_backward_weight", args, dev)
         r[key] = round(((out - ref).norm() / ref.norm()).item(), 4)
     return r
 
@@ -209,18 +210,18 @@ def main():
                 wp = w.transpose(1, 2).contiguous()
 
                 def bf16():
-                    return mt._backward_data(x, w, splits, None, None, _capi.BIAS_NONE, True, False, False)[0]
+                    return _backward_data(x, w, splits, None, None, _capi.BIAS_NONE, True, False, False)[0]
             else:
                 x, wp = torch.randn(T, K, device=dev, dtype=torch.bfloat16), w
 
                 def bf16():
-                    return mt._forward(x, w, splits, None, None, _capi.BIAS_NONE)
+                    return _forward(x, w, splits, None, None, _capi.BIAS_NONE)
             a, out = quantized(x, splits, wp, 1)
             ab, outb = quantized(x, splits, wp, 2)
             am, outm = quantized(x, splits, wp, 3)
-            fns = {"moex_fp8": lambda: mt._run("grouped_linear_fp8_forward", a, dev),
-                   "moex_block": lambda: mt._run("grouped_linear_fp8_forward", ab, dev),
-                   "moex_mx": lambda: mt._run("grouped_linear_fp8_forward", am, dev),
+            fns = {"moex_fp8": lambda: _run("grouped_linear_fp8_forward", a, dev),
+                   "moex_block": lambda: _run("grouped_linear_fp8_forward", ab, dev),
+                   "moex_mx": lambda: _run("grouped_linear_fp8_forward", am, dev),
                    "moex_bf16": bf16, "dense_fp8": dense}
             tr = torch_rowwise(x, wp, offs, False)
             if tr is not None:

@@ -26,7 +26,7 @@ import sys
 import torch
 
 from moex import _capi
-import moex.torch as mt
+from moex.torch._operators import _fill, _run
 
 ITERS = 20
 RECIPES = {"tensor": 0, "group": 1, "block": 2, "mxfp8": 3}
@@ -46,12 +46,12 @@ def quant_args(x, splits, recipe, G):
                rs=torch.empty(rs, dtype=sdt, device=x.device), cs=torch.empty(cs, dtype=sdt, device=x.device))
     keep = (x, splits)   # the args hold raw pointers: the inputs must outlive them
     a = _capi.GroupQuantizeArgs()
-    mt._fill(a.x, x)
-    mt._fill(a.splits, splits)
+    _fill(a.x, x)
+    _fill(a.splits, splits)
     a.params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     for dst, t in ((a.rowwise.data, out["rd"]), (a.rowwise.scales, out["rs"]), (a.columnwise.data, out["cd"]),
                    (a.columnwise.scales, out["cs"])):
-        mt._fill(dst, t)
+        _fill(dst, t)
     a.keep = keep
     return a, out
 
@@ -59,10 +59,10 @@ def quant_args(x, splits, recipe, G):
 def moex_fn(x, splits, recipe, G):
     a, out = quant_args(x, splits, recipe, G)
     dev = x.device
-    mt._run("group_quantize", a, dev)   # checks the call, sizes the workspace once
+    _run("group_quantize", a, dev)   # checks the call, sizes the workspace once
 
     def run():
-        mt._run("group_quantize", a, dev)
+        _run("group_quantize", a, dev)
     return run, out
 
 
@@ -148,11 +148,11 @@ def weight_args(w, recipe):
                cd=torch.empty(G, K, N, dtype=torch.float8_e4m3fn, device=w.device),
                rs=torch.empty(rs, dtype=sdt, device=w.device), cs=torch.empty(cs, dtype=sdt, device=w.device))
     a = _capi.WeightQuantizeArgs()
-    mt._fill(a.w, w)
+    _fill(a.w, w)
     a.params = _capi.QuantParams(recipe, _capi.DTYPE_E4M3, 0.0, 0, 0)
     for dst, t in ((a.rowwise.data, out["rd"]), (a.rowwise.scales, out["rs"]), (a.columnwise.data, out["cd"]),
                    (a.columnwise.scales, out["cs"])):
-        mt._fill(dst, t)
+        _fill(dst, t)
     a.keep = (w,)
     return a, out
 
@@ -195,16 +195,16 @@ def weights():
         copy_gbs = 2 * w.numel() * 2 / base / 1e6
         for rname, r in WEIGHT_RECIPES.items():
             a, out = weight_args(w, r)
-            mt._run("weight_quantize", a, w.device)
-            ms = time_ms({"moex": lambda: mt._run("weight_quantize", a, w.device), "torch": torch_weight_fn(w, r)})
+            _run("weight_quantize", a, w.device)
+            ms = time_ms({"moex": lambda: _run("weight_quantize", a, w.device), "torch": torch_weight_fn(w, r)})
             nbytes = w.numel() * 2 + out["rd"].numel() + out["cd"].numel() + \
                 (out["rs"].numel() + out["cs"].numel()) * out["rs"].element_size()
             gbs = nbytes / ms["moex"] / 1e6
             ws = w[:2, :256].contiguous()   # the GPU's bytes against the CPU's on a slice
             a_c, o_c = weight_args(ws.cpu(), r)
-            mt._run("weight_quantize", a_c, torch.device("cpu"))
+            _run("weight_quantize", a_c, torch.device("cpu"))
             a_g, o_g = weight_args(ws, r)
-            mt._run("weight_quantize", a_g, w.device)
+            _run("weight_quantize", a_g, w.device)
             torch.cuda.synchronize()
             bad = [k for k in o_c if not torch.equal(o_c[k].view(torch.uint8), o_g[k].cpu().view(torch.uint8))]
             ok = "bitwise" if not bad else "MISMATCH " + ",".join(bad)
@@ -224,23 +224,23 @@ def glu_fused():
         qa, out = quant_args(z, splits, r, G)   # quantize of z: the two-call path
         fused_out = {k: torch.empty_like(v) for k, v in out.items()}
         g = _capi.ScaledGluArgs()
-        mt._fill(g.h, h), mt._fill(g.splits, splits)
+        _fill(g.h, h), _fill(g.splits, splits)
         g.glu = _capi.GluParams(0, 0, 7.0, 1.702, 1.0)
         plain = _capi.ScaledGluArgs()
         ctypes.pointer(plain)[0] = g
-        mt._fill(plain.z, z)
+        _fill(plain.z, z)
         g.zq_params = _capi.QuantParams(r, _capi.DTYPE_E4M3, 0.0, 0, 0)
         for dst, k in ((g.zq_rowwise.data, "rd"), (g.zq_rowwise.scales, "rs"), (g.zq_columnwise.data, "cd"),
                        (g.zq_columnwise.scales, "cs")):
-            mt._fill(dst, fused_out[k])
+            _fill(dst, fused_out[k])
         g.keep = (h, splits, z, fused_out)
 
         def two():
-            mt._run("scaled_glu_forward", plain, h.device)
-            mt._run("group_quantize", qa, h.device)
+            _run("scaled_glu_forward", plain, h.device)
+            _run("group_quantize", qa, h.device)
 
         def fused():
-            mt._run("scaled_glu_forward", g, h.device)
+            _run("scaled_glu_forward", g, h.device)
         ms = time_ms({"fused": fused, "two": two})
         B = {2: 128, 3: 32}.get(r, 0)
         if B:   # the columnwise scale columns past the groups' tiles are not written
@@ -258,9 +258,9 @@ def check(x, splits, recipe, G, out):
     xs = x[:n].contiguous()
     sp = torch.tensor([n], dtype=torch.int64)
     a_cpu, o_cpu = quant_args(xs.cpu(), sp, recipe, 1)
-    mt._run("group_quantize", a_cpu, torch.device("cpu"))
+    _run("group_quantize", a_cpu, torch.device("cpu"))
     a_gpu, o_gpu = quant_args(xs, sp.cuda(), recipe, 1)
-    mt._run("group_quantize", a_gpu, x.device)
+    _run("group_quantize", a_gpu, x.device)
     torch.cuda.synchronize()
     B = {2: 128, 3: 32}.get(recipe, 0)
     if B:   # the columnwise scale columns past the tiles used are not written

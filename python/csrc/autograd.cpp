@@ -1,12 +1,12 @@
 // autograd.cpp - the autograd of the moex:: forward operators, registered on their Autograd
 // dispatch key: a torch::autograd::Function whose forward runs the operator below autograd and
 // saves what the backward needs, and whose backward calls the backward operators through the
-// dispatcher (so that torch.compile's AOTAutograd traces them, and tensor subclasses and modes
-// see them). The gradients are those of moex/torch.py's Python autograd (_forward_backward ...),
+// dispatcher (so that torch.compile's AOTAutograd traces them, and tensor subclasses and modes see
+// them). The gradients are those of the Python autograd of moex/torch/ (_forward_backward ...),
 // computed only where autograd asks for them. Double backward is not supported: as torch's
-// once_differentiable (and moex/torch.py's _once_differentiable), under create_graph=True the
-// gradients come back marked so that differentiating them raises, instead of silently missing
-// the second-order terms.
+// once_differentiable (and moex/torch/_operators.py's _once_differentiable), under
+// create_graph=True the gradients come back marked so that differentiating them raises, instead of
+// silently missing the second-order terms.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/csrc/autograd/functions/basic_ops.h>

@@ -1,5 +1,5 @@
 // kernels.cpp - the CPU and CUDA kernels of the moex:: operators: each checks its arguments as
-// the Python operator of moex/torch.py does (ValueError naming the argument), allocates its
+// the Python operator of moex/torch/ does (ValueError naming the argument), allocates its
 // outputs with torch, fills the moex argument struct with views of them and calls the C API on
 // the tensors' backend (moex_torch.h's run: the device's context, torch's current stream, a
 // workspace from torch's allocator). One function serves both dispatch keys: the tensors'
@@ -20,7 +20,7 @@ namespace {
 // t (rows [T, ...]) with its rows at and past sum(splits) set to zero in place (moex_zero_tail,
 // graph-safe, at the cost of those rows only), in the call that wrote it: every row-indexed
 // output of an operator with splits goes through it, so no uninitialised row reaches autograd
-// (as moex/torch.py's _zero_tail).
+// (as moex/torch/_operators.py's _zero_tail).
 void zero_tail(Call& call, const at::Tensor& t, const at::Tensor& splits) {
     if (t.numel() == 0) return;
     moex_zero_tail_args a{};
@@ -107,7 +107,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
                                     need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
 }
 
-// torch.py's _check_wgrad: x [T, K] (a float dtype), dy [T, N] of x's dtype, splits int64 [G].
+// _linear.py's _check_wgrad: x [T, K] (a float dtype), dy [T, N] of x's dtype, splits int64 [G].
 void check_wgrad(const char* op, const at::Tensor& x, const at::Tensor& dy, const at::Tensor& splits) {
     check(op, "x", x, x.device(), kFloats, 2);
     const at::ScalarType x_type = x.scalar_type();
@@ -162,10 +162,10 @@ void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Te
 // ---- grouped linear on separate weights (GroupedLinear's weight0..: moex's discrete weights) ----
 
 // The moex_weight of G separate [N, K] weights through `ptrs`, an int64 [G] tensor on their device
-// holding weights[g].data_ptr() (the caller builds it once and keeps it: moex/torch.py's
-// _WeightPointers). Checks that the weights are G contiguous tensors of rows' dtype, one shape,
-// on rows' device (ValueError naming weights[g]); on the CPU also that ptrs holds their addresses
-// (on CUDA reading ptrs would cost a synchronisation).
+// holding weights[g].data_ptr() (the caller builds it once and keeps it: moex/torch/
+// _linear_layer.py's _WeightPointers). Checks that the weights are G contiguous tensors of rows'
+// dtype, one shape, on rows' device (ValueError naming weights[g]); on the CPU also that ptrs holds
+// their addresses (on CUDA reading ptrs would cost a synchronisation).
 moex_weight discrete_weight(const char* op, const at::Tensor& rows, const at::TensorList& weights,
                             const at::Tensor& ptrs, const at::Tensor& splits) {
     TORCH_CHECK_VALUE(!weights.empty(), "moex.", op, ": weights is empty");
@@ -230,7 +230,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_discrete_backward_
 
 // ---- grouped MLP (docs/ops.md section 4) ------------------------------------------------------
 
-// torch.py's _check_mlp: x [T, H], w1 [G, 2F, H], w2 [G, H, F] of x's dtype, splits int64 [G],
+// _mlp.py's _check_mlp: x [T, H], w1 [G, 2F, H], w2 [G, H, F] of x's dtype, splits int64 [G],
 // probs [T] f32 (optional; needed by SCALED), b1 [G, 2F] and b2 [G, H] of x's dtype or f32 (b1
 // optional, b2 with ADD / SCALED only).
 void check_mlp(const char* op, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
@@ -345,7 +345,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 
 // ---- MoE layer (docs/ops.md section 8) ----------------------------------------------------------
 
-// torch.py's _check_moe: x [T, H] (a float dtype), router_w [E, H], w1 [E, 2F, H], w2 [E, H, F] of
+// _moe.py's _check_moe: x [T, H] (a float dtype), router_w [E, H], w1 [E, 2F, H], w2 [E, H, F] of
 // x's dtype, b1 [E, 2F] (optional) and b2 [E, H] (ADD / SCALED) of x's dtype or f32, 1 <= topk <= E.
 void check_moe(const char* op, const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1,
                const std::optional<at::Tensor>& b1, const at::Tensor& w2, const std::optional<at::Tensor>& b2,
@@ -456,7 +456,7 @@ std::vector<at::Tensor> moe_layer_backward(
 
 // ---- scaled GLU (docs/ops.md section 3) ----------------------------------------------------------
 
-// torch.py's _check_glu: h [T, 2F] (a float dtype), probs [T] f32 and splits int64 [G], both optional.
+// _glu.py's _check_glu: h [T, 2F] (a float dtype), probs [T] f32 and splits int64 [G], both optional.
 void check_glu(const char* op, const at::Tensor& h, const std::optional<at::Tensor>& probs,
                const std::optional<at::Tensor>& splits) {
     check(op, "h", h, h.device(), kFloats, 2);
@@ -533,7 +533,7 @@ at::Tensor splits_to_offsets(const at::Tensor& splits, int64_t stride, bool lead
 
 // ---- routing (docs/ops.md sections 5-7) --------------------------------------------------------------
 
-// torch.py's _check_router: logits [T, E] f32 or bf16, 1 <= topk <= E, score 0 or 1, norm 0 or 1.
+// _routing.py's _check_router: logits [T, E] f32 or bf16, 1 <= topk <= E, score 0 or 1, norm 0 or 1.
 void check_router(const char* op, const at::Tensor& logits, int64_t topk, int64_t score, int64_t norm) {
     static const at::ScalarType kLogits[] = {at::kFloat, at::kBFloat16};
     check(op, "logits", logits, logits.device(), Dtypes{kLogits, 2}, 2);
@@ -543,7 +543,7 @@ void check_router(const char* op, const at::Tensor& logits, int64_t topk, int64_
                       " must be one of [0, 1], norm ", norm, " 0 or 1");
 }
 
-// torch.py's _check_k: k >= 1 divides the rows (T*k permuted rows).
+// _routing.py's _check_k: k >= 1 divides the rows (T*k permuted rows).
 void check_k(const char* op, int64_t k, int64_t rows, const char* rows_name) {
     TORCH_CHECK_VALUE(k >= 1 && rows % k == 0, "moex.", op, ": k = ", k, " must be >= 1 and divide the ", rows,
                       " rows of ", rows_name);

@@ -6,7 +6,7 @@
 // The extension is libmoex_torch.so inside the moex package, loaded by moex/_torch_ext.py with
 // torch.ops.load_library. It defines the moex:: operators (schemas.cpp), their CPU and CUDA
 // kernels over the C API (kernels.cpp) and their autograd (autograd.cpp); the fake kernels
-// stay in Python (moex/torch.py). Contracts are the Python operators' (moex/torch.py).
+// stay in Python (moex/torch/). Contracts are the Python operators' (moex/torch/).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,7 +65,7 @@ int32_t int_arg(const char* op, const char* name, int64_t value);
 // The GLU's parameters of an operator's glu_* arguments (the C library checks their values).
 moex_glu_params glu_params(const char* op, int64_t kind, int64_t layout, double limit, double alpha, double offset);
 
-// ---- argument checks (ValueError naming the argument, as moex/torch.py's _check) ------------
+// ---- argument checks (ValueError naming the argument, as moex/torch/_checks.py's _check) -----
 
 // The dtypes an argument may have (a short list).
 struct Dtypes {
@@ -76,22 +76,22 @@ extern const Dtypes kFloats;   // f32, bf16, f16
 Dtypes only(const at::ScalarType& type);   // one dtype (the reference must outlive the check)
 
 // ValueError unless t is a contiguous tensor with `ndim` dimensions, one of `dtypes`, on
-// `device` ("moex.<op>: <name> ..." as torch.py's _check words it).
+// `device` ("moex.<op>: <name> ..." as moex/torch/_checks.py's _check words it).
 void check(const char* op, const char* name, const at::Tensor& t, const c10::Device& device, Dtypes dtypes,
            int64_t ndim);
 // The same for an optional tensor: absent is fine when `optional`, else "<name> is required".
 void check(const char* op, const char* name, const std::optional<at::Tensor>& t, const c10::Device& device,
            Dtypes dtypes, int64_t ndim, bool optional);
 
-// torch.py's _check_group_inputs: rows [T, K] (a float dtype), w [G, N, K] of rows' dtype,
+// _checks.py's _check_group_inputs: rows [T, K] (a float dtype), w [G, N, K] of rows' dtype,
 // splits int64 [G].
 void check_group_inputs(const char* op, const at::Tensor& rows, const char* rows_name, const at::Tensor& w,
                         const at::Tensor& splits, const char* w_name);
-// torch.py's _check_bias_mode: `mode` (named `name`) is NONE, ADD or SCALED, and the bias
+// _checks.py's _check_bias_mode: `mode` (named `name`) is NONE, ADD or SCALED, and the bias
 // (named `bias_name`) is absent with NONE.
 void check_bias_mode(const char* op, const char* name, int64_t mode, const std::optional<at::Tensor>& bias,
                      const char* bias_name);
-// torch.py's _check_bias: a known bias_mode; bias [G, N] (rows' dtype or f32) with ADD and
+// _checks.py's _check_bias: a known bias_mode; bias [G, N] (rows' dtype or f32) with ADD and
 // SCALED, probs [T] f32 with SCALED, and neither where the mode would ignore it.
 void check_bias(const char* op, int64_t bias_mode, const std::optional<at::Tensor>& bias,
                 const std::optional<at::Tensor>& probs, const at::Tensor& rows);

@@ -1,7 +1,7 @@
 // runtime.cpp - the extension's plumbing (moex_torch.h): dtype codes, the argument checks that
-// raise ValueError as moex/torch.py's _check does, one moex context per backend and device, and
-// Call: the device guard, torch's current CUDA stream, the context's lock and the workspace from
-// torch's caching allocator.
+// raise ValueError as moex/torch/_checks.py's _check does, one moex context per backend and device,
+// and Call: the device guard, torch's current CUDA stream, the context's lock and the workspace
+// from torch's caching allocator.
 #include "moex_torch.h"
 
 #include <ATen/ops/empty.h>

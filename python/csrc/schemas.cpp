@@ -1,7 +1,7 @@
 // schemas.cpp - the moex:: operators' schemas. They are exactly those of the Python operators of
-// moex/torch.py (torch.library.custom_op infers SymInt for int), so that the two paths are
+// moex/torch/ (torch.library.custom_op infers SymInt for int), so that the two paths are
 // interchangeable: the same names, arguments, defaults and aliasing annotations. The kernels are
-// in kernels.cpp, the autograd in autograd.cpp, the fake kernels in moex/torch.py.
+// in kernels.cpp, the autograd in autograd.cpp, the fake kernels in moex/torch/.
 #include <torch/library.h>
 
 #define MOEX_GLU_ARGS "SymInt glu_kind, SymInt glu_layout, float glu_limit, float glu_alpha, float glu_offset"

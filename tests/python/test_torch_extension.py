@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 import moex  # noqa: E402
 import moex._torch_ext as ext  # noqa: E402
 import moex.torch as mt  # noqa: E402
+from moex.torch import _glu, _linear, _linear_layer, _mlp, _moe, _operators, _routing, _splits  # noqa: E402
 
 # The operators each migration step moved to C++ (python/csrc).
 GROUPED_LINEAR_OPS = ["grouped_linear_forward", "grouped_linear_backward_data", "grouped_linear_backward_weight",
@@ -31,16 +32,16 @@ REST_OPS = ["scaled_glu_forward", "scaled_glu_backward", "splits_to_offsets", "r
             "permute_forward", "permute_backward", "unpermute_forward", "unpermute_backward"]
 CPP_OPS = GROUPED_LINEAR_OPS + GROUPED_MLP_OPS + MOE_OPS + REST_OPS
 # moex.torch's operator object of each
-OPERATORS = {"grouped_linear_forward": "_forward", "grouped_linear_backward_data": "_backward_data",
-             "grouped_linear_backward_weight": "_backward_weight",
-             "grouped_linear_backward_weight_accumulate": "_backward_weight_accumulate",
-             "grouped_mlp_forward": "_mlp_forward", "grouped_mlp_backward": "_mlp_backward",
-             "moe_layer_forward": "_moe_forward", "moe_layer_backward": "_moe_backward",
-             "scaled_glu_forward": "_glu_forward", "scaled_glu_backward": "_glu_backward",
-             "splits_to_offsets": "_splits_to_offsets", "router_forward": "_router_forward",
-             "router_backward": "_router_backward", "permute_forward": "_permute_forward",
-             "permute_backward": "_permute_backward", "unpermute_forward": "_unpermute_forward",
-             "unpermute_backward": "_unpermute_backward"}
+OPERATORS = {"grouped_linear_forward": _linear._forward, "grouped_linear_backward_data": _linear._backward_data,
+             "grouped_linear_backward_weight": _linear._backward_weight,
+             "grouped_linear_backward_weight_accumulate": _linear._backward_weight_accumulate,
+             "grouped_mlp_forward": _mlp._mlp_forward, "grouped_mlp_backward": _mlp._mlp_backward,
+             "moe_layer_forward": _moe._moe_forward, "moe_layer_backward": _moe._moe_backward,
+             "scaled_glu_forward": _glu._glu_forward, "scaled_glu_backward": _glu._glu_backward,
+             "splits_to_offsets": _splits._splits_to_offsets, "router_forward": _routing._router_forward,
+             "router_backward": _routing._router_backward, "permute_forward": _routing._permute_forward,
+             "permute_backward": _routing._permute_backward, "unpermute_forward": _routing._unpermute_forward,
+             "unpermute_backward": _routing._unpermute_backward}
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])   # bitwise tests on both backends
 
@@ -53,7 +54,7 @@ def test_extension_is_loaded_and_defines_the_operators():
     assert ext.PATH is not None, f"the installed package has no working PyTorch extension: {ext.LOAD_ERROR}"
     assert set(CPP_OPS) <= ext.OPS
     for name in CPP_OPS:
-        assert isinstance(getattr(mt, OPERATORS[name]), mt._CppOperator), name
+        assert isinstance(OPERATORS[name], _operators._CppOperator), name
         # the dispatcher's registrations: schema, CPU and CUDA kernels from python/csrc
         dump = torch._C._dispatch_dump(f"moex::{name}")
         for key, source in (("debug", "schemas.cpp"), ("CPU", "kernels.cpp"), ("CUDA", "kernels.cpp")):
@@ -98,20 +99,20 @@ def test_operators_match_the_python_implementation_bitwise(device, dtype, mode):
     n = int(splits.sum())
     bias, probs = (b if mode else None), (p if mode == 2 else None)
     args = (x, w, splits, bias, probs, mode)
-    y = mt._forward(*args)
-    assert torch.equal(y, mt._forward.impl(*args)) and torch.count_nonzero(y[n:]) == 0   # zero tail
+    y = _linear._forward(*args)
+    assert torch.equal(y, _linear._forward.impl(*args)) and torch.count_nonzero(y[n:]) == 0   # zero tail
 
     dy = torch.randn_like(y)
     args = (dy, w, splits, bias, probs, mode, True, mode != 0, mode == 2)
-    for got, want in zip(mt._backward_data(*args), mt._backward_data.impl(*args)):
+    for got, want in zip(_linear._backward_data(*args), _linear._backward_data.impl(*args)):
         assert got.shape == want.shape and got.dtype == want.dtype
         assert torch.equal(got, want)
 
     code = 0 if dtype == torch.float32 else 1
-    assert torch.equal(mt._backward_weight(x, dy, splits, code), mt._backward_weight.impl(x, dy, splits, code))
+    assert torch.equal(_linear._backward_weight(x, dy, splits, code), _linear._backward_weight.impl(x, dy, splits, code))
     main, main_py = torch.ones(4, 16, 24, device=device), torch.ones(4, 16, 24, device=device)
-    mt._backward_weight_accumulate(x, dy, splits, main)
-    mt._backward_weight_accumulate.impl(x, dy, splits, main_py)
+    _linear._backward_weight_accumulate(x, dy, splits, main)
+    _linear._backward_weight_accumulate.impl(x, dy, splits, main_py)
     assert torch.equal(main, main_py) and not torch.equal(main, torch.ones_like(main))
 
 
@@ -166,9 +167,9 @@ def test_autograd_computes_only_what_is_asked(mode):
     if mode == 2:
         leaves["probs"] = p.clone().requires_grad_()
     dy = torch.randn(13, 16)
-    dx, dbias, dprobs = mt._backward_data.impl(dy, w, splits, b if mode else None, p if mode == 2 else None, mode, True,
+    dx, dbias, dprobs = _linear._backward_data.impl(dy, w, splits, b if mode else None, p if mode == 2 else None, mode, True,
                                                mode != 0, mode == 2)
-    want = {"x": dx, "w": mt._backward_weight.impl(x, dy, splits, 0), "bias": dbias, "probs": dprobs}
+    want = {"x": dx, "w": _linear._backward_weight.impl(x, dy, splits, 0), "bias": dbias, "probs": dprobs}
     for names in [list(leaves)] + [[k] for k in leaves]:
         y = mt.grouped_linear(leaves["x"], leaves["w"], splits, leaves.get("bias"), leaves.get("probs"))
         grads = torch.autograd.grad(y, [leaves[k] for k in names], dy)
@@ -193,14 +194,14 @@ def test_threads_share_the_context():
     """Several threads calling the C++ operators at once (one moex context per device, locked
     per call) get each its own correct result."""
     cases = [inputs(seed=s) for s in range(4)]
-    want = [mt._forward.impl(x, w, s, None, None, 0) for x, w, s, _, _ in cases]
+    want = [_linear._forward.impl(x, w, s, None, None, 0) for x, w, s, _, _ in cases]
     got, errors = [[] for _ in cases], []
 
     def work(i):
         try:
             x, w, s, _, _ = cases[i]
             for _ in range(50):
-                got[i].append(mt._forward(x, w, s, None, None, 0))
+                got[i].append(_linear._forward(x, w, s, None, None, 0))
         except Exception as e:   # noqa: BLE001 (reported below)
             errors.append(e)
 
@@ -239,7 +240,7 @@ def test_mlp_operators_match_the_python_implementation_bitwise(device, dtype, b2
     x, w1, b1, w2, b2, p, splits = mlp_inputs(dtype=dtype, device=device)
     args = (x, w1, b1, w2, b2 if b2_mode else None, p, splits, b2_mode, *GLU, save_z)
     n = int(splits.sum())
-    outs, want = mt._mlp_forward(*args), mt._mlp_forward.impl(*args)
+    outs, want = _mlp._mlp_forward(*args), _mlp._mlp_forward.impl(*args)
     assert torch.equal(outs[0], want[0])   # y, its tail rows zero
     for got, ref in zip(outs[1:], want[1:]):   # h, z: for the backward, rows past the groups unwritten
         assert got.shape == ref.shape and torch.equal(got[:n], ref[:n])
@@ -249,20 +250,20 @@ def test_mlp_operators_match_the_python_implementation_bitwise(device, dtype, b2
                   [False, True, False, True, False, True]):
         bargs = (x, w1, b1, w2, b2 if b2_mode else None, p, splits)
         h_cpp, h_py = h.clone(), h.clone()
-        got = mt._mlp_backward(*bargs, h_cpp, z, dy, b2_mode, *GLU, needs)
-        ref = mt._mlp_backward.impl(*bargs, h_py, z, dy, b2_mode, *GLU, needs)
+        got = _mlp._mlp_backward(*bargs, h_cpp, z, dy, b2_mode, *GLU, needs)
+        ref = _mlp._mlp_backward.impl(*bargs, h_py, z, dy, b2_mode, *GLU, needs)
         for i, (a, b) in enumerate(zip(got, ref)):
             assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), (needs, i)
         assert torch.equal(h_cpp[:n], h_py[:n])   # dh written over h alike
     with pytest.raises(ValueError, match="moex.grouped_mlp_backward: needs has 5 entries, must have 6"):
-        mt._mlp_backward(x, w1, b1, w2, None, p, splits, h.clone(), z, dy, 0, *GLU, [True] * 5)
+        _mlp._mlp_backward(x, w1, b1, w2, None, p, splits, h.clone(), z, dy, 0, *GLU, [True] * 5)
     with pytest.raises(ValueError, match="moex.grouped_mlp_forward: b2_mode SCALED needs probs"):
-        mt._mlp_forward(x, w1, b1, w2, b2, None, splits, 2, *GLU, save_z)
+        _mlp._mlp_forward(x, w1, b1, w2, b2, None, splits, 2, *GLU, save_z)
     with pytest.raises(ValueError, match="moex.grouped_mlp_forward: b2 is given but b2_mode is NONE"):
-        mt._mlp_forward(x, w1, b1, w2, b2, p, splits, 0, *GLU, save_z)
+        _mlp._mlp_forward(x, w1, b1, w2, b2, p, splits, 0, *GLU, save_z)
     if device == "cpu":   # (CUDA flags bad split values on the device instead)
         with pytest.raises(moex.MoexError, match="MOEX_ERR_BAD_SPLITS"):
-            mt._mlp_forward(x, w1, b1, w2, None, p, torch.tensor([3, 0, 5, 9]), 0, *GLU, save_z)
+            _mlp._mlp_forward(x, w1, b1, w2, None, p, torch.tensor([3, 0, 5, 9]), 0, *GLU, save_z)
 
 
 def test_mlp_autograd_computes_only_what_is_asked():
@@ -270,8 +271,8 @@ def test_mlp_autograd_computes_only_what_is_asked():
     leaves = {k: t.clone().requires_grad_() for k, t in zip(("x", "w1", "b1", "w2", "b2", "probs"),
                                                               (x, w1, b1, w2, b2, p))}
     dy = torch.randn(11, 16)
-    y, h, z = mt._mlp_forward.impl(x, w1, b1, w2, b2, p, splits, 2, *GLU, False)
-    ref = mt._mlp_backward.impl(x, w1, b1, w2, b2, p, splits, h, z, dy, 2, *GLU, [True] * 6)
+    y, h, z = _mlp._mlp_forward.impl(x, w1, b1, w2, b2, p, splits, 2, *GLU, False)
+    ref = _mlp._mlp_backward.impl(x, w1, b1, w2, b2, p, splits, h, z, dy, 2, *GLU, [True] * 6)
     want = dict(zip(("x", "w1", "w2", "b1", "b2", "probs"), ref))
     for names in [list(leaves), ["x"], ["w1", "b2"], ["probs"]]:
         out = mt.grouped_mlp(leaves["x"], leaves["w1"], leaves["w2"], splits, leaves["b1"], leaves["b2"],
@@ -313,40 +314,40 @@ def test_moe_operators_match_the_python_implementation_bitwise(device, dtype, b2
     x, rw, w1, b1, w2, b2 = moe_inputs(dtype=dtype, device=device)
     options = (2, 1, 1, b2_mode, *GLU)   # topk 2, sigmoid scores renormalised
     args = (x, rw, w1, b1, w2, b2 if b2_mode else None, *options)
-    (y, saved), (y_py, saved_py) = mt._moe_forward(*args), mt._moe_forward.impl(*args)
+    (y, saved), (y_py, saved_py) = _moe._moe_forward(*args), _moe._moe_forward.impl(*args)
     assert saved.dtype == torch.uint8 and saved.shape == saved_py.shape
     assert torch.equal(y, y_py)
     dy = torch.randn_like(y)
     for needs in ([True, True, True, True, True, b2_mode != 0], [True, False, False, True, False, False],
                   [False, True, True, False, True, False]):
-        got = mt._moe_backward(x, rw, w1, b1, w2, b2 if b2_mode else None, saved, dy, *options, needs)
-        ref = mt._moe_backward.impl(x, rw, w1, b1, w2, b2 if b2_mode else None, saved_py, dy, *options, needs)
+        got = _moe._moe_backward(x, rw, w1, b1, w2, b2 if b2_mode else None, saved, dy, *options, needs)
+        ref = _moe._moe_backward.impl(x, rw, w1, b1, w2, b2 if b2_mode else None, saved_py, dy, *options, needs)
         for i, (a, b) in enumerate(zip(got, ref)):
             assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), (needs, i)
     with pytest.raises(ValueError, match=r"moex.moe_layer_forward: topk = 5, must be 1..4 \(the experts\)"):
-        mt._moe_forward(x, rw, w1, b1, w2, None, 5, 1, 1, 0, *GLU)
+        _moe._moe_forward(x, rw, w1, b1, w2, None, 5, 1, 1, 0, *GLU)
     with pytest.raises(ValueError, match="moex.moe_layer_backward: saved is torch.float32"):
-        mt._moe_backward(x, rw, w1, b1, w2, None, saved.float(), dy, 2, 1, 1, 0, *GLU, [True] * 6)
+        _moe._moe_backward(x, rw, w1, b1, w2, None, saved.float(), dy, 2, 1, 1, 0, *GLU, [True] * 6)
     with pytest.raises(moex.MoexError, match="MOEX_ERR_INVALID_ARG"):   # the C library checks the score code
-        mt._moe_forward(x, rw, w1, b1, w2, None, 2, 7, 1, 0, *GLU)
+        _moe._moe_forward(x, rw, w1, b1, w2, None, 2, 7, 1, 0, *GLU)
 
 
 def test_moe_layer_autograd_computes_only_what_is_asked():
     x, rw, w1, b1, w2, b2 = moe_inputs()
     options = (2, 0, 1, 2, *GLU)
-    _, saved = mt._moe_forward.impl(x, rw, w1, b1, w2, b2, *options)
+    _, saved = _moe._moe_forward.impl(x, rw, w1, b1, w2, b2, *options)
     dy = torch.randn(10, 16)
-    ref = mt._moe_backward.impl(x, rw, w1, b1, w2, b2, saved, dy, *options, [True] * 6)
+    ref = _moe._moe_backward.impl(x, rw, w1, b1, w2, b2, saved, dy, *options, [True] * 6)
     want = dict(zip(("x", "router_w", "w1", "w2", "b1", "b2"), ref))
     leaves = {k: t.clone().requires_grad_() for k, t in zip(("x", "router_w", "w1", "b1", "w2", "b2"),
                                                               (x, rw, w1, b1, w2, b2))}
     for names in [list(leaves), ["x"], ["router_w", "b2"], ["w1", "w2"]]:
-        y, saved_out = mt._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
+        y, saved_out = _moe._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
         assert not saved_out.requires_grad
         grads = torch.autograd.grad(y, [leaves[k] for k in names], dy)
         for k, g in zip(names, grads):
             assert torch.equal(g, want[k]), (names, k)
-    y, _ = mt._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
+    y, _ = _moe._moe_forward(*(leaves[k] for k in ("x", "router_w", "w1", "b1", "w2", "b2")), *options)
     (gx,) = torch.autograd.grad(y.sum(), [leaves["x"]], create_graph=True)
     with pytest.raises(RuntimeError, match="differentiate twice"):
         gx.sum().backward()
@@ -381,7 +382,7 @@ def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_
     params = layer._weight_params()
     w, ptrs = layer._pointers.weight("test", params)
     b = layer._bias()
-    y_py = mt._GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, layer._fp8, None, *params)
+    y_py = _linear_layer._GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, layer._fp8, None, *params)
     assert "GroupedLinearDiscrete" in y_py.grad_fn.name() and y_py.grad_fn.name() != node.name()
     y_py.backward(dy)
     want = [y_py.detach()] + [t.grad for t in [x, *layer.parameters()] + ([p] if p is not None else [])]
@@ -394,7 +395,7 @@ def test_separate_weights_operator_checks_its_pointer_array():
     ptrs = torch.tensor([w.data_ptr() for w in ws])
     x, splits = torch.randn(9, 8), torch.tensor([3, 3, 3])
     y = torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs, splits, None, None, 0)
-    assert torch.equal(y, mt._forward.impl(x, torch.stack(ws), splits, None, None, 0))
+    assert torch.equal(y, _linear._forward.impl(x, torch.stack(ws), splits, None, None, 0))
     with pytest.raises(ValueError, match=r"ptrs\[1\] is not weights\[1\].data_ptr\(\)"):
         torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs[[0, 0, 2]].contiguous(), splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[2\] is \[6, 7\], weights\[0\] \[6, 8\]"):
@@ -410,42 +411,42 @@ def test_rest_operators_match_the_python_implementation_bitwise():
     T, E, k, H = 9, 4, 2, 6
     h, probs, splits = torch.randn(T, 2 * 8), torch.rand(T), torch.tensor([2, 0, 4, 1])
     for args in [(h, probs, splits, *GLU), (h, None, None, 0, 0, 7.0, 1.702, 1.0)]:
-        z = mt._glu_forward(*args)
-        assert torch.equal(z, mt._glu_forward.impl(*args))
+        z = _glu._glu_forward(*args)
+        assert torch.equal(z, _glu._glu_forward.impl(*args))
         dz = torch.randn_like(z)
-        for got, want in zip(mt._glu_backward(*args[:3], dz, *args[3:], args[1] is not None),
-                             mt._glu_backward.impl(*args[:3], dz, *args[3:], args[1] is not None)):
+        for got, want in zip(_glu._glu_backward(*args[:3], dz, *args[3:], args[1] is not None),
+                             _glu._glu_backward.impl(*args[:3], dz, *args[3:], args[1] is not None)):
             assert torch.equal(got, want)
     for lead, code in [(True, 4), (False, 3)]:
-        assert torch.equal(mt._splits_to_offsets(splits, 3, lead, code), mt._splits_to_offsets.impl(splits, 3, lead, code))
+        assert torch.equal(_splits._splits_to_offsets(splits, 3, lead, code), _splits._splits_to_offsets.impl(splits, 3, lead, code))
     with pytest.raises(ValueError, match="dtype_code 0 is not int64's or int32's"):
-        mt._splits_to_offsets(splits, 1, True, 0)
+        _splits._splits_to_offsets(splits, 1, True, 0)
 
     logits = torch.randn(T, E)
     for score, norm in [(0, 1), (1, 0)]:
-        (p, ids), (p_py, ids_py) = mt._router_forward(logits, k, score, norm), mt._router_forward.impl(logits, k, score, norm)
+        (p, ids), (p_py, ids_py) = _routing._router_forward(logits, k, score, norm), _routing._router_forward.impl(logits, k, score, norm)
         assert torch.equal(p, p_py) and torch.equal(ids, ids_py)
         dp = torch.randn(T, k)
-        assert torch.equal(mt._router_backward(logits, ids, dp, k, score, norm),
-                           mt._router_backward.impl(logits, ids, dp, k, score, norm))
+        assert torch.equal(_routing._router_backward(logits, ids, dp, k, score, norm),
+                           _routing._router_backward.impl(logits, ids, dp, k, score, norm))
     with pytest.raises(ValueError, match=r"topk = 5, must be 1..4 \(the experts, logits' columns\)"):
-        mt._router_forward(logits, 5, 0, 1)
+        _routing._router_forward(logits, 5, 0, 1)
 
     x = torch.randn(T, H)
-    got, want = mt._permute_forward(x, ids, p, E), mt._permute_forward.impl(x, ids, p, E)
+    got, want = _routing._permute_forward(x, ids, p, E), _routing._permute_forward.impl(x, ids, p, E)
     for a, b in zip(got, want):
         assert torch.equal(a, b)
     xp, probs_p, psplits, row_map = got
     dxp, dpp = torch.randn_like(xp), torch.randn_like(probs_p)
-    for a, b in zip(mt._permute_backward(row_map, dxp, dpp, k), mt._permute_backward.impl(row_map, dxp, dpp, k)):
+    for a, b in zip(_routing._permute_backward(row_map, dxp, dpp, k), _routing._permute_backward.impl(row_map, dxp, dpp, k)):
         assert torch.equal(a, b)
-    assert torch.equal(mt._unpermute_forward(xp, row_map, k), mt._unpermute_forward.impl(xp, row_map, k))
+    assert torch.equal(_routing._unpermute_forward(xp, row_map, k), _routing._unpermute_forward.impl(xp, row_map, k))
     dy = torch.randn(T, H)
-    assert torch.equal(mt._unpermute_backward(dy, row_map), mt._unpermute_backward.impl(dy, row_map))
+    assert torch.equal(_routing._unpermute_backward(dy, row_map), _routing._unpermute_backward.impl(dy, row_map))
     with pytest.raises(ValueError, match=r"permute_forward: x \(9, 6\), ids \(8, 2\) and probs \(9, 2\)"):
-        mt._permute_forward(x, ids[:8].contiguous(), p, E)
+        _routing._permute_forward(x, ids[:8].contiguous(), p, E)
     with pytest.raises(ValueError, match="k = 4 must be >= 1 and divide the 18 rows of yp"):
-        mt._unpermute_forward(xp, row_map, 4)
+        _routing._unpermute_forward(xp, row_map, 4)
 
 
 def test_routing_autograd_runs_in_cpp_and_matches_the_python_operators():
@@ -464,12 +465,12 @@ def test_routing_autograd_runs_in_cpp_and_matches_the_python_operators():
 
     # the same chain by hand through the Python implementations
     with torch.no_grad():
-        p2, ids2 = mt._router_forward.impl(logits, k, 0, 1)
-        xp2, pp2, s2, rm2 = mt._permute_forward.impl(x, ids2, p2, E)
-        dz = mt._unpermute_backward.impl(dy, rm2)
-        dh, dpp = mt._glu_backward.impl(xp2, pp2, s2, dz, 0, 0, 7.0, 1.702, 1.0, True)
-        dx, dp = mt._permute_backward.impl(rm2, dh, dpp, k)
-        dlogits = mt._router_backward.impl(logits, ids2, dp, k, 0, 1)
+        p2, ids2 = _routing._router_forward.impl(logits, k, 0, 1)
+        xp2, pp2, s2, rm2 = _routing._permute_forward.impl(x, ids2, p2, E)
+        dz = _routing._unpermute_backward.impl(dy, rm2)
+        dh, dpp = _glu._glu_backward.impl(xp2, pp2, s2, dz, 0, 0, 7.0, 1.702, 1.0, True)
+        dx, dp = _routing._permute_backward.impl(rm2, dh, dpp, k)
+        dlogits = _routing._router_backward.impl(logits, ids2, dp, k, 0, 1)
     assert torch.equal(x.grad, dx) and torch.equal(logits.grad, dlogits)
 
 
@@ -520,9 +521,9 @@ def test_an_unloadable_extension_falls_back_to_the_python_operators(tmp_path):
     code = ("import warnings, torch\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always')\n"
-            "    import moex._torch_ext as ext, moex.torch as mt\n"
+            "    import moex._torch_ext as ext, moex.torch as mt, moex.torch._linear as _linear\n"
             "assert ext.PATH is None and not ext.OPS and any('could not be loaded' in str(x.message) for x in w)\n"
-            "assert type(mt._forward).__name__ == '_Operator'\n"
+            "assert type(_linear._forward).__name__ == '_Operator'\n"
             "y = mt.grouped_linear(torch.ones(4, 2), torch.ones(2, 3, 2), [1, 3])\n"
             "assert torch.equal(y, torch.full((4, 3), 2.0))\n")
     env = {**os.environ, "MOEX_TORCH_EXTENSION": str(bogus)}

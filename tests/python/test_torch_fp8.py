@@ -37,6 +37,7 @@ torch = pytest.importorskip("torch")
 import moex  # noqa: E402
 import moex.torch as mt  # noqa: E402
 from moex import _capi  # noqa: E402
+from moex.torch import _fp8, _moe, _operators  # noqa: E402
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 RECIPES = ["block", "current", "mxfp8"]
@@ -83,7 +84,7 @@ def c_call(stem, args, device, recipe, fmt):
         args.fwd.fp8 = recipe_struct
     else:
         args.fp8 = recipe_struct
-    mt._run(stem, args, torch.device(device))
+    _operators._run(stem, args, torch.device(device))
 
 
 def linear_case(device, dtype, recipe, fmt, **options):
@@ -188,7 +189,7 @@ def test_grouped_mlp(device, dtype, recipe, fmt):
         assert torch.equal(a, e), f"{name}: the module differs from the moex:: operators with the recipe"
     grads = [torch.empty_like(t) for t in outs[:5]] + [torch.zeros_like(outs[5])]
     x_, w1, b1, w2, b2, pr = p
-    c_call("grouped_mlp_backward", mt._args(
+    c_call("grouped_mlp_backward", _operators._args(
         _capi.GroupedMlpGradArgs, x=x_, w1=w1, w2=w2, b2_mode=2, b2=b2, probs=pr, glu=_capi.GluParams(*glu),
         splits=splits, h=h, dy=dy, dx=grads[0], dw1=grads[1], dw2=grads[2], db1=grads[3], db2=grads[4],
         dprobs=grads[5]), device, recipe, fmt)
@@ -211,8 +212,8 @@ def test_moe_layer(device, recipe, fmt):
     for name, a, e in zip(["y", "dx", "drouter_w", "dw1", "dw2", "db1", "db2"], got, [y, *outs]):
         assert torch.equal(a, e), f"{name}: the module differs from the moex:: operators with the recipe"
     grads = [torch.empty_like(t) for t in outs]
-    fwd = mt._moe_args(*p, *m.options[:4], m.options[4:], saved, None, mt._FP8_OFF)
-    c_call("moe_layer_backward", mt._args(
+    fwd = _moe._moe_args(*p, *m.options[:4], m.options[4:], saved, None, _fp8._FP8_OFF)
+    c_call("moe_layer_backward", _operators._args(
         _capi.MoeLayerGradArgs, fwd=fwd, dy=dy, dx=grads[0], drouter_w=grads[1], dw1=grads[2], dw2=grads[3],
         db1=grads[4], db2=grads[5]), device, recipe, fmt)
     for name, a, e in zip(["dx", "drouter_w", "dw1", "dw2", "db1", "db2"], got[1:], grads):
