@@ -39,3 +39,9 @@ from ._splits import Splits, splits_to_offsets  # noqa: F401
 
 __all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "router", "permute",
            "unpermute", "scaled_glu", "splits_to_offsets", "MoexError"]
+
+# the public names are moex.torch's (repr, help, pickles), wherever they are defined
+for _name in __all__:
+    if _name != "MoexError":
+        globals()[_name].__module__ = __name__
+del _name
