@@ -223,49 +223,57 @@ int main(void) {
         moex_dtype dt = dts[d];
         /* G = 1 */
         for (int mode = 0; mode < 3; mode++) {
-            gl_cfg c = {dt, 1, 37, 30, 19, 23, TU_SPLITS_BALANCED, 0, mode == 1, (moex_bias_mode)mode,
-                        mode == 2 ? MOEX_DTYPE_F32 : dt, 7, (moex_grad_mode)(mode == 1), MOEX_DTYPE_F32};
+            gl_cfg c = {.dt = dt, .G = 1, .T = 37, .rows = 30, .K = 19, .N = 23, .kind = TU_SPLITS_BALANCED,
+                        .discrete = mode == 1, .mode = (moex_bias_mode)mode,
+                        .bias_dt = mode == 2 ? MOEX_DTYPE_F32 : dt, .dgrad_mask = 7,
+                        .dw_mode = (moex_grad_mode)(mode == 1), .dw_dt = MOEX_DTYPE_F32};
             run_case(ctx, &r, &c), n++;
         }
         /* G = 5, every splits kind, rotating bias modes, weight forms, dgrad subsets, dW modes */
         for (int kind = 0; kind < TU_SPLITS_NUM_KINDS; kind++) {
             for (int mode = 0; mode < 3; mode++) {
                 int v = kind * 3 + mode;
-                gl_cfg c = {dt, 5, 70, 61, 33, 21, (tu_splits_kind)kind, 0, v % 2, (moex_bias_mode)mode,
-                            v % 3 == 0 ? MOEX_DTYPE_F32 : dt, (unsigned)(1 + v % 15), (moex_grad_mode)(v % 3 == 2),
-                            v % 2 ? dt : MOEX_DTYPE_F32};
+                gl_cfg c = {.dt = dt, .G = 5, .T = 70, .rows = 61, .K = 33, .N = 21, .kind = (tu_splits_kind)kind,
+                            .discrete = v % 2, .mode = (moex_bias_mode)mode,
+                            .bias_dt = v % 3 == 0 ? MOEX_DTYPE_F32 : dt, .dgrad_mask = (unsigned)(1 + v % 15),
+                            .dw_mode = (moex_grad_mode)(v % 3 == 2), .dw_dt = v % 2 ? dt : MOEX_DTYPE_F32};
                 run_case(ctx, &r, &c), n++;
             }
         }
         /* all groups empty (rows = 0), both dW modes; and T = 0 */
         for (int acc = 0; acc < 2; acc++) {
-            gl_cfg c = {dt, 5, 16, 0, 9, 10, TU_SPLITS_BALANCED, 1, acc, MOEX_BIAS_SCALED, dt, 7,
-                        (moex_grad_mode)acc, dt};
+            gl_cfg c = {.dt = dt, .G = 5, .T = 16, .K = 9, .N = 10, .kind = TU_SPLITS_BALANCED, .all_empty = 1,
+                        .discrete = acc, .mode = MOEX_BIAS_SCALED, .bias_dt = dt, .dgrad_mask = 7,
+                        .dw_mode = (moex_grad_mode)acc, .dw_dt = dt};
             run_case(ctx, &r, &c), n++;
             c.T = 0;
             run_case(ctx, &r, &c), n++;
         }
         /* large: K, N, rows past the CPU GEMM's blocking (K 256, N 512, M 128), not multiples */
         {
-            gl_cfg c = {dt, 3, 320, 300, 300, 530, TU_SPLITS_SKEWED, 0, d == 1, MOEX_BIAS_SCALED, dt, 7,
-                        (moex_grad_mode)(d != 0), MOEX_DTYPE_F32};
+            gl_cfg c = {.dt = dt, .G = 3, .T = 320, .rows = 300, .K = 300, .N = 530, .kind = TU_SPLITS_SKEWED,
+                        .discrete = d == 1, .mode = MOEX_BIAS_SCALED, .bias_dt = dt, .dgrad_mask = 7,
+                        .dw_mode = (moex_grad_mode)(d != 0), .dw_dt = MOEX_DTYPE_F32};
             run_case(ctx, &r, &c), n++;
         }
         /* G = 128: many empty groups, skewed and one-group */
         for (int k = 0; k < 3; k++) {
             tu_splits_kind kinds[3] = {TU_SPLITS_SKEWED, TU_SPLITS_RANDOM, TU_SPLITS_ONE_GROUP};
-            gl_cfg c = {dt, 128, 300, 290, 24, 20, kinds[k], 0, k == 1, (moex_bias_mode)(2 - k % 3),
-                        MOEX_DTYPE_F32, 7, (moex_grad_mode)(k != 1), dt};
+            gl_cfg c = {.dt = dt, .G = 128, .T = 300, .rows = 290, .K = 24, .N = 20, .kind = kinds[k],
+                        .discrete = k == 1, .mode = (moex_bias_mode)(2 - k % 3), .bias_dt = MOEX_DTYPE_F32,
+                        .dgrad_mask = 7, .dw_mode = (moex_grad_mode)(k != 1), .dw_dt = dt};
             run_case(ctx, &r, &c), n++;
         }
         /* packed weights, K and N multiples of 8: on Hopper the bias is fused into the sm90
          * forward (f32 and activation-dtype bias; 128-row tiles, and 64-row ones: T < 128 G) */
         {
-            gl_cfg c = {dt, 6, 520, 500, 136, 264, TU_SPLITS_SKEWED, 0, 0, MOEX_BIAS_ADD, MOEX_DTYPE_F32, 7,
-                        MOEX_GRAD_WRITE, dt};
+            gl_cfg c = {.dt = dt, .G = 6, .T = 520, .rows = 500, .K = 136, .N = 264, .kind = TU_SPLITS_SKEWED,
+                        .mode = MOEX_BIAS_ADD, .bias_dt = MOEX_DTYPE_F32, .dgrad_mask = 7, .dw_mode = MOEX_GRAD_WRITE,
+                        .dw_dt = dt};
             run_case(ctx, &r, &c), n++;
-            gl_cfg e = {dt, 128, 700, 690, 64, 136, TU_SPLITS_RANDOM, 0, 0, MOEX_BIAS_SCALED, dt, 7,
-                        MOEX_GRAD_ACCUMULATE, MOEX_DTYPE_F32};
+            gl_cfg e = {.dt = dt, .G = 128, .T = 700, .rows = 690, .K = 64, .N = 136, .kind = TU_SPLITS_RANDOM,
+                        .mode = MOEX_BIAS_SCALED, .bias_dt = dt, .dgrad_mask = 7, .dw_mode = MOEX_GRAD_ACCUMULATE,
+                        .dw_dt = MOEX_DTYPE_F32};
             run_case(ctx, &r, &e), n++;
         }
     }
