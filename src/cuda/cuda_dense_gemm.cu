@@ -1,6 +1,6 @@
 /*
  * cuda_dense_gemm.cu - the CUDA `gemm` primitive (src/core/backend.h, moex_dense_gemm): the
- * MoE layer's router GEMMs on the portable grouped GEMM (cuda_grouped_gemm_sm80.cu) with one
+ * MoE layer's router GEMMs on the portable grouped GEMM (sm80_grouped_gemm.cu) with one
  * group of all rows. The product runs in B's dtype (A is rounded to it on the way in; f32
  * inputs: exact f32). No workspace.
  */

@@ -11,7 +11,7 @@
  * for the MLP's FC1 with the scaled GLU fused), the backward-data product dx = dy W and the
  * weight gradient run on the sm_90a kernels (sm90_grouped_gemm.h) when they support the
  * shapes and packed weights; everything else runs on the portable kernel
- * (cuda_grouped_gemm_sm80.cu).
+ * (sm80_grouped_gemm.cu).
  */
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"   /* moex_sm90_epilogue */

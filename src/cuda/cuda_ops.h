@@ -39,7 +39,7 @@ typedef struct moex_cuda_state {
     int sm90;                   /* 1: the Hopper GEMMs (sm90_grouped_gemm.h) may run: a
                                    cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
     struct moex_sm90_context *sm90_ctx;   /* the Hopper GEMMs' per-context state, owned by
-                                   cuda_gemm_sm90.cu (NULL: none)                       */
+                                   cuda_sm90.cu (NULL: none)                           */
     /* The current call's group schedule while its launch is pending (cuda_splits.cu). */
     moex_groups pending;
     cudaStream_t pending_stream;
@@ -94,7 +94,7 @@ static inline int64_t moex_cuda_max_tiles(int64_t T, int64_t G) {
 /* The most experts the permute kernel counts in shared memory (48 KiB of int32). */
 #define MOEX_CUDA_MAX_EXPERTS 12288
 
-/* ---- the grouped GEMM (cuda_grouped_gemm_sm80.cu) ----------------------------------- */
+/* ---- the grouped GEMM (sm80_grouped_gemm.cu) --------------------------------------- */
 
 typedef enum moex_cuda_gemm_kind {
     /* C rows follow the group rows: for each group g and its rows r in [off[g], off[g+1]),
@@ -140,7 +140,7 @@ moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cud
 /* Once per context (device): kernel attributes the GEMM launches rely on. */
 moex_status moex_cuda_gemm_prepare(moex_context *ctx);
 
-/* ---- the Hopper grouped GEMMs' glue (cuda_gemm_sm90.cu) ------------------------------ */
+/* ---- the Hopper grouped GEMMs' glue (cuda_sm90.cu) ---------------------------------- */
 
 struct moex_sm90_epilogue;
 

@@ -2,7 +2,7 @@
  * sm90_context.cu - the per-device state of the Hopper grouped GEMMs
  * (moex_sm90_context_create / _destroy, sm90_grouped_gemm.h): everything a launch would
  * otherwise ask the driver every time, asked once. The CUDA backend makes one per moex
- * context (cuda_gemm_sm90.cu); tests and benchmarks make their own.
+ * context (cuda_sm90.cu); tests and benchmarks make their own.
  */
 #include <stdio.h>
 #include <stdlib.h>

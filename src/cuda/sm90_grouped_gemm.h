@@ -1,6 +1,6 @@
 /*
  * sm90_grouped_gemm.h - private: the Hopper (sm_90a) grouped GEMMs of the CUDA backend, the
- * production contract (cuda_gemm_sm90.cu calls it; tests and benchmarks add the knobs of
+ * production contract (cuda_sm90.cu calls it; tests and benchmarks add the knobs of
  * sm90_tuning.h; docs/hopper.md has the design and which file holds what).
  *
  * M-grouped products, rows ordered by group: group g owns rows [off[g], off[g+1]) with

@@ -1,5 +1,5 @@
 /*
- * cuda_grouped_gemm_sm80.cu - the portable grouped GEMM (sm_80 and newer).
+ * sm80_grouped_gemm.cu - the portable grouped GEMM (sm_80 and newer).
  *
  * One kernel, two schedules (moex_cuda_gemm_kind in cuda_ops.h):
  *   ROWS:  grid (N tiles, row tiles); a CTA finds its group by a binary search of its row

@@ -1,5 +1,5 @@
 /*
- * cuda_gemm_sm90.cu - the CUDA backend's glue to the Hopper grouped GEMMs
+ * cuda_sm90.cu - the CUDA backend's glue to the Hopper grouped GEMMs
  * (sm90_grouped_gemm.h): the per-context state they read (made once, at context creation),
  * whether they run a product, their launch, and their workspace.
  */
