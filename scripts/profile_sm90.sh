@@ -13,9 +13,10 @@ mkdir -p "$OUT"
 SPECS=${*:-"qwen3-30b-fc2:balanced:FWD dsv3-fc1:balanced:FWD qwen3-30b-fc1:balanced:sm90_wgrad_kernel dsv3-fc1:balanced:sm90_wgrad_kernel"}
 # FWD and DGRAD stand for the regexes of the default bf16 instances of sm90_rows_kernel
 # <IS_F16, BM, CM, OP, SK, EPI_TMA> (src/cuda/sm90_grouped_gemm.cu): 128 rows, 2-CTA clusters,
-# OP 0 (plain forward) or 4 (dgrad), any stream-K
+# OP MOEX_SM90_EPI_PLAIN = 0 (the plain forward) or SM90_OP_DGRAD + MOEX_SM90_EPI_PLAIN = 8 (the
+# plain dgrad), any stream-K
 FWD="sm90_rows_kernel<.int.0, .int.128, .int.2, .int.0,"
-DGRAD="sm90_rows_kernel<.int.0, .int.128, .int.2, .int.4,"
+DGRAD="sm90_rows_kernel<.int.0, .int.128, .int.2, .int.8,"
 METRICS=gpu__time_duration.sum,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active,\
 lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct
 IFS=$'\n'
