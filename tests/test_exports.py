@@ -27,28 +27,12 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "util"))
+from moex_header import read_header  # noqa: E402
+
 LINKER_SYMBOLS = {"_init", "_fini", "__bss_start", "_edata", "_end"}
 TOOL_PREFIXES = ("__asan", "__ubsan", "__sanitizer", "__sancov", "__odr_asan", "__lsan",
                  "__start___sancov", "__stop___sancov")
-
-
-def read_header(path, seen):
-    """The header's text with each `#include "name.h"` of a header beside it replaced by that
-    header's text, once (a header read before expands to nothing, as its include guard makes
-    it): the order the compiler reads them in. `seen` collects the headers read."""
-    path = os.path.realpath(path)
-    if path in seen:
-        return ""
-    seen.add(path)
-    out = []
-    for line in open(path, encoding="utf-8").read().split("\n"):
-        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
-        inc = os.path.join(os.path.dirname(path), m.group(1)) if m else None
-        if inc and os.path.exists(inc):
-            out.append(read_header(inc, seen))
-            line = line[m.end():]      # the rest of the line: a comment may go on below
-        out.append(line)
-    return "\n".join(out)
 
 
 def header_functions(path):

@@ -36,6 +36,9 @@ import re
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "util"))
+from moex_header import read_header  # noqa: E402
+
 SCANNED_DIRS = ("bench", "tools", "examples", "tests", "scripts", "python")
 INTEGER_TYPES = {"int8_t", "int16_t", "int32_t", "int64_t", "uint8_t", "uint16_t", "uint32_t", "uint64_t",
                  "int", "unsigned", "size_t"}
@@ -43,26 +46,6 @@ FLOAT_TYPES = {"float", "double"}
 
 
 # ---- the header: struct and field names, and each field's kind -----------------------------
-
-def read_header(path, seen=None):
-    """The header's text with each `#include "name.h"` of a header beside it replaced by that
-    header's text, once (a header read before expands to nothing, as its include guard makes
-    it): the order the compiler reads them in."""
-    seen = set() if seen is None else seen
-    path = os.path.realpath(path)
-    if path in seen:
-        return ""
-    seen.add(path)
-    out = []
-    for line in open(path, encoding="utf-8").read().split("\n"):
-        m = re.match(r'\s*#\s*include\s*"([^"]+)"', line)
-        inc = os.path.join(os.path.dirname(path), m.group(1)) if m else None
-        if inc and os.path.exists(inc):
-            out.append(read_header(inc, seen))
-            line = line[m.end():]      # the rest of the line: a comment may go on below
-        out.append(line)
-    return "\n".join(out)
-
 
 def parse_header(path):
     """{struct: [(field, kind, element type, is array)]} in the header's order (its includes
