@@ -20,14 +20,15 @@
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-py}
-OUT=${OUT:-$PWD/$BUILD/py_out}
+[[ $BUILD == /* ]] || BUILD=$PWD/$BUILD   # (an absolute path too)
+OUT=${OUT:-$BUILD/py_out}
 mkdir -p "$OUT"
 STAGES=${*:-build test host example}
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-export MOEX_LIBRARY=$PWD/$BUILD/libmoex/libmoex.so MOEX_TORCH_EXTENSION=$PWD/$BUILD/libmoex_torch.so \
+export MOEX_LIBRARY=$BUILD/libmoex/libmoex.so MOEX_TORCH_EXTENSION=$BUILD/libmoex_torch.so \
        PYTHONPATH=$PWD/python PYTHONUNBUFFERED=1
 
 note "gpu_python $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) stages: $STAGES"
