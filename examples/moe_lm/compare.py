@@ -260,15 +260,27 @@ def int_list(text):
     return [int(s) for s in text.split(",") if s]
 
 
+def visible_gpus(n):
+    """The names of the first n GPUs this process may use: CUDA_VISIBLE_DEVICES's entries
+    when it is set (fewer than n: ValueError), else 0 .. n-1."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    names = [g.strip() for g in visible.split(",") if g.strip()] if visible else [str(g) for g in range(n)]
+    if len(names) < n:
+        raise ValueError(f"--gpus {n}, but CUDA_VISIBLE_DEVICES={visible} names {len(names)}")
+    return names[:n]
+
+
 def train_all(args, seeds, dtypes, variants, train_args):
     """Every run of train.py, each in its own process: seed by seed (an interrupted comparison
     leaves whole seeds), on --gpus GPUs at once (seed i on GPU i mod N, one run per GPU at a
-    time, so that every run's ms per step is that of a GPU of its own)."""
+    time, so that every run's ms per step is that of a GPU of its own; GPU i is the i-th of
+    CUDA_VISIBLE_DEVICES when that is set)."""
     workers = max(1, min(args.gpus, len(seeds)))
+    gpus = visible_gpus(args.gpus)
     errors = []
 
     def work(gpu):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu)) if args.gpus > 1 else None
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpus[gpu]) if args.gpus > 1 else None
         try:
             for seed in seeds[gpu::workers]:
                 for d in dtypes:
@@ -311,6 +323,10 @@ def main():
     variants = args.variants.split(",")
     if args.gpus < 1:
         p.error("--gpus: at least 1")
+    try:
+        visible_gpus(args.gpus)
+    except ValueError as e:
+        p.error(str(e))
     if any(v not in VARIANTS for v in variants):
         p.error(f"--variants: each one of {', '.join(VARIANTS)}")
     dtypes = (args.dtypes or ("f32,bf16" if args.device.startswith("cuda") else "f32")).split(",")

@@ -15,6 +15,7 @@ Tolerances, f32 (unit roundoff u = 6e-8):
   is 80x. A wrong MoE (the GLU's halves swapped, p not applied, no renormalisation) moves
   the loss by 5e-5 to 2e-3 relative at every step from the second on (measured).
 """
+import argparse
 import functools
 import importlib.util
 import json
@@ -24,6 +25,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -202,3 +204,33 @@ def test_flatness_and_finals():
     assert compare.tail_drop(r) == pytest.approx(-1.0)      # the last 10 steps against the 10 before
     assert compare.final_train(r, 21) == pytest.approx((5.0 + 3.0 * 10 + 2.0 * 10) / 21)
     assert compare.tail_drop({"train_loss": [2.0] * 100}) == 0.0
+
+
+def test_train_all_spreads_the_seeds_over_the_gpus(tmp_path, monkeypatch):
+    """compare.py --gpus N: every (variant, dtype, seed) run once, seed i on the i mod N-th GPU
+    of CUDA_VISIBLE_DEVICES, a GPU's runs one after the other in seed order; a failed run
+    raises; more GPUs than are visible is refused."""
+    calls, lock = [], threading.Lock()
+
+    def fake_run(cmd, check, env):
+        with lock:
+            calls.append((env["CUDA_VISIBLE_DEVICES"], cmd[cmd.index("--seed") + 1], cmd[cmd.index("--moe") + 1],
+                          cmd[cmd.index("--dtype") + 1]))
+        if cmd[cmd.index("--seed") + 1] == "13":
+            raise subprocess.CalledProcessError(1, cmd)
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7,9")
+    args = argparse.Namespace(gpus=2, out_dir=str(tmp_path), device="cuda")
+    compare.train_all(args, [0, 1, 2, 3, 4], ["f32", "bf16"], ["moex", "torch"], [])
+    assert sorted(c[1:] for c in calls) == sorted((str(s), v, d) for s in range(5) for v in ("moex", "torch")
+                                                 for d in ("f32", "bf16"))
+    for gpu, seeds in (("5", ["0", "2", "4"]), ("7", ["1", "3"])):
+        mine = [c[1] for c in calls if c[0] == gpu]
+        assert mine == [s for s in seeds for _ in range(4)], (gpu, mine)
+    assert {c[0] for c in calls} == {"5", "7"}
+    calls.clear()
+    with pytest.raises(subprocess.CalledProcessError):
+        compare.train_all(args, [12, 13], ["f32"], ["moex"], [])
+    with pytest.raises(ValueError, match="names 3"):
+        compare.visible_gpus(4)
