@@ -43,9 +43,12 @@
  * is each matrix of a discrete weight, whose pointer array is aligned to a pointer. A tensor
  * that breaks it is MOEX_ERR_INVALID_ARG naming it, from the size queries and the runs, on
  * every backend (CUDA cannot see the matrices behind a device pointer array: there they are
- * the caller's to align). The workspace, `saved` and the EP dispatch handle have no
- * alignment requirement. (Some fast paths want more, e.g. 16 bytes for the Hopper GEMMs, and
- * fall back to another kernel without it: docs/conventions.md 10.)
+ * the caller's to align, and on Hopper 16-byte aligned, as cudaMalloc gives them, where K and
+ * N are multiples of 8: the Hopper GEMMs read them by TMA, and a matrix that is not makes the
+ * call's outputs unspecified and moex_context_check_splits report MOEX_ERR_INVALID_ARG).
+ * The workspace, `saved` and the EP dispatch handle have no alignment requirement. (Some
+ * fast paths want more, e.g. 16 bytes for the Hopper GEMMs, and fall back to another kernel
+ * without it: docs/conventions.md 10.)
  *
  * Output contracts: each output field below says "=" (overwritten) or "+=" (accumulated).
  * An optional tensor is absent when it is zero-initialised (ndim == 0); an absent optional

@@ -8,9 +8,11 @@
 # match CTEST_R, each under compute-sanitizer memcheck too; the stress stage runs
 # tests/stress/torch_stress.py through the extension in STRESS_PROCS fresh processes at once.
 # The c_example stage installs the built libmoex into a prefix and builds and runs
-# examples/c/grouped_mlp.c against it, with find_package and with pkg-config (CUDA=1).
-# Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host example
-# c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
+# examples/c/grouped_mlp.c against it, with find_package and with pkg-config (CUDA=1). The
+# separate stage runs bench/torch_separate_weights.py (GroupedLinear's separate weights against
+# packed ones and torch._grouped_mm, GPU time; SEPARATE_ARGS).
+# Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host separate
+# example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
 # expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), HOST_ARGS (default
@@ -39,7 +41,11 @@ if has build; then
     if has ctest; then tests=ON; else tests=OFF; fi
     { cmake -S python -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
             -DMOEX_TESTS=$tests -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
-      if [ $tests = ON ] || has c_example; then ninja -C "$BUILD"; else ninja -C "$BUILD" moex moex_torch; fi
+      if has c_example; then ninja -C "$BUILD"
+      elif [ $tests = ON ]; then   # the library, the extension and the CUDA tests CTEST_R selects
+          ninja -C "$BUILD" moex moex_torch $(ninja -C "$BUILD" -t targets all | grep -oE '^cuda_test_[a-z0-9_]+' |
+                                              grep -E "${CTEST_R:-gpu_splits}" | sort -u)
+      else ninja -C "$BUILD" moex moex_torch; fi
     } > "$OUT/build.log" 2>&1
     rc=$?
     note "build: rc=$rc in $((SECONDS - t0)) s"
@@ -96,6 +102,13 @@ if has host; then
     python3 bench/torch_host_trace.py > "$OUT/trace.log" 2>&1
     note "host trace: rc=$?"
     tee -a "$SUMMARY" < "$OUT/trace.log"
+fi
+
+if has separate; then
+    # shellcheck disable=SC2086
+    (cd bench && python3 torch_separate_weights.py ${SEPARATE_ARGS:-}) > "$OUT/separate.log" 2>&1
+    note "separate weights bench: rc=$?"
+    tee -a "$SUMMARY" < "$OUT/separate.log"
 fi
 
 if has example; then

@@ -172,9 +172,13 @@ moex_weight discrete_weight(const char* op, const at::Tensor& rows, const at::Te
     const at::ScalarType rows_type = rows.scalar_type();
     const at::Tensor& w0 = weights[0];
     for (size_t g = 0; g < weights.size(); ++g) {
+        const at::Tensor& w = weights[g];
+        if (w.device() == rows.device() && w.scalar_type() == rows_type && w.dim() == 2 && w.is_contiguous() &&
+            w.sizes() == w0.sizes())
+            continue;   // (the common case, without building the name)
         const std::string name = "weights[" + std::to_string(g) + "]";
-        check(op, name.c_str(), weights[g], rows.device(), only(rows_type), 2);
-        TORCH_CHECK_VALUE(weights[g].sizes() == w0.sizes(), "moex.", op, ": ", name, " is ", weights[g].sizes(),
+        check(op, name.c_str(), w, rows.device(), only(rows_type), 2);
+        TORCH_CHECK_VALUE(w.sizes() == w0.sizes(), "moex.", op, ": ", name, " is ", w.sizes(),
                           ", weights[0] ", w0.sizes(), " (the weights must have one shape)");
     }
     const int64_t G = static_cast<int64_t>(weights.size());

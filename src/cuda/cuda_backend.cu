@@ -74,6 +74,11 @@ static moex_status check_splits_run(moex_context *ctx, cudaStream_t stream) {
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
                          "%s: %s saw a routing id outside [0, E); those entries were skipped", op,
                          moex_op_name((moex_op_id)(flag >> 4)));
+    if ((flag & 15) == MOEX_CUDA_BAD_ALIGN)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                         "%s: %s read a discrete weight with a matrix that is not 16-byte aligned, which the "
+                         "Hopper kernels need (include/moex.h, Alignment); its outputs are not meaningful",
+                         op, moex_op_name((moex_op_id)(flag >> 4)));
     if ((flag & 15) == MOEX_CUDA_EP_DROPPED)
         return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                          "%s: %s dropped expert rows past the EP context's max_recv_rows (its `dropped` "

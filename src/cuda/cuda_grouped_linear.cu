@@ -40,7 +40,7 @@ static moex_cuda_gemm rows_gemm(const moex_cuda_sched *s, moex_dtype dt, int64_t
 }
 
 moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                 int64_t K, int64_t N, const void *x, const moex_weight *w,
+                                 int64_t K, int64_t N, const void *x, const moex_weight *w, void *w_maps,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream) {
     moex_sm90_epilogue e = {};
@@ -51,7 +51,7 @@ moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const mo
         e.probs = bias_mode == MOEX_BIAS_SCALED ? probs : NULL;
     }
     bool ran;
-    MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, x, w, y, &e, false, stream, &ran));
+    MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, x, w, w_maps, y, &e, false, stream, &ran));
     if (ran) return MOEX_OK;
     moex_cuda_gemm g = rows_gemm(s, dt, K, N, x, w, y, 1);
     if (bias_mode != MOEX_BIAS_NONE) {
@@ -77,14 +77,14 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
     e.probs = probs;
     e.glu = glu;
     e.z = z;
-    return moex_cuda_sm90_rows(ctx, op, s, dt, K, 2 * F, x, w, h, &e, false, stream, ran);
+    return moex_cuda_sm90_rows(ctx, op, s, dt, K, 2 * F, x, w, NULL, h, &e, false, stream, ran);
 }
 
 moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
-                                       const moex_cuda_row_grads *r, cudaStream_t stream) {
+                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *w_maps,
+                                       void *dx, const moex_cuda_row_grads *r, cudaStream_t stream) {
     bool ran = false;
-    if (dx) MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, dy, w, dx, NULL, true, stream, &ran));
+    if (dx) MOEX_TRY(moex_cuda_sm90_rows(ctx, op, s, dt, K, N, dy, w, w_maps, dx, NULL, true, stream, &ran));
     if (dx && !ran) {
         const moex_cuda_gemm g = rows_gemm(s, dt, K, N, dy, w, dx, 0);
         MOEX_TRY(moex_cuda_gemm_run(ctx, op, &g, stream));
@@ -119,14 +119,19 @@ moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const 
 
 /* ---- the primitives: the building blocks above on prepared groups ------------------- */
 
+/* Workspace: a discrete weight's tensor maps (moex_cuda_weight_maps_take). */
 size_t moex_cuda_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
-    return 0;
+    moex_carver c = {NULL, 0};
+    moex_cuda_weight_maps_take(ctx, &c, &a->w);
+    return c.used;
 }
 
 moex_status moex_cuda_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                  const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
-    return moex_cuda_linear_fwd_run(ctx, c->op, g, d->dt, d->K, d->N, a->x.data, &a->w, a->bias_mode, &a->bias,
-                                    (const float *)a->probs.data, a->y.data, (cudaStream_t)c->stream);
+    moex_carver wc = {(char *)ws, 0};
+    void *w_maps = moex_cuda_weight_maps_take(ctx, &wc, &a->w);
+    return moex_cuda_linear_fwd_run(ctx, c->op, g, d->dt, d->K, d->N, a->x.data, &a->w, w_maps, a->bias_mode,
+                                    &a->bias, (const float *)a->probs.data, a->y.data, (cudaStream_t)c->stream);
 }
 
 moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
@@ -155,10 +160,11 @@ static moex_cuda_row_grads dgrad_row_grads(const moex_grouped_linear_dgrad_args 
     return r;
 }
 
-/* Workspace: the bias gradients' partial sums. */
+/* Workspace: the bias gradients' partial sums, then a discrete weight's tensor maps. */
 size_t moex_cuda_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
     moex_carver c = {NULL, 0};
     dgrad_row_grads(a, d, &c);
+    moex_cuda_weight_maps_take(ctx, &c, &a->w);
     return c.used;
 }
 
@@ -166,8 +172,9 @@ moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const 
                                    const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws) {
     moex_carver wc = {(char *)ws, 0};
     const moex_cuda_row_grads r = dgrad_row_grads(a, d, &wc);
+    void *w_maps = moex_cuda_weight_maps_take(ctx, &wc, &a->w);
     void *dx = moex_present(&a->dx) ? a->dx.data : NULL;
-    return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, dx, &r,
+    return moex_cuda_linear_dgrad_run(ctx, c->op, g, d->dt, d->K, d->N, a->dy.data, &a->w, w_maps, dx, &r,
                                       (cudaStream_t)c->stream);
 }
 

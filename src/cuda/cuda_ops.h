@@ -29,7 +29,9 @@
 enum moex_cuda_flag_kind {
     MOEX_CUDA_BAD_SPLITS = 1,   /* a negative split, or a sum past T          */
     MOEX_CUDA_BAD_IDS = 2,      /* a routing id outside [0, E) (skipped)        */
-    MOEX_CUDA_EP_DROPPED = 3    /* expert rows past R dropped (an EP dispatch)  */
+    MOEX_CUDA_EP_DROPPED = 3,   /* expert rows past R dropped (an EP dispatch)  */
+    MOEX_CUDA_BAD_ALIGN = 4     /* a discrete weight's matrix not 16-byte aligned
+                                   where the Hopper kernels read it             */
 };
 
 typedef struct moex_cuda_state {
@@ -145,10 +147,11 @@ moex_status moex_cuda_gemm_prepare(moex_context *ctx);
 struct moex_sm90_epilogue;
 
 /* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
- * Hopper kernel when the context allows it and the kernel supports the arguments (packed
- * weights, device splits); *ran says whether it did (false: nothing launched). */
+ * Hopper kernel when the context allows it and the kernel supports the arguments (device
+ * splits; packed weights, or discrete ones with w_maps from moex_cuda_weight_maps_take);
+ * *ran says whether it did (false: nothing launched). */
 moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *w_maps, void *y,
                                 const struct moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran);
 /* dW_g = dy_g^T x_g (= or +=) on the Hopper kernel under the same conditions; *ran as above. */
 moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
@@ -158,6 +161,9 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
  * stream-K partial sums, on the shapes where its plan cuts the last round along k), else
  * nothing (NULL). From shapes, dtypes and options only. */
 void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_grouped_linear_args *fwd);
+/* Takes from c the scratch in which the Hopper kernel keeps the tensor maps of the discrete
+ * weight w (G matrices), or nothing (NULL) for a packed one or without the Hopper kernels. */
+void *moex_cuda_weight_maps_take(moex_context *ctx, moex_carver *c, const moex_weight *w);
 /* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
  * (st->sm90_ctx); release frees it (accepts none). */
 moex_status moex_cuda_sm90_prepare(moex_context *ctx);
@@ -165,9 +171,10 @@ void moex_cuda_sm90_release(moex_context *ctx);
 
 /* ---- grouped linear building blocks (cuda_grouped_linear.cu), on a built schedule ---- */
 
-/* y = x W_g^T (+ b_g | + p b_g); x [T, K], w [G, N, K], y [T, N]. */
+/* y = x W_g^T (+ b_g | + p b_g); x [T, K], w [G, N, K] (w_maps: moex_cuda_weight_maps_take's),
+ * y [T, N]. */
 moex_status moex_cuda_linear_fwd_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                 int64_t K, int64_t N, const void *x, const moex_weight *w,
+                                 int64_t K, int64_t N, const void *x, const moex_weight *w, void *w_maps,
                                  moex_bias_mode bias_mode, const moex_tensor *bias, const float *probs, void *y,
                                  cudaStream_t stream);
 /* The FC1 of the grouped MLP with the scaled GLU fused into one Hopper launch: h = x W_g^T
@@ -179,9 +186,11 @@ moex_status moex_cuda_linear_fwd_glu(moex_context *ctx, const char *op, const mo
                                      const moex_glu_params *glu, const float *probs, void *h, void *z,
                                      cudaStream_t stream, bool *ran);
 typedef struct moex_cuda_row_grads moex_cuda_row_grads;   /* below */
-/* dx = dy W_g (dx != NULL), then the bias gradients r of dy (moex_cuda_row_grads_run). */
+/* dx = dy W_g (dx != NULL; w_maps as above), then the bias gradients r of dy
+ * (moex_cuda_row_grads_run). */
 moex_status moex_cuda_linear_dgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *dx,
+                                       int64_t K, int64_t N, const void *dy, const moex_weight *w, void *w_maps,
+                                       void *dx,
                                        const moex_cuda_row_grads *r, cudaStream_t stream);
 /* dW_g = dy_g^T x_g, written (f32 or dt) or accumulated (f32). */
 moex_status moex_cuda_linear_wgrad_run(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,

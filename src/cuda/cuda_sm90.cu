@@ -10,15 +10,18 @@
  * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
  * whether it did. */
 moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
-                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *y,
+                                int64_t K, int64_t N, const void *x, const moex_weight *w, void *w_maps, void *y,
                                 const moex_sm90_epilogue *e, bool dgrad, cudaStream_t stream, bool *ran) {
     *ran = false;
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     /* T == 0 launches nothing here: the portable path then checks the splits */
-    if (sc == NULL || !s->splits || w->ptrs || s->T == 0) return MOEX_OK;
+    if (sc == NULL || !s->splits || (w->ptrs && !w_maps) || s->T == 0) return MOEX_OK;
     moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
+    a.w_ptrs = w->ptrs;
+    a.w_maps = w->ptrs ? w_maps : NULL;
     if (!moex_sm90_epilogue_supported(sc, &a, e)) return MOEX_OK;
     a.bad_flag = moex_cuda_bad_splits_flag(ctx, s, &a.bad_value);   /* the kernel clamps as the schedule does */
+    a.bad_align_value = (a.bad_value & ~15) | MOEX_CUDA_BAD_ALIGN;
     const char *why = "";
     moex_status st = dgrad ? moex_sm90_grouped_gemm_dgrad(sc, &a, e, (moex_stream)stream, &why)
                            : moex_sm90_grouped_gemm_fwd(sc, &a, e, (moex_stream)stream, &why);
@@ -48,7 +51,7 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
 
 void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_grouped_linear_args *fwd) {
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
-    if (sc == NULL || fwd->w.ptrs) return NULL;
+    if (sc == NULL) return NULL;
     /* The plan depends on the shapes and the epilogue's kind, not on where the tensors are:
      * a placeholder stands for the bias and probs, so that the size never depends on pointers. */
     alignas(16) static const float placeholder[4] = {0};
@@ -63,6 +66,12 @@ void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_group
     }
     const size_t bytes = moex_sm90_gemm_workspace_bytes(sc, &a, &e);
     return bytes > 0 ? moex_take(c, bytes) : NULL;
+}
+
+void *moex_cuda_weight_maps_take(moex_context *ctx, moex_carver *c, const moex_weight *w) {
+    const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
+    if (sc == NULL || w->ptrs == NULL) return NULL;
+    return moex_take(c, moex_sm90_weight_maps_bytes(w->t.shape[0]));
 }
 
 /* The Hopper state of a context whose device may run the kernels (st->sm90): kernel

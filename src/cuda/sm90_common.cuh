@@ -69,6 +69,18 @@ cudaError_t sm90_fp8_wgrad_prepare(int sms, int *slots, const char **why);
  * sm_90a image (a JIT of the sm_80 PTX would compile the guarded kernel bodies out). */
 cudaError_t sm90_rows_probe(cudaFuncAttributes *fa);
 
+/* The per-group weight maps of a discrete weight (sm90_weight_maps.cu), written by one launch
+ * on stream before the GEMM that reads them: maps[SM90_WEIGHT_MAPS * g + j] is t->m[j] with
+ * its global address set to ptrs[g]; a pointer that is not 16-byte aligned is aligned down
+ * (still inside its allocation, so the loads cannot fault) and sets *bad_flag to bad_value
+ * (when bad_flag is not NULL and *bad_flag is 0). maps: 128-byte aligned device memory. */
+#define SM90_WEIGHT_MAPS 2
+typedef struct sm90_weight_templates {
+    CUtensorMap m[SM90_WEIGHT_MAPS];
+} sm90_weight_templates;
+cudaError_t sm90_weight_maps_write(const sm90_weight_templates *t, void *const *ptrs, int G, CUtensorMap *maps,
+                                   int *bad_flag, int bad_value, cudaStream_t stream);
+
 /* The attribute (smem bytes of dynamic shared memory) and the cluster count of one kernel
  * (cm CTAs per cluster; with cm = 1 the slots are left alone). */
 static inline cudaError_t sm90_prepare_kernel(const void *fn, size_t smem, int cm, int sms, int *slots,

@@ -20,7 +20,10 @@
  *     are computed but never stored;
  *   - the plain 128-row forward and dgrad run in 2-CTA clusters: the two CTAs take two
  *     tiles that share the weight tile (or, on a group's odd last row tile, the input tile)
- *     and load half of it each, multicast into both, which halves that operand's L2 traffic.
+ *     and load half of it each, multicast into both, which halves that operand's L2 traffic;
+ *   - discrete weights (G separate matrices) are read through per-group copies of the weight
+ *     maps written on the device before the launch (sm90_weight_maps.cu); the producer
+ *     acquires a group's maps when its walk reaches the group.
  * The host side asks the heuristic (sm90_heuristics.h) for the plan, encodes the tensor maps
  * (they depend on pointers and shapes only, so a launch captured in a CUDA graph stays
  * correct when the split values change) and launches the planned instance.
@@ -64,6 +67,9 @@ typedef struct sm90_rows_params {
     float4 *sk_part;            /* stream-K partials (NULL: none) and flags                    */
     int *sk_flag;
     int sk_min;                 /* stream-K's threshold in k steps, as the plan's              */
+    const CUtensorMap *wmaps;   /* discrete weights: group g's w and wb maps at
+                                   wmaps[SM90_WEIGHT_MAPS * g + {0, 1}] (their group
+                                   coordinate 0); NULL: packed, m.w and m.wb                 */
 } sm90_rows_params;
 
 /* ---- the kernel ----------------------------------------------------------------------------
@@ -121,10 +127,25 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 const sm90_cursor &cur = wk.cur;
                 uint32_t it = 0;
                 const uint16_t both = (uint16_t)((1u << CM) - 1u);
+                const CUtensorMap *const wmaps = p.wmaps;
+                int acquired = -1;   /* the group whose discrete maps this thread acquired last */
                 while (sm90_walk_next<false>(&wk, splits, G, T, units)) {
                     int64_t m0;
                     int n0;
                     const int colpair = sm90_rows_tile(&cur, wk.w.t, nt, band_w, band_r, BM, CM, rank, &m0, &n0);
+                    /* the weight maps and their group coordinate */
+                    const CUtensorMap *mw = &m.w, *mwb = &m.wb;
+                    int wz = cur.g;
+                    if (wmaps != NULL) {
+                        mw = wmaps + SM90_WEIGHT_MAPS * cur.g;
+                        mwb = mw + 1;
+                        wz = 0;
+                        if (cur.g != acquired) {
+                            sm90_tensormap_acquire(mw);
+                            sm90_tensormap_acquire(mwb);
+                            acquired = cur.g;
+                        }
+                    }
                     for (int kb = wk.w.kb0; kb < wk.w.kb1; kb++, it++) {
                         const int s = (int)sm90_ring_fill(full, empty, it, STAGE_BYTES);
                         uint16_t *b = sb + s * B_ELEMS;
@@ -139,25 +160,25 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                             const int j0 = split ? rank * 2 : 0, j1 = split ? j0 + 2 : SM90_BN / 64;
                             for (int j = j0; j < j1; j++) {
                                 if (split)
-                                    sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, &m.w, &full[s], n0 + j * 64,
-                                                               kb * SM90_BK, cur.g, both);
+                                    sm90_tma_load_3d_multicast(b + j * 64 * SM90_BK, mw, &full[s], n0 + j * 64,
+                                                               kb * SM90_BK, wz, both);
                                 else
-                                    sm90_tma_load_3d(b + j * 64 * SM90_BK, &m.w, &full[s], n0 + j * 64,
-                                                     kb * SM90_BK, cur.g);
+                                    sm90_tma_load_3d(b + j * 64 * SM90_BK, mw, &full[s], n0 + j * 64,
+                                                     kb * SM90_BK, wz);
                             }
                         } else if (EPI == MOEX_SM90_EPI_GLU_CONTIG) {
                             /* box i: 64 rows of the first (h = 0) or second (h = 1) half (sm90_epilogue.cuh) */
 #pragma unroll
                             for (int i = 0; i < 4; i++) {
                                 const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
-                                sm90_tma_load_3d(b + i * 64 * SM90_BK, &m.wb, &full[s], kb * SM90_BK,
-                                                 h * epi.F + n0 / 2 + q * 64, cur.g);
+                                sm90_tma_load_3d(b + i * 64 * SM90_BK, mwb, &full[s], kb * SM90_BK,
+                                                 h * epi.F + n0 / 2 + q * 64, wz);
                             }
                         } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
-                            sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, &m.wb, &full[s],
-                                                       kb * SM90_BK, n0 + rank * (SM90_BN / 2), cur.g, both);
+                            sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, mwb, &full[s],
+                                                       kb * SM90_BK, n0 + rank * (SM90_BN / 2), wz, both);
                         } else {
-                            sm90_tma_load_3d(b, &m.w, &full[s], kb * SM90_BK, n0, cur.g);
+                            sm90_tma_load_3d(b, mw, &full[s], kb * SM90_BK, n0, wz);
                         }
                     }
                 }
@@ -352,6 +373,10 @@ extern "C" bool moex_sm90_supported(const moex_sm90_context *c, const moex_sm90_
     if (a->dtype != MOEX_DTYPE_BF16 && a->dtype != MOEX_DTYPE_F16) return false;
     if (!sm90_shape_ok(a->G, a->T, a->K, a->N, a->splits)) return false;
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
+    if (a->w_ptrs != NULL &&
+        (a->w != NULL || a->w_maps == NULL || ((uintptr_t)a->w_maps & 127u) != 0 || ((uintptr_t)a->w_ptrs & 7u) != 0))
+        return false;
+    if (a->w_ptrs == NULL && a->w == NULL) return false;
     return a->workspace == NULL || sm90_aligned16(a->workspace);
 }
 
@@ -416,7 +441,11 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     const CUtensorMapL2promotion promo = sm90_l2_promotion(plan.l2_promotion);
     const cuuint64_t xdims[2] = {(cuuint64_t)red, (cuuint64_t)a->T};
     const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm}, xhbox[2] = {SM90_BK, 64};
-    const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
+    /* discrete weights: the maps of one matrix, a template whose address the device sets per
+     * group (sm90_weight_maps.cu); any 16-byte aligned address stands in meanwhile */
+    const bool discrete = a->w_ptrs != NULL;
+    const void *wbase = discrete ? a->w_maps : a->w;
+    const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, discrete ? 1u : (cuuint64_t)a->G};
     const cuuint32_t wbox[3] = {SM90_BK, dgrad ? 64u : (cuuint32_t)SM90_BN, 1};
     const cuuint32_t wbbox[3] = {SM90_BK, cm > 1 ? SM90_BN / 2u : 64u, 1};
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};
@@ -426,8 +455,8 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     const char *in = dgrad ? "dy" : "x", *out = dgrad ? "dx" : "y";
     if (!sm90_make_map(ctx, &km.x, a->dtype, a->x, 2, xdims, xbox, promo, kname, in, why) ||
         !sm90_make_map(ctx, &km.xh, a->dtype, a->x, 2, xdims, xhbox, promo, kname, in, why) ||
-        !sm90_make_map(ctx, &km.w, a->dtype, a->w, 3, wdims, wbox, promo, kname, "w", why) ||
-        !sm90_make_map(ctx, &km.wb, a->dtype, a->w, 3, wdims, wbbox, promo, kname, "w", why) ||
+        !sm90_make_map(ctx, &km.w, a->dtype, wbase, 3, wdims, wbox, promo, kname, "w", why) ||
+        !sm90_make_map(ctx, &km.wb, a->dtype, wbase, 3, wdims, wbbox, promo, kname, "w", why) ||
         !sm90_make_map(ctx, &km.y, a->dtype, a->y, 2, ydims, ybox, promo, kname, out, why) ||
         !sm90_make_map(ctx, &km.z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox, promo, kname,
                        glu ? "z" : out, why))
@@ -476,6 +505,15 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
         if (cudaMemsetAsync(kp.sk_flag, 0, (size_t)2 * plan.grid * sizeof(int), cfg.stream) != cudaSuccess) {
             cudaGetLastError();
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaMemsetAsync of the stream-K flags failed");
+        }
+    }
+    if (discrete) {
+        const sm90_weight_templates wt = {{km.w, km.wb}};
+        kp.wmaps = (const CUtensorMap *)a->w_maps;
+        if (sm90_weight_maps_write(&wt, a->w_ptrs, (int)a->G, (CUtensorMap *)a->w_maps, a->bad_flag,
+                                   a->bad_align_value, cfg.stream) != cudaSuccess) {
+            cudaGetLastError();
+            SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: the discrete weight maps' launch failed");
         }
     }
     const sm90_rows_fn fn = sm90_rows_pick(a->dtype == MOEX_DTYPE_F16, plan.stream_k,

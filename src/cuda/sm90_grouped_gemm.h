@@ -65,7 +65,7 @@ typedef struct moex_sm90_gemm_args {
     moex_dtype dtype;           /* MOEX_DTYPE_BF16 or MOEX_DTYPE_F16: x, w and y        */
     int64_t G, T, K, N;         /* G >= 1; K, N multiples of 8; T < 2^31 - 128           */
     const void *x;              /* [T, K] (dgrad: dy [T, N]) device, 16-byte aligned     */
-    const void *w;              /* [G, N, K] device, 16-byte aligned                     */
+    const void *w;              /* [G, N, K] device, 16-byte aligned (NULL with w_ptrs)  */
     void *y;                    /* [T, N] (dgrad: dx [T, K]) device, 16-byte aligned;
                                    rows < off[G] written                                 */
     const int64_t *splits;      /* [G] device; negative values count as 0, the running
@@ -78,7 +78,18 @@ typedef struct moex_sm90_gemm_args {
                                    may run at the same time: where the heuristic cuts the
                                    last round of tiles along k (stream-K), the f32 partial
                                    sums go through it; NULL: every tile whole            */
+    /* Discrete weights (w NULL): G separate [N, K] matrices, each 16-byte aligned (one that
+     * is not sets bad_flag to bad_align_value, and y is then not meaningful; nothing outside
+     * the matrices is read). The kernel reads them through per-group tensor maps written
+     * into w_maps on the device before it starts. */
+    void *const *w_ptrs;        /* device array of G pointers, or NULL: w is packed      */
+    void *w_maps;               /* with w_ptrs: moex_sm90_weight_maps_bytes(G) bytes of
+                                   device scratch, 128-byte aligned, used as workspace  */
+    int bad_align_value;
 } moex_sm90_gemm_args;
+
+/* The w_maps bytes of a discrete weight of G matrices. */
+size_t moex_sm90_weight_maps_bytes(int64_t G);
 
 /* What the forward's epilogue adds (all fields zero / NULL: y = x W_g^T as above).
  *   bias_mode ADD:    y[r] = x[r] W_g^T + b_g          bias [G, N]

@@ -3,7 +3,9 @@
  * device pass only, see sm90_ptx.cuh): tensor-map prefetch; 2-D and 3-D tensor loads global
  * -> shared completing on an mbarrier (also multicast into several CTAs of the cluster);
  * tensor stores and reduce-adds shared -> global in bulk groups, their commit and waits, and
- * the proxy fence that orders ordinary shared-memory writes before the copy engine reads them.
+ * the proxy fence that orders ordinary shared-memory writes before the copy engine reads them;
+ * a tensor map in global memory rewritten on the device (its global address replaced) and the
+ * fences that hand it between the generic and the tensor-map proxies.
  * Coordinates are innermost first, in elements; tmap is a CUtensorMap in parameter, constant
  * or global memory. One function per instruction form (dimensions, multicast, store or
  * reduce-add): their asm differs in the coordinate list and the modifiers, which PTX takes
@@ -107,6 +109,27 @@ template <int N> static __device__ __forceinline__ void sm90_bulk_wait_read(void
 /* Waits until at most N bulk groups of this thread are still incomplete (writes done). */
 template <int N> static __device__ __forceinline__ void sm90_bulk_wait(void) {
     asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* ---- tensor maps in global memory, rewritten on the device ------------------------------ */
+
+/* Replaces the global address of the tensor map at gmap (global memory, 128-byte aligned) with
+ * p (16-byte aligned); the other fields stay. A generic-proxy write of the whole map. */
+static __device__ __forceinline__ void sm90_tensormap_set_address(void *gmap, const void *p) {
+    asm volatile("tensormap.replace.tile.global_address.b1024.b64 [%0], %1;\n" ::"l"((uint64_t)gmap),
+                 "l"((uint64_t)p)
+                 : "memory");
+}
+
+/* Releases this thread's earlier writes of tensor maps to the tensor-map proxy (GPU scope). */
+static __device__ __forceinline__ void sm90_tensormap_release(void) {
+    asm volatile("fence.proxy.tensormap::generic.release.gpu;\n" ::: "memory");
+}
+
+/* Acquires the tensor map at gmap (global memory) for this thread's TMA loads: they see its
+ * latest released contents, not a copy the TMA unit cached from an earlier use of the address. */
+static __device__ __forceinline__ void sm90_tensormap_acquire(const void *gmap) {
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"((uint64_t)gmap) : "memory");
 }
 
 #endif /* MOEX_SM90_DEVICE */

@@ -216,6 +216,51 @@ static void fp8_recipe_misaligned_case(moex_context *ctx) {
 }
 
 /* Empty tensors with NULL data: OK, and dW of empty groups is zeros. */
+/* A discrete weight whose second matrix is one element past 16-byte alignment (naturally
+ * aligned: the core accepts it), forward and backward data: on Hopper the kernels read the
+ * matrices by TMA, which needs 16 bytes, and cannot see the pointers on the host: the call
+ * runs without a fault and moex_context_check_splits reports MOEX_ERR_INVALID_ARG naming the
+ * op, once; elsewhere (the portable kernel) it runs and reports nothing. Then an aligned call
+ * is clean again. */
+static void discrete_misaligned_case(moex_context *ctx) {
+    enum { G = 2, T = 16, K = 32, N = 16 };
+    const moex_dtype BF = MOEX_DTYPE_BF16;
+    const int64_t splits[G] = {7, 9};
+    unsigned char *base = arena + 500000;
+    cm_die(cudaMemcpy(base, splits, sizeof splits, cudaMemcpyHostToDevice), "cudaMemcpy");
+    cm_die(cudaMemset(base + 4096, 0, 16384), "cudaMemset");   /* x, dy and the matrices: zeros */
+    for (int skew = 2; skew >= 0; skew -= 2) {
+        void *mats[G] = {base + 8192, base + 12288 + skew};
+        void *ptrs = cm_to_dev(mats, sizeof mats);
+        const moex_weight w = {moex_tensor_3d(NULL, BF, G, N, K), (void *const *)ptrs};
+        moex_grouped_linear_args f = {.x = moex_tensor_2d(base + 4096, BF, T, K), .w = w,
+                                      .splits = moex_tensor_1d(base, I64, G),
+                                      .y = moex_tensor_2d(base + 16384, BF, T, N)};
+        moex_grouped_linear_dgrad_args d = {.dy = moex_tensor_2d(base + 4096, BF, T, N), .w = w,
+                                            .splits = moex_tensor_1d(base, I64, G),
+                                            .dx = moex_tensor_2d(base + 16384, BF, T, K)};
+        size_t fb, db;
+        CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &f, &fb), MOEX_OK);
+        CHECK_STATUS(ctx, moex_grouped_linear_backward_data_workspace_size(ctx, &d, &db), MOEX_OK);
+        void *ws = cm_malloc(fb > db ? fb : db);
+        CHECK_STATUS(ctx, moex_grouped_linear_forward(ctx, &f, ws, fb, NULL), MOEX_OK);
+        const moex_status st = moex_context_check_splits(ctx, NULL);
+        CHECK_STATUS(ctx, moex_grouped_linear_backward_data(ctx, &d, ws, db, NULL), MOEX_OK);
+        const moex_status st2 = moex_context_check_splits(ctx, NULL);
+        if (skew && on_hopper()) {
+            CHECK_MSG(st == MOEX_ERR_INVALID_ARG && st2 == MOEX_ERR_INVALID_ARG, "check_splits: %d, %d", (int)st,
+                      (int)st2);
+            CHECK_MSG(strstr(moex_last_error(ctx), "moex_grouped_linear_backward_data read a discrete weight with "
+                                                   "a matrix that is not 16-byte aligned") != NULL,
+                      "message \"%s\"", moex_last_error(ctx));
+        } else {
+            CHECK_MSG(st == MOEX_OK && st2 == MOEX_OK, "check_splits: %d, %d", (int)st, (int)st2);
+        }
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);   /* reported once */
+        cudaFree(ptrs), cudaFree(ws);
+    }
+}
+
 static void empty_case(moex_context *ctx) {
     enum { G = 2, K = 4, N = 4 };
     const int64_t splits[G] = {0, 0};
@@ -248,6 +293,7 @@ int main(void) {
     mlp_misaligned_case(ctx);
     fp8_misaligned_case(ctx);
     fp8_recipe_misaligned_case(ctx);
+    discrete_misaligned_case(ctx);
     empty_case(ctx);
     cudaFree(arena);
     free(snapshot);

@@ -176,8 +176,11 @@ static moex_sm90_gemm_args make_args(const tcase *c, dev_bufs *d) {
     return a;
 }
 
-/* Runs one case: eager twice (determinism), and, when `graph_splits` is given, a graph
- * captured with c->splits and replayed with graph_splits. */
+static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const uint16_t *hy_packed,
+                         const int64_t *off, int bad_splits);
+
+/* Runs one case: eager twice (determinism), the same with discrete weights, and, when
+ * `graph_splits` is given, a graph captured with c->splits and replayed with graph_splits. */
 static void run_case(tcase *c, int64_t *graph_splits) {
     const size_t xe = (size_t)c->T * in_w(c), we = (size_t)c->G * c->N * c->K,
                  ye = (size_t)(c->T + GUARD_ROWS) * out_w(c);
@@ -237,6 +240,7 @@ static void run_case(tcase *c, int64_t *graph_splits) {
         printf("FAIL %s: bad-splits flag %d, expected %d\n", c->name, flag, bad ? 0x35 : 0);
         g_failures++;
     }
+    run_discrete(c, &d, hw, hy, off, bad);
 
     poison_y(c, &d);
     st = sm90_call(c, &a, NULL, &why);
@@ -291,6 +295,112 @@ done:
     free(hy);
     free(hy2);
     free(off);
+}
+
+/* ---- discrete weights --------------------------------------------------------------------
+ * The same case with the weights as G separate allocations behind a device pointer array
+ * (w_ptrs, w_maps): the same kernel and plan, so y must equal the packed run's hy bitwise.
+ * Then the pointers are switched to a second set holding -W (same maps scratch: a stale
+ * tensor map cached by the TMA unit would read W again): y must be -hy. A graph captured
+ * with the -W pointers and replayed after they were switched back must give hy again. Last,
+ * one matrix 2 bytes off 16-byte alignment: the launch must not fault, and must set the flag
+ * to bad_align_value. */
+static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const uint16_t *hy_packed,
+                         const int64_t *off, int bad_splits) {
+    const int64_t G = c->G, per = c->N * c->K;
+    const size_t ye = (size_t)(c->T + GUARD_ROWS) * out_w(c);
+    uint16_t *hneg = malloc((size_t)per * 2), *hy = malloc(ye * 2);
+    void **pos = malloc((size_t)G * sizeof(void *)), **neg = malloc((size_t)G * sizeof(void *));
+    for (int64_t g = 0; g < G; g++) {
+        for (int64_t i = 0; i < per; i++) hneg[i] = hw[g * per + i] ^ 0x8000u;
+        CK(cudaMalloc(&pos[g], (size_t)per * 2));
+        CK(cudaMalloc(&neg[g], (size_t)per * 2));
+        CK(cudaMemcpy(pos[g], hw + g * per, (size_t)per * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(neg[g], hneg, (size_t)per * 2, cudaMemcpyHostToDevice));
+    }
+    void **dptrs, *maps, *skew;
+    CK(cudaMalloc((void **)&dptrs, (size_t)G * sizeof(void *)));
+    CK(cudaMalloc(&maps, moex_sm90_weight_maps_bytes(G)));
+    CK(cudaMalloc(&skew, (size_t)per * 2 + 16));
+    moex_sm90_gemm_args a = make_args(c, d);
+    a.w = NULL;
+    a.w_ptrs = (void *const *)dptrs;
+    a.w_maps = maps;
+    a.bad_align_value = 0x47;
+    const int want_flag = bad_splits ? 0x35 : 0;
+    int fails = 0, flag = 0;
+    const char *why = NULL;
+    const char *step = "";
+    /* y from the pointers in p (host array copied to dptrs) on stream s; 0 when it ran */
+#define DISCRETE_RUN(p, what)                                                                    \
+    do {                                                                                         \
+        step = what;                                                                             \
+        CK(cudaMemcpy(dptrs, (p), (size_t)G * sizeof(void *), cudaMemcpyHostToDevice));         \
+        poison_y(c, d);                                                                          \
+        CK(cudaMemset(d->flag, 0, sizeof(int)));                                                 \
+        if (sm90_call(c, &a, NULL, &why) != MOEX_OK) goto fail;                                  \
+        CK(cudaDeviceSynchronize());                                                             \
+        CK(cudaMemcpy(hy, d->y, ye * 2, cudaMemcpyDeviceToHost));                                \
+        CK(cudaMemcpy(&flag, d->flag, sizeof(int), cudaMemcpyDeviceToHost));                     \
+    } while (0)
+    DISCRETE_RUN(pos, "W");
+    if (memcmp(hy, hy_packed, ye * 2) != 0 || flag != want_flag) goto fail;
+    DISCRETE_RUN(neg, "-W");
+    for (int64_t r = 0; r < c->T + GUARD_ROWS; r++)
+        for (int64_t n = 0; n < out_w(c); n++) {
+            const size_t i = (size_t)r * out_w(c) + n;
+            if (r < off[c->G] ? from_half(c->dt, hy[i]) != -from_half(c->dt, hy_packed[i]) : hy[i] != POISON_Y)
+                goto fail;
+        }
+    {   /* captured with -W's pointers in dptrs, replayed after W's were copied there */
+        step = "graph";
+        cudaStream_t s;
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+        const moex_status st = sm90_call(c, &a, (moex_stream)s, &why);
+        CK(cudaStreamEndCapture(s, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        CK(cudaMemcpy(dptrs, pos, (size_t)G * sizeof(void *), cudaMemcpyHostToDevice));
+        poison_y(c, d);
+        CK(cudaDeviceSynchronize());
+        CK(cudaGraphLaunch(exec, s));
+        CK(cudaStreamSynchronize(s));
+        CK(cudaMemcpy(hy, d->y, ye * 2, cudaMemcpyDeviceToHost));
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));
+        CK(cudaStreamDestroy(s));
+        if (st != MOEX_OK || memcmp(hy, hy_packed, ye * 2) != 0) goto fail;
+    }
+    {   /* the last matrix 2 bytes off alignment: no fault, the flag set */
+        void *keep = pos[G - 1];
+        pos[G - 1] = (char *)skew + 2;
+        DISCRETE_RUN(pos, "misaligned");
+        pos[G - 1] = keep;
+        if (flag != 0x47) goto fail;   /* the maps are written before the GEMM checks the splits */
+    }
+    goto done;
+fail:
+    fails = 1;
+done:
+#undef DISCRETE_RUN
+    printf("%-4s %-5s %-28s disc G=%-4lld (bitwise as packed, -W, graph, misaligned)%s%s flag=%d %s\n",
+           fails ? "FAIL" : "ok", c->dgrad ? "dgrad" : "fwd", c->name, (long long)G, fails ? " at " : "",
+           fails ? step : "", flag, why && fails ? why : "");
+    g_failures += fails;
+    CK(cudaDeviceSynchronize());
+    for (int64_t g = 0; g < G; g++) {
+        CK(cudaFree(pos[g]));
+        CK(cudaFree(neg[g]));
+    }
+    CK(cudaFree(dptrs));
+    CK(cudaFree(maps));
+    CK(cudaFree(skew));
+    free(pos);
+    free(neg);
+    free(hneg);
+    free(hy);
 }
 
 static int g_dgrad;   /* run() makes forward cases when 0, dgrad cases when 1 */

@@ -167,3 +167,43 @@ def test_cuda_compile_delay_wgrad(backend):
             m.backward_dw()
         for n in names:
             torch.testing.assert_close(getattr(comp, n).grad, getattr(eager, n).grad, rtol=1e-4, atol=1e-4)
+
+
+def test_separate_weights_not_16_byte_aligned_are_stacked(monkeypatch):
+    """GroupedLinear's separate weights as views into one buffer, one bf16 element past 16-byte
+    alignment: the Hopper kernels read separate weights by TMA, which needs 16 bytes, so the layer
+    stacks them instead (and a layer with aligned weights does not); y and dx are the aligned
+    layer's, and the rows past the groups are zero."""
+    torch.manual_seed(15)
+    G, Kd, N, Tn = 3, 64, 32, 100
+    ref = mt.GroupedLinear(G, Kd, N, params_dtype=torch.bfloat16, device="cuda")
+    layer = mt.GroupedLinear(G, Kd, N, params_dtype=torch.bfloat16, device="cuda")
+    layer.load_state_dict(ref.state_dict())
+    buf = torch.empty(G * N * Kd + 1, dtype=torch.bfloat16, device="cuda")
+    for g in range(G):
+        view = buf[1 + g * N * Kd:1 + (g + 1) * N * Kd].view(N, Kd)
+        view.copy_(getattr(ref, f"weight{g}").detach())
+        getattr(layer, f"weight{g}").data = view
+    assert getattr(layer, "weight0").data_ptr() % 16 == 2
+    stacked = []
+    real_stack = torch.stack
+
+    def counting_stack(ts, *a, **k):
+        if any(isinstance(t, torch.nn.Parameter) and t.dim() == 2 for t in ts):
+            stacked.append(len(ts))
+        return real_stack(ts, *a, **k)
+
+    monkeypatch.setattr(torch, "stack", counting_stack)
+    x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16)
+    splits = [30, 0, 50]
+    y_ref = ref(x, splits)
+    assert not stacked, "aligned separate weights were stacked"
+    y = layer(x, splits)
+    assert stacked, "misaligned separate weights were passed as pointers"
+    monkeypatch.setattr(torch, "stack", real_stack)
+    torch.testing.assert_close(y, y_ref)
+    dx_ref, = torch.autograd.grad(y_ref, x, dy)
+    dx, = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(dx, dx_ref)
+    assert torch.count_nonzero(y[80:]) == 0 and torch.count_nonzero(dx[80:]) == 0

@@ -55,23 +55,27 @@ class _WeightPointers:
     stacking a copy. Built on first use and rebuilt only when a weight's storage changes
     (data_ptr): building it copies G pointers to the device, so do it outside CUDA graph
     capture (one eager forward before capturing does); calls with the same weights, captured
-    or replayed, use the array as it is (graph-safe)."""
+    or replayed, use the array as it is (graph-safe). On CUDA the Hopper kernels read each
+    weight by TMA, which needs it 16-byte aligned, and the library cannot see the pointers
+    (they are on the device): weights that are not give None, and the layer stacks them."""
 
     def __init__(self):
         self._key, self._ptrs = None, None
 
-    def pointers(self, params: List[Tensor]) -> Tensor:
+    def pointers(self, params: List[Tensor]) -> Optional[Tensor]:
         """The pointer array of `params` alone, for the compiled extension's operator, which checks
-        the weights itself (python/csrc: ValueError naming weights[g])."""
+        the weights itself (python/csrc: ValueError naming weights[g]); None for CUDA weights that
+        are not all 16-byte aligned."""
         key = tuple(map(Tensor.data_ptr, params))   # (unique across devices: unified addressing)
         if key != self._key:
-            self._ptrs = torch.tensor(key, dtype=torch.int64).to(params[0].device)
+            aligned = params[0].device.type != "cuda" or all(p % 16 == 0 for p in key)
+            self._ptrs = torch.tensor(key, dtype=torch.int64).to(params[0].device) if aligned else None
             self._key = key
         return self._ptrs
 
     def weight(self, owner: str, params: List[Tensor]) -> Tuple[_capi.Weight, Tensor]:
         """The moex_weight of `params` and the pointer array it points to (keep it alive as long
-        as the weight is used)."""
+        as the weight is used); `pointers(params)` must not be None."""
         p0 = params[0]
         for g, p in enumerate(params):
             if p.dtype not in _FLOATS or p.dtype != p0.dtype or p.device != p0.device or p.shape != p0.shape \
@@ -260,9 +264,10 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             w = self._parameters["weight"]   # (without nn.Module.__getattr__'s host time)
         else:
             params = self._weight_params()
-            if _eager([x, p, b] + params):
+            ptrs = self._pointers.pointers(params) if _eager([x, p, b] + params) else None
+            if ptrs is not None:
                 if wgrad is None and _DISCRETE_FORWARD is not None:
-                    y = _DISCRETE_FORWARD(x, params, self._pointers.pointers(params), splits, b, p, mode, *self._fp8)
+                    y = _DISCRETE_FORWARD(x, params, ptrs, splits, b, p, mode, *self._fp8)
                 else:
                     w, ptrs = self._pointers.weight(owner, params)
                     y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
