@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cpu_ops.h"
+#include "splits_rule.h"
 
 size_t moex_cpu_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
                                      const moex_splits_dims *d) {
@@ -79,14 +80,15 @@ moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const
     off[0] = 0;
     for (int64_t i = 0; i < G; i++) {
         const int64_t s = splits ? splits[i] : T;
+        const int64_t rows = moex_split_rows(s, off[i], T);   /* the rule; bad splits where rows != s */
         if (s < 0)
             return moex_fail(ctx, MOEX_ERR_BAD_SPLITS, "%s: splits[%lld] = %lld is negative", c->op, (long long)i,
                              (long long)s);
-        if (s > T - off[i]) /* off[i] <= T, so this cannot overflow */
+        if (rows != s)
             return moex_fail(ctx, MOEX_ERR_BAD_SPLITS,
                              "%s: splits sum past T = %lld at group %lld (splits[%lld] = %lld after %lld rows)",
                              c->op, (long long)T, (long long)i, (long long)i, (long long)s, (long long)off[i]);
-        off[i + 1] = off[i] + s;
+        off[i + 1] = off[i] + rows;
     }
     *g = (moex_groups){.G = G, .T = T, .splits = splits, .off = off};
     return MOEX_OK;

@@ -11,6 +11,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "splits_rule.h"
+
 typedef __nv_bfloat16 bf16;
 typedef __half f16;
 
@@ -80,34 +82,22 @@ static __device__ __forceinline__ int64_t block_scan_i64(int64_t v, int64_t *sh,
     return v;
 }
 
-/* A split value as every grouped kernel counts it: a negative one as 0, one past T as T + 1
- * (so that sums of clamped values stay far from wrapping and still pass T); *bad is set for
- * a negative value. A sum past T is bad too: the caller checks that. */
-static __device__ __forceinline__ int64_t clamp_split(int64_t s, int64_t T, int *bad) {
-    if (s < 0) *bad = 1;
-    return s < 0 ? 0 : (s > T ? T + 1 : s);
-}
-
-/* min(a + b, T + 1) for a, b in [0, T + 1]. */
-static __device__ __forceinline__ int64_t add_rows(int64_t a, int64_t b, int64_t T) {
-    return b > T + 1 - a ? T + 1 : a + b;
-}
-
-/* E = min(S, T), S the sum of the clamped splits (clamp_split): the end of the groups' rows,
+/* E = min(S, T), S the sum of the counted splits (splits_rule.h): the end of the groups' rows,
  * as the schedule computes it, by one block (every thread gets it; `sh` holds 32 int64);
  * *bad (every thread's) when a split is negative or S > T. */
 static __device__ __forceinline__ int64_t block_groups_end(const int64_t *splits, int64_t G, int64_t T, int64_t *sh,
                                                            int *bad) {
     int64_t rows = 0;
     int b = 0;
-    for (int64_t g = threadIdx.x; g < G; g += blockDim.x) rows = add_rows(rows, clamp_split(splits[g], T, &b), T);
-    for (int o = 16; o > 0; o >>= 1) rows = add_rows(rows, __shfl_xor_sync(0xffffffffu, rows, o), T);
+    for (int64_t g = threadIdx.x; g < G; g += blockDim.x)
+        rows = moex_split_add(rows, moex_split_count(splits[g], T, &b), T);
+    for (int o = 16; o > 0; o >>= 1) rows = moex_split_add(rows, __shfl_xor_sync(0xffffffffu, rows, o), T);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();
     if (lane == 0) sh[warp] = rows;
     __syncthreads();
     rows = lane < nw ? sh[lane] : 0;
-    for (int o = 16; o > 0; o >>= 1) rows = add_rows(rows, __shfl_xor_sync(0xffffffffu, rows, o), T);
+    for (int o = 16; o > 0; o >>= 1) rows = moex_split_add(rows, __shfl_xor_sync(0xffffffffu, rows, o), T);
     *bad = __syncthreads_or(b) || rows > T;
     return rows > T ? T : rows;
 }

@@ -21,6 +21,7 @@
 
 #include "backend.h"
 #include "cuda_check.h"
+#include "cuda_sched_state.h"
 
 /* ---- backend state ----------------------------------------------------------------- */
 
@@ -42,12 +43,8 @@ typedef struct moex_cuda_state {
                                    cc 9.0 device and MOEX_CUDA_GEMM != "portable"      */
     struct moex_sm90_context *sm90_ctx;   /* the Hopper GEMMs' per-context state, owned by
                                    cuda_sm90.cu (NULL: none)                           */
-    /* The current call's group schedule while its launch is pending (cuda_splits.cu). */
-    moex_groups pending;
-    cudaStream_t pending_stream;
-    int pending_id;             /* the call's moex_op_id                                */
-    bool sched_pending;         /* pending holds groups whose schedule is not launched  */
-    bool splits_checked;        /* a Hopper GEMM of the call checks pending's splits     */
+    /* The current call's deferred schedule launch (cuda_sched_state.h; cuda_splits.cu). */
+    moex_sched_state sched;
 } moex_cuda_state;
 
 static inline moex_cuda_state *moex_cuda_st(moex_context *ctx) {
@@ -63,14 +60,14 @@ moex_status moex_cuda_device_enter(moex_context *ctx, const char *op, int *prev)
 void moex_cuda_device_leave(moex_context *ctx, int prev);
 
 /* ---- the group schedule (cuda_splits.cu): the prepared groups of backend.h -----------
- * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T).
- * tiles[G+1] (int32): tiles[g] = sum over groups before g of ceil(rows / MOEX_CUDA_BM).
- * A grid of moex_cuda_max_tiles(T, G) row tiles covers every schedule.
- * The schedule kernel launches lazily: groups_prepare records it, and a kernel that reads off
- * or tiles must first call moex_cuda_sched_ready. The Hopper GEMMs read the splits themselves
- * and flag bad ones (moex_cuda_bad_splits_flag), so a call made only of them launches no
- * schedule; one that launched neither gets it at its end (moex_cuda_sched_finish), which
- * checks its splits. */
+ * off[G+1] (int64): clamped row offsets, off[0] = 0, off[g+1] = min(off[g] + max(s_g, 0), T)
+ * (the rule of splits_rule.h). tiles[G+1] (int32): tiles[g] = sum over groups before g of
+ * ceil(rows / MOEX_CUDA_BM). A grid of moex_cuda_max_tiles(T, G) row tiles covers every
+ * schedule. The schedule kernel launches lazily (the state machine of cuda_sched_state.h):
+ * groups_prepare records it, and a kernel that reads off or tiles must first call
+ * moex_cuda_sched_ready. The Hopper GEMMs read the splits themselves and flag bad ones
+ * (moex_cuda_bad_splits_flag), so a call made only of them launches no schedule; one that
+ * launched neither gets it at its end (moex_cuda_sched_finish), which checks its splits. */
 
 #define MOEX_CUDA_BM 128        /* row tile of the GEMMs and the row reductions */
 

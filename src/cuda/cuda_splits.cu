@@ -24,7 +24,7 @@ sched_kernel(const int64_t *splits, int64_t G, int64_t T, int64_t *off, int32_t 
     for (int64_t base = 0; base < G; base += SCAN_THREADS) {
         int64_t g = base + threadIdx.x;
         int64_t s = 0;
-        if (g < G) s = splits ? clamp_split(splits[g], T, &bad) : T;   /* bounded: the sums cannot overflow */
+        if (g < G) s = splits ? moex_split_count(splits[g], T, &bad) : T;   /* bounded: the sums cannot wrap */
         int64_t total;
         int64_t incl = block_scan_i64(s, sh, &total) + carry_rows;
         int64_t prev = incl - s;
@@ -63,48 +63,42 @@ size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_g
     return groups_layout(ctx, G, T, fwd, NULL, &g);
 }
 
-static moex_status sched_launch(moex_context *ctx, const char *op) {
-    moex_cuda_state *st = moex_cuda_st(ctx);
-    const moex_groups *g = &st->pending;
-    st->sched_pending = false;
-    sched_kernel<<<1, SCAN_THREADS, 0, st->pending_stream>>>(g->splits, g->G, g->T, g->off, g->tiles, st->flag,
-                                                              st->pending_id);
+/* ---- the deferred launch: the state machine of cuda_sched_state.h ------------------- */
+
+static moex_status sched_launch(moex_context *ctx, const char *op, const moex_sched_launch *l) {
+    const moex_groups *g = &l->groups;
+    sched_kernel<<<1, SCAN_THREADS, 0, (cudaStream_t)l->stream>>>(g->splits, g->G, g->T, g->off, g->tiles,
+                                                                   moex_cuda_st(ctx)->flag, l->op_id);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
 
 moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
                                      int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g) {
-    moex_cuda_state *st = moex_cuda_st(ctx);
-    if (st->sched_pending) MOEX_TRY(sched_launch(ctx, c->op));   /* an earlier handle of the call */
     groups_layout(ctx, G, T, fwd, ws, g);
     g->splits = splits;
-    st->pending = *g;
-    st->pending_stream = (cudaStream_t)c->stream;
-    st->pending_id = c->id;
-    st->sched_pending = true;
-    st->splits_checked = false;
+    moex_sched_launch earlier;   /* an earlier handle of the call, still pending */
+    if (moex_sched_prepare(&moex_cuda_st(ctx)->sched, g, c->stream, c->id, &earlier))
+        return sched_launch(ctx, c->op, &earlier);
     return MOEX_OK;
 }
 
 moex_status moex_cuda_sched_ready(moex_context *ctx, const char *op, const moex_cuda_sched *s) {
-    const moex_cuda_state *st = moex_cuda_st(ctx);
-    return st->sched_pending && st->pending.off == s->off ? sched_launch(ctx, op) : MOEX_OK;
+    moex_sched_launch l;
+    return moex_sched_need(&moex_cuda_st(ctx)->sched, s, &l) ? sched_launch(ctx, op, &l) : MOEX_OK;
 }
 
 int *moex_cuda_bad_splits_flag(moex_context *ctx, const moex_cuda_sched *s, int *value) {
     moex_cuda_state *st = moex_cuda_st(ctx);
-    if (st->pending.off == s->off) st->splits_checked = true;
-    *value = (st->pending_id << 4) | MOEX_CUDA_BAD_SPLITS;
+    moex_sched_checked(&st->sched, s);
+    *value = (st->sched.pending.op_id << 4) | MOEX_CUDA_BAD_SPLITS;   /* the call's op (it prepared s) */
     return st->flag;
 }
 
 moex_status moex_cuda_sched_finish(moex_context *ctx, moex_status st) {
-    moex_cuda_state *cs = moex_cuda_st(ctx);
-    const bool launch = st == MOEX_OK && cs->sched_pending && !cs->splits_checked;
-    if (launch) st = sched_launch(ctx, moex_op_name((moex_op_id)cs->pending_id));
-    cs->sched_pending = false;
-    cs->pending.off = NULL;
+    moex_sched_launch l;
+    if (moex_sched_finish(&moex_cuda_st(ctx)->sched, st == MOEX_OK, &l))
+        st = sched_launch(ctx, moex_op_name((moex_op_id)l.op_id), &l);
     return st;
 }
 

@@ -31,6 +31,7 @@
 #include <stdint.h>
 
 #include "sm90_common.cuh"
+#include "splits_rule.h"
 
 #if MOEX_SM90_DEVICE
 
@@ -41,8 +42,7 @@
 static __device__ __forceinline__ int64_t sm90_warp_split_scan(const int64_t *splits, int64_t g0, int64_t G, int64_t T,
                                                                int64_t *s) {
     const int lane = threadIdx.x % 32;
-    int64_t v = g0 + lane < G ? __ldg(splits + g0 + lane) : 0;
-    v = v < 0 ? 0 : v > T ? T : v;
+    int64_t v = g0 + lane < G ? moex_split_clip(__ldg(splits + g0 + lane), T) : 0;
     *s = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
@@ -110,10 +110,8 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
         c->tile0 += u.units(c->mt);
         c->g++;
         if (c->g >= G) return 0;
-        int64_t s = __ldg(splits + c->g);
-        s = s < 0 ? 0 : s > T ? T : s;   /* clipped first: row0 + s cannot overflow */
         c->row0 = c->row1;
-        c->row1 = c->row0 + s < T ? c->row0 + s : T;
+        c->row1 = c->row0 + moex_split_rows(__ldg(splits + c->g), c->row0, T);
         c->mt = u.tiles(c->row1 - c->row0);
     }
     return 1;
@@ -339,16 +337,13 @@ static __device__ __forceinline__ void sm90_sk_add(float (&acc)[NA], const float
 }
 
 /* The caller's bad-input flag (optional): one thread sets *flag to value (only if it is 0)
- * when a split is negative or the splits sum past T, as the CUDA backend's schedule kernel
- * does (a split past T + 1 counts as T + 1: the sum stays below 2T + 2). */
+ * when the splits are bad (splits_rule.h), as the CUDA backend's schedule kernel does. */
 static __device__ __forceinline__ void sm90_check_splits(const int64_t *splits, int G, int64_t T, int *flag,
                                                          int value) {
     int64_t sum = 0;
-    bool bad = false;
+    int bad = 0;
     for (int g = 0; g < G && !bad; g++) {
-        const int64_t s = splits[g];
-        bad = s < 0;
-        sum += s > T ? T + 1 : s;
+        sum = moex_split_add(sum, moex_split_count(splits[g], T, &bad), T);
         bad |= sum > T;
     }
     if (bad) atomicCAS(flag, 0, value);
