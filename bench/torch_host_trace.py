@@ -47,10 +47,12 @@ def main():
     offs = torch.cumsum(splits, 0).to(torch.int32)
     x = torch.randn(T, K, device=dev, dtype=dt)
     packed = mt.GroupedLinear(G, K, N, bias=False, params_dtype=dt, device=dev, packed=True)
+    sep = mt.GroupedLinear(G, K, N, bias=False, params_dtype=dt, device=dev)
     w = packed.weight.detach().clone()
     rows = {"torch._grouped_mm fwd": lambda: torch._grouped_mm(x, w.transpose(1, 2), offs=offs),
             "moex.torch.grouped_linear fwd": lambda: mt.grouped_linear(x, w, splits),
-            "GroupedLinear fwd, packed": lambda: packed(x, splits)}
+            "GroupedLinear fwd, packed": lambda: packed(x, splits),
+            "GroupedLinear fwd, separate weights": lambda: sep(x, splits)}
     path = f"C++ extension ({ext.PATH})" if ext.PATH else f"ctypes binding ({ext.LOAD_ERROR})"
     print(f"host events per call, G={G} T={T} K={K} N={N} bf16, {torch.cuda.get_device_name()}, "
           f"torch {torch.__version__}; moex.torch operators: {path}")
