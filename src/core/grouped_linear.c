@@ -1,17 +1,23 @@
 /*
  * grouped_linear.c - moex_splits_to_offsets, moex_zero_tail and the grouped linear layer:
- * validation and composition (the math: docs/ops.md).
+ * validation and composition (the math: docs/ops.md 1, 2; the FP8 recipe 9.11), and the
+ * grouped linear's GEMMs in either precision, which the grouped MLP's plan runs too (op.h).
  *
  *   splits_to_offsets:  the backend's splits_to_offsets primitive
  *   zero_tail:          prepare the groups, zero_tail
- *   forward:            prepare the groups, linear_fwd
- *   backward_data:      prepare the groups, linear_dgrad (dx, dbias, dprobs)
- *   backward_weight:    prepare the groups, linear_wgrad
- * With an FP8 recipe (args->fp8.mode not OFF) the three run fp8_layers.c's compositions.
+ *   forward:            prepare the groups; x's and W's rowwise copies; y = x W^T (+ bias)
+ *   backward_data:      prepare the groups; dbias, dprobs (FP8: first, on dy); dy's rowwise and
+ *                       W's columnwise copies; dx = dy W (plain: with dbias and dprobs)
+ *   backward_weight:    prepare the groups; dy's and x's columnwise copies; dW = dy^T x
+ * The precision is args->fp8: plain (MOEX_FP8_OFF), no copies, and each GEMM is the linear
+ * primitive (linear_fwd, linear_dgrad, linear_wgrad) on the caller's tensors; FP8, the copy
+ * steps quantize the operands into the workspace and each GEMM is the FP8 grouped linear's
+ * (fp8_linear.c) on them. Only what the present outputs need is computed.
  */
 #include "op.h"
 
 #include <stdio.h>
+#include <string.h>
 
 /* ---- splits_to_offsets --------------------------------------------------------------- */
 
@@ -82,28 +88,335 @@ moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const m
     return moex_ops(ctx)->zero_tail(ctx, c, &g, a, d, sub);
 }
 
-/* ---- the composition ------------------------------------------------------------------
- * Workspace: the prepared handle, then the primitive's region (moex_groups_layout_of). The
- * forward's handle carries its GEMM's own scratch where the backend wants one (groups_ws).
- * A run: the backend's limits, the groups, then the primitive; with an FP8 recipe (fp8.mode
- * not OFF), fp8_layers.c's composition instead. */
+/* ---- the precision: the FP8 operands ----------------------------------------------------
+ * With an FP8 recipe (docs/ops.md 9.11) the operands of the GEMMs are quantized into FP8
+ * copies in the workspace: activations (x, z) E4M3, weights E4M3, gradients (dy, dh) E4M3 or
+ * E5M2 (HYBRID); mode BLOCK: rows 1x128 (BLOCK), weights 128x128 (BLOCK); CURRENT: rows GROUP,
+ * weights GROUP; MXFP8: MXFP8 both. A GEMM reducing over the features reads rowwise copies (the
+ * weights' rowwise copy in the forward, their columnwise copy, W^T, in the backward data); a
+ * GEMM reducing over the rows (the weight gradients) reads the columnwise copies. The weights
+ * are quantized from their master copy on every call (a discrete weight is first copied into a
+ * packed one, weight_copy). */
 
-/* The workspace of a grouped linear op whose primitive needs `sub` bytes (fwd: the forward's
- * args, whose GEMM scratch the handle carries, or NULL). */
-static size_t gl_ws(moex_context *ctx, const moex_gl_dims *d, const moex_grouped_linear_args *fwd, size_t sub) {
-    return moex_groups_layout_of(ctx, d->G, d->T, fwd, sub, NULL).total;
+/* The quantization of one role: activations and weights E4M3, gradients E4M3 or E5M2. */
+static moex_quant_params params_of(const moex_fp8_recipe *r, bool grad) {
+    moex_quant_params p;
+    memset(&p, 0, sizeof p);
+    p.recipe = r->mode == MOEX_FP8_BLOCK ? MOEX_QUANT_BLOCK : r->mode == MOEX_FP8_MXFP8 ? MOEX_QUANT_MXFP8
+                                                                                          : MOEX_QUANT_GROUP;
+    p.fp8 = grad && r->dtypes == MOEX_FP8_HYBRID ? MOEX_DTYPE_E5M2 : MOEX_DTYPE_E4M3;
+    p.amax_epsilon = r->mode == MOEX_FP8_MXFP8 ? 0.0f : r->amax_epsilon;
+    p.rounding = r->pow2_scales ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT;
+    p.scale_layout = MOEX_SCALES_PLAIN;
+    return p;
 }
 
-/* A grouped linear run up to its primitive: the backend's limits, then the groups of splits
- * in ws (fwd as in gl_ws); *sub: the primitive's region. */
-static moex_status gl_prepare(moex_context *ctx, const moex_call *c, const moex_tensor *splits,
-                              const moex_gl_dims *d, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g,
-                              void **sub) {
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    return moex_groups_layout_prepare(ctx, c, splits, d->G, d->T, fwd, ws, g, sub);
+/* The dims of a quantize (dt: the source's dtype) or of an FP8 GEMM operand (dt f32): grouped
+ * rows [T, K] in G groups, or weights [G, N, K] (T = N; no block columns). */
+static moex_quant_dims qdims(int64_t G, int64_t T, int64_t K, moex_dtype dt, const moex_quant_params *p, bool weight) {
+    const int64_t block = p->recipe == MOEX_QUANT_BLOCK ? 128 : p->recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
+    moex_quant_dims q = {G, T, K, dt, block, 0, 0};
+    if (!weight && block) q.row_blocks = moex_i64_cdiv(K, block), q.col_tiles = moex_i64_cdiv(T, block) + G;
+    return q;
 }
 
-/* ---- forward ------------------------------------------------------------------------- */
+static moex_tensor take_tensor(moex_carver *c, moex_dtype dt, int nd, const int64_t *shape) {
+    moex_tensor t;
+    memset(&t, 0, sizeof t);
+    size_t bytes = moex_dtype_size(dt);
+    for (int i = 0; i < nd; i++) bytes = moex_sz_mul(bytes, (size_t)shape[i]), t.shape[i] = shape[i];
+    t.data = moex_take(c, bytes);
+    t.dtype = dt, t.ndim = nd;
+    return t;
+}
+
+/* A copy: data of dshape, scales of sshape (f32, or E8M0 for MXFP8). */
+static moex_quant_tensor take_copy(moex_carver *c, const moex_quant_params *p, int dnd, const int64_t *dshape,
+                                   int snd, const int64_t *sshape) {
+    moex_quant_tensor q;
+    q.data = take_tensor(c, p->fp8, dnd, dshape);
+    q.scales = take_tensor(c, p->recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0 : MOEX_DTYPE_F32, snd, sshape);
+    return q;
+}
+
+/* Grouped rows (docs/ops.md 9.4): rowwise data [T, K], columnwise [K, T]; GROUP scales [G],
+ * block scales [T, ceil(K/B)] and [K, ceil(T/B) + G]. */
+void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int64_t G, int64_t T, int64_t K,
+                        moex_dtype dt, bool row, bool col, moex_fp8_operand *q) {
+    memset(q, 0, sizeof *q);
+    if (r->mode == MOEX_FP8_OFF) return;
+    q->p = params_of(r, grad);
+    q->d = qdims(G, T, K, dt, &q->p, false);
+    const bool blocks = q->d.block != 0;
+    if (row) {
+        const int64_t ds[2] = {T, K}, ss[2] = {blocks ? T : G, q->d.row_blocks};
+        q->row = take_copy(c, &q->p, 2, ds, blocks ? 2 : 1, ss);
+    }
+    if (col) {
+        const int64_t ds[2] = {K, T}, ss[2] = {blocks ? K : G, q->d.col_tiles};
+        q->col = take_copy(c, &q->p, 2, ds, blocks ? 2 : 1, ss);
+    }
+}
+
+/* Weights (docs/ops.md 9.7): rowwise data [G, N, K], columnwise [G, K, N]; GROUP scales [G];
+ * BLOCK [G, ceil(rows/128), ceil(cols/128)]; MXFP8 [G, rows, ceil(cols/32)] (rows, cols: those
+ * of the copy). */
+void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int64_t G, int64_t N, int64_t K, moex_dtype dt,
+                          bool row, bool col, moex_fp8_operand *q) {
+    memset(q, 0, sizeof *q);
+    if (r->mode == MOEX_FP8_OFF) return;
+    q->p = params_of(r, false);
+    q->d = qdims(G, N, K, dt, &q->p, true);
+    const int64_t B = q->d.block;
+    for (int k = 0; k < 2; k++) {
+        if (!(k == 0 ? row : col)) continue;
+        const int64_t rows = k == 0 ? N : K, cols = k == 0 ? K : N;
+        const int64_t ds[3] = {G, rows, cols};
+        const int64_t ss[3] = {G, B == 128 ? moex_i64_cdiv(rows, 128) : rows, B ? moex_i64_cdiv(cols, B) : 1};
+        const moex_quant_tensor t = take_copy(c, &q->p, 3, ds, B ? 3 : 1, ss);
+        if (k == 0) q->row = t;
+        else q->col = t;
+    }
+}
+
+static bool has_copies(const moex_fp8_operand *q) { return q->row.data.ndim != 0 || q->col.data.ndim != 0; }
+
+static moex_group_quantize_args rows_quantize_args(const moex_tensor *x, const moex_tensor *splits,
+                                                   const moex_fp8_operand *q) {
+    moex_group_quantize_args a;
+    memset(&a, 0, sizeof a);
+    a.x = *x, a.splits = *splits, a.params = q->p, a.rowwise = q->row, a.columnwise = q->col;
+    return a;
+}
+
+size_t moex_fp8_rows_ws(moex_context *ctx, const moex_tensor *x, const moex_tensor *splits,
+                        const moex_fp8_operand *q) {
+    if (!has_copies(q)) return 0;
+    const moex_group_quantize_args a = rows_quantize_args(x, splits, q);
+    return moex_ops(ctx)->quantize_ws(ctx, &a, &q->d);
+}
+
+moex_status moex_fp8_rows_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_tensor *x,
+                                   const moex_tensor *splits, const moex_fp8_operand *q, void *sub) {
+    if (!has_copies(q)) return MOEX_OK;
+    const moex_group_quantize_args a = rows_quantize_args(x, splits, q);
+    return moex_ops(ctx)->quantize(ctx, c, g, &a, &q->d, sub);
+}
+
+/* A discrete weight is first copied into a packed one at the start of the step's region
+ * (weight_copy: its pointer array is read where it lives), then quantized as a packed one. */
+static size_t packed_bytes(const moex_weight *w) {
+    return w->ptrs ? moex_sz_mul(moex_sz_bytes(w->t.shape[0], w->t.shape[1], moex_dtype_size(w->t.dtype)),
+                                 (size_t)w->t.shape[2])
+                   : 0;
+}
+
+static moex_weight_quantize_args weight_quantize_args(const moex_weight *packed, const moex_fp8_operand *q) {
+    moex_weight_quantize_args a;
+    memset(&a, 0, sizeof a);
+    a.params = q->p, a.w = packed->t, a.rowwise = q->row, a.columnwise = q->col;
+    return a;
+}
+
+size_t moex_fp8_weight_ws(moex_context *ctx, const moex_weight *w, const moex_fp8_operand *q) {
+    if (!has_copies(q)) return 0;
+    const moex_weight_quantize_args a = weight_quantize_args(w, q);
+    return moex_sz_add(moex_sz_align(packed_bytes(w), MOEX_WS_ALIGN), moex_ops(ctx)->weight_quantize_ws(ctx, &a, &q->d));
+}
+
+moex_status moex_fp8_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight *w,
+                                     const moex_fp8_operand *q, void *sub) {
+    if (!has_copies(q)) return MOEX_OK;
+    const moex_backend_ops *ops = moex_ops(ctx);
+    moex_weight packed = *w;
+    if (w->ptrs) {
+        packed = moex_weight_packed(moex_tensor_3d(sub, w->t.dtype, w->t.shape[0], w->t.shape[1], w->t.shape[2]));
+        const moex_weight_copy_args cp = {*w, packed};
+        const moex_gl_dims d = {w->t.shape[0], w->t.shape[1], w->t.shape[2], 0, w->t.dtype};
+        MOEX_TRY(ops->weight_copy(ctx, c, &cp, &d, NULL));
+        sub = (char *)sub + moex_sz_align(packed_bytes(w), MOEX_WS_ALIGN);
+    }
+    const moex_weight_quantize_args a = weight_quantize_args(&packed, q);
+    return ops->weight_quantize(ctx, c, &a, &q->d, sub);
+}
+
+/* ---- the GEMMs in either precision ---------------------------------------------------- */
+
+static const moex_tensor absent_tensor;
+
+/* The FP8 grouped linear's forward y = x W^T (+ bias) on x's rowwise copy [T, K] and W's
+ * rowwise copy (W [G, N, K]) or, w_col, its columnwise copy (W^T [G, K, N]: the product dy W). */
+static void fp8_fwd_of(const moex_fp8_operand *x, const moex_fp8_operand *w, bool w_col, const moex_tensor *splits,
+                       moex_bias_mode mode, const moex_tensor *bias, const moex_tensor *probs, const moex_tensor *y,
+                       moex_grouped_linear_fp8_args *f, moex_fp8_dims *fd) {
+    memset(f, 0, sizeof *f);
+    const int64_t G = x->d.G, T = x->d.T, K = x->d.K, N = w_col ? w->d.K : w->d.T;
+    f->x_params = x->p, f->x = x->row;
+    f->w_params = w->p, f->w = w_col ? w->col : w->row;
+    f->splits = *splits;
+    f->bias_mode = mode;
+    if (mode != MOEX_BIAS_NONE) f->bias = *bias;
+    if (mode == MOEX_BIAS_SCALED) f->probs = *probs;
+    f->y = *y;
+    const moex_gl_dims gl = {G, T, K, N, y->dtype};
+    fd->gl = gl;
+    fd->a = qdims(G, T, K, MOEX_DTYPE_F32, &x->p, false);
+    fd->b = qdims(G, N, K, MOEX_DTYPE_F32, &w->p, true);
+}
+
+moex_gl_fwd moex_gl_fwd_of(const moex_grouped_linear_args *a, const moex_gl_dims *d, const moex_fp8_operand *x,
+                           const moex_fp8_operand *w) {
+    moex_gl_fwd s;
+    memset(&s, 0, sizeof s);
+    s.a = *a, s.d = *d;
+    s.fp8 = x != NULL;
+    if (s.fp8) fp8_fwd_of(x, w, false, &a->splits, a->bias_mode, &a->bias, &a->probs, &a->y, &s.f, &s.fd);
+    return s;
+}
+
+size_t moex_gl_fwd_ws(moex_context *ctx, const moex_gl_fwd *s) {
+    if (s->fp8) return moex_op_grouped_linear_fp8_forward_ws(ctx, &s->f, &s->fd);
+    return moex_ops(ctx)->linear_fwd_ws(ctx, &s->a, &s->d);
+}
+
+moex_status moex_gl_fwd_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_fwd *s,
+                            void *sub) {
+    if (s->fp8) return moex_op_grouped_linear_fp8_forward_run(ctx, c, &s->f, &s->fd, sub);
+    return moex_ops(ctx)->linear_fwd(ctx, c, g, &s->a, &s->d, sub);
+}
+
+moex_gl_dgrad moex_gl_dgrad_of(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                               const moex_fp8_operand *dy, const moex_fp8_operand *w) {
+    moex_gl_dgrad s;
+    memset(&s, 0, sizeof s);
+    s.a = *a, s.d = *d;
+    s.fp8 = dy != NULL;
+    if (!s.fp8) return s;
+    s.bias = moex_present(&a->dbias) || moex_present(&a->dprobs);
+    s.dx = moex_present(&a->dx);
+    s.a.dx = absent_tensor;
+    fp8_fwd_of(dy, w, true, &a->splits, MOEX_BIAS_NONE, NULL, NULL, &a->dx, &s.f, &s.fd);
+    return s;
+}
+
+size_t moex_gl_dgrad_ws(moex_context *ctx, const moex_gl_dgrad *s) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    if (!s->fp8) return ops->linear_dgrad_ws(ctx, &s->a, &s->d);
+    size_t ws = s->bias ? ops->linear_dgrad_ws(ctx, &s->a, &s->d) : 0;
+    if (s->dx) ws = moex_sz_max(ws, moex_op_grouped_linear_fp8_forward_ws(ctx, &s->f, &s->fd));
+    return ws;
+}
+
+moex_status moex_gl_dgrad_bias_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_gl_dgrad *s, void *sub) {
+    if (!s->fp8 || !s->bias) return MOEX_OK;
+    return moex_ops(ctx)->linear_dgrad(ctx, c, g, &s->a, &s->d, sub);
+}
+
+moex_status moex_gl_dgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_dgrad *s,
+                              void *sub) {
+    if (!s->fp8) return moex_ops(ctx)->linear_dgrad(ctx, c, g, &s->a, &s->d, sub);
+    return s->dx ? moex_op_grouped_linear_fp8_forward_run(ctx, c, &s->f, &s->fd, sub) : MOEX_OK;
+}
+
+size_t moex_gl_wgrad_scratch(const moex_weight *dw, const moex_gl_dims *d, bool fp8) {
+    if (!fp8 || dw->t.dtype == MOEX_DTYPE_F32) return 0;
+    return moex_sz_mul(moex_sz_bytes(d->G, d->N, sizeof(float)), (size_t)d->K);
+}
+
+moex_gl_wgrad moex_gl_wgrad_of(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                               const moex_fp8_operand *dy, const moex_fp8_operand *x, float *dwf) {
+    moex_gl_wgrad s;
+    memset(&s, 0, sizeof s);
+    s.a = *a, s.d = *d;
+    s.fp8 = dy != NULL;
+    if (!s.fp8) return s;
+    s.cast = a->dw.t.dtype != MOEX_DTYPE_F32;   /* validated: WRITE */
+    s.f.dy_params = dy->p, s.f.dy = dy->col;
+    s.f.x_params = x->p, s.f.x = x->col;
+    s.f.splits = a->splits;
+    s.f.dw_mode = s.cast ? MOEX_GRAD_WRITE : a->dw_mode;
+    s.f.dw = s.cast ? moex_weight_packed(moex_tensor_3d(dwf, MOEX_DTYPE_F32, d->G, d->N, d->K)) : a->dw;
+    const moex_gl_dims gl = {d->G, d->T, d->K, d->N, MOEX_DTYPE_F32};
+    s.fd.gl = gl;
+    s.fd.a = qdims(d->G, d->T, d->N, MOEX_DTYPE_F32, &dy->p, false);
+    s.fd.b = qdims(d->G, d->T, d->K, MOEX_DTYPE_F32, &x->p, false);
+    return s;
+}
+
+/* The rounding of the f32 scratch into dW: weight_copy's args and dims (G, T = N, K). */
+static moex_weight_copy_args wgrad_cast_of(const moex_gl_wgrad *s, moex_gl_dims *d) {
+    const moex_gl_dims wd = {s->d.G, s->d.N, s->d.K, 0, s->a.dw.t.dtype};
+    *d = wd;
+    const moex_weight_copy_args cp = {s->f.dw, s->a.dw};
+    return cp;
+}
+
+size_t moex_gl_wgrad_ws(moex_context *ctx, const moex_gl_wgrad *s) {
+    if (!s->fp8) return moex_ops(ctx)->linear_wgrad_ws(ctx, &s->a, &s->d);
+    size_t ws = moex_op_grouped_linear_fp8_backward_weight_ws(ctx, &s->f, &s->fd);
+    if (s->cast) {
+        moex_gl_dims d;
+        const moex_weight_copy_args cp = wgrad_cast_of(s, &d);
+        ws = moex_sz_max(ws, moex_ops(ctx)->weight_copy_ws(ctx, &cp, &d));
+    }
+    return ws;
+}
+
+moex_status moex_gl_wgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_wgrad *s,
+                              void *sub) {
+    if (!s->fp8) return moex_ops(ctx)->linear_wgrad(ctx, c, g, &s->a, &s->d, sub);
+    MOEX_TRY(moex_op_grouped_linear_fp8_backward_weight_run(ctx, c, &s->f, &s->fd, sub));
+    if (!s->cast) return MOEX_OK;
+    moex_gl_dims d;
+    const moex_weight_copy_args cp = wgrad_cast_of(s, &d);
+    return moex_ops(ctx)->weight_copy(ctx, c, &cp, &d, sub);
+}
+
+/* ---- validation shared with the grouped MLP and the MoE layer --------------------------- */
+
+moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8_recipe *r, moex_purpose p,
+                               const char *name, const void *data) {
+    if (r->mode == MOEX_FP8_OFF || p != MOEX_FOR_RUN || moex_ops(ctx)->host_memory || ((uintptr_t)data & 15u) == 0)
+        return MOEX_OK;
+    return moex_fail(ctx, MOEX_ERR_UNSUPPORTED,
+                     "%s: with an FP8 recipe on a device backend %s must be 16-byte aligned: the FP8 GEMM kernels "
+                     "write it (docs/ops.md 9.11)",
+                     op, name);
+}
+
+/* ---- the three ops' plans ----------------------------------------------------------------
+ * Workspace: the prepared handle (the forward's, in plain precision, carrying its GEMM's own
+ * scratch where the backend wants one: groups_ws), the FP8 copies (and the f32 dW scratch)
+ * the precision needs, then one region shared by the steps (they run one after the other).
+ * A run: the backend's limits, the groups, then the steps. */
+
+static bool is_fp8(const moex_fp8_recipe *r) { return r->mode != MOEX_FP8_OFF; }
+
+/* ---- forward: x's and W's rowwise copies, y = x W^T (+ bias) -------------------------- */
+
+typedef struct fwd_plan {
+    void *groups, *sub;
+    moex_fp8_operand x, w;
+    moex_gl_fwd gemm;
+    size_t total;
+} fwd_plan;
+
+static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
+    const bool fp8 = is_fp8(&a->fp8);
+    moex_carver c = {(char *)ws, 0};
+    fwd_plan l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, fp8 ? NULL : a));
+    moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, true, false, &l.x);
+    moex_fp8_take_weight(&c, &a->fp8, d->G, d->N, d->K, d->dt, true, false, &l.w);
+    l.gemm = moex_gl_fwd_of(a, d, fp8 ? &l.x : NULL, fp8 ? &l.w : NULL);
+    size_t sub = moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x);
+    sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w, &l.w));
+    sub = moex_sz_max(sub, moex_gl_fwd_ws(ctx, &l.gemm));
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
 
 moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
                                                     const moex_grouped_linear_args *a, moex_purpose p,
@@ -121,20 +434,45 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
 }
 
 size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_forward_ws(ctx, a, d);
-    return gl_ws(ctx, d, a, moex_ops(ctx)->linear_fwd_ws(ctx, a, d));
+    return fwd_plan_of(ctx, a, d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
                                                const moex_gl_dims *d, void *ws) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_forward_run(ctx, c, a, d, ws);
+    const fwd_plan l = fwd_plan_of(ctx, a, d, ws);
     moex_groups g;
-    void *sub;
-    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, a, ws, &g, &sub));
-    return moex_ops(ctx)->linear_fwd(ctx, c, &g, a, d, sub);
+    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, is_fp8(&a->fp8) ? NULL : a, l.groups, &g));
+    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
+    MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
+    return moex_gl_fwd_run(ctx, c, &g, &l.gemm, l.sub);
 }
 
-/* ---- backward data ------------------------------------------------------------------- */
+/* ---- backward data: the bias terms, dy's rowwise and W's columnwise copies, dx = dy W ---- */
+
+typedef struct dgrad_plan {
+    void *groups, *sub;
+    moex_fp8_operand dy, w;
+    moex_gl_dgrad gemm;
+    size_t total;
+} dgrad_plan;
+
+static dgrad_plan dgrad_plan_of(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                                void *ws) {
+    const bool fp8 = is_fp8(&a->fp8), dx = moex_present(&a->dx);
+    moex_carver c = {(char *)ws, 0};
+    dgrad_plan l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
+    moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, dx, false, &l.dy);
+    moex_fp8_take_weight(&c, &a->fp8, d->G, d->N, d->K, d->dt, false, dx, &l.w);
+    l.gemm = moex_gl_dgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.w : NULL);
+    size_t sub = moex_gl_dgrad_ws(ctx, &l.gemm);
+    sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy));
+    sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w, &l.w));
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
 
 moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
                                                           const moex_grouped_linear_dgrad_args *a, moex_purpose p,
@@ -163,21 +501,48 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
 
 size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
                                                const moex_gl_dims *d) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_dgrad_ws(ctx, a, d);
-    return gl_ws(ctx, d, NULL, moex_ops(ctx)->linear_dgrad_ws(ctx, a, d));
+    return dgrad_plan_of(ctx, a, d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
                                                      const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                                                      void *ws) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_dgrad_run(ctx, c, a, d, ws);
+    const dgrad_plan l = dgrad_plan_of(ctx, a, d, ws);
     moex_groups g;
-    void *sub;
-    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, NULL, ws, &g, &sub));
-    return moex_ops(ctx)->linear_dgrad(ctx, c, &g, a, d, sub);
+    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    MOEX_TRY(moex_gl_dgrad_bias_run(ctx, c, &g, &l.gemm, l.sub));
+    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
+    MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
+    return moex_gl_dgrad_run(ctx, c, &g, &l.gemm, l.sub);
 }
 
-/* ---- backward weight ----------------------------------------------------------------- */
+/* ---- backward weight: dy's and x's columnwise copies, dW = dy^T x ----------------------- */
+
+typedef struct wgrad_plan {
+    void *groups, *sub;
+    moex_fp8_operand dy, x;
+    moex_gl_wgrad gemm;
+    size_t total;
+} wgrad_plan;
+
+static wgrad_plan wgrad_plan_of(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                                void *ws) {
+    const bool fp8 = is_fp8(&a->fp8);
+    moex_carver c = {(char *)ws, 0};
+    wgrad_plan l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
+    moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, false, true, &l.dy);
+    moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, false, true, &l.x);
+    float *dwf = (float *)moex_take(&c, moex_gl_wgrad_scratch(&a->dw, d, fp8));
+    l.gemm = moex_gl_wgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.x : NULL, dwf);
+    size_t sub = moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy);
+    sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x));
+    sub = moex_sz_max(sub, moex_gl_wgrad_ws(ctx, &l.gemm));
+    l.sub = moex_take(&c, sub);
+    l.total = c.used;
+    return l;
+}
 
 moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,
                                                             const moex_grouped_linear_wgrad_args *a, moex_purpose p,
@@ -194,18 +559,19 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
 
 size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
                                                  const moex_gl_dims *d) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_wgrad_ws(ctx, a, d);
-    return gl_ws(ctx, d, NULL, moex_ops(ctx)->linear_wgrad_ws(ctx, a, d));
+    return wgrad_plan_of(ctx, a, d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
                                                        const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
                                                        void *ws) {
-    if (a->fp8.mode != MOEX_FP8_OFF) return moex_fp8_linear_wgrad_run(ctx, c, a, d, ws);
+    const wgrad_plan l = wgrad_plan_of(ctx, a, d, ws);
     moex_groups g;
-    void *sub;
-    MOEX_TRY(gl_prepare(ctx, c, &a->splits, d, NULL, ws, &g, &sub));
-    return moex_ops(ctx)->linear_wgrad(ctx, c, &g, a, d, sub);
+    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
+    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
+    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
+    return moex_gl_wgrad_run(ctx, c, &g, &l.gemm, l.sub);
 }
 
 /* ---- the public entry points (moex.h) -------------------------------------------------

@@ -269,23 +269,104 @@ moex_status moex_quant_check_weight_input(moex_context *ctx, const char *op, con
                                           const char *scales_name, const moex_quant_params *params,
                                           const moex_quant_tensor *copy, moex_quant_dims *d);
 
-/* The layers' FP8 recipe (fp8_layers.c; docs/ops.md 9.11): the grouped linear's and the grouped
- * MLP's compositions when fp8.mode is not MOEX_FP8_OFF (validated args and dims, as the plain
- * ones get them). */
+/* ---- The grouped linear's GEMMs in either precision (grouped_linear.c; docs/ops.md 9.11) ----
+ * The grouped linear's and the grouped MLP's plans are written once for both precisions of
+ * their `fp8` recipe. Plain (MOEX_FP8_OFF): each GEMM is a linear primitive on the activation-
+ * dtype tensors of its plain args, and no operand has FP8 copies. FP8: the operands the GEMMs
+ * read are quantized into FP8 copies in the workspace (the plan's copy steps), and each GEMM is
+ * the FP8 grouped linear's op (fp8_linear.c, run without validation on its own prepared handle)
+ * on those copies, writing the plain args' outputs. */
+
 /* On a device backend the FP8 GEMM kernels need the outputs they write (data: y, h, dx, a
  * packed f32 dW) 16-byte aligned: checked with the arguments (p: for a run), so that a refused
  * call has written nothing. */
 moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8_recipe *r, moex_purpose p,
                                const char *name, const void *data);
-size_t moex_fp8_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
-moex_status moex_fp8_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
-                                        const moex_gl_dims *d, void *ws);
-size_t moex_fp8_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
-moex_status moex_fp8_linear_dgrad_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_dgrad_args *a,
-                                      const moex_gl_dims *d, void *ws);
-size_t moex_fp8_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
-moex_status moex_fp8_linear_wgrad_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_wgrad_args *a,
-                                      const moex_gl_dims *d, void *ws);
+
+/* The FP8 copies of one operand: its quantization (by its role: activation, weight, gradient),
+ * the dims of its quantize, and the rowwise and columnwise copies the plan asks for (absent:
+ * ndim 0). All zero in plain precision. */
+typedef struct moex_fp8_operand {
+    moex_quant_params p;
+    moex_quant_dims d;
+    moex_quant_tensor row, col;
+} moex_fp8_operand;
+
+/* The copies of grouped rows [T, K] of dtype dt in G groups (grad: a gradient's quantization),
+ * or of weights [G, N, K], carved from c where row / col are asked; with r->mode OFF nothing
+ * is carved and *q is all zero. */
+void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int64_t G, int64_t T, int64_t K,
+                        moex_dtype dt, bool row, bool col, moex_fp8_operand *q);
+void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int64_t G, int64_t N, int64_t K, moex_dtype dt,
+                          bool row, bool col, moex_fp8_operand *q);
+
+/* The copy steps: q's copies (=) quantized from rows x [T, K] (splits: x's) on the groups of g,
+ * or from weights w (a discrete w first packed at the start of sub); their bytes of the shared
+ * region. Nothing (0, MOEX_OK) when q has no copies. */
+size_t moex_fp8_rows_ws(moex_context *ctx, const moex_tensor *x, const moex_tensor *splits, const moex_fp8_operand *q);
+moex_status moex_fp8_rows_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_tensor *x,
+                                   const moex_tensor *splits, const moex_fp8_operand *q, void *sub);
+size_t moex_fp8_weight_ws(moex_context *ctx, const moex_weight *w, const moex_fp8_operand *q);
+moex_status moex_fp8_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight *w,
+                                     const moex_fp8_operand *q, void *sub);
+
+/* The forward GEMM y = x W_g^T (+ b_g | + p b_g) [T, N] (=) of the args a (dims d). Plain
+ * (x, w NULL): linear_fwd on a. FP8: the FP8 grouped linear's forward on x's rowwise copy and
+ * W's rowwise copy, with a's bias, probs, splits and y. */
+typedef struct moex_gl_fwd {
+    moex_grouped_linear_args a;
+    moex_gl_dims d;
+    bool fp8;
+    moex_grouped_linear_fp8_args f;
+    moex_fp8_dims fd;
+} moex_gl_fwd;
+moex_gl_fwd moex_gl_fwd_of(const moex_grouped_linear_args *a, const moex_gl_dims *d, const moex_fp8_operand *x,
+                           const moex_fp8_operand *w);
+size_t moex_gl_fwd_ws(moex_context *ctx, const moex_gl_fwd *s);
+moex_status moex_gl_fwd_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_fwd *s,
+                            void *sub);
+
+/* The backward data of the args a (dims d): dx = dy W_g [T, K] (=), dbias (=), dprobs (+=), as
+ * a asks. Plain (dy, w NULL): linear_dgrad on a, all three in dgrad_run (dgrad_bias_run does
+ * nothing). FP8: dbias and dprobs by linear_dgrad on dy (dx absent) in dgrad_bias_run, and dx by
+ * the FP8 grouped linear's forward on dy's rowwise copy and W's columnwise copy (W^T
+ * [G, K, N]) in dgrad_run; each where asked. */
+typedef struct moex_gl_dgrad {
+    moex_grouped_linear_dgrad_args a;     /* FP8: dx absent */
+    moex_gl_dims d;
+    bool fp8;
+    bool bias, dx;                        /* FP8: dbias or dprobs asked; dx asked */
+    moex_grouped_linear_fp8_args f;       /* FP8: dx */
+    moex_fp8_dims fd;
+} moex_gl_dgrad;
+moex_gl_dgrad moex_gl_dgrad_of(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
+                               const moex_fp8_operand *dy, const moex_fp8_operand *w);
+size_t moex_gl_dgrad_ws(moex_context *ctx, const moex_gl_dgrad *s);
+moex_status moex_gl_dgrad_bias_run(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                   const moex_gl_dgrad *s, void *sub);
+moex_status moex_gl_dgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_dgrad *s,
+                              void *sub);
+
+/* The backward weight dW = dy_g^T x_g [G, N, K] (= or +=) of the args a (dims d). Plain (dy, x
+ * NULL): linear_wgrad on a. FP8: the FP8 grouped linear's backward weight on dy's and x's
+ * columnwise copies; it writes f32: an f32 dW directly, a bf16/f16 dW (WRITE) through the f32
+ * scratch dwf [G, N, K] of wgrad_scratch(dW) bytes (0 otherwise), rounded into it by weight_copy. */
+typedef struct moex_gl_wgrad {
+    moex_grouped_linear_wgrad_args a;
+    moex_gl_dims d;
+    bool fp8;
+    bool cast;                            /* FP8: through dwf */
+    moex_grouped_linear_fp8_wgrad_args f;
+    moex_fp8_dims fd;
+} moex_gl_wgrad;
+size_t moex_gl_wgrad_scratch(const moex_weight *dw, const moex_gl_dims *d, bool fp8);
+moex_gl_wgrad moex_gl_wgrad_of(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
+                               const moex_fp8_operand *dy, const moex_fp8_operand *x, float *dwf);
+size_t moex_gl_wgrad_ws(moex_context *ctx, const moex_gl_wgrad *s);
+moex_status moex_gl_wgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_wgrad *s,
+                              void *sub);
+
+/* TEMP: fp8_layers.c's MLP */
 size_t moex_fp8_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d);
 moex_status moex_fp8_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
                                      const moex_mlp_dims *d, void *ws);
