@@ -253,6 +253,22 @@ void check_mlp(const char* op, const at::Tensor& x, const at::Tensor& w1, const 
                       ": b2_mode SCALED needs probs");
 }
 
+// The inputs the grouped MLP's forward and backward args share (A: moex_grouped_mlp_args or
+// moex_grouped_mlp_grad_args): x, the weights, b2 and its mode, probs, splits and h.
+template <class A>
+void mlp_inputs(A& a, const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2,
+                const std::optional<at::Tensor>& b2, int64_t b2_mode, const std::optional<at::Tensor>& probs,
+                const at::Tensor& splits, const at::Tensor& h) {
+    a.x = view(x);
+    a.w1 = weight(w1);
+    a.w2 = weight(w2);
+    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
+    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
+    a.probs = view(probs);
+    a.splits = view(splits);
+    a.h = view(h);
+}
+
 // y [T, H] (rows past sum(splits) zero), h [T, 2F] (kept for the backward), z [T, F] (0 rows
 // without save_z: the backward recomputes it from h).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward(
@@ -267,16 +283,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward(
     at::Tensor h = at::empty({T, F2}, x.options());
     at::Tensor z = at::empty({save_z ? T : 0, F2 / 2}, x.options());
     moex_grouped_mlp_args a{};
-    a.x = view(x);
-    a.w1 = weight(w1);
+    mlp_inputs(a, x, w1, w2, b2, b2_mode, probs, splits, h);
     a.b1 = view(b1);
-    a.w2 = weight(w2);
-    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
-    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
-    a.probs = view(probs);
     a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
-    a.splits = view(splits);
-    a.h = view(h);
     if (save_z) a.z = view(z);
     a.y = view(y);
     a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
@@ -320,15 +329,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     at::Tensor dprobs = need[5] ? at::zeros({T}, x.options().dtype(at::kFloat))   // moex adds to it
                                  : at::empty({0}, x.options().dtype(at::kFloat));
     moex_grouped_mlp_grad_args a{};
-    a.x = view(x);
-    a.w1 = weight(w1);
-    a.w2 = weight(w2);
-    a.b2_mode = static_cast<moex_bias_mode>(b2_mode);
-    if (b2_mode != MOEX_BIAS_NONE) a.b2 = view(b2);
-    a.probs = view(probs);
+    mlp_inputs(a, x, w1, w2, b2, b2_mode, probs, splits, h);
     a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
-    a.splits = view(splits);
-    a.h = view(h);
     if (z.size(0) != 0) a.z = view(z);   // else recomputed from h
     a.dy = view(dy);
     a.dw_mode = MOEX_GRAD_WRITE;
@@ -553,6 +555,16 @@ void check_k(const char* op, int64_t k, int64_t rows, const char* rows_name) {
                       " rows of ", rows_name);
 }
 
+// The fields the router's forward and backward args share (A: moex_router_args or
+// moex_router_grad_args): the logits and the options.
+template <class A>
+void router_options(A& a, const char* op, const at::Tensor& logits, int64_t topk, int64_t score, int64_t norm) {
+    a.logits = view(logits);
+    a.topk = int_arg(op, "topk", topk);
+    a.score = static_cast<moex_router_score>(score);
+    a.norm = static_cast<moex_router_norm>(norm);
+}
+
 // (probs [T, k] f32, ids [T, k] int32) of the k best experts per token.
 std::tuple<at::Tensor, at::Tensor> router_forward(const at::Tensor& logits, int64_t topk, int64_t score, int64_t norm) {
     const char* op = "router_forward";
@@ -560,10 +572,7 @@ std::tuple<at::Tensor, at::Tensor> router_forward(const at::Tensor& logits, int6
     at::Tensor probs = at::empty({logits.size(0), topk}, logits.options().dtype(at::kFloat));
     at::Tensor ids = at::empty({logits.size(0), topk}, logits.options().dtype(at::kInt));
     moex_router_args a{};
-    a.logits = view(logits);
-    a.topk = int_arg(op, "topk", topk);
-    a.score = static_cast<moex_router_score>(score);
-    a.norm = static_cast<moex_router_norm>(norm);
+    router_options(a, op, logits, topk, score, norm);
     a.probs = view(probs);
     a.ids = view(ids);
     run(logits.device(), moex_router_forward_workspace_size, moex_router_forward, a);
@@ -580,10 +589,7 @@ at::Tensor router_backward(const at::Tensor& logits, const at::Tensor& ids, cons
     check(op, "dprobs", dprobs, logits.device(), only(kF32), 2);
     at::Tensor dlogits = at::empty(logits.sizes(), logits.options());
     moex_router_grad_args a{};
-    a.logits = view(logits);
-    a.topk = int_arg(op, "topk", topk);
-    a.score = static_cast<moex_router_score>(score);
-    a.norm = static_cast<moex_router_norm>(norm);
+    router_options(a, op, logits, topk, score, norm);
     a.ids = view(ids);
     a.dprobs = view(dprobs);
     a.dlogits = view(dlogits);
