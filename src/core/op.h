@@ -366,14 +366,6 @@ size_t moex_gl_wgrad_ws(moex_context *ctx, const moex_gl_wgrad *s);
 moex_status moex_gl_wgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_wgrad *s,
                               void *sub);
 
-/* TEMP: fp8_layers.c's MLP */
-size_t moex_fp8_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d);
-moex_status moex_fp8_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
-                                     const moex_mlp_dims *d, void *ws);
-size_t moex_fp8_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d);
-moex_status moex_fp8_mlp_backward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_grad_args *a,
-                                      const moex_mlp_dims *d, void *ws);
-
 /* The MoE layers (moe_layer.c, shared with the EP MoE layer, ep_layer.c): the layer's inputs
  * (and y when need_y) with the weights of G experts (0: the router's E), setting d; the
  * gradients' outputs of the backward (weights of d->G experts, drouter_w of d->E). */
