@@ -17,6 +17,10 @@
  * nothing reads past them).
  *
  * Workspace: the prepared handle, the f32 operands (and yf), one region shared by the steps.
+ *
+ * The grouped linear's and the grouped MLP's plans in FP8 precision run these two ops (their
+ * ws and run, on validated args) as their FP8 GEMMs: grouped_linear.c's moex_gl_fwd,
+ * moex_gl_dgrad and moex_gl_wgrad.
  */
 #include "op.h"
 
@@ -41,16 +45,22 @@ static moex_quant_dims quant_dims(int64_t G, int64_t T, int64_t K) {
     return q;
 }
 
+/* The splits (*G groups), then the FP8 data of the two operands: a [., .] and b of nb dims. */
+static moex_status check_operands(moex_context *ctx, const char *op, const moex_tensor *splits, const char *an,
+                                  const moex_tensor *a, const char *bn, const moex_tensor *b, int nb, int64_t *G) {
+    const int64_t any[3] = {-1, -1, -1};
+    MOEX_TRY(moex_check_splits_arg(ctx, op, splits, G));
+    MOEX_TRY(moex_check_tensor(ctx, op, an, a, 2, any, MOEX_DT_FP8));
+    return moex_check_tensor(ctx, op, bn, b, nb, any, MOEX_DT_FP8);
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 moex_status moex_op_grouped_linear_fp8_forward_validate(moex_context *ctx, const char *op,
                                                         const moex_grouped_linear_fp8_args *a, moex_purpose p,
                                                         moex_fp8_dims *d) {
-    const int64_t any2[2] = {-1, -1}, any3[3] = {-1, -1, -1};
     int64_t G;
-    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &G));
-    MOEX_TRY(moex_check_tensor(ctx, op, "x.data", &a->x.data, 2, any2, MOEX_DT_FP8));
-    MOEX_TRY(moex_check_tensor(ctx, op, "w.data", &a->w.data, 3, any3, MOEX_DT_FP8));
+    MOEX_TRY(check_operands(ctx, op, &a->splits, "x.data", &a->x.data, "w.data", &a->w.data, 3, &G));
     const int64_t T = a->x.data.shape[0], K = a->x.data.shape[1], N = a->w.data.shape[1];
     MOEX_TRY(moex_check_features(ctx, op, K, N));
     d->a = quant_dims(G, T, K);
@@ -94,36 +104,35 @@ static void fwd_calls_of(const moex_grouped_linear_fp8_args *a, const moex_fp8_d
     c->cast = (moex_cast_rows_args){.src = (const float *)yf, .dst = a->y};
 }
 
-/* The workspace: the handle, xf, wf, yf (y not f32), the steps' region; fast: the forward
- * runs on the backend's FP8 kernels (no buffers). */
+/* The workspace: the handle, the f32 operands where the composition dequantizes (forward:
+ * xf, wf, and yf when y is not f32; backward weight: dyf, xf; bytes 0: none), the steps'
+ * region; fast: the backend's FP8 kernels run the op (no buffers). */
 typedef struct fp8_layout {
     void *groups, *buf[3], *sub;
     size_t total;
     bool fast;
 } fp8_layout;
 
-static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, const size_t bytes[3], size_t sub, void *ws) {
+static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, bool fast, const size_t bytes[3], size_t sub,
+                            void *ws) {
     moex_carver c = {(char *)ws, 0};
     fp8_layout l;
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, G, T, NULL));
     for (int k = 0; k < 3; k++) l.buf[k] = bytes[k] ? moex_take(&c, bytes[k]) : NULL;
     l.sub = moex_take(&c, sub);
     l.total = c.used;
-    l.fast = false;
+    l.fast = fast;
     return l;
 }
+
+static const size_t no_buffers[3] = {0, 0, 0};
 
 static fp8_layout fwd_layout(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
                              void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
     const size_t fast = ops->linear_fp8_ws ? ops->linear_fp8_ws(ctx, a, d) : SIZE_MAX;   /* its own kernels */
-    if (fast != SIZE_MAX) {
-        const size_t none[3] = {0, 0, 0};
-        fp8_layout l = layout_of(ctx, g->G, g->T, none, fast, ws);
-        l.fast = true;
-        return l;
-    }
+    if (fast != SIZE_MAX) return layout_of(ctx, g->G, g->T, true, no_buffers, fast, ws);
     fwd_calls c;
     fwd_calls_of(a, d, NULL, NULL, NULL, &c);
     size_t sub = ops->dequantize_ws(ctx, &c.x, &d->a);
@@ -133,7 +142,7 @@ static fp8_layout fwd_layout(moex_context *ctx, const moex_grouped_linear_fp8_ar
     const size_t bytes[3] = {moex_sz_bytes(g->T, g->K, sizeof(float)),
                              moex_sz_mul(moex_sz_bytes(g->G, g->N, sizeof(float)), (size_t)g->K),
                              g->dt == MOEX_DTYPE_F32 ? 0 : moex_sz_bytes(g->T, g->N, sizeof(float))};
-    return layout_of(ctx, g->G, g->T, bytes, sub, ws);
+    return layout_of(ctx, g->G, g->T, false, bytes, sub, ws);
 }
 
 size_t moex_op_grouped_linear_fp8_forward_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a,
@@ -146,9 +155,8 @@ moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex
                                                    void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const fp8_layout l = fwd_layout(ctx, a, d, ws);
-    MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
     moex_groups g;
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
     if (l.fast) return ops->linear_fp8(ctx, c, &g, a, d, l.sub);
     fwd_calls k;
     fwd_calls_of(a, d, l.buf[0], l.buf[1], l.buf[2], &k);
@@ -163,11 +171,8 @@ moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex
 moex_status moex_op_grouped_linear_fp8_backward_weight_validate(moex_context *ctx, const char *op,
                                                                 const moex_grouped_linear_fp8_wgrad_args *a,
                                                                 moex_purpose p, moex_fp8_dims *d) {
-    const int64_t any2[2] = {-1, -1};
     int64_t G;
-    MOEX_TRY(moex_check_splits_arg(ctx, op, &a->splits, &G));
-    MOEX_TRY(moex_check_tensor(ctx, op, "dy.data", &a->dy.data, 2, any2, MOEX_DT_FP8));
-    MOEX_TRY(moex_check_tensor(ctx, op, "x.data", &a->x.data, 2, any2, MOEX_DT_FP8));
+    MOEX_TRY(check_operands(ctx, op, &a->splits, "dy.data", &a->dy.data, "x.data", &a->x.data, 2, &G));
     const int64_t N = a->dy.data.shape[0], T = a->dy.data.shape[1], K = a->x.data.shape[0];
     MOEX_TRY(moex_check_features(ctx, op, K, N));
     d->a = quant_dims(G, T, N);
@@ -209,19 +214,14 @@ static fp8_layout wgrad_layout(moex_context *ctx, const moex_grouped_linear_fp8_
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
     const size_t fast = ops->linear_fp8_wgrad_ws ? ops->linear_fp8_wgrad_ws(ctx, a, d) : SIZE_MAX;
-    if (fast != SIZE_MAX) {   /* its own kernels */
-        const size_t none[3] = {0, 0, 0};
-        fp8_layout l = layout_of(ctx, g->G, g->T, none, fast, ws);
-        l.fast = true;
-        return l;
-    }
+    if (fast != SIZE_MAX) return layout_of(ctx, g->G, g->T, true, no_buffers, fast, ws);   /* its own kernels */
     wgrad_calls c;
     wgrad_calls_of(a, d, NULL, NULL, &c);
     size_t sub = ops->dequantize_ws(ctx, &c.dy, &d->a);
     sub = moex_sz_max(sub, ops->dequantize_ws(ctx, &c.x, &d->b));
     sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.wgrad, g));
     const size_t bytes[3] = {moex_sz_bytes(g->T, g->N, sizeof(float)), moex_sz_bytes(g->T, g->K, sizeof(float)), 0};
-    return layout_of(ctx, g->G, g->T, bytes, sub, ws);
+    return layout_of(ctx, g->G, g->T, false, bytes, sub, ws);
 }
 
 size_t moex_op_grouped_linear_fp8_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
@@ -234,9 +234,8 @@ moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, co
                                                            const moex_fp8_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const fp8_layout l = wgrad_layout(ctx, a, d, ws);
-    MOEX_TRY(moex_check_limits(ctx, c, d->gl.T, d->gl.G, 0));
     moex_groups g;
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
     if (l.fast) return ops->linear_fp8_wgrad(ctx, c, &g, a, d, l.sub);
     wgrad_calls k;
     wgrad_calls_of(a, d, l.buf[0], l.buf[1], &k);

@@ -83,8 +83,7 @@ moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const m
     void *groups = moex_take(&cv, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     void *sub = moex_take(&cv, moex_ops(ctx)->zero_tail_ws(ctx, a, d));
     moex_groups g;
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, groups, &g));
     return moex_ops(ctx)->zero_tail(ctx, c, &g, a, d, sub);
 }
 
@@ -441,8 +440,7 @@ moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_cal
                                                const moex_gl_dims *d, void *ws) {
     const fwd_plan l = fwd_plan_of(ctx, a, d, ws);
     moex_groups g;
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, is_fp8(&a->fp8) ? NULL : a, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, is_fp8(&a->fp8) ? NULL : a, l.groups, &g));
     MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
     MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
     return moex_gl_fwd_run(ctx, c, &g, &l.gemm, l.sub);
@@ -509,8 +507,7 @@ moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const mo
                                                      void *ws) {
     const dgrad_plan l = dgrad_plan_of(ctx, a, d, ws);
     moex_groups g;
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     MOEX_TRY(moex_gl_dgrad_bias_run(ctx, c, &g, &l.gemm, l.sub));
     MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
     MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
@@ -567,8 +564,7 @@ moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const 
                                                        void *ws) {
     const wgrad_plan l = wgrad_plan_of(ctx, a, d, ws);
     moex_groups g;
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    MOEX_TRY(moex_prepare_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
     MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
     return moex_gl_wgrad_run(ctx, c, &g, &l.gemm, l.sub);

@@ -147,13 +147,6 @@ static moex_glu_dims glu_dims(const moex_mlp_dims *d) {
 
 static const moex_tensor absent_tensor;
 
-/* Checks the backend's limits and prepares the groups in storage. */
-static moex_status begin(moex_context *ctx, const moex_call *c, const moex_tensor *splits, const moex_mlp_dims *d,
-                         void *storage, moex_groups *g) {
-    MOEX_TRY(moex_check_limits(ctx, c, d->T, d->G, 0));
-    return moex_prepare_groups(ctx, c, splits, d->T, NULL, storage, g);
-}
-
 /* z = p glu(h) over the groups (the args a, dims dg): plain, glu_fwd into a's z; FP8, the
  * scaled GLU op (its own handle) into a's zq copies, and into a's z where given. glu_of sets
  * a and dg (zq: z's FP8 copies; NULL: plain). */
@@ -254,7 +247,7 @@ moex_status moex_op_grouped_mlp_forward_run(moex_context *ctx, const moex_call *
     const moex_backend_ops *ops = moex_ops(ctx);
     const fwd_plan l = fwd_plan_of(ctx, a, d, ws);
     moex_groups g;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     const moex_gl_dims d1 = fc1_dims(d);
     /* FC1 and the GLU: x's and W1's copies; h and z (FP8: z's copy) by one fused launch where
      * the backend has one, else FC1, then the GLU */
@@ -475,7 +468,7 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     const bwd_plan p = bwd_plan_of(ctx, a, d);
     const bwd_layout l = bwd_layout_of(ctx, a, d, &p, ws);
     moex_groups g;
-    MOEX_TRY(begin(ctx, c, &a->splits, d, l.groups, &g));
+    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     bwd_calls k;
     bwd_calls_of(a, d, &p, &l.q, p.z_in_dx ? a->dx.data : l.buf[0], l.buf[1], p.dh_in_h ? a->h.data : l.buf[2],
                  l.dwf, &k);

@@ -184,6 +184,12 @@ moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moe
     return ctx->ops->groups_prepare(ctx, c, (const int64_t *)splits->data, splits->shape[0], T, fwd, storage, g);
 }
 
+moex_status moex_begin_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
+                              const moex_grouped_linear_args *fwd, void *storage, moex_groups *g) {
+    MOEX_TRY(moex_check_limits(ctx, c, T, splits->shape[0], 0));
+    return moex_prepare_groups(ctx, c, splits, T, fwd, storage, g);
+}
+
 moex_groups_layout moex_groups_layout_of(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd,
                                          size_t sub, void *ws) {
     moex_carver c = {(char *)ws, 0};

@@ -230,6 +230,12 @@ moex_status moex_check_limits(moex_context *ctx, const moex_call *c, int64_t row
 moex_status moex_prepare_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
                                 const moex_grouped_linear_args *fwd, void *storage, moex_groups *g);
 
+/* The start of a grouped composition's run: the backend's limits for T rows in the groups of
+ * `splits` (a validated [G] I64 tensor), then those groups prepared in `storage`
+ * (moex_prepare_groups; fwd as there). */
+moex_status moex_begin_groups(moex_context *ctx, const moex_call *c, const moex_tensor *splits, int64_t T,
+                              const moex_grouped_linear_args *fwd, void *storage, moex_groups *g);
+
 /* The workspace of a composition that runs one primitive on the groups of its splits: the
  * prepared handle's storage (G groups over T rows, carrying the GEMM scratch of fwd, a grouped
  * linear forward's args, or NULL; none when G = 0: no splits), then the primitive's region of
