@@ -122,7 +122,7 @@ static void linear_case(moex_context *ctx, moex_dtype dt, gl_offs o, const char 
 }
 
 static void linear_cases(moex_context *ctx) {
-    const gl_offs ok = {0, 0, 0, 0, 0, 0};
+    const gl_offs ok = {0};   /* every offset 0: aligned */
     linear_case(ctx, F32, ok, NULL);
     linear_case(ctx, F32, (gl_offs){.x = 2}, "x.data");
     linear_case(ctx, F32, (gl_offs){.x = 1}, "x.data");
@@ -133,8 +133,8 @@ static void linear_cases(moex_context *ctx) {
     linear_case(ctx, F32, (gl_offs){.splits = 1}, "splits.data");
     linear_case(ctx, F32, (gl_offs){.y = 2}, "y.data");
     /* natural alignment, not more: f32 at 4 past 8, i64 at 8 past 16, bf16 at 2 past 4 */
-    linear_case(ctx, F32, (gl_offs){4, 4, 4, 4, 8, 4}, NULL);
-    linear_case(ctx, BF16, (gl_offs){2, 2, 4, 4, 8, 2}, NULL);
+    linear_case(ctx, F32, (gl_offs){.x = 4, .w = 4, .bias = 4, .probs = 4, .splits = 8, .y = 4}, NULL);
+    linear_case(ctx, BF16, (gl_offs){.x = 2, .w = 2, .bias = 4, .probs = 4, .splits = 8, .y = 2}, NULL);
     linear_case(ctx, BF16, (gl_offs){.x = 1}, "x.data");
     linear_case(ctx, BF16, (gl_offs){.y = 3}, "y.data");
 
@@ -161,7 +161,7 @@ static void discrete_case(moex_context *ctx, size_t mat1_off, size_t ptrs_off, c
     void **ptrs = (void **)place(sizeof mats, ptrs_off, 0, mats);
     moex_grouped_linear_args a = {
         .x = moex_tensor_2d(input(&r, F32, T * K, 0), F32, T, K),
-        .w = {moex_tensor_3d(NULL, F32, G, N, K), (void *const *)ptrs},
+        .w = {.t = moex_tensor_3d(NULL, F32, G, N, K), .ptrs = (void *const *)ptrs},
         .splits = moex_tensor_1d(place(sizeof splits_v, 0, 0, splits_v), I64, G),
         .y = moex_tensor_2d(output(F32, T * N, 0), F32, T, N),
     };
@@ -180,9 +180,10 @@ static void quantize_case(moex_context *ctx, q_offs o, const char *refused) {
     moex_group_quantize_args a = {
         .x = moex_tensor_2d(input(&r, BF16, T * QK, o.x), BF16, T, QK),
         .splits = moex_tensor_1d(place(sizeof splits_v, o.splits, 0, splits_v), I64, G),
-        .params = {MOEX_QUANT_TENSOR, E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN},
-        .rowwise = {moex_tensor_2d(output(E4M3, T * QK, o.data), E4M3, T, QK),
-                    moex_tensor_1d(output(F32, 1, o.scales), F32, 1)},
+        .params = {.recipe = MOEX_QUANT_TENSOR, .fp8 = E4M3, .amax_epsilon = 0.0f, .rounding = MOEX_SCALE_EXACT,
+                   .scale_layout = MOEX_SCALES_PLAIN},
+        .rowwise = {.data = moex_tensor_2d(output(E4M3, T * QK, o.data), E4M3, T, QK),
+                    .scales = moex_tensor_1d(output(F32, 1, o.scales), F32, 1)},
         .amax = moex_tensor_1d(output(F32, 1, o.amax), F32, 1),
     };
     RUN(ctx, moex_group_quantize, a, refused);
@@ -219,7 +220,8 @@ static void offsets_case(moex_context *ctx, size_t out_off, const char *refused)
     moex_splits_to_offsets_args a = {
         .splits = moex_tensor_1d(place(sizeof splits_v, 0, 0, splits_v), I64, G),
         .num_outputs = 1,
-        .outputs = {{moex_tensor_1d(output(I64, G + 1, out_off), I64, G + 1), 1, MOEX_OFFSETS_LEADING_ZERO}},
+        .outputs = {{.out = moex_tensor_1d(output(I64, G + 1, out_off), I64, G + 1), .stride = 1,
+                     .start = MOEX_OFFSETS_LEADING_ZERO}},
     };
     RUN(ctx, moex_splits_to_offsets, a, refused);
     free_bufs();

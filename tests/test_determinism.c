@@ -79,8 +79,8 @@ static void run_all(moex_context *ctx, const problem *p, outputs *o) {
     memset(&sa, 0, sizeof sa);
     sa.splits = splits;
     sa.num_outputs = 1;
-    sa.outputs[0] = (moex_offsets_output){moex_tensor_1d(o->buf[0], MOEX_DTYPE_I64, G + 1), K,
-                                          MOEX_OFFSETS_LEADING_ZERO};
+    sa.outputs[0] = (moex_offsets_output){.out = moex_tensor_1d(o->buf[0], MOEX_DTYPE_I64, G + 1), .stride = K,
+                                          .start = MOEX_OFFSETS_LEADING_ZERO};
     RUN(moex_splits_to_offsets, ctx, &sa);
 
     moex_grouped_linear_args fa;

@@ -133,8 +133,9 @@ static double row_value(uint64_t salt, int q, int64_t m, int64_t h, moex_dtype d
 /* ---- dispatch and combine ------------------------------------------------------------ */
 
 static moex_ep *ep_make(const problem *p) {
-    moex_ep_config cfg = {EP_COMM_KIND, EP_COMM, (int32_t)p->E, (int32_t)p->k, p->H, p->dt, p->Tm, p->R,
-                          ep_transfer};
+    moex_ep_config cfg = {.comm_kind = EP_COMM_KIND, .comm = EP_COMM, .num_experts = (int32_t)p->E,
+                          .topk = (int32_t)p->k, .hidden = p->H, .dtype = p->dt, .max_tokens = p->Tm,
+                          .max_recv_rows = p->R, .transfer = ep_transfer};
     moex_ep *ep = NULL;
     CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &cfg), MOEX_OK);
     return ep;
@@ -447,8 +448,9 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
 
 static void run_errors(void) {
     moex_ep *ep = NULL;
-    moex_ep_config cfg = {EP_COMM_KIND, EP_COMM, (int32_t)(2 * W + 1), 1, 8, MOEX_DTYPE_F32, 4, 16,
-                          MOEX_EP_TRANSFER_AUTO};
+    moex_ep_config cfg = {.comm_kind = EP_COMM_KIND, .comm = EP_COMM, .num_experts = (int32_t)(2 * W + 1), .topk = 1,
+                          .hidden = 8, .dtype = MOEX_DTYPE_F32, .max_tokens = 4, .max_recv_rows = 16,
+                          .transfer = MOEX_EP_TRANSFER_AUTO};
     if (W > 1) {
         CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "num_experts", "multiple");
         CHECK(ep == NULL);
@@ -518,8 +520,9 @@ static void run_errors(void) {
  * rank alike, before any exchange. */
 static void run_more_errors(void) {
     moex_ep *ep = NULL;
-    const moex_ep_config good = {EP_COMM_KIND, EP_COMM, (int32_t)(2 * W), 1, 8, MOEX_DTYPE_F32, 4, 16,
-                                 MOEX_EP_TRANSFER_AUTO};
+    const moex_ep_config good = {.comm_kind = EP_COMM_KIND, .comm = EP_COMM, .num_experts = (int32_t)(2 * W),
+                                 .topk = 1, .hidden = 8, .dtype = MOEX_DTYPE_F32, .max_tokens = 4,
+                                 .max_recv_rows = 16, .transfer = MOEX_EP_TRANSFER_AUTO};
     moex_ep_config cfg = good;
     cfg.comm_kind = (moex_ep_comm_kind)7;
     CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), "comm_kind", NULL);

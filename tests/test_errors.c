@@ -104,10 +104,11 @@ static void fixture_make(void) {
 
     base_so.splits = splits;
     base_so.num_outputs = 2;
-    base_so.outputs[0] = (moex_offsets_output){t1(output("offsets i64", MOEX_DTYPE_I64, G + 1), MOEX_DTYPE_I64, G + 1),
-                                               1, MOEX_OFFSETS_LEADING_ZERO};
-    base_so.outputs[1] = (moex_offsets_output){t1(output("offsets i32", MOEX_DTYPE_I32, G), MOEX_DTYPE_I32, G), K,
-                                               MOEX_OFFSETS_INCLUSIVE};
+    base_so.outputs[0] = (moex_offsets_output){
+        .out = t1(output("offsets i64", MOEX_DTYPE_I64, G + 1), MOEX_DTYPE_I64, G + 1), .stride = 1,
+        .start = MOEX_OFFSETS_LEADING_ZERO};
+    base_so.outputs[1] = (moex_offsets_output){.out = t1(output("offsets i32", MOEX_DTYPE_I32, G), MOEX_DTYPE_I32, G),
+                                               .stride = K, .start = MOEX_OFFSETS_INCLUSIVE};
 
     base_fw.x = t2(fx.x, DT, T, K);
     base_fw.w = wp(fx.w, DT, G, N, K);

@@ -60,7 +60,7 @@ static const char *mode_name(moex_fp8_mode m) {
 }
 
 static moex_fp8_recipe recipe(moex_fp8_mode mode, moex_fp8_dtypes dts, int pow2, float eps) {
-    moex_fp8_recipe r = {mode, dts, pow2, eps};
+    moex_fp8_recipe r = {.mode = mode, .dtypes = dts, .pow2_scales = pow2, .amax_epsilon = eps};
     return r;
 }
 
@@ -807,8 +807,11 @@ static void check_moe(moex_context *ctx, tu_rng *rng, moex_fp8_mode mode) {
      * per element; through two chained GEMMs and the GLU the norm-relative error stays well under
      * 2^-2 (about 2^-5 for these random operands). Different from OFF: the recipe ran. */
     struct { const char *name; moex_dtype dt; void **v; int64_t n; } outs[5] = {
-        {"y", dt, y, T * H}, {"dx", dt, dx, T * H}, {"dW1", MOEX_DTYPE_F32, dw1, E * 2 * F * H},
-        {"dW2", MOEX_DTYPE_F32, dw2, E * H * F}, {"drouter_w", MOEX_DTYPE_F32, drw, E * H}};
+        {.name = "y", .dt = dt, .v = y, .n = T * H},
+        {.name = "dx", .dt = dt, .v = dx, .n = T * H},
+        {.name = "dW1", .dt = MOEX_DTYPE_F32, .v = dw1, .n = E * 2 * F * H},
+        {.name = "dW2", .dt = MOEX_DTYPE_F32, .v = dw2, .n = E * H * F},
+        {.name = "drouter_w", .dt = MOEX_DTYPE_F32, .v = drw, .n = E * H}};
     for (int i = 0; i < 5; i++) {
         const double d = rel_diff(outs[i].dt, outs[i].v[1], outs[i].v[0], outs[i].n);
         CHECK_MSG(d > 0 && d < 0.25, "moe layer %s: %s of the FP8 layer is %.3g (norm-relative) from the plain one",
@@ -833,32 +836,40 @@ int main(void) {
                                          md == MOEX_FP8_MXFP8 ? 0.0f : 1e-3f);
         const moex_fp8_recipe rh = recipe(md, MOEX_FP8_HYBRID, 0, 0.0f);
         /* the grouped linear: the row classes, K and N past 128 and not multiples of 32 */
-        const lin_case a = {6, 330, 200, 136, classes, 0, r, dts[i], (moex_bias_mode)i, (moex_grad_mode)(i % 2), 0,
-                            0};
-        const lin_case b = {1, 77, 33, 40, NULL, 70, rh, dts[(i + 1) % 3], (moex_bias_mode)((i + 1) % 3),
-                            MOEX_GRAD_WRITE, 1, i == 2};
-        const lin_case e = {4, 150, 72, 48, NULL, 140, r, MOEX_DTYPE_BF16, MOEX_BIAS_SCALED, MOEX_GRAD_WRITE, 0,
-                            i == 0};
+        const lin_case a = {.G = 6, .T = 330, .K = 200, .N = 136, .splits = classes, .r = r, .dt = dts[i],
+                            .mode = (moex_bias_mode)i, .dw_mode = (moex_grad_mode)(i % 2)};
+        const lin_case b = {.G = 1, .T = 77, .K = 33, .N = 40, .rows = 70, .r = rh, .dt = dts[(i + 1) % 3],
+                            .mode = (moex_bias_mode)((i + 1) % 3), .dw_mode = MOEX_GRAD_WRITE, .dw_f32 = 1,
+                            .discrete = i == 2};
+        const lin_case e = {.G = 4, .T = 150, .K = 72, .N = 48, .rows = 140, .r = r, .dt = MOEX_DTYPE_BF16,
+                            .mode = MOEX_BIAS_SCALED, .dw_mode = MOEX_GRAD_WRITE, .discrete = i == 0};
         run_linear(ctx, &rng, &a), run_linear(ctx, &rng, &b), run_linear(ctx, &rng, &e);
         n += 3;
         /* the grouped MLP: the row classes; G = 1; gradient subsets, z recomputed, h overwritten,
          * discrete weights, dW in the activation dtype */
-        const mlp_case m1 = {6, 330, 136, 96, classes, 0, r, dts[i], MOEX_GLU_CONTIGUOUS, 1, 1, 1, 0, 0,
-                             (moex_bias_mode)((i + 2) % 3), G_ALL, (moex_grad_mode)(i % 2), 1};
-        const mlp_case m2 = {1, 77, 40, 33, NULL, 70, rh, MOEX_DTYPE_BF16, MOEX_GLU_CONTIGUOUS, 0, 1, 0, 1, 0,
-                             MOEX_BIAS_SCALED, i == 0 ? (unsigned)(G_DX | G_DP) : i == 1 ? (unsigned)(G_DW1 | G_DB2)
-                                                                                     : (unsigned)(G_DW2 | G_DB1),
-                             MOEX_GRAD_WRITE, 0};
-        const mlp_case m3 = {3, 200, 72, 64, NULL, 190, r, MOEX_DTYPE_BF16, MOEX_GLU_INTERLEAVED_32, 1, 1, 0, 0, 1,
-                             MOEX_BIAS_ADD, i == 1 ? (unsigned)(G_DW1 | G_DW2) : (unsigned)G_ALL, MOEX_GRAD_WRITE,
-                             0};
+        const mlp_case m1 = {.G = 6, .T = 330, .H = 136, .F = 96, .splits = classes, .r = r, .dt = dts[i],
+                             .layout = MOEX_GLU_CONTIGUOUS, .b1 = 1, .probs = 1, .save_z = 1,
+                             .b2_mode = (moex_bias_mode)((i + 2) % 3), .grads = G_ALL,
+                             .dw_mode = (moex_grad_mode)(i % 2), .dw_f32 = 1};
+        const mlp_case m2 = {.G = 1, .T = 77, .H = 40, .F = 33, .rows = 70, .r = rh, .dt = MOEX_DTYPE_BF16,
+                             .layout = MOEX_GLU_CONTIGUOUS, .probs = 1, .overwrite_h = 1, .b2_mode = MOEX_BIAS_SCALED,
+                             .grads = i == 0   ? (unsigned)(G_DX | G_DP)
+                                      : i == 1 ? (unsigned)(G_DW1 | G_DB2)
+                                               : (unsigned)(G_DW2 | G_DB1),
+                             .dw_mode = MOEX_GRAD_WRITE};
+        const mlp_case m3 = {.G = 3, .T = 200, .H = 72, .F = 64, .rows = 190, .r = r, .dt = MOEX_DTYPE_BF16,
+                             .layout = MOEX_GLU_INTERLEAVED_32, .b1 = 1, .probs = 1, .discrete = 1,
+                             .b2_mode = MOEX_BIAS_ADD, .grads = i == 1 ? (unsigned)(G_DW1 | G_DW2) : (unsigned)G_ALL,
+                             .dw_mode = MOEX_GRAD_WRITE};
         run_mlp(ctx, &rng, &m1), run_mlp(ctx, &rng, &m2), run_mlp(ctx, &rng, &m3);
         /* H a multiple of 16, F of 64 (contiguous) and of 32 (interleaved): on Hopper FC1 and
          * the GLU in one FP8 kernel (BLOCK, CURRENT), z kept or in the workspace */
-        const mlp_case m4 = {4, 300, 128, 64, NULL, 290, r, MOEX_DTYPE_BF16, MOEX_GLU_CONTIGUOUS, 1, 1, i == 1, 0, 0,
-                             MOEX_BIAS_SCALED, G_ALL, MOEX_GRAD_WRITE, 0};
-        const mlp_case m5 = {3, 200, 64, 96, NULL, 190, r, MOEX_DTYPE_F16, MOEX_GLU_INTERLEAVED_32, 1, i != 1, i == 0,
-                             0, 0, MOEX_BIAS_ADD, G_ALL, MOEX_GRAD_ACCUMULATE, 1};
+        const mlp_case m4 = {.G = 4, .T = 300, .H = 128, .F = 64, .rows = 290, .r = r, .dt = MOEX_DTYPE_BF16,
+                             .layout = MOEX_GLU_CONTIGUOUS, .b1 = 1, .probs = 1, .save_z = i == 1,
+                             .b2_mode = MOEX_BIAS_SCALED, .grads = G_ALL, .dw_mode = MOEX_GRAD_WRITE};
+        const mlp_case m5 = {.G = 3, .T = 200, .H = 64, .F = 96, .rows = 190, .r = r, .dt = MOEX_DTYPE_F16,
+                             .layout = MOEX_GLU_INTERLEAVED_32, .b1 = 1, .probs = i != 1, .save_z = i == 0,
+                             .b2_mode = MOEX_BIAS_ADD, .grads = G_ALL, .dw_mode = MOEX_GRAD_ACCUMULATE, .dw_f32 = 1};
         run_mlp(ctx, &rng, &m4), run_mlp(ctx, &rng, &m5);
         n += 5;
         check_moe(ctx, &rng, md);
@@ -866,9 +877,11 @@ int main(void) {
     /* the remaining gradient subsets once (BLOCK, hybrid), including none but dprobs */
     static const unsigned subsets[4] = {G_DP, G_DB1 | G_DB2, G_DX | G_DW2, G_DW1 | G_DP};
     for (int s = 0; s < 4; s++) {
-        const mlp_case m = {2, 100, 48, 32, NULL, 90, recipe(MOEX_FP8_BLOCK, MOEX_FP8_HYBRID, 0, 0.0f),
-                            MOEX_DTYPE_BF16, MOEX_GLU_CONTIGUOUS, s % 2, 1, s % 2, s == 3, s == 2, MOEX_BIAS_SCALED,
-                            subsets[s], (moex_grad_mode)(s % 2), 1};
+        const mlp_case m = {.G = 2, .T = 100, .H = 48, .F = 32, .rows = 90,
+                            .r = recipe(MOEX_FP8_BLOCK, MOEX_FP8_HYBRID, 0, 0.0f), .dt = MOEX_DTYPE_BF16,
+                            .layout = MOEX_GLU_CONTIGUOUS, .b1 = s % 2, .probs = 1, .save_z = s % 2,
+                            .overwrite_h = s == 3, .discrete = s == 2, .b2_mode = MOEX_BIAS_SCALED,
+                            .grads = subsets[s], .dw_mode = (moex_grad_mode)(s % 2), .dw_f32 = 1};
         run_mlp(ctx, &rng, &m);
         n++;
     }

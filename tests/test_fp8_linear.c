@@ -92,7 +92,8 @@ static qrows quantize_rows(const moex_quant_params *p, int64_t G, int64_t T, int
     memset(q.row.data, 0xFF, (size_t)(T * K) + 1), memset(q.col.data, 0xFF, (size_t)(T * K) + 1);
     q.row.scales = tu_zalloc((size_t)numel(q.row.snd, q.row.sshape) * scale_size(p->recipe) + 4);
     q.col.scales = tu_zalloc((size_t)numel(q.col.snd, q.col.sshape) * scale_size(p->recipe) + 4);
-    ref_quant_out out = {q.row.data, q.row.scales, q.col.data, q.col.scales, NULL};
+    ref_quant_out out = {.row_data = q.row.data, .row_scales = q.row.scales, .col_data = q.col.data,
+                         .col_scales = q.col.scales};
     ref_group_quantize(p, G, T, K, splits, x, &out);
     q.row_vals = tu_doubles(T * K), q.col_vals = tu_doubles(T * K);
     ref_group_dequantize(p, MOEX_QUANT_ROWWISE, G, T, K, splits, q.row.data, q.row.scales, MOEX_DTYPE_F32,
@@ -114,7 +115,8 @@ static qrows quantize_weights(const moex_quant_params *p, int64_t G, int64_t N, 
     q.row.data = (uint8_t *)tu_alloc((size_t)(G * N * K) + 1), q.col.data = (uint8_t *)tu_alloc((size_t)(G * N * K) + 1);
     q.row.scales = tu_zalloc((size_t)numel(q.row.snd, q.row.sshape) * scale_size(p->recipe) + 4);
     q.col.scales = tu_zalloc((size_t)numel(q.col.snd, q.col.sshape) * scale_size(p->recipe) + 4);
-    ref_quant_out out = {q.row.data, q.row.scales, q.col.data, q.col.scales, NULL};
+    ref_quant_out out = {.row_data = q.row.data, .row_scales = q.row.scales, .col_data = q.col.data,
+                         .col_scales = q.col.scales};
     ref_weight_quantize(p, G, N, K, w, &out);
     q.row_vals = tu_doubles(G * N * K), q.col_vals = tu_doubles(G * N * K);
     ref_weight_dequantize(p, MOEX_QUANT_ROWWISE, G, N, K, q.row.data, q.row.scales, MOEX_DTYPE_F32, q.row_vals);
@@ -339,13 +341,16 @@ int main(void) {
         const moex_bias_mode mode = (moex_bias_mode)(i % 3);
         const moex_grad_mode acc = (moex_grad_mode)(i % 2);
         /* the row classes, K and N past one 128 block and not multiples of 32 */
-        const fp8_case a = {6, 330, 200, 136, classes, 0, 0, xr[i], wr[i], ydts[i % 3], mode, acc};
+        const fp8_case a = {.G = 6, .T = 330, .K = 200, .N = 136, .splits = classes, .xr = xr[i], .wr = wr[i],
+                            .ydt = ydts[i % 3], .mode = mode, .dw_mode = acc};
         /* one group, small odd sizes */
-        const fp8_case b = {1, 77, 33, 40, NULL, TU_SPLITS_BALANCED, 70, xr[i], wr[i], ydts[(i + 1) % 3],
-                            (moex_bias_mode)((i + 1) % 3), (moex_grad_mode)!acc};
+        const fp8_case b = {.G = 1, .T = 77, .K = 33, .N = 40, .kind = TU_SPLITS_BALANCED, .rows = 70, .xr = xr[i],
+                            .wr = wr[i], .ydt = ydts[(i + 1) % 3], .mode = (moex_bias_mode)((i + 1) % 3),
+                            .dw_mode = (moex_grad_mode)!acc};
         /* G = 256, most groups empty or tiny */
-        const fp8_case e = {256, 304, 64, 48, NULL, TU_SPLITS_SKEWED, 290, xr[i], wr[i], ydts[(i + 2) % 3],
-                            (moex_bias_mode)((i + 2) % 3), acc};
+        const fp8_case e = {.G = 256, .T = 304, .K = 64, .N = 48, .kind = TU_SPLITS_SKEWED, .rows = 290, .xr = xr[i],
+                            .wr = wr[i], .ydt = ydts[(i + 2) % 3], .mode = (moex_bias_mode)((i + 2) % 3),
+                            .dw_mode = acc};
         run_case(ctx, &r, &a), run_case(ctx, &r, &b), run_case(ctx, &r, &e);
         n += 3;
     }
@@ -353,21 +358,26 @@ int main(void) {
      * dtype) and none: on Hopper the FP8 kernel (128 x 128 tiles, 128-deep stages, clusters
      * from K 2560 on); several stages and a k tail */
     {
-        const fp8_case a = {6, 336, 272, 208, classes, 0, 0, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP, MOEX_DTYPE_BF16,
-                            MOEX_BIAS_ADD, MOEX_GRAD_WRITE};
-        const fp8_case b = {6, 336, 1040, 400, classes, 0, 0, MOEX_QUANT_TENSOR, MOEX_QUANT_GROUP, MOEX_DTYPE_F16,
-                            MOEX_BIAS_SCALED, MOEX_GRAD_ACCUMULATE};
-        const fp8_case e = {3, 1008, 512, 256, NULL, TU_SPLITS_RANDOM, 990, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP,
-                            MOEX_DTYPE_BF16, MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
+        const fp8_case a = {.G = 6, .T = 336, .K = 272, .N = 208, .splits = classes, .xr = MOEX_QUANT_GROUP,
+                            .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16, .mode = MOEX_BIAS_ADD,
+                            .dw_mode = MOEX_GRAD_WRITE};
+        const fp8_case b = {.G = 6, .T = 336, .K = 1040, .N = 400, .splits = classes, .xr = MOEX_QUANT_TENSOR,
+                            .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_F16, .mode = MOEX_BIAS_SCALED,
+                            .dw_mode = MOEX_GRAD_ACCUMULATE};
+        const fp8_case e = {.G = 3, .T = 1008, .K = 512, .N = 256, .kind = TU_SPLITS_RANDOM, .rows = 990,
+                            .xr = MOEX_QUANT_GROUP, .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16,
+                            .mode = MOEX_BIAS_NONE, .dw_mode = MOEX_GRAD_WRITE};
         /* K >= 2560: 2-CTA clusters (row pairs; odd last row tiles as column pairs) */
-        const fp8_case f = {3, 704, 2704, 264, NULL, TU_SPLITS_RANDOM, 690, MOEX_QUANT_GROUP, MOEX_QUANT_GROUP,
-                            MOEX_DTYPE_BF16, MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
+        const fp8_case f = {.G = 3, .T = 704, .K = 2704, .N = 264, .kind = TU_SPLITS_RANDOM, .rows = 690,
+                            .xr = MOEX_QUANT_GROUP, .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16,
+                            .mode = MOEX_BIAS_NONE, .dw_mode = MOEX_GRAD_WRITE};
         run_case(ctx, &r, &a), run_case(ctx, &r, &b), run_case(ctx, &r, &e), run_case(ctx, &r, &f);
         /* clusters, the last group's odd last row tile as a column pair whose second tile lies
          * past N (its BLOCK weight scales must not be read past the last group's) */
         static const int64_t two[2] = {256, 100};
-        const fp8_case h = {2, 368, 2576, 264, two, 0, 0, MOEX_QUANT_BLOCK, MOEX_QUANT_BLOCK, MOEX_DTYPE_BF16,
-                            MOEX_BIAS_NONE, MOEX_GRAD_WRITE};
+        const fp8_case h = {.G = 2, .T = 368, .K = 2576, .N = 264, .splits = two, .xr = MOEX_QUANT_BLOCK,
+                            .wr = MOEX_QUANT_BLOCK, .ydt = MOEX_DTYPE_BF16, .mode = MOEX_BIAS_NONE,
+                            .dw_mode = MOEX_GRAD_WRITE};
         run_case(ctx, &r, &h);
         n += 1;
         /* the same with BLOCK scaling (1x128 rows, 128x128 weight blocks) */

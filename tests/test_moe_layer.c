@@ -269,9 +269,10 @@ static void test_case(tu_rng *r, const moe_case *c) {
     double *y = tu_doubles(T * H), *yb = tu_doubles(T * H), *Lt = tu_doubles(T);
     ref_moe_layer_forward(&p, y, yb, NULL, NULL, NULL);
     ref_moe_logit_bounds(&p, Lt);
-    ref_moe_grads rg = {tu_doubles(T * H), tu_doubles(T * H), tu_doubles(E * H), tu_doubles(E * H),
-                        tu_doubles(n1(c)), tu_doubles(n1(c)), tu_doubles(n2(c)), tu_doubles(n2(c)),
-                        tu_doubles(E * 2 * F), tu_doubles(E * 2 * F), tu_doubles(E * H), tu_doubles(E * H), 0};
+    ref_moe_grads rg = {.dx = tu_doubles(T * H), .dxb = tu_doubles(T * H), .drouter_w = tu_doubles(E * H),
+                        .drouter_wb = tu_doubles(E * H), .dw1 = tu_doubles(n1(c)), .dw1b = tu_doubles(n1(c)),
+                        .dw2 = tu_doubles(n2(c)), .dw2b = tu_doubles(n2(c)), .db1 = tu_doubles(E * 2 * F),
+                        .db1b = tu_doubles(E * 2 * F), .db2 = tu_doubles(E * H), .db2b = tu_doubles(E * H)};
     ref_moe_layer_backward(&p, v.dy, &rg);
     for (int64_t i = 0; i < E * H; i++) rg.drouter_w[i] += acc_rw[i];
     for (int64_t i = 0; i < n1(c); i++) rg.dw1[i] += acc1[i];
@@ -360,12 +361,12 @@ typedef struct param {
 
 static int params_of(const moe_case *c, moe_data *v, const ref_moe_grads *g, param *out) {
     int n = 0;
-    out[n++] = (param){"x", v->x, c->T * c->H, g->dx};
-    out[n++] = (param){"router_w", v->wr, c->E * c->H, g->drouter_w};
-    out[n++] = (param){"w1", v->w1, n1(c), g->dw1};
-    out[n++] = (param){"w2", v->w2, n2(c), g->dw2};
-    if (c->with_b1) out[n++] = (param){"b1", v->b1, c->E * 2 * c->F, g->db1};
-    if (c->b2_mode != MOEX_BIAS_NONE) out[n++] = (param){"b2", v->b2, c->E * c->H, g->db2};
+    out[n++] = (param){.name = "x", .v = v->x, .n = c->T * c->H, .grad = g->dx};
+    out[n++] = (param){.name = "router_w", .v = v->wr, .n = c->E * c->H, .grad = g->drouter_w};
+    out[n++] = (param){.name = "w1", .v = v->w1, .n = n1(c), .grad = g->dw1};
+    out[n++] = (param){.name = "w2", .v = v->w2, .n = n2(c), .grad = g->dw2};
+    if (c->with_b1) out[n++] = (param){.name = "b1", .v = v->b1, .n = c->E * 2 * c->F, .grad = g->db1};
+    if (c->b2_mode != MOEX_BIAS_NONE) out[n++] = (param){.name = "b2", .v = v->b2, .n = c->E * c->H, .grad = g->db2};
     return n;
 }
 
@@ -385,8 +386,8 @@ static void test_reference_fd(tu_rng *r, const moe_case *c) {
     describe(name, sizeof name, c);
     moe_data v = make_data(r, c);
     ref_moe p = ref_of(c, &v);
-    ref_moe_grads g = {tu_doubles(c->T * c->H), NULL, tu_doubles(c->E * c->H), NULL, tu_doubles(n1(c)), NULL,
-                       tu_doubles(n2(c)), NULL, tu_doubles(c->E * 2 * c->F), NULL, tu_doubles(c->E * c->H), NULL, 0};
+    ref_moe_grads g = {.dx = tu_doubles(c->T * c->H), .drouter_w = tu_doubles(c->E * c->H), .dw1 = tu_doubles(n1(c)),
+                       .dw2 = tu_doubles(n2(c)), .db1 = tu_doubles(c->E * 2 * c->F), .db2 = tu_doubles(c->E * c->H)};
     ref_moe_layer_backward(&p, v.dy, &g);
     param ps[6];
     const int np = params_of(c, &v, &g, ps);
@@ -469,8 +470,10 @@ static void test_library_fd(tu_rng *r, const moe_case *c) {
 /* ---- errors, T = 0 ------------------------------------------------------------------- */
 
 static void test_errors(tu_rng *r) {
-    const moe_case c = {9, 8, 4, 4, 2, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_BIAS_ADD, 1,
-                        MOEX_GLU_SWIGLU, MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_F32, 0, MOEX_GRAD_WRITE, MOEX_DTYPE_F32, 0};
+    const moe_case c = {.T = 9, .H = 8, .E = 4, .F = 4, .k = 2, .score = MOEX_ROUTER_SOFTMAX,
+                        .norm = MOEX_ROUTER_RENORM, .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1, .glu = MOEX_GLU_SWIGLU,
+                        .layout = MOEX_GLU_CONTIGUOUS, .dt = MOEX_DTYPE_F32, .dw_mode = MOEX_GRAD_WRITE,
+                        .dw_dt = MOEX_DTYPE_F32};
     moe_data v = make_data(r, &c);
     moe_lib L;
     lib_make(&c, &v, &L);
@@ -575,8 +578,9 @@ static void test_errors(tu_rng *r) {
 
 /* T = 0 runs (nothing to route); an absent dx and drouter_w skip the router path. */
 static void test_empty_and_partial(tu_rng *r) {
-    moe_case c = {0, 8, 3, 4, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, MOEX_BIAS_SCALED, 1,
-                  MOEX_GLU_SWIGLU, MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_F32, 0, MOEX_GRAD_WRITE, MOEX_DTYPE_F32, 0};
+    moe_case c = {.T = 0, .H = 8, .E = 3, .F = 4, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_RENORM,
+                  .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1, .glu = MOEX_GLU_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS,
+                  .dt = MOEX_DTYPE_F32, .dw_mode = MOEX_GRAD_WRITE, .dw_dt = MOEX_DTYPE_F32};
     moe_data v = make_data(r, &c);
     moe_lib L;
     lib_make(&c, &v, &L);
@@ -654,23 +658,39 @@ static void run_backend_cases(tu_rng *r) {
     const moex_dtype F32 = MOEX_DTYPE_F32, BF = MOEX_DTYPE_BF16, F16 = MOEX_DTYPE_F16;
     const moex_grad_mode WR = MOEX_GRAD_WRITE, AC = MOEX_GRAD_ACCUMULATE;
     const moe_case cases[] = {
-        {23, 16, 4, 8, 2, SM, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 1, WR, F32, 0},
-        {19, 12, 5, 6, 1, SG, RAW, MOEX_BIAS_ADD, 1, SW, CT, F32, 2, WR, F32, 1},
-        {13, 8, 3, 4, 3, SM, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F32, 0, AC, F32, 0},     /* k = E */
-        {29, 16, 6, 32, 2, SM, RN, MOEX_BIAS_SCALED, 1, CL, IL, BF, 2, WR, BF, 0},
-        {29, 16, 6, 32, 2, SM, RN, MOEX_BIAS_SCALED, 1, CL, IL, F16, 2, AC, F32, 1},
-        {31, 24, 8, 8, 4, SG, RN, MOEX_BIAS_ADD, 0, SW, CT, BF, 3, WR, F32, 0},
-        {7, 5, 2, 3, 1, SM, RN, MOEX_BIAS_NONE, 1, SW, CT, F32, 0, WR, F32, 0},        /* k = 1 renorm: dlogits = 0 */
-        {40, 9, 7, 5, 2, SG, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F16, 4, WR, F16, 1},
-        {1, 3, 2, 1, 2, SG, RN, MOEX_BIAS_ADD, 1, SW, CT, F32, 0, AC, F32, 0},          /* one token, k = E */
-        {64, 20, 12, 10, 3, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, BF, 5, AC, F32, 0},
+        {.T = 23, .H = 16, .E = 4, .F = 8, .k = 2, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_NONE, .glu = SW,
+         .layout = CT, .dt = F32, .n_empty = 1, .dw_mode = WR, .dw_dt = F32},
+        {.T = 19, .H = 12, .E = 5, .F = 6, .k = 1, .score = SG, .norm = RAW, .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .n_empty = 2, .dw_mode = WR, .dw_dt = F32, .discrete = 1},
+        /* k = E */
+        {.T = 13, .H = 8, .E = 3, .F = 4, .k = 3, .score = SM, .norm = RAW, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = CL, .layout = CT, .dt = F32, .dw_mode = AC, .dw_dt = F32},
+        {.T = 29, .H = 16, .E = 6, .F = 32, .k = 2, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_SCALED,
+         .with_b1 = 1, .glu = CL, .layout = IL, .dt = BF, .n_empty = 2, .dw_mode = WR, .dw_dt = BF},
+        {.T = 29, .H = 16, .E = 6, .F = 32, .k = 2, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_SCALED,
+         .with_b1 = 1, .glu = CL, .layout = IL, .dt = F16, .n_empty = 2, .dw_mode = AC, .dw_dt = F32, .discrete = 1},
+        {.T = 31, .H = 24, .E = 8, .F = 8, .k = 4, .score = SG, .norm = RN, .b2_mode = MOEX_BIAS_ADD, .glu = SW,
+         .layout = CT, .dt = BF, .n_empty = 3, .dw_mode = WR, .dw_dt = F32},
+        /* k = 1 renorm: dlogits = 0 */
+        {.T = 7, .H = 5, .E = 2, .F = 3, .k = 1, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_NONE, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
+        {.T = 40, .H = 9, .E = 7, .F = 5, .k = 2, .score = SG, .norm = RAW, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = CL, .layout = CT, .dt = F16, .n_empty = 4, .dw_mode = WR, .dw_dt = F16, .discrete = 1},
+        /* one token, k = E */
+        {.T = 1, .H = 3, .E = 2, .F = 1, .k = 2, .score = SG, .norm = RN, .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .dw_mode = AC, .dw_dt = F32},
+        {.T = 64, .H = 20, .E = 12, .F = 10, .k = 3, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_SCALED,
+         .with_b1 = 1, .glu = SW, .layout = CT, .dt = BF, .n_empty = 5, .dw_mode = AC, .dw_dt = F32},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_case(r, &cases[i]);
 
     const moe_case lib_fd_cases[] = {
-        {17, 10, 4, 6, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 1, WR, F32, 0},
-        {12, 8, 5, 4, 2, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
-        {9, 6, 3, 4, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
+        {.T = 17, .H = 10, .E = 4, .F = 6, .k = 2, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .n_empty = 1, .dw_mode = WR, .dw_dt = F32},
+        {.T = 12, .H = 8, .E = 5, .F = 4, .k = 2, .score = SG, .norm = RAW, .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1,
+         .glu = CL, .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
+        {.T = 9, .H = 6, .E = 3, .F = 4, .k = 3, .score = SG, .norm = RN, .b2_mode = MOEX_BIAS_NONE, .glu = SW,
+         .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
     };
     for (size_t i = 0; i < sizeof lib_fd_cases / sizeof lib_fd_cases[0]; i++) test_library_fd(r, &lib_fd_cases[i]);
 }
@@ -688,11 +708,16 @@ int main(void) {
     const moex_dtype F32 = MOEX_DTYPE_F32;
     const moex_grad_mode WR = MOEX_GRAD_WRITE;
     const moe_case fd_cases[] = {
-        {5, 4, 3, 2, 2, SM, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
-        {4, 3, 4, 3, 1, SG, RAW, MOEX_BIAS_ADD, 1, CL, CT, F32, 0, WR, F32, 0},
-        {3, 4, 3, 2, 3, SG, RN, MOEX_BIAS_NONE, 0, SW, CT, F32, 0, WR, F32, 0},
-        {6, 4, 5, 2, 2, SM, RAW, MOEX_BIAS_SCALED, 1, CL, CT, F32, 1, WR, F32, 0},
-        {5, 3, 4, 2, 3, SG, RN, MOEX_BIAS_SCALED, 1, SW, CT, F32, 0, WR, F32, 0},
+        {.T = 5, .H = 4, .E = 3, .F = 2, .k = 2, .score = SM, .norm = RN, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
+        {.T = 4, .H = 3, .E = 4, .F = 3, .k = 1, .score = SG, .norm = RAW, .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1,
+         .glu = CL, .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
+        {.T = 3, .H = 4, .E = 3, .F = 2, .k = 3, .score = SG, .norm = RN, .b2_mode = MOEX_BIAS_NONE, .glu = SW,
+         .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
+        {.T = 6, .H = 4, .E = 5, .F = 2, .k = 2, .score = SM, .norm = RAW, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = CL, .layout = CT, .dt = F32, .n_empty = 1, .dw_mode = WR, .dw_dt = F32},
+        {.T = 5, .H = 3, .E = 4, .F = 2, .k = 3, .score = SG, .norm = RN, .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1,
+         .glu = SW, .layout = CT, .dt = F32, .dw_mode = WR, .dw_dt = F32},
     };
     for (size_t i = 0; i < sizeof fd_cases / sizeof fd_cases[0]; i++) test_reference_fd(&r, &fd_cases[i]);
 

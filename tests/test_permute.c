@@ -224,7 +224,7 @@ static void test_case(tu_rng *r, const perm_case *c) {
 /* The reference backward of permute (x and probs) and of unpermute against central
  * differences of the reference forward: sum(dxp * xp) + sum(dpp * probs_p) and sum(dy * y). */
 static void test_reference_fd(tu_rng *r) {
-    const perm_case c = {7, 3, 3, 5, MOEX_DTYPE_F32, IDS_REPEATS, 1};
+    const perm_case c = {.T = 7, .H = 3, .k = 3, .E = 5, .dt = MOEX_DTYPE_F32, .ids = IDS_REPEATS, .with_probs = 1};
     const int64_t T = c.T, H = c.H, k = c.k, E = c.E, rows = T * k;
     int32_t *ids = (int32_t *)tu_alloc((size_t)rows * sizeof(int32_t)), *rm = (int32_t *)tu_alloc((size_t)rows * 4);
     int64_t *splits = (int64_t *)tu_alloc((size_t)E * sizeof(int64_t));
@@ -282,7 +282,7 @@ static void test_reference_fd(tu_rng *r) {
 
 /* Bad ids and row_map values fail before anything is written; shape errors are named. */
 static void test_errors(void) {
-    const perm_case c = {3, 4, 2, 4, MOEX_DTYPE_F32, IDS_DISTINCT, 1};
+    const perm_case c = {.T = 3, .H = 4, .k = 2, .E = 4, .dt = MOEX_DTYPE_F32, .ids = IDS_DISTINCT, .with_probs = 1};
     float x[12] = {0}, probs[6] = {0}, xp[24], probs_p[6], dxp[24] = {0}, dx[12], dprobs[6];
     int64_t splits[4];
     int32_t row_map[6];
@@ -400,7 +400,8 @@ static void test_errors(void) {
 
 /* Bitwise the same results with 1 thread and with several. */
 static void test_threads(tu_rng *r) {
-    const perm_case c = {513, 40, 3, 9, MOEX_DTYPE_BF16, IDS_DISTINCT, 1};
+    const perm_case c = {.T = 513, .H = 40, .k = 3, .E = 9, .dt = MOEX_DTYPE_BF16, .ids = IDS_DISTINCT,
+                         .with_probs = 1};
     const int64_t rows = c.T * c.k;
     int32_t *ids = (int32_t *)tu_alloc((size_t)rows * sizeof(int32_t));
     make_ids(r, &c, ids);
@@ -437,12 +438,16 @@ int main(void) {
     tu_rng r = tu_rng_seed(77);
     const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
     const perm_case shapes[] = {
-        {37, 24, 2, 8, 0, IDS_DISTINCT, 1},   {23, 7, 1, 5, 0, IDS_DISTINCT, 1},
-        {19, 5, 4, 4, 0, IDS_DISTINCT, 1},    /* k = E */
-        {31, 9, 3, 6, 0, IDS_REPEATS, 1},     {29, 13, 2, 9, 0, IDS_SKIP_SOME, 1},
-        {17, 6, 1, 7, 0, IDS_ONE_EXPERT, 1},  {11, 3, 2, 1, 0, IDS_REPEATS, 0},   /* E = 1, no probs */
-        {1, 1, 1, 3, 0, IDS_DISTINCT, 1},     {0, 8, 2, 4, 0, IDS_DISTINCT, 1},   /* T = 0 */
-        {200, 65, 3, 16, 0, IDS_SKIP_SOME, 0},
+        {.T = 37, .H = 24, .k = 2, .E = 8, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 23, .H = 7, .k = 1, .E = 5, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 19, .H = 5, .k = 4, .E = 4, .ids = IDS_DISTINCT, .with_probs = 1},  /* k = E */
+        {.T = 31, .H = 9, .k = 3, .E = 6, .ids = IDS_REPEATS, .with_probs = 1},
+        {.T = 29, .H = 13, .k = 2, .E = 9, .ids = IDS_SKIP_SOME, .with_probs = 1},
+        {.T = 17, .H = 6, .k = 1, .E = 7, .ids = IDS_ONE_EXPERT, .with_probs = 1},
+        {.T = 11, .H = 3, .k = 2, .E = 1, .ids = IDS_REPEATS},                    /* E = 1, no probs */
+        {.T = 1, .H = 1, .k = 1, .E = 3, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 0, .H = 8, .k = 2, .E = 4, .ids = IDS_DISTINCT, .with_probs = 1},   /* T = 0 */
+        {.T = 200, .H = 65, .k = 3, .E = 16, .ids = IDS_SKIP_SOME},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int d = 0; d < 3; d++) {

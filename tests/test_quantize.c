@@ -138,7 +138,8 @@ static void check_reference(tu_rng *r) {
         CHECK_MSG(bad == 0, "reference encoder %s: %d disagreements with the brute force", moex_dtype_name(fmt), bad);
     }
     /* the scale rule */
-    moex_quant_params p = {MOEX_QUANT_TENSOR, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    moex_quant_params p = {.recipe = MOEX_QUANT_TENSOR, .fp8 = E4, .amax_epsilon = 0.0f, .rounding = MOEX_SCALE_EXACT,
+                           .scale_layout = MOEX_SCALES_PLAIN};
     CHECK(ref_quant_factor(&p, 448.0) == 1.0 && ref_quant_factor(&p, 0.0) == 1.0);
     CHECK(ref_quant_factor(&p, NAN) == 1.0 && ref_quant_factor(&p, INFINITY) == 1.0);
     CHECK(ref_quant_factor(&p, 0x1p-149) == FLT_MAX);
@@ -652,16 +653,16 @@ typedef struct qshape {
 } qshape;
 
 static const qshape shapes[] = {
-    {1, 1, 1, {1}, 0, 0, 0},
-    {1, 77, 130, {77}, 0, 0, 0},
-    {5, 300, 257, {0, 1, 130, 4, 128}, 0, 0, 0},          /* empty first, 1 row, tile edges; S = 263 */
-    {64, 200, 40, {0}, 2, 0, 0},                           /* mostly empty, some 1-row groups, S < T */
-    {3, 129, 128, {128, 0, 1}, 0, 0, 0},
-    {4, 70, 33, {0, 0, 0, 0}, 0, 0, 0},                    /* all empty */
-    {3, 260, 64, {257, 2, 0}, 0, 0, 0},                    /* empty last */
-    {6, 100, 31, {0}, 1, TU_SPLITS_RANDOM, 95},
-    {1, 0, 16, {0}, 0, 0, 0},                              /* T = 0 */
-    {8, 45, 300, {0}, 1, TU_SPLITS_EMPTY_MIDDLE, 45},
+    {.G = 1, .T = 1, .K = 1, .splits = {1}},
+    {.G = 1, .T = 77, .K = 130, .splits = {77}},
+    {.G = 5, .T = 300, .K = 257, .splits = {0, 1, 130, 4, 128}},  /* empty first, 1 row, tile edges; S = 263 */
+    {.G = 64, .T = 200, .K = 40, .random_splits = 2},             /* mostly empty, some 1-row groups, S < T */
+    {.G = 3, .T = 129, .K = 128, .splits = {128, 0, 1}},
+    {.G = 4, .T = 70, .K = 33, .splits = {0, 0, 0, 0}},           /* all empty */
+    {.G = 3, .T = 260, .K = 64, .splits = {257, 2, 0}},           /* empty last */
+    {.G = 6, .T = 100, .K = 31, .random_splits = 1, .kind = TU_SPLITS_RANDOM, .rows = 95},
+    {.G = 1, .T = 0, .K = 16},                                    /* T = 0 */
+    {.G = 8, .T = 45, .K = 300, .random_splits = 1, .kind = TU_SPLITS_EMPTY_MIDDLE, .rows = 45},
 };
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 

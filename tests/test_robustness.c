@@ -144,7 +144,7 @@ static void address_wraps(moex_context *ctx) {
     CHECK_REFUSED(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), "y", "wraps around");
     a.y.data = y;
     void *ptrs[G] = {w, top};
-    a.w = (moex_weight){moex_tensor_3d(NULL, F32, G, N, K), ptrs};
+    a.w = (moex_weight){.t = moex_tensor_3d(NULL, F32, G, N, K), .ptrs = ptrs};
     CHECK_REFUSED(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), "w.ptrs[1]", "wraps around");
     ptrs[1] = w + N * K;
     CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &a, &bytes), MOEX_OK);
@@ -241,7 +241,7 @@ static void grouped_linear_overlap(moex_context *ctx) {
     moex_grouped_linear_wgrad_args wg = {
         .x = moex_tensor_2d(x, F32, T, K), .dy = moex_tensor_2d(y, F32, T, N),
         .splits = moex_tensor_1d(splits, I64, G), .dw_mode = MOEX_GRAD_WRITE,
-        .dw = {moex_tensor_3d(NULL, F32, G, N, K), ptrs}};
+        .dw = {.t = moex_tensor_3d(NULL, F32, G, N, K), .ptrs = ptrs}};
     CHECK_STATUS(ctx, moex_grouped_linear_backward_weight_workspace_size(ctx, &wg, &bytes), MOEX_OK);
     CHECK_REFUSED(ctx, moex_grouped_linear_backward_weight(ctx, &wg, ws, bytes, NULL), "dw.ptrs[0] overlaps dw.ptrs[1]",
             NULL);

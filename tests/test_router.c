@@ -183,8 +183,8 @@ static void test_ties(void) {
                             2, 2, 2, 2, 2, 2};      /* all equal: ids 0, 1, 2       */
     const int32_t want[2 * 3] = {1, 2, 4, 0, 1, 2};
     for (int s = 0; s < 2; s++) {
-        router_case c = {2, 6, 3, s ? MOEX_ROUTER_SIGMOID : MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM,
-                         MOEX_DTYPE_F32, 1};
+        router_case c = {.T = 2, .E = 6, .k = 3, .score = s ? MOEX_ROUTER_SIGMOID : MOEX_ROUTER_SOFTMAX,
+                         .norm = MOEX_ROUTER_RENORM, .dt = MOEX_DTYPE_F32, .grid = 1};
         float probs[6];
         int32_t ids[6];
         CHECK_STATUS(ctx, lib_forward(&c, (void *)l, probs, ids), MOEX_OK);
@@ -198,7 +198,8 @@ static void test_ties(void) {
 /* A NaN logit ranks below every number (as on the GPU), wherever it stands in the row. */
 static void test_nan(void) {
     const float l[2 * 3] = {NAN, 1, 2, 1, NAN, 2};
-    router_case c = {2, 3, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_NO_RENORM, MOEX_DTYPE_F32, 1};
+    router_case c = {.T = 2, .E = 3, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_NO_RENORM,
+                     .dt = MOEX_DTYPE_F32, .grid = 1};
     float probs[4];
     int32_t ids[4];
     CHECK_STATUS(ctx, lib_forward(&c, (void *)l, probs, ids), MOEX_OK);
@@ -210,7 +211,8 @@ static void test_nan(void) {
 
 /* k = 1 with renormalisation: probs are 1 and the gradient to the logits is exactly 0. */
 static void test_k1_renorm_zero_grad(tu_rng *r) {
-    router_case c = {9, 5, 1, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
+    router_case c = {.T = 9, .E = 5, .k = 1, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_RENORM,
+                     .dt = MOEX_DTYPE_F32};
     double l[45], dq[9];
     make_logits(r, &c, l);
     tu_fill_uniform(r, dq, 9, -1, 1, MOEX_DTYPE_F32);
@@ -234,7 +236,8 @@ static void test_k1_renorm_zero_grad(tu_rng *r) {
 static void test_sigmoid_renorm_tiny(void) {
     const float one[3] = {-100.0f, -1000.0f, -1e30f};
     for (int v = 0; v < 3; v++) {
-        router_case c = {1, 1, 1, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
+        router_case c = {.T = 1, .E = 1, .k = 1, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_RENORM,
+                         .dt = MOEX_DTYPE_F32};
         float probs[1] = {0}, dq[1] = {0.75f}, dl[1] = {NAN};
         int32_t ids[1] = {-1};
         CHECK_STATUS(ctx, lib_forward(&c, (void *)&one[v], probs, ids), MOEX_OK);
@@ -248,7 +251,8 @@ static void test_sigmoid_renorm_tiny(void) {
     const float l[4] = {-95.0f, -97.0f, -120.0f, -100.0f};
     const float dq[2] = {0.5f, -0.25f};
     for (int d = 0; d < 2; d++) {
-        router_case c = {1, 4, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_RENORM, d ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F32, 0};
+        router_case c = {.T = 1, .E = 4, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_RENORM,
+                         .dt = d ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F32};
         double ld[4] = {l[0], l[1], l[2], l[3]};
         void *logits = tu_buffer(c.dt, ld, 4);
         float probs[2] = {0};
@@ -278,7 +282,8 @@ static void test_sigmoid_renorm_tiny(void) {
 static void test_errors(void) {
     float logits[4 * 6] = {0}, probs[8], dprobs[8] = {0}, dl[24];
     int32_t ids[8];
-    router_case c = {4, 6, 2, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_NO_RENORM, MOEX_DTYPE_F32, 0};
+    router_case c = {.T = 4, .E = 6, .k = 2, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_NO_RENORM,
+                     .dt = MOEX_DTYPE_F32};
     moex_router_args a = {0};
     a.logits = moex_tensor_2d(logits, MOEX_DTYPE_F32, 4, 6);
     a.topk = 2;
@@ -349,7 +354,8 @@ static void test_errors(void) {
 
 /* T = 0: nothing to do, no workspace. */
 static void test_empty(void) {
-    router_case c = {0, 4, 2, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
+    router_case c = {.T = 0, .E = 4, .k = 2, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_RENORM,
+                     .dt = MOEX_DTYPE_F32};
     float dummy[1];
     int32_t idummy[1];
     CHECK_STATUS(ctx, lib_forward(&c, dummy, dummy, idummy), MOEX_OK);
@@ -358,7 +364,8 @@ static void test_empty(void) {
 
 /* The same results with 1 thread and with several. */
 static void test_threads(tu_rng *r) {
-    router_case c = {301, 16, 4, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_DTYPE_F32, 0};
+    router_case c = {.T = 301, .E = 16, .k = 4, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_RENORM,
+                     .dt = MOEX_DTYPE_F32};
     double *l = tu_doubles(c.T * c.E), *dq = tu_doubles(c.T * c.k);
     make_logits(r, &c, l);
     tu_fill_uniform(r, dq, c.T * c.k, -1, 1, MOEX_DTYPE_F32);
@@ -398,16 +405,16 @@ int main(void) {
             for (int nm = 0; nm < 2; nm++)
                 for (int d = 0; d < 2; d++)
                     for (int grid = 0; grid < 2; grid++) {
-                        router_case c = {shapes[s][0], shapes[s][1], shapes[s][2], scores[sc], norms[nm], dts[d],
-                                         grid};
+                        router_case c = {.T = shapes[s][0], .E = shapes[s][1], .k = shapes[s][2], .score = scores[sc],
+                                         .norm = norms[nm], .dt = dts[d], .grid = grid};
                         test_case(&r, &c);
                     }
     for (int sc = 0; sc < 2; sc++)
         for (int nm = 0; nm < 2; nm++) {
             const int64_t fd_shapes[][3] = {{5, 6, 2}, {4, 4, 4}, {3, 5, 1}};
             for (int s = 0; s < 3; s++) {
-                router_case c = {fd_shapes[s][0], fd_shapes[s][1], fd_shapes[s][2], scores[sc], norms[nm],
-                                 MOEX_DTYPE_F32, 0};
+                router_case c = {.T = fd_shapes[s][0], .E = fd_shapes[s][1], .k = fd_shapes[s][2],
+                                 .score = scores[sc], .norm = norms[nm], .dt = MOEX_DTYPE_F32};
                 test_reference_fd(&r, &c);
             }
         }

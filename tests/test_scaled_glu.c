@@ -249,8 +249,13 @@ static void zq_case(moex_context *ctx, tu_rng *r, moex_dtype dt, moex_glu_params
 
 static int zq_cases(moex_context *ctx, tu_rng *r) {
     static const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
-    static const struct { int64_t T, F, G; } shapes[] = {{29, 45, 0}, {150, 96, 5}, {40, 256, 1}, {300, 130, 7},
-                                                          {9, 13, 3}};
+    static const struct { int64_t T, F, G; } shapes[] = {
+        {.T = 29, .F = 45, .G = 0},
+        {.T = 150, .F = 96, .G = 5},
+        {.T = 40, .F = 256, .G = 1},
+        {.T = 300, .F = 130, .G = 7},
+        {.T = 9, .F = 13, .G = 3},
+    };
     int n = 0;
     for (int s = 0; s < 5; s++)
         for (int rc = 0; rc < 4; rc++)
@@ -258,9 +263,11 @@ static int zq_cases(moex_context *ctx, tu_rng *r) {
                 const int d = (s + rc + v) % 3;
                 moex_glu_params glu = moex_glu_params_default((moex_glu_kind)((s + v) % 2));
                 glu.layout = shapes[s].F % 32 == 0 && v == 1 ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS;
-                const moex_quant_params p = {(moex_quant_recipe)rc, v == 2 ? MOEX_DTYPE_E5M2 : MOEX_DTYPE_E4M3,
-                                             rc == 3 ? 0.0f : 1e-4f, v == 1 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT,
-                                             MOEX_SCALES_PLAIN};
+                const moex_quant_params p = {.recipe = (moex_quant_recipe)rc,
+                                             .fp8 = v == 2 ? MOEX_DTYPE_E5M2 : MOEX_DTYPE_E4M3,
+                                             .amax_epsilon = rc == 3 ? 0.0f : 1e-4f,
+                                             .rounding = v == 1 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT,
+                                             .scale_layout = MOEX_SCALES_PLAIN};
                 zq_case(ctx, r, dts[d], glu, shapes[s].T, shapes[s].F, shapes[s].G, &p, v != 1, v != 0, v == 2, s != 1);
                 n++;
             }
@@ -273,7 +280,8 @@ static void zq_bad(moex_context *ctx, tu_rng *r) {
     double h[T * 2 * F];
     tu_fill_uniform(r, h, T * 2 * F, -2, 2, MOEX_DTYPE_F32);
     void *hb = tu_buffer(MOEX_DTYPE_F32, h, T * 2 * F);
-    moex_quant_params p = {MOEX_QUANT_BLOCK, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    moex_quant_params p = {.recipe = MOEX_QUANT_BLOCK, .fp8 = MOEX_DTYPE_E4M3, .amax_epsilon = 0.0f,
+                           .rounding = MOEX_SCALE_EXACT, .scale_layout = MOEX_SCALES_PLAIN};
     for (int m = 0; m < 6; m++) {
         moex_scaled_glu_args a;
         memset(&a, 0, sizeof a);
@@ -314,8 +322,10 @@ static void zq_companions_without_data(moex_context *ctx, tu_rng *r) {
     double h[T * 2 * F];
     tu_fill_uniform(r, h, T * 2 * F, -2, 2, MOEX_DTYPE_F32);
     void *hb = tu_buffer(MOEX_DTYPE_F32, h, T * 2 * F);
-    const moex_quant_params block = {MOEX_QUANT_BLOCK, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
-    const moex_quant_params tensor = {MOEX_QUANT_TENSOR, MOEX_DTYPE_E4M3, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+    const moex_quant_params block = {.recipe = MOEX_QUANT_BLOCK, .fp8 = MOEX_DTYPE_E4M3, .amax_epsilon = 0.0f,
+                                     .rounding = MOEX_SCALE_EXACT, .scale_layout = MOEX_SCALES_PLAIN};
+    const moex_quant_params tensor = {.recipe = MOEX_QUANT_TENSOR, .fp8 = MOEX_DTYPE_E4M3, .amax_epsilon = 0.0f,
+                                      .rounding = MOEX_SCALE_EXACT, .scale_layout = MOEX_SCALES_PLAIN};
     for (int m = 0; m < 6; m++) {
         moex_scaled_glu_args a;
         memset(&a, 0, sizeof a);

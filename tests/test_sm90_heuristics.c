@@ -23,11 +23,13 @@
 #include "../tools/bench_configs.h"
 #include "test_util.h"
 
-static const moex_sm90_device H200 = {132, 66, 66, 66};
+static const moex_sm90_device H200 = {.sms = 132, .rows_cluster_slots = 66, .wgrad_cluster_slots = 66,
+                                      .fp8_cluster_slots = 66};
 
 static moex_sm90_plan plan(moex_sm90_product product, int epi, int64_t G, int64_t T, int64_t K, int64_t N,
                            bool workspace, const moex_sm90_tuning *tune) {
-    const moex_sm90_shape s = {product, epi, G, T, K, N, workspace};
+    const moex_sm90_shape s = {.product = product, .epi = epi, .G = G, .T = T, .K = K, .N = N,
+                               .workspace = workspace};
     moex_sm90_plan p;
     memset(&p, 0x5A, sizeof p);   /* every field must be written */
     moex_sm90_plan_make(&H200, &s, tune, &p);
@@ -82,9 +84,14 @@ typedef struct expect {
     int tile_rows, fwd_grid, fwd_stream_k, wgrad_grid;
 } expect;
 static const expect EXPECTED[] = {
-    {"dsv3-fc1", 128, 132, 1, 132},      {"dsv3-fc2", 128, 132, 0, 132}, {"qwen3-30b-fc1", 128, 132, 0, 132},
-    {"qwen3-30b-fc2", 128, 132, 0, 132}, {"mixtral-fc1", 128, 132, 0, 132}, {"gptoss-fc1", 128, 132, 0, 132},
-    {"qwen3-fc1-t8k", 64, 132, 0, 132},  {"g256-fc1-t8k", 64, 132, 0, 132},
+    {.name = "dsv3-fc1", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 1, .wgrad_grid = 132},
+    {.name = "dsv3-fc2", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "qwen3-30b-fc1", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "qwen3-30b-fc2", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "mixtral-fc1", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "gptoss-fc1", .tile_rows = 128, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "qwen3-fc1-t8k", .tile_rows = 64, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
+    {.name = "g256-fc1-t8k", .tile_rows = 64, .fwd_grid = 132, .fwd_stream_k = 0, .wgrad_grid = 132},
 };
 #define N_EXPECTED (sizeof EXPECTED / sizeof EXPECTED[0])
 
@@ -96,7 +103,8 @@ typedef struct config {
 #define CPU 0
 #define CUDA 1
 #define STUDY 1
-#define AS_CONFIG(name, G, T, K, N, H, F, splits, set, what) {name, G, T, K, N, set},
+#define AS_CONFIG(name_, G_, T_, K_, N_, H, F, splits, set, what) \
+    {.name = name_, .G = G_, .T = T_, .K = K_, .N = N_, .gpu = set},
 static const config CONFIGS[] = {MOEX_BENCH_CONFIGS(AS_CONFIG)};
 #undef CPU
 #undef CUDA
@@ -231,7 +239,7 @@ static void edge_cases(void) {
               "dsv3-fc1 workspace %zu", moex_sm90_plan_workspace_bytes(&H200, &p));
     p = plan(MOEX_SM90_FORWARD, MOEX_SM90_EPI_PLAIN, G, T, K, N, false, NULL);
     CHECK_MSG(!p.stream_k, "no workspace, no stream-K");
-    const moex_sm90_device none = {0, 0, 0, 0};
+    const moex_sm90_device none = {0};
     CHECK(moex_sm90_workspace_bytes_max(&none) == 0);
     /* the last-round test itself */
     CHECK(!moex_sm90_sk_worth(66, 66, 100, 40) && !moex_sm90_sk_worth(132, 66, 100, 40));

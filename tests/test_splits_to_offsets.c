@@ -74,8 +74,10 @@ static void run_negative(moex_context *ctx, int64_t G, int64_t bad_group) {
     a.splits = moex_tensor_1d(sp, MOEX_DTYPE_I64, G);
     a.num_outputs = 2;
     void *o0 = tu_poisoned(MOEX_DTYPE_I64, G + 1), *o1 = tu_poisoned(MOEX_DTYPE_I32, G);
-    a.outputs[0] = (moex_offsets_output){moex_tensor_1d(o0, MOEX_DTYPE_I64, G + 1), 1, MOEX_OFFSETS_LEADING_ZERO};
-    a.outputs[1] = (moex_offsets_output){moex_tensor_1d(o1, MOEX_DTYPE_I32, G), 5, MOEX_OFFSETS_INCLUSIVE};
+    a.outputs[0] = (moex_offsets_output){.out = moex_tensor_1d(o0, MOEX_DTYPE_I64, G + 1), .stride = 1,
+                                         .start = MOEX_OFFSETS_LEADING_ZERO};
+    a.outputs[1] = (moex_offsets_output){.out = moex_tensor_1d(o1, MOEX_DTYPE_I32, G), .stride = 5,
+                                         .start = MOEX_OFFSETS_INCLUSIVE};
     size_t bytes = 0;
     CHECK_STATUS(ctx, moex_splits_to_offsets_workspace_size(ctx, &a, &bytes), MOEX_OK);
     void *ws = tu_workspace(bytes);

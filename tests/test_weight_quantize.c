@@ -268,17 +268,18 @@ static void check_reference(tu_rng *r) {
         for (int i = 0; i < 260; i++) w[i] = 1.0;
         w[5] = 448.0 * 4;    /* block (0, 0): amax 1792 -> s = 0.25 */
         w[130 + 129] = -7.0; /* block (0, 1): amax 7 -> s = 64 */
-        moex_quant_params p = {MOEX_QUANT_BLOCK, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+        moex_quant_params p = {.recipe = MOEX_QUANT_BLOCK, .fp8 = E4, .amax_epsilon = 0.0f,
+                               .rounding = MOEX_SCALE_EXACT, .scale_layout = MOEX_SCALES_PLAIN};
         uint8_t rd[260], cd[260];
         float rs[2], cs[2];
-        ref_quant_out o = {rd, rs, cd, cs, NULL};
+        ref_quant_out o = {.row_data = rd, .row_scales = rs, .col_data = cd, .col_scales = cs};
         ref_weight_quantize(&p, 1, 2, 130, w, &o);
         CHECK(rs[0] == 4.0f && rs[1] == 1.0f / 64.0f && cs[0] == rs[0] && cs[1] == rs[1]);
         CHECK(rd[5] == 0x7E && ref_fp8_decode(E4, rd[0]) == 0.25 && ref_fp8_decode(E4, rd[128]) == 64.0);
         CHECK(rd[130 + 129] == 0xFE && cd[129 * 2 + 1] == 0xFE && cd[5 * 2 + 0] == 0x7E);
         p.recipe = MOEX_QUANT_MXFP8;
         uint8_t mrs[2 * 5], mcs[130 * 1];
-        ref_quant_out m = {rd, mrs, cd, mcs, NULL};
+        ref_quant_out m = {.row_data = rd, .row_scales = mrs, .col_data = cd, .col_scales = mcs};
         ref_weight_quantize(&p, 1, 2, 130, w, &m);
         /* row 0: block 0 amax 1792 = 1.75 2^10 -> E = 2; other blocks amax 1 -> E = -8 */
         CHECK(mrs[0] == 129 && mrs[1] == 119 && mrs[5 + 4] == 119 + 2);   /* row 1 block 4: amax 7 -> E = 2 - 8 */
@@ -300,8 +301,10 @@ static void check_reference(tu_rng *r) {
                     else if (u == 2) v = -0.0;
                     w[i] = v;
                 }
-                moex_quant_params p = {wrecipes[rc], f ? MOEX_DTYPE_E5M2 : E4, (si % 3 == 1) ? 0.5f : 0.0f,
-                                       (si + f) % 2 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN};
+                moex_quant_params p = {.recipe = wrecipes[rc], .fp8 = f ? MOEX_DTYPE_E5M2 : E4,
+                                       .amax_epsilon = (si % 3 == 1) ? 0.5f : 0.0f,
+                                       .rounding = (si + f) % 2 ? MOEX_SCALE_POW2 : MOEX_SCALE_EXACT,
+                                       .scale_layout = MOEX_SCALES_PLAIN};
                 char what[64];
                 snprintf(what, sizeof what, "G=%lld N=%lld K=%lld", (long long)G, (long long)N, (long long)K);
                 check_reference_case(&p, G, N, K, w, what);
@@ -679,9 +682,22 @@ typedef struct wshape {
 
 /* Every combination runs the small shapes and one of the large ones (in turn). */
 static const wshape shapes[] = {
-    {1, 1, 1},  {1, 33, 31}, {5, 1, 300}, {5, 257, 1}, {2, 31, 130}, {5, 33, 33}, {0, 33, 31}, {3, 0, 31}, {3, 33, 0},
+    {.G = 1, .N = 1, .K = 1},
+    {.G = 1, .N = 33, .K = 31},
+    {.G = 5, .N = 1, .K = 300},
+    {.G = 5, .N = 257, .K = 1},
+    {.G = 2, .N = 31, .K = 130},
+    {.G = 5, .N = 33, .K = 33},
+    {.G = 0, .N = 33, .K = 31},
+    {.G = 3, .N = 0, .K = 31},
+    {.G = 3, .N = 33, .K = 0},
 };
-static const wshape big_shapes[] = {{5, 130, 129}, {1, 257, 300}, {2, 129, 257}, {1, 128, 128}};
+static const wshape big_shapes[] = {
+    {.G = 5, .N = 130, .K = 129},
+    {.G = 1, .N = 257, .K = 300},
+    {.G = 2, .N = 129, .K = 257},
+    {.G = 1, .N = 128, .K = 128},
+};
 #define N_SHAPES ((int)(sizeof shapes / sizeof shapes[0]))
 #define N_BIG ((int)(sizeof big_shapes / sizeof big_shapes[0]))
 
