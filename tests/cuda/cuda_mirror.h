@@ -233,9 +233,9 @@ CM_THUNKS(moex_moe_layer_backward, moex_moe_layer_grad_args)
 
 /* st = fn's workspace query, then fn on a workspace of that size (poisoned), each through
  * cm_call_on_thread. */
-#define CM_CALL(ctx, m, fn, a, st)                                     \
+#define CM_CALL(ctx_, m, fn, a_, st)                                   \
     do {                                                               \
-        fn##_cm c_ = {(ctx), (a), NULL, 0};                            \
+        fn##_cm c_ = {.ctx = (ctx_), .a = (a_)};                       \
         (st) = cm_call_on_thread(fn##_cm_query, &c_);                  \
         if ((st) == MOEX_OK) {                                         \
             c_.ws = cm_workspace((m), c_.bytes);                       \

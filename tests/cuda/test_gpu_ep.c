@@ -435,8 +435,9 @@ static void run_graph_test(moex_ep_transfer transfer) {
     const int64_t T = G_T, H = G_H, k = G_K;
     G.E = 4 * (int64_t)W, G.El = G.E / W, G.R = T * k * W;
     const size_t es = moex_dtype_size(G_DT);
-    moex_ep_config cfg = {MOEX_EP_COMM_NCCL, &nccl_comm, (int32_t)G.E, (int32_t)k, H, G_DT, T, G.R,
-                          transfer};
+    moex_ep_config cfg = {.comm_kind = MOEX_EP_COMM_NCCL, .comm = &nccl_comm, .num_experts = (int32_t)G.E,
+                          .topk = (int32_t)k, .hidden = H, .dtype = G_DT, .max_tokens = T, .max_recv_rows = G.R,
+                          .transfer = transfer};
     int ok = CHECK_STATUS(ctx, moex_ep_create(&G.ep, ctx, &cfg), MOEX_OK) && G.ep;
     moex_ep_info info;
     memset(&info, 0, sizeof info);

@@ -347,8 +347,8 @@ static void check_ref(layers *L, const scen *s, void **got, const char *label) {
     /* grouped MLP */
     {
         const int64_t G = ML_G, T = ML_T, H = ML_H, F = ML_F, rows = s->mrows;
-        ref_mlp p = {G, T, H, F, s->msplits, s->mx, s->mw1, s->mb1, s->mw2, s->mb2, s->mp, MOEX_BIAS_SCALED,
-                     L->mfa.glu};
+        ref_mlp p = {.G = G, .T = T, .H = H, .F = F, .splits = s->msplits, .x = s->mx, .w1 = s->mw1, .b1 = s->mb1,
+                     .w2 = s->mw2, .b2 = s->mb2, .probs = s->mp, .b2_mode = MOEX_BIAS_SCALED, .glu = L->mfa.glu};
         double *h = tu_doubles(T * 2 * F), *hb = tu_doubles(T * 2 * F), *z = tu_doubles(T * F), *zb = tu_doubles(T * F);
         double *y = tu_doubles(T * H), *yb = tu_doubles(T * H);
         ref_grouped_mlp_forward(&p, h, hb, z, zb, y, yb);
@@ -504,10 +504,16 @@ static void make_qgraph(moex_context *ctx, qgraph *Q, moex_dtype dt) {
     memset(Q, 0, sizeof *Q);
     Q->dt = dt;
     Q->x = dnew(dt, T * K), Q->splits = dnew(MOEX_DTYPE_I64, G);
-    const moex_quant_params ps[QG_NQ] = {{MOEX_QUANT_GROUP, E4, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN},
-                                         {MOEX_QUANT_BLOCK, E4, 1e-3f, MOEX_SCALE_POW2, MOEX_SCALES_PLAIN},
-                                         {MOEX_QUANT_MXFP8, E5, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN},
-                                         {MOEX_QUANT_TENSOR, E5, 0.0f, MOEX_SCALE_EXACT, MOEX_SCALES_PLAIN}};
+    const moex_quant_params ps[QG_NQ] = {
+        {.recipe = MOEX_QUANT_GROUP, .fp8 = E4, .amax_epsilon = 0.0f, .rounding = MOEX_SCALE_EXACT,
+         .scale_layout = MOEX_SCALES_PLAIN},
+        {.recipe = MOEX_QUANT_BLOCK, .fp8 = E4, .amax_epsilon = 1e-3f, .rounding = MOEX_SCALE_POW2,
+         .scale_layout = MOEX_SCALES_PLAIN},
+        {.recipe = MOEX_QUANT_MXFP8, .fp8 = E5, .amax_epsilon = 0.0f, .rounding = MOEX_SCALE_EXACT,
+         .scale_layout = MOEX_SCALES_PLAIN},
+        {.recipe = MOEX_QUANT_TENSOR, .fp8 = E5, .amax_epsilon = 0.0f, .rounding = MOEX_SCALE_EXACT,
+         .scale_layout = MOEX_SCALES_PLAIN},
+    };
     static const char *names[QG_NQ][5] = {
         {"GROUP rowwise.data", "GROUP rowwise.scales", "GROUP columnwise.data", "GROUP columnwise.scales", "GROUP amax"},
         {"BLOCK rowwise.data", "BLOCK rowwise.scales", "BLOCK columnwise.data", "BLOCK columnwise.scales", ""},

@@ -24,12 +24,14 @@ int main(void) {
     for (int d = 0; d < 3; d++) {
         moex_dtype dt = dts[d];
         /* tiles: vectorised K, N (multiples of 8), several row tiles per group */
-        gl_cfg a = {dt, 3, 700, 650, 136, 264, TU_SPLITS_SKEWED, 0, d == 1, MOEX_BIAS_SCALED, dt, 7,
-                    MOEX_GRAD_ACCUMULATE, MOEX_DTYPE_F32};
+        gl_cfg a = {.dt = dt, .G = 3, .T = 700, .rows = 650, .K = 136, .N = 264, .kind = TU_SPLITS_SKEWED,
+                    .discrete = d == 1, .mode = MOEX_BIAS_SCALED, .bias_dt = dt, .dgrad_mask = 7,
+                    .dw_mode = MOEX_GRAD_ACCUMULATE, .dw_dt = MOEX_DTYPE_F32};
         run_case(ctx, &r, &a);
         /* odd sizes on the guarded path, empty middle groups */
-        gl_cfg b = {dt, 4, 515, 509, 133, 141, TU_SPLITS_EMPTY_MIDDLE, 0, d != 1, MOEX_BIAS_ADD,
-                    MOEX_DTYPE_F32, 3, MOEX_GRAD_WRITE, dt};
+        gl_cfg b = {.dt = dt, .G = 4, .T = 515, .rows = 509, .K = 133, .N = 141, .kind = TU_SPLITS_EMPTY_MIDDLE,
+                    .discrete = d != 1, .mode = MOEX_BIAS_ADD, .bias_dt = MOEX_DTYPE_F32, .dgrad_mask = 3,
+                    .dw_mode = MOEX_GRAD_WRITE, .dw_dt = dt};
         run_case(ctx, &r, &b);
     }
     moex_context_destroy(ctx);

@@ -22,10 +22,12 @@ int main(void) {
     run_backend_cases(&r);
     /* shapes of several GEMM tiles, which the CPU test keeps small */
     const moe_case big[] = {
-        {300, 136, 16, 64, 4, MOEX_ROUTER_SOFTMAX, MOEX_ROUTER_RENORM, MOEX_BIAS_SCALED, 1, MOEX_GLU_SWIGLU,
-         MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_BF16, 2, MOEX_GRAD_WRITE, MOEX_DTYPE_F32, 0},
-        {257, 72, 9, 40, 2, MOEX_ROUTER_SIGMOID, MOEX_ROUTER_NO_RENORM, MOEX_BIAS_ADD, 1, MOEX_GLU_CLAMPED_SWIGLU,
-         MOEX_GLU_CONTIGUOUS, MOEX_DTYPE_F32, 1, MOEX_GRAD_ACCUMULATE, MOEX_DTYPE_F32, 1},
+        {.T = 300, .H = 136, .E = 16, .F = 64, .k = 4, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_RENORM,
+         .b2_mode = MOEX_BIAS_SCALED, .with_b1 = 1, .glu = MOEX_GLU_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS,
+         .dt = MOEX_DTYPE_BF16, .n_empty = 2, .dw_mode = MOEX_GRAD_WRITE, .dw_dt = MOEX_DTYPE_F32},
+        {.T = 257, .H = 72, .E = 9, .F = 40, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_NO_RENORM,
+         .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1, .glu = MOEX_GLU_CLAMPED_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS,
+         .dt = MOEX_DTYPE_F32, .n_empty = 1, .dw_mode = MOEX_GRAD_ACCUMULATE, .dw_dt = MOEX_DTYPE_F32, .discrete = 1},
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) test_case(&r, &big[i]);
     test_empty_and_partial(&r);

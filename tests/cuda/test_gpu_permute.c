@@ -23,13 +23,19 @@ int main(void) {
     tu_rng r = tu_rng_seed(77);
     const moex_dtype dts[3] = {MOEX_DTYPE_F32, MOEX_DTYPE_BF16, MOEX_DTYPE_F16};
     const perm_case shapes[] = {
-        {37, 24, 2, 8, 0, IDS_DISTINCT, 1},   {23, 7, 1, 5, 0, IDS_DISTINCT, 1},
-        {19, 5, 4, 4, 0, IDS_DISTINCT, 1},    {31, 9, 3, 6, 0, IDS_REPEATS, 1},
-        {29, 13, 2, 9, 0, IDS_SKIP_SOME, 1},  {17, 6, 1, 7, 0, IDS_ONE_EXPERT, 1},
-        {11, 3, 2, 1, 0, IDS_REPEATS, 0},     {1, 1, 1, 3, 0, IDS_DISTINCT, 1},
-        {0, 8, 2, 4, 0, IDS_DISTINCT, 1},     {200, 65, 3, 16, 0, IDS_SKIP_SOME, 0},
-        {1500, 40, 4, 128, 0, IDS_DISTINCT, 1}, {3000, 17, 2, 33, 0, IDS_REPEATS, 1},
-        {2100, 8, 1, 7, 0, IDS_ONE_EXPERT, 1},
+        {.T = 37, .H = 24, .k = 2, .E = 8, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 23, .H = 7, .k = 1, .E = 5, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 19, .H = 5, .k = 4, .E = 4, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 31, .H = 9, .k = 3, .E = 6, .ids = IDS_REPEATS, .with_probs = 1},
+        {.T = 29, .H = 13, .k = 2, .E = 9, .ids = IDS_SKIP_SOME, .with_probs = 1},
+        {.T = 17, .H = 6, .k = 1, .E = 7, .ids = IDS_ONE_EXPERT, .with_probs = 1},
+        {.T = 11, .H = 3, .k = 2, .E = 1, .ids = IDS_REPEATS},
+        {.T = 1, .H = 1, .k = 1, .E = 3, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 0, .H = 8, .k = 2, .E = 4, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 200, .H = 65, .k = 3, .E = 16, .ids = IDS_SKIP_SOME},
+        {.T = 1500, .H = 40, .k = 4, .E = 128, .ids = IDS_DISTINCT, .with_probs = 1},
+        {.T = 3000, .H = 17, .k = 2, .E = 33, .ids = IDS_REPEATS, .with_probs = 1},
+        {.T = 2100, .H = 8, .k = 1, .E = 7, .ids = IDS_ONE_EXPERT, .with_probs = 1},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int d = 0; d < 3; d++) {

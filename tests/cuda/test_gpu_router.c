@@ -28,8 +28,8 @@ int main(void) {
             for (int nm = 0; nm < 2; nm++)
                 for (int d = 0; d < 2; d++)
                     for (int grid = 0; grid < 2; grid++) {
-                        router_case c = {shapes[s][0], shapes[s][1], shapes[s][2], scores[sc], norms[nm], dts[d],
-                                         grid};
+                        router_case c = {.T = shapes[s][0], .E = shapes[s][1], .k = shapes[s][2], .score = scores[sc],
+                                         .norm = norms[nm], .dt = dts[d], .grid = grid};
                         test_case(&r, &c);
                     }
     test_ties();

@@ -117,7 +117,8 @@ static void run_case(tu_rng *r, const ecase *c) {
     int64_t *ds = dev_copy(c->splits, (size_t)G * 8);
     void *dy = dev_poisoned(T + GUARD, out_w), *dz = glu ? dev_poisoned(T + GUARD, F) : NULL;
 
-    moex_sm90_gemm_args a = {dt, G, T, K, N, dx, dw, dy, ds, NULL, 0, g_ws};
+    moex_sm90_gemm_args a = {.dtype = dt, .G = G, .T = T, .K = K, .N = N, .x = dx, .w = dw, .y = dy, .splits = ds,
+                             .workspace = g_ws};
     CK(cudaMemset(g_ws, 0x5A, g_ws_bytes));   /* garbage: flags nonzero, partials huge */
     moex_glu_params gp = moex_glu_params_default(c->glu_kind);
     gp.layout = c->layout;
@@ -220,8 +221,9 @@ static void graph_case(tu_rng *r, moex_dtype dt) {
     int64_t *ds = dev_copy(s1, sizeof s1);
     void *h1 = dev_poisoned(T, N), *z1 = dev_poisoned(T, F), *h2 = dev_poisoned(T, N), *z2 = dev_poisoned(T, F);
     moex_glu_params gp = moex_glu_params_default(MOEX_GLU_SWIGLU);
-    moex_sm90_epilogue e = {MOEX_BIAS_ADD, db, dt, dp, &gp, z1};
-    moex_sm90_gemm_args a = {dt, G, T, K, N, dx, dw, h1, ds, NULL, 0};
+    moex_sm90_epilogue e = {.bias_mode = MOEX_BIAS_ADD, .bias = db, .bias_dtype = dt, .probs = dp, .glu = &gp,
+                            .z = z1};
+    moex_sm90_gemm_args a = {.dtype = dt, .G = G, .T = T, .K = K, .N = N, .x = dx, .w = dw, .y = h1, .splits = ds};
     cudaStream_t s;
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -276,14 +278,21 @@ static void refusal_cases(void) {
         int64_t n;
         moex_sm90_epilogue e;
     } bad[] = {
-        {"GLU with F = 12", 24, {MOEX_BIAS_NONE, NULL, MOEX_DTYPE_BF16, NULL, &contig, dz}},
-        {"INTERLEAVED_32 GLU with F = 24", N, {MOEX_BIAS_NONE, NULL, MOEX_DTYPE_BF16, NULL, &inter, dz}},
-        {"scaled bias without probs", N, {MOEX_BIAS_SCALED, db, MOEX_DTYPE_BF16, NULL, NULL, NULL}},
-        {"f16 bias with bf16 inputs", N, {MOEX_BIAS_ADD, db, MOEX_DTYPE_F16, NULL, NULL, NULL}},
-        {"GLU with a scaled bias", N, {MOEX_BIAS_SCALED, db, MOEX_DTYPE_BF16, dp, &contig, dz}},
+        {.what = "GLU with F = 12", .n = 24,
+         .e = {.bias_mode = MOEX_BIAS_NONE, .bias_dtype = MOEX_DTYPE_BF16, .glu = &contig, .z = dz}},
+        {.what = "INTERLEAVED_32 GLU with F = 24", .n = N,
+         .e = {.bias_mode = MOEX_BIAS_NONE, .bias_dtype = MOEX_DTYPE_BF16, .glu = &inter, .z = dz}},
+        {.what = "scaled bias without probs", .n = N,
+         .e = {.bias_mode = MOEX_BIAS_SCALED, .bias = db, .bias_dtype = MOEX_DTYPE_BF16}},
+        {.what = "f16 bias with bf16 inputs", .n = N,
+         .e = {.bias_mode = MOEX_BIAS_ADD, .bias = db, .bias_dtype = MOEX_DTYPE_F16}},
+        {.what = "GLU with a scaled bias", .n = N,
+         .e = {.bias_mode = MOEX_BIAS_SCALED, .bias = db, .bias_dtype = MOEX_DTYPE_BF16, .probs = dp, .glu = &contig,
+               .z = dz}},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        moex_sm90_gemm_args a = {MOEX_DTYPE_BF16, G, T, K, bad[i].n, dx, dw, dy, ds, NULL, 0};
+        moex_sm90_gemm_args a = {.dtype = MOEX_DTYPE_BF16, .G = G, .T = T, .K = K, .N = bad[i].n, .x = dx, .w = dw,
+                                 .y = dy, .splits = ds};
         const char *why = NULL;
         CHECK_MSG(!moex_sm90_epilogue_supported(g_ctx, &a, &bad[i].e), "%s: reported supported", bad[i].what);
         moex_status st = moex_sm90_grouped_gemm_fwd(g_ctx, &a, &bad[i].e, NULL, &why);
@@ -334,34 +343,50 @@ int main(void) {
         for (int ri = 0; ri < 2; ri++) {
             const int tr = rows_of[ri];
             /* the plain forward and the dgrad: 64-row tiles next to 128 */
-            run_case(&r, &(ecase){E_PLAIN, dt, dt, 0, 0, 0, 0, 6, 333, 136, 264, s_awk, tr});
-            run_case(&r, &(ecase){E_DGRAD, dt, dt, 0, 0, 0, 0, 6, 333, 136, 264, s_awk, tr});
-            run_case(&r, &(ecase){E_PLAIN, dt, dt, 0, 0, 0, 0, 256, many_rows + 5, 72, 520, s_many, tr});
+            run_case(&r, &(ecase){.kind = E_PLAIN, .dt = dt, .bias_dt = dt, .G = 6, .T = 333, .K = 136, .N = 264,
+                                  .splits = s_awk, .tile_rows = tr});
+            run_case(&r, &(ecase){.kind = E_DGRAD, .dt = dt, .bias_dt = dt, .G = 6, .T = 333, .K = 136, .N = 264,
+                                  .splits = s_awk, .tile_rows = tr});
+            run_case(&r, &(ecase){.kind = E_PLAIN, .dt = dt, .bias_dt = dt, .G = 256, .T = many_rows + 5, .K = 72,
+                                  .N = 520, .splits = s_many, .tile_rows = tr});
             /* bias: input-dtype and f32, and the probs-scaled bias */
-            run_case(&r, &(ecase){E_BIAS, dt, dt, 1, 0, 0, 0, 6, 333, 136, 264, s_awk, tr});
-            run_case(&r, &(ecase){E_BIAS, dt, MOEX_DTYPE_F32, 1, 0, 0, 0, 1, 300, 200, 520, s_one, tr});
-            run_case(&r, &(ecase){E_SBIAS, dt, dt, 1, 1, 0, 0, 6, 333, 136, 264, s_awk, tr});
-            run_case(&r, &(ecase){E_SBIAS, dt, MOEX_DTYPE_F32, 1, 1, 0, 0, 256, many_rows, 64, 256, s_many, tr});
+            run_case(&r, &(ecase){.kind = E_BIAS, .dt = dt, .bias_dt = dt, .has_bias = 1, .G = 6, .T = 333, .K = 136,
+                                  .N = 264, .splits = s_awk, .tile_rows = tr});
+            run_case(&r, &(ecase){.kind = E_BIAS, .dt = dt, .bias_dt = MOEX_DTYPE_F32, .has_bias = 1, .G = 1,
+                                  .T = 300, .K = 200, .N = 520, .splits = s_one, .tile_rows = tr});
+            run_case(&r, &(ecase){.kind = E_SBIAS, .dt = dt, .bias_dt = dt, .has_bias = 1, .has_probs = 1, .G = 6,
+                                  .T = 333, .K = 136, .N = 264, .splits = s_awk, .tile_rows = tr});
+            run_case(&r, &(ecase){.kind = E_SBIAS, .dt = dt, .bias_dt = MOEX_DTYPE_F32, .has_bias = 1, .has_probs = 1,
+                                  .G = 256, .T = many_rows, .K = 64, .N = 256, .splits = s_many, .tile_rows = tr});
             /* FC1 + GLU: F = 200 (not a multiple of 64 or 128), 256 and 96 */
             for (int l = 0; l < 2; l++) {
                 const moex_glu_layout lay = l ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS;
-                run_case(&r, &(ecase){E_GLU, dt, dt, 1, 1, MOEX_GLU_SWIGLU, lay, 6, 333, 136, 2 * 224, s_awk, tr});
-                run_case(&r, &(ecase){E_GLU, dt, MOEX_DTYPE_F32, 1, 0, MOEX_GLU_CLAMPED_SWIGLU, lay, 1, 300, 72,
-                                      2 * 256, s_one, tr});
-                run_case(&r, &(ecase){E_GLU, dt, dt, 0, 1, MOEX_GLU_SWIGLU, lay, 256, many_rows, 64, 2 * 96, s_many,
-                                      tr});
+                run_case(&r, &(ecase){.kind = E_GLU, .dt = dt, .bias_dt = dt, .has_bias = 1, .has_probs = 1,
+                                      .glu_kind = MOEX_GLU_SWIGLU, .layout = lay, .G = 6, .T = 333, .K = 136,
+                                      .N = 2 * 224, .splits = s_awk, .tile_rows = tr});
+                run_case(&r, &(ecase){.kind = E_GLU, .dt = dt, .bias_dt = MOEX_DTYPE_F32, .has_bias = 1,
+                                      .glu_kind = MOEX_GLU_CLAMPED_SWIGLU, .layout = lay, .G = 1, .T = 300, .K = 72,
+                                      .N = 2 * 256, .splits = s_one, .tile_rows = tr});
+                run_case(&r, &(ecase){.kind = E_GLU, .dt = dt, .bias_dt = dt, .has_probs = 1,
+                                      .glu_kind = MOEX_GLU_SWIGLU, .layout = lay, .G = 256, .T = many_rows, .K = 64,
+                                      .N = 2 * 96, .splits = s_many, .tile_rows = tr});
             }
-            run_case(&r, &(ecase){E_GLU, dt, dt, 1, 1, MOEX_GLU_CLAMPED_SWIGLU, MOEX_GLU_CONTIGUOUS, 6, 333, 136,
-                                  2 * 200, s_awk, tr});
+            run_case(&r, &(ecase){.kind = E_GLU, .dt = dt, .bias_dt = dt, .has_bias = 1, .has_probs = 1,
+                                  .glu_kind = MOEX_GLU_CLAMPED_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS, .G = 6,
+                                  .T = 333, .K = 136, .N = 2 * 200, .splits = s_awk, .tile_rows = tr});
             /* 7 CTAs and 16 k steps: the last round runs stream-K (its partials added before
              * each epilogue) */
-            run_case(&r, &(ecase){E_PLAIN, dt, dt, 0, 0, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
-            run_case(&r, &(ecase){E_BIAS, dt, MOEX_DTYPE_F32, 1, 0, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
-            run_case(&r, &(ecase){E_SBIAS, dt, dt, 1, 1, 0, 0, 6, 333, 1000, 520, s_awk, tr, 7});
+            run_case(&r, &(ecase){.kind = E_PLAIN, .dt = dt, .bias_dt = dt, .G = 6, .T = 333, .K = 1000, .N = 520,
+                                  .splits = s_awk, .tile_rows = tr, .grid = 7});
+            run_case(&r, &(ecase){.kind = E_BIAS, .dt = dt, .bias_dt = MOEX_DTYPE_F32, .has_bias = 1, .G = 6,
+                                  .T = 333, .K = 1000, .N = 520, .splits = s_awk, .tile_rows = tr, .grid = 7});
+            run_case(&r, &(ecase){.kind = E_SBIAS, .dt = dt, .bias_dt = dt, .has_bias = 1, .has_probs = 1, .G = 6,
+                                  .T = 333, .K = 1000, .N = 520, .splits = s_awk, .tile_rows = tr, .grid = 7});
             for (int l = 0; l < 2; l++)
-                run_case(&r, &(ecase){E_GLU, dt, dt, 1, 1, MOEX_GLU_SWIGLU,
-                                      l ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS, 6, 333, 1000, 2 * 224, s_awk,
-                                      tr, 7});
+                run_case(&r, &(ecase){.kind = E_GLU, .dt = dt, .bias_dt = dt, .has_bias = 1, .has_probs = 1,
+                                      .glu_kind = MOEX_GLU_SWIGLU,
+                                      .layout = l ? MOEX_GLU_INTERLEAVED_32 : MOEX_GLU_CONTIGUOUS, .G = 6, .T = 333,
+                                      .K = 1000, .N = 2 * 224, .splits = s_awk, .tile_rows = tr, .grid = 7});
         }
         graph_case(&r, dt);
     }

@@ -407,7 +407,8 @@ static int g_dgrad;   /* run() makes forward cases when 0, dgrad cases when 1 */
 
 static void run(const char *name, moex_dtype dt, int64_t G, int64_t T, int64_t K, int64_t N, const int64_t *splits,
                 const int64_t *graph_splits) {
-    tcase c = {name, dt, G, T, K, N, malloc((size_t)G * 8), g_dgrad};
+    tcase c = {.name = name, .dt = dt, .G = G, .T = T, .K = K, .N = N, .splits = malloc((size_t)G * 8),
+               .dgrad = g_dgrad};
     memcpy(c.splits, splits, (size_t)G * 8);
     int64_t *gs = NULL;
     if (graph_splits) {
@@ -444,14 +445,14 @@ typedef struct wvariant {
     moex_sm90_tuning t;
 } wvariant;
 static const wvariant w_variants[] = {
-    {"default", 0, {.grid = 0}},
-    {"regs", 1, {.epilogue_tma = 0, .cluster = 1}},
-    {"tma-grid2", 1, {.grid = 2, .epilogue_tma = 1, .cluster = 1}},
-    {"tma-band3", 1, {.band = 3, .epilogue_tma = 1, .cluster = 1}},
-    {"tma-clu2-band5", 1, {.band = 5, .epilogue_tma = 1, .cluster = 2}},
-    {"tma-clu2", 1, {.epilogue_tma = 1, .cluster = 2}},
-    {"tma-clu2-grid4", 1, {.grid = 4, .epilogue_tma = 1, .cluster = 2}},
-    {"regs-clu2-grid2", 1, {.grid = 2, .epilogue_tma = 0, .cluster = 2}},
+    {.name = "default", .t = {.grid = 0}},
+    {.name = "regs", .tuned = 1, .t = {.epilogue_tma = 0, .cluster = 1}},
+    {.name = "tma-grid2", .tuned = 1, .t = {.grid = 2, .epilogue_tma = 1, .cluster = 1}},
+    {.name = "tma-band3", .tuned = 1, .t = {.band = 3, .epilogue_tma = 1, .cluster = 1}},
+    {.name = "tma-clu2-band5", .tuned = 1, .t = {.band = 5, .epilogue_tma = 1, .cluster = 2}},
+    {.name = "tma-clu2", .tuned = 1, .t = {.epilogue_tma = 1, .cluster = 2}},
+    {.name = "tma-clu2-grid4", .tuned = 1, .t = {.grid = 4, .epilogue_tma = 1, .cluster = 2}},
+    {.name = "regs-clu2-grid2", .tuned = 1, .t = {.grid = 2, .epilogue_tma = 0, .cluster = 2}},
 };
 #define W_NVARIANTS ((int)(sizeof w_variants / sizeof w_variants[0]))
 
@@ -633,8 +634,10 @@ static void run_wcase(const char *name, moex_dtype dt, int64_t G, int64_t T, int
         memset(hinit, 0xFF, bytes);
         if (mode == WMODE_F32_ACC)
             for (size_t i = 0; i < we; i++) ((float *)hinit)[i] = rng_uniform();
-        const wcase c = {name, dt, mode, G, T, K, N, off, hinit, ref, mag};
-        const wcase gc = {name, dt, mode, G, T, K, N, goff, hinit, gref, gmag};
+        const wcase c = {.name = name, .dt = dt, .mode = mode, .G = G, .T = T, .K = K, .N = N, .off = off,
+                         .hinit = hinit, .ref = ref, .mag = mag};
+        const wcase gc = {.name = name, .dt = dt, .mode = mode, .G = G, .T = T, .K = K, .N = N, .off = goff,
+                          .hinit = hinit, .ref = gref, .mag = gmag};
         const moex_sm90_wgrad_args a = w_args(dt, mode, G, T, K, N, &d);
         const int fails0 = w_nfail;
         double worst = 0, gworst = 0;
