@@ -496,7 +496,8 @@ typedef struct fz_opfns {
     static moex_status var##_r(moex_context *x, const void *a, void *w, size_t n, moex_stream s) { \
         return moex_##name(x, (const args_t *)a, w, n, s);                                    \
     }                                                                                         \
-    static const fz_opfns var = {"moex_" #name "_workspace_size", "moex_" #name, var##_q, var##_r}
+    static const fz_opfns var = {.qname = "moex_" #name "_workspace_size", .rname = "moex_" #name, \
+                                 .query = var##_q, .run = var##_r}
 
 /* A size query (and, now and then, its ctx/args/bytes NULL variants), judged; returns its
  * status and leaves the size in *bytes. */

@@ -877,15 +877,19 @@ static int overlap_regions(fz_case *c, region_ref *r, int max) {
         if (!validated(T) || T->touched || !present(T) || T->fixed) continue;
         if (T->discrete) {
             if (!c->cuda && T->mat_bytes > 0 && T->mat_bytes <= FZ_MAX_REAL)
-                for (int64_t g = 0; g < T->G && n < max - 2; g++) r[n++] = (region_ref){FZ_REG_MATRIX, i, (int)g, is_out(T)};
-            if (n < max - 2) r[n++] = (region_ref){FZ_REG_PTRS, i, -1, 0};
+                for (int64_t g = 0; g < T->G && n < max - 2; g++)
+                    r[n++] = (region_ref){.kind = FZ_REG_MATRIX, .ti = i, .g = (int)g, .out = is_out(T)};
+            if (n < max - 2) r[n++] = (region_ref){.kind = FZ_REG_PTRS, .ti = i, .g = -1};
         } else {
             size_t b = 0;
-            if (bytes_of(c, T->t, &b) && b > 0) r[n++] = (region_ref){FZ_REG_DATA, i, -1, is_out(T)};
+            if (bytes_of(c, T->t, &b) && b > 0)
+                r[n++] = (region_ref){.kind = FZ_REG_DATA, .ti = i, .g = -1, .out = is_out(T)};
         }
     }
-    if (!c->huge && c->ws_need > 256 && c->ws_fault == 0) r[n++] = (region_ref){FZ_REG_WS, -1, -1, 1};
-    if (c->has_saved && c->saved_need > 256 && c->saved_fault == 0) r[n++] = (region_ref){FZ_REG_SAVED, -1, -1, c->saved_out};
+    if (!c->huge && c->ws_need > 256 && c->ws_fault == 0)
+        r[n++] = (region_ref){.kind = FZ_REG_WS, .ti = -1, .g = -1, .out = 1};
+    if (c->has_saved && c->saved_need > 256 && c->saved_fault == 0)
+        r[n++] = (region_ref){.kind = FZ_REG_SAVED, .ti = -1, .g = -1, .out = c->saved_out};
     return n;
 }
 
@@ -907,7 +911,8 @@ static bool g_overlap(fz_case *c, unsigned sel, uint64_t p) {
         if (!movable(a)) continue;
         /* two regions of one tensor: only two matrices of an output weight */
         if (a->ti == b->ti && !(a->kind == FZ_REG_MATRIX && b->kind == FZ_REG_MATRIX)) continue;
-        c->alias = (fz_alias){1, a->ti, a->kind == FZ_REG_MATRIX ? a->g : -1, b->kind, b->ti, b->g, p >> 16, 0};
+        c->alias = (fz_alias){.active = 1, .mover = a->ti, .mover_g = a->kind == FZ_REG_MATRIX ? a->g : -1,
+                              .tkind = b->kind, .target = b->ti, .target_g = b->g, .sel = p >> 16};
         c->tens[a->ti].touched = 1;
         c->tens[a->ti].share_g = -1;   /* every matrix where its buffer is */
         if (b->ti >= 0) c->tens[b->ti].touched = 1, c->tens[b->ti].share_g = -1;
@@ -1142,13 +1147,15 @@ static int build_regions(fz_case *c, fz_region *r, bool run) {
         if (T->discrete) {
             for (int64_t g = 0; g < T->G && n < FZ_MAX_REGIONS - 2; g++)
                 if (T->mat_buf[g] >= 0)
-                    r[n++] = (fz_region){T->mat_buf[g], 0, T->mat_bytes, w ? T->mat_bytes : 0, 0, i, (int)g, 0, 0, 0};
-            if (T->ptrs_buf >= 0) r[n++] = (fz_region){T->ptrs_buf, 0, (size_t)T->G * sizeof(void *), 0, 0, i, -1, 0, 0, 0};
+                    r[n++] = (fz_region){.buf = T->mat_buf[g], .len = T->mat_bytes, .wlen = w ? T->mat_bytes : 0,
+                                         .ti = i, .g = (int)g};
+            if (T->ptrs_buf >= 0) r[n++] = (fz_region){.buf = T->ptrs_buf, .len = (size_t)T->G * sizeof(void *),
+                                                       .ti = i, .g = -1};
             continue;
         }
         size_t len = 0;
         if (T->buf < 0 || c->bufs[T->buf].kind != FZ_B_DATA || !bytes_of(c, T->t, &len)) continue;
-        fz_region x = {T->buf, T->at, len, w ? len : 0, 0, i, -1, 0, 0, 0};
+        fz_region x = {.buf = T->buf, .at = T->at, .len = len, .wlen = w ? len : 0, .ti = i, .g = -1};
         if (T->t->ndim >= 1 && T->t->shape[0] > 0) x.row_bytes = len / (size_t)T->t->shape[0];
         if (w && T->tail_row >= 0 && !c->split_faults && T->tail_row < T->t->shape[0]) {
             x.wlen = (size_t)T->tail_row * x.row_bytes;
@@ -1160,10 +1167,11 @@ static int build_regions(fz_case *c, fz_region *r, bool run) {
         r[n++] = x;
     }
     if (c->ws_buf >= 0 && c->bufs[c->ws_buf].kind == FZ_B_WS)
-        r[n++] = (fz_region){c->ws_buf, 0, c->bufs[c->ws_buf].bytes, run ? c->bufs[c->ws_buf].bytes : 0, 0, -1, -1, 1, 0, 0};
+        r[n++] = (fz_region){.buf = c->ws_buf, .len = c->bufs[c->ws_buf].bytes,
+                             .wlen = run ? c->bufs[c->ws_buf].bytes : 0, .ti = -1, .g = -1, .ws = 1};
     if (c->has_saved && c->saved_buf >= 0)
-        r[n++] = (fz_region){c->saved_buf, 0, c->bufs[c->saved_buf].bytes,
-                             run && c->saved_out ? c->bufs[c->saved_buf].bytes : 0, 0, -1, -1, 0, 0, 0};
+        r[n++] = (fz_region){.buf = c->saved_buf, .len = c->bufs[c->saved_buf].bytes,
+                             .wlen = run && c->saved_out ? c->bufs[c->saved_buf].bytes : 0, .ti = -1, .g = -1};
     return n;
 }
 
@@ -1431,7 +1439,8 @@ void fz_legal_alias(fz_case *c) {
     const int a = (int)(fz_rand(c) % (uint64_t)n), b = (int)(fz_rand(c) % (uint64_t)n);
     if (a == b) return;
     const int mover = len[a] <= len[b] ? cand[a] : cand[b], target = len[a] <= len[b] ? cand[b] : cand[a];
-    c->alias = (fz_alias){1, mover, -1, FZ_REG_DATA, target, -1, fz_rand(c), 1};
+    c->alias = (fz_alias){.active = 1, .mover = mover, .mover_g = -1, .tkind = FZ_REG_DATA, .target = target,
+                          .target_g = -1, .sel = fz_rand(c), .legal = 1};
     c->tens[mover].touched = c->tens[target].touched = 1;
     place_alias(c);
     c->alias.active = 2;

@@ -228,7 +228,8 @@ static bool ep_handle_overlap(fz_case *c, unsigned sel, uint64_t p) {
     }
     if (!n) return false;
     const int m = cand[sel % (unsigned)n];
-    c->alias = (fz_alias){1, m, -1, FZ_REG_DATA, ep_s.th, -1, p >> 8, 0};
+    c->alias = (fz_alias){.active = 1, .mover = m, .mover_g = -1, .tkind = FZ_REG_DATA, .target = ep_s.th,
+                          .target_g = -1, .sel = p >> 8};
     c->tens[m].touched = 1;
     fz_fault(c, FZ_RUNONLY, "handle overlaps %s (%s)", c->tens[m].name,
              c->tens[m].role == FZ_OUT ? "output" : "input");

@@ -113,7 +113,7 @@ static int scales_shape(const moex_quant_params *p, opd_kind kind, int64_t G, in
 static moex_tensor scales_tensor(const opd *o, const moex_quant_params *p) {
     int64_t sh[3];
     moex_dtype dt;
-    moex_tensor t = {NULL, F32, 0, {0, 0, 0, 0}};
+    moex_tensor t = {.dtype = F32};
     t.ndim = scales_shape(p, o->kind, fc.G, o->T, o->C, sh, &dt);
     t.dtype = dt;
     for (int i = 0; i < 3; i++) t.shape[i] = sh[i];
@@ -692,8 +692,10 @@ void fz_op_fp8_fwd(fz_case *c) {
     a->bias_mode = (moex_bias_mode)fz_pick(c, 3);
     fc.real = fz_pick(c, 3) == 0;
     const int64_t S = fp8_splits(c, &a->splits);
-    fc.a = (opd){"x", OPD_ROWS, fc.T, fc.K, &a->x_params, &a->x, -1, -1};
-    fc.b = (opd){"w", OPD_WEIGHT, fc.N, fc.K, &a->w_params, &a->w, -1, -1};
+    fc.a = (opd){.name = "x", .kind = OPD_ROWS, .T = fc.T, .C = fc.K, .p = &a->x_params, .q = &a->x, .td = -1,
+                 .ts = -1};
+    fc.b = (opd){.name = "w", .kind = OPD_WEIGHT, .T = fc.N, .C = fc.K, .p = &a->w_params, .q = &a->w, .td = -1,
+                 .ts = -1};
     opd_reg(c, &fc.a, "x.data", "x.scales");
     opd_reg(c, &fc.b, "w.data", "w.scales");
     a->y = moex_tensor_2d(NULL, dt, fc.T, fc.N);
@@ -726,8 +728,10 @@ void fz_op_fp8_wgrad(fz_case *c) {
     a->dw_mode = (moex_grad_mode)fz_pick(c, 2);
     fc.real = fz_pick(c, 3) == 0;
     const int64_t S = fp8_splits(c, &a->splits);
-    fc.a = (opd){"dy", OPD_COLS, fc.T, fc.N, &a->dy_params, &a->dy, -1, -1};
-    fc.b = (opd){"x", OPD_COLS, fc.T, fc.K, &a->x_params, &a->x, -1, -1};
+    fc.a = (opd){.name = "dy", .kind = OPD_COLS, .T = fc.T, .C = fc.N, .p = &a->dy_params, .q = &a->dy, .td = -1,
+                 .ts = -1};
+    fc.b = (opd){.name = "x", .kind = OPD_COLS, .T = fc.T, .C = fc.K, .p = &a->x_params, .q = &a->x, .td = -1,
+                 .ts = -1};
     opd_reg(c, &fc.a, "dy.data", "dy.scales");
     opd_reg(c, &fc.b, "x.data", "x.scales");
     const bool acc = a->dw_mode == MOEX_GRAD_ACCUMULATE;
