@@ -14,7 +14,8 @@
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host separate
 # example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
-# Env: BUILD (default build-py), CTEST_R (default gpu_splits), PYTEST_K (a pytest -k
+# Env: BUILD (default build-py), CTEST_R (default gpu_splits), MEMCHECK_R (the tests of those run
+# under memcheck; default CTEST_R), PYTEST_K (a pytest -k
 # expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), HOST_ARGS (default
 # --compare-ctypes), EXAMPLE_ARGS (extra compare.py arguments, e.g. --gpus 4 --steps 1200). The
 # example's runs stay in $BUILD/moe_lm; its summary.json, loss.svg and a tarball of the runs'
@@ -68,7 +69,7 @@ if has ctest; then
     ctest --test-dir "$BUILD/libmoex" -L cuda -R "${CTEST_R:-gpu_splits}" --output-on-failure > "$OUT/ctest.log" 2>&1
     note "ctest -L cuda -R ${CTEST_R:-gpu_splits}: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
     : > "$OUT/memcheck.log"
-    for t in $(ls "$BUILD"/libmoex/tests/cuda_test_* | grep -E "${CTEST_R:-gpu_splits}"); do
+    for t in $(ls "$BUILD"/libmoex/tests/cuda_test_* | grep -E "${MEMCHECK_R:-${CTEST_R:-gpu_splits}}"); do
         compute-sanitizer --tool memcheck --error-exitcode 9 "$t" >> "$OUT/memcheck.log" 2>&1
         note "memcheck $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
     done
