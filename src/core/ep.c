@@ -68,19 +68,23 @@ static moex_status check_handle(moex_context *ctx, const char *op, const moex_ep
 
 /* ---- the EP context ------------------------------------------------------------------ */
 
+/* A transport this build was compiled without: its init refuses the EP context, naming what to
+ * install (`missing`: the transport, then how to get it); its alloc is never reached. */
+#if !defined(MOEX_HAVE_MPI) || !defined(MOEX_HAVE_NCCL)
+static moex_status transport_not_built(moex_ep *ep, const char *missing) {
+    return moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED, "moex_ep_create: this build of moex has no %s", missing);
+}
+#endif
 #ifndef MOEX_HAVE_MPI
 moex_status moex_ep_mpi_init(moex_ep *ep) {
-    return moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED,
-                     "moex_ep_create: this build of moex has no MPI (install an MPI, e.g. Debian's "
-                     "libopenmpi-dev, and rebuild)");
+    return transport_not_built(ep, "MPI (install an MPI, e.g. Debian's libopenmpi-dev, and rebuild)");
 }
 moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes) { return MOEX_ERR_INTERNAL; }
 #endif
 #ifndef MOEX_HAVE_NCCL
 moex_status moex_ep_nccl_init(moex_ep *ep) {
-    return moex_fail(ep->ctx, MOEX_ERR_UNSUPPORTED,
-                     "moex_ep_create: this build of moex has no NCCL (install NCCL, e.g. pip's "
-                     "nvidia-nccl-cu13, and rebuild with the CUDA backend)");
+    return transport_not_built(ep, "NCCL (install NCCL, e.g. pip's nvidia-nccl-cu13, and rebuild with the CUDA "
+                                   "backend)");
 }
 moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) { return MOEX_ERR_INTERNAL; }
 #endif

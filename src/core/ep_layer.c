@@ -23,25 +23,17 @@ static const moex_tensor absent_tensor;
 /* ---- the saved buffer ---------------------------------------------------------------- */
 
 typedef struct saved_views {
-    moex_tensor logits, probs, ids, splits, probs_r, xr, h, z;
+    moex_moe_router_io io;          /* logits, probs, ids */
+    moex_moe_rows r;                /* the received rows: splits, probs_r, xr, h, z */
     void *handle;
 } saved_views;
 
 static size_t saved_layout(const moex_ep_dims *d, void *base, saved_views *v) {
-    const moex_moe_dims *m = &d->moe;
-    const int64_t R = d->g.R;
-    const size_t es = moex_dtype_size(m->dt);
     moex_ep_routing r;
     moex_carver c = {(char *)base, 0};
     v->handle = moex_take(&c, moex_ep_routing_layout(&d->g, NULL, &r));
-    v->logits = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->E, sizeof(float))), MOEX_DTYPE_F32, m->T, m->E);
-    v->probs = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->k, sizeof(float))), MOEX_DTYPE_F32, m->T, m->k);
-    v->ids = moex_tensor_2d(moex_take(&c, moex_sz_bytes(m->T, m->k, sizeof(int32_t))), MOEX_DTYPE_I32, m->T, m->k);
-    v->splits = moex_tensor_1d(moex_take(&c, moex_sz_bytes(m->G, 1, sizeof(int64_t))), MOEX_DTYPE_I64, m->G);
-    v->probs_r = moex_tensor_1d(moex_take(&c, moex_sz_bytes(R, 1, sizeof(float))), MOEX_DTYPE_F32, R);
-    v->xr = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, m->H, es)), m->dt, R, m->H);
-    v->h = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, 2 * m->F, es)), m->dt, R, 2 * m->F);
-    v->z = moex_tensor_2d(moex_take(&c, moex_sz_bytes(R, m->F, es)), m->dt, R, m->F);
+    v->io = moex_moe_router_io_take(&c, &d->moe);
+    v->r = moex_moe_rows_take(&c, &d->moe, d->g.R);
     return c.used;
 }
 
@@ -98,11 +90,16 @@ moex_status moex_op_ep_moe_layer_backward_validate(moex_context *ctx, const char
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->layer.fwd, MOEX_SPAN_IN, d) : MOEX_OK;
 }
 
-/* The dims of the EP steps, on the saved handle. */
-static moex_ep_dims ep_dims_of(const moex_ep_dims *d, const saved_views *v) {
-    moex_ep_dims e = *d;
-    e.handle = v->handle;
-    return e;
+/* The start of a run, before any launch: the backend's limits for the R received rows in the
+ * local experts' groups, then the views of the saved buffer (v) and the dims of the EP steps
+ * on the handle it holds (e). */
+static moex_status run_begin(moex_context *ctx, const moex_call *c, const moex_ep_dims *d, saved_views *v,
+                             moex_ep_dims *e) {
+    MOEX_TRY(moex_check_limits(ctx, c, d->g.R, d->moe.G, 0));
+    saved_layout(d, d->moe.saved, v);
+    *e = *d;
+    e->handle = v->handle;
+    return MOEX_OK;
 }
 
 static moex_mlp_dims mlp_dims(const moex_ep_dims *d) {
@@ -110,19 +107,11 @@ static moex_mlp_dims mlp_dims(const moex_ep_dims *d) {
     return m;
 }
 
-static moex_moe_router_io router_io(const saved_views *v) {
-    moex_moe_router_io io = {v->logits, v->probs, v->ids};
-    return io;
-}
-
 /* ---- forward ------------------------------------------------------------------------- */
 
 static moex_grouped_mlp_args fwd_mlp_of(const moex_moe_layer_args *a, const moex_ep_dims *d, const saved_views *v,
                                         void *yr) {
-    return (moex_grouped_mlp_args){.x = v->xr, .w1 = a->w1, .b1 = a->b1, .w2 = a->w2, .b2_mode = a->b2_mode,
-                                   .b2 = a->b2, .probs = v->probs_r, .glu = a->glu, .splits = v->splits,
-                                   .h = v->h, .z = v->z,
-                                   .y = moex_tensor_2d(yr, d->moe.dt, d->g.R, d->moe.H), .fp8 = a->fp8};
+    return moex_moe_mlp_args(a, &v->r, moex_tensor_2d(yr, d->moe.dt, d->g.R, d->moe.H));
 }
 
 /* The workspace: yr, and one region shared by the router and the grouped MLP. */
@@ -153,18 +142,16 @@ size_t moex_op_ep_moe_layer_forward_ws(moex_context *ctx, const moex_ep_moe_laye
 moex_status moex_op_ep_moe_layer_forward_run(moex_context *ctx, const moex_call *c, const moex_ep_moe_layer_args *a,
                                              const moex_ep_dims *d, void *ws) {
     const moex_moe_layer_args *f = &a->layer;
-    MOEX_TRY(moex_check_limits(ctx, c, d->g.R, d->moe.G, 0));   /* before any launch */
-    const fwd_layout l = fwd_layout_of(ctx, f, d, ws);
     saved_views v;
-    saved_layout(d, d->moe.saved, &v);
-    const moex_ep_dims e = ep_dims_of(d, &v);
-    const moex_moe_router_io io = router_io(&v);
-    const moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.ids, .probs = v.probs,
-                                            .xr = v.xr, .probs_r = v.probs_r, .splits = v.splits};
+    moex_ep_dims e;
+    MOEX_TRY(run_begin(ctx, c, d, &v, &e));
+    const fwd_layout l = fwd_layout_of(ctx, f, d, ws);
+    const moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.io.ids, .probs = v.io.probs,
+                                            .xr = v.r.x, .probs_r = v.r.probs, .splits = v.r.splits};
     const moex_grouped_mlp_args mlp = fwd_mlp_of(f, d, &v, l.yr);
     const moex_mlp_dims md = mlp_dims(d);
 
-    MOEX_TRY(moex_moe_router_forward(ctx, c, f, &d->moe, &io, l.sub));
+    MOEX_TRY(moex_moe_router_forward(ctx, c, f, &d->moe, &v.io, l.sub));
     MOEX_TRY(moex_ep_dispatch_run(ctx, c, &dispatch, &e));
     MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &mlp, &md, l.sub));
     return moex_ep_combine_run(ctx, c, a->ep, &e, l.yr, NULL, f->y.data, d->moe.dt, NULL);
@@ -185,16 +172,11 @@ static bool router_path(const moex_moe_layer_grad_args *a) {
 
 static moex_grouped_mlp_grad_args bwd_mlp_of(const moex_moe_layer_grad_args *a, const moex_ep_dims *d,
                                              const saved_views *v, const bwd_layout *l) {
-    const moex_moe_layer_args *f = &a->fwd;
     const bool router = router_path(a);
     const int64_t R = d->g.R;
-    return (moex_grouped_mlp_grad_args){
-        .x = v->xr, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = v->probs_r,
-        .glu = f->glu, .splits = v->splits, .h = v->h, .z = v->z,
-        .dy = moex_tensor_2d(l->dyr, d->moe.dt, R, d->moe.H),
-        .dx = router ? moex_tensor_2d(l->dxr, d->moe.dt, R, d->moe.H) : absent_tensor, .dw_mode = a->dw_mode,
-        .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1, .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor,
-        .dprobs = router ? moex_tensor_1d(l->dprobs_r, MOEX_DTYPE_F32, R) : absent_tensor, .fp8 = f->fp8};
+    return moex_moe_mlp_grad_args(a, &v->r, moex_tensor_2d(l->dyr, d->moe.dt, R, d->moe.H),
+                                  router ? moex_tensor_2d(l->dxr, d->moe.dt, R, d->moe.H) : absent_tensor,
+                                  router ? moex_tensor_1d(l->dprobs_r, MOEX_DTYPE_F32, R) : absent_tensor);
 }
 
 static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_ep_dims *d,
@@ -229,11 +211,10 @@ size_t moex_op_ep_moe_layer_backward_ws(moex_context *ctx, const moex_ep_moe_lay
 moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call *c,
                                               const moex_ep_moe_layer_grad_args *a, const moex_ep_dims *d, void *ws) {
     const moex_moe_layer_grad_args *g = &a->layer;
-    MOEX_TRY(moex_check_limits(ctx, c, d->g.R, d->moe.G, 0));   /* before any launch */
-    const bwd_layout l = bwd_layout_of(ctx, g, d, ws);
     saved_views v;
-    saved_layout(d, d->moe.saved, &v);
-    const moex_ep_dims e = ep_dims_of(d, &v);
+    moex_ep_dims e;
+    MOEX_TRY(run_begin(ctx, c, d, &v, &e));
+    const bwd_layout l = bwd_layout_of(ctx, g, d, ws);
     const moex_grouped_mlp_grad_args mlp = bwd_mlp_of(g, d, &v, &l);
     const moex_mlp_dims md = mlp_dims(d);
     const bool router = router_path(g);
@@ -244,9 +225,8 @@ moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call
     if (!router) return MOEX_OK;
     MOEX_TRY(moex_ep_combine_run(ctx, c, a->ep, &e, l.dxr, (const float *)l.dprobs_r, l.dxf, MOEX_DTYPE_F32,
                                  (float *)l.dprobs));
-    const moex_moe_router_io io = router_io(&v);
     const moex_tensor dprobs = moex_tensor_2d(l.dprobs, MOEX_DTYPE_F32, d->moe.T, d->moe.k);
-    return moex_moe_router_backward(ctx, c, g, &d->moe, &io, &dprobs, (float *)l.dxf, l.sub);
+    return moex_moe_router_backward(ctx, c, g, &d->moe, &v.io, &dprobs, (float *)l.dxf, l.sub);
 }
 
 /* ---- the public entry points (moex.h) ------------------------------------------------- */

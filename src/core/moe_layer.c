@@ -46,23 +46,18 @@ static const moex_tensor absent_tensor;
 /* The saved tensors as views (data NULL when base is NULL: shapes only); returns the size. */
 typedef struct saved_views {
     void *header;
-    moex_tensor logits, probs, ids, splits, row_map, probs_p, xp, h, z;
+    moex_moe_router_io io;          /* logits, probs, ids */
+    moex_tensor row_map;
+    moex_moe_rows p;                /* the permuted rows: splits, probs_p, xp, h, z */
 } saved_views;
 
 static size_t saved_layout(const moex_moe_dims *d, void *base, saved_views *v) {
     const int64_t rows = d->T * d->k;   /* validated: fits an int32 */
-    const size_t es = moex_dtype_size(d->dt);
     moex_carver c = {(char *)base, 0};
     v->header = moex_take(&c, sizeof(saved_header));
-    v->logits = moex_tensor_2d(moex_take(&c, moex_sz_bytes(d->T, d->E, sizeof(float))), MOEX_DTYPE_F32, d->T, d->E);
-    v->probs = moex_tensor_2d(moex_take(&c, moex_sz_bytes(rows, 1, sizeof(float))), MOEX_DTYPE_F32, d->T, d->k);
-    v->ids = moex_tensor_2d(moex_take(&c, moex_sz_bytes(rows, 1, sizeof(int32_t))), MOEX_DTYPE_I32, d->T, d->k);
-    v->splits = moex_tensor_1d(moex_take(&c, moex_sz_bytes(d->E, 1, sizeof(int64_t))), MOEX_DTYPE_I64, d->E);
+    v->io = moex_moe_router_io_take(&c, d);
     v->row_map = moex_tensor_1d(moex_take(&c, moex_sz_bytes(rows, 1, sizeof(int32_t))), MOEX_DTYPE_I32, rows);
-    v->probs_p = moex_tensor_1d(moex_take(&c, moex_sz_bytes(rows, 1, sizeof(float))), MOEX_DTYPE_F32, rows);
-    v->xp = moex_tensor_2d(moex_take(&c, moex_sz_bytes(rows, d->H, es)), d->dt, rows, d->H);
-    v->h = moex_tensor_2d(moex_take(&c, moex_sz_bytes(rows, 2 * d->F, es)), d->dt, rows, 2 * d->F);
-    v->z = moex_tensor_2d(moex_take(&c, moex_sz_bytes(rows, d->F, es)), d->dt, rows, d->F);
+    v->p = moex_moe_rows_take(&c, d, rows);
     return c.used;
 }
 
@@ -107,8 +102,8 @@ static moex_status check_saved(moex_context *ctx, const char *op, const moex_moe
                          (long long)got.T, (long long)got.H, (long long)got.E, (long long)got.F, (long long)got.k,
                          (int)got.dt, (int)got.score, (int)got.norm);
     const int64_t rows = d->T * d->k;
-    const int32_t *ids = (const int32_t *)v->ids.data, *rm = (const int32_t *)v->row_map.data;
-    const int64_t *splits = (const int64_t *)v->splits.data;
+    const int32_t *ids = (const int32_t *)v->io.ids.data, *rm = (const int32_t *)v->row_map.data;
+    const int64_t *splits = (const int64_t *)v->p.splits.data;
     int64_t sum = 0;
     for (int64_t i = 0; i < rows; i++)
         if (ids[i] < 0 || ids[i] >= d->E || rm[i] < 0 || rm[i] >= rows)
@@ -221,6 +216,35 @@ moex_status moex_moe_layer_check_grads(moex_context *ctx, const char *op, const 
     return moex_fp8_check_out(ctx, op, &a->fwd.fp8, p, "dw2", a->dw2.t.data);
 }
 
+/* ---- the grouped MLP on the expert rows (op.h; shared with ep_layer.c) ----------------- */
+
+moex_moe_rows moex_moe_rows_take(moex_carver *c, const moex_moe_dims *d, int64_t R) {
+    const size_t es = moex_dtype_size(d->dt);
+    moex_moe_rows r;
+    r.splits = moex_tensor_1d(moex_take(c, moex_sz_bytes(d->G, 1, sizeof(int64_t))), MOEX_DTYPE_I64, d->G);
+    r.probs = moex_tensor_1d(moex_take(c, moex_sz_bytes(R, 1, sizeof(float))), MOEX_DTYPE_F32, R);
+    r.x = moex_tensor_2d(moex_take(c, moex_sz_bytes(R, d->H, es)), d->dt, R, d->H);
+    r.h = moex_tensor_2d(moex_take(c, moex_sz_bytes(R, 2 * d->F, es)), d->dt, R, 2 * d->F);
+    r.z = moex_tensor_2d(moex_take(c, moex_sz_bytes(R, d->F, es)), d->dt, R, d->F);
+    return r;
+}
+
+moex_grouped_mlp_args moex_moe_mlp_args(const moex_moe_layer_args *a, const moex_moe_rows *r, moex_tensor y) {
+    return (moex_grouped_mlp_args){.x = r->x, .w1 = a->w1, .b1 = a->b1, .w2 = a->w2, .b2_mode = a->b2_mode,
+                                   .b2 = a->b2, .probs = r->probs, .glu = a->glu, .splits = r->splits, .h = r->h,
+                                   .z = r->z, .y = y, .fp8 = a->fp8};
+}
+
+moex_grouped_mlp_grad_args moex_moe_mlp_grad_args(const moex_moe_layer_grad_args *a, const moex_moe_rows *r,
+                                                  moex_tensor dy, moex_tensor dx, moex_tensor dprobs) {
+    const moex_moe_layer_args *f = &a->fwd;
+    return (moex_grouped_mlp_grad_args){
+        .x = r->x, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = r->probs,
+        .glu = f->glu, .splits = r->splits, .h = r->h, .z = r->z, .dy = dy, .dx = dx, .dw_mode = a->dw_mode,
+        .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1, .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor,
+        .dprobs = dprobs, .fp8 = f->fp8};
+}
+
 /* ---- the primitives' dims -------------------------------------------------------------- */
 
 static moex_perm_dims perm_dims(const moex_moe_dims *d, int64_t E) {
@@ -231,11 +255,6 @@ static moex_perm_dims perm_dims(const moex_moe_dims *d, int64_t E) {
 static moex_mlp_dims mlp_dims(const moex_moe_dims *d) {
     moex_mlp_dims m = {d->E, d->T * d->k, d->H, d->F, d->dt};
     return m;
-}
-
-static moex_moe_router_io router_io(const saved_views *v) {
-    moex_moe_router_io io = {v->logits, v->probs, v->ids};
-    return io;
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
@@ -250,12 +269,10 @@ typedef struct fwd_calls {
 static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, const saved_views *v, void *yp,
                          fwd_calls *c) {
     const moex_tensor ypt = moex_tensor_2d(yp, d->dt, d->T * d->k, d->H);
-    c->permute = (moex_permute_args){.x = a->x, .ids = v->ids, .probs = v->probs, .num_experts = (int32_t)d->E,
-                                     .xp = v->xp, .probs_p = v->probs_p, .splits = v->splits,
+    c->permute = (moex_permute_args){.x = a->x, .ids = v->io.ids, .probs = v->io.probs, .num_experts = (int32_t)d->E,
+                                     .xp = v->p.x, .probs_p = v->p.probs, .splits = v->p.splits,
                                      .row_map = v->row_map};
-    c->mlp = (moex_grouped_mlp_args){.x = v->xp, .w1 = a->w1, .b1 = a->b1, .w2 = a->w2, .b2_mode = a->b2_mode,
-                                     .b2 = a->b2, .probs = v->probs_p, .glu = a->glu, .splits = v->splits,
-                                     .h = v->h, .z = v->z, .y = ypt, .fp8 = a->fp8};
+    c->mlp = moex_moe_mlp_args(a, &v->p, ypt);
     c->unpermute = (moex_unpermute_args){.row_map = v->row_map, .yp = ypt, .y = a->y};
 }
 
@@ -297,11 +314,10 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     fwd_calls_of(a, d, &v, l.yp, &k);
     const moex_perm_dims pd = perm_dims(d, d->E), ud = perm_dims(d, 0);
     const moex_mlp_dims md = mlp_dims(d);
-    const moex_moe_router_io io = router_io(&v);
 
     /* Mark the buffer as not holding a forward until this one has finished. */
     if (ops->host_memory) memset(v.header, 0, sizeof(saved_header));
-    MOEX_TRY(moex_moe_router_forward(ctx, c, a, d, &io, l.sub));
+    MOEX_TRY(moex_moe_router_forward(ctx, c, a, d, &v.io, l.sub));
     MOEX_TRY(ops->permute_fwd(ctx, c, &k.permute, &pd, l.sub));
     MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &k.mlp, &md, l.sub));
     MOEX_TRY(ops->unpermute_fwd(ctx, c, &k.unpermute, &ud, l.sub));
@@ -348,7 +364,6 @@ typedef struct bwd_calls {
 /* The primitives' arguments, given the saved views and the workspace (NULL: shapes only). */
 static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims *d, const bwd_plan *p,
                          const saved_views *v, const bwd_layout *l, bwd_calls *c) {
-    const moex_moe_layer_args *f = &a->fwd;
     const int64_t rows = d->T * d->k;
     const moex_tensor dyp = moex_tensor_2d(l->dyp, d->dt, rows, d->H);
     const moex_tensor dxp = p->dx ? moex_tensor_2d(l->dxp, d->dt, rows, d->H) : absent_tensor;
@@ -356,11 +371,7 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
     const moex_tensor dxf = p->dx ? moex_tensor_2d(l->dxf, MOEX_DTYPE_F32, d->T, d->H) : absent_tensor;
     c->dprobs = moex_tensor_2d(l->dprobs, MOEX_DTYPE_F32, d->T, d->k);
     c->unpermute = (moex_unpermute_grad_args){.row_map = v->row_map, .dy = a->dy, .dyp = dyp};
-    c->mlp = (moex_grouped_mlp_grad_args){
-        .x = v->xp, .w1 = f->w1, .w2 = f->w2, .b2_mode = f->b2_mode, .b2 = f->b2, .probs = v->probs_p,
-        .glu = f->glu, .splits = v->splits, .h = v->h, .z = v->z, .dy = dyp, .dx = dxp, .dw_mode = a->dw_mode,
-        .dw1 = a->dw1, .dw2 = a->dw2, .db1 = a->db1,
-        .db2 = f->b2_mode != MOEX_BIAS_NONE ? a->db2 : absent_tensor, .dprobs = dprobs_p, .fp8 = f->fp8};
+    c->mlp = moex_moe_mlp_grad_args(a, &v->p, dyp, dxp, dprobs_p);
     c->permute = (moex_permute_grad_args){.row_map = v->row_map, .dxp = dxp, .dprobs_p = dprobs_p, .dx = dxf,
                                           .dprobs = c->dprobs};
 }
@@ -421,8 +432,7 @@ moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c
     if (!p.router) return MOEX_OK;
 
     MOEX_TRY(ops->permute_bwd(ctx, c, &k.permute, &pd, l.sub));
-    const moex_moe_router_io io = router_io(&v);
-    return moex_moe_router_backward(ctx, c, a, d, &io, &k.dprobs, (float *)l.dxf, l.sub);
+    return moex_moe_router_backward(ctx, c, a, d, &v.io, &k.dprobs, (float *)l.dxf, l.sub);
 }
 
 /* ---- the public entry points (moex.h) -------------------------------------------------

@@ -15,6 +15,14 @@ static moex_router_dims router_dims(const moex_moe_dims *d) {
     return r;
 }
 
+moex_moe_router_io moex_moe_router_io_take(moex_carver *c, const moex_moe_dims *d) {
+    moex_moe_router_io io;
+    io.logits = moex_tensor_2d(moex_take(c, moex_sz_bytes(d->T, d->E, sizeof(float))), MOEX_DTYPE_F32, d->T, d->E);
+    io.probs = moex_tensor_2d(moex_take(c, moex_sz_bytes(d->T, d->k, sizeof(float))), MOEX_DTYPE_F32, d->T, d->k);
+    io.ids = moex_tensor_2d(moex_take(c, moex_sz_bytes(d->T, d->k, sizeof(int32_t))), MOEX_DTYPE_I32, d->T, d->k);
+    return io;
+}
+
 /* ---- forward ------------------------------------------------------------------------- */
 
 static void fwd_calls_of(const moex_moe_layer_args *a, const moex_moe_dims *d, const moex_moe_router_io *io,

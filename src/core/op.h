@@ -380,6 +380,21 @@ moex_status moex_moe_layer_check(moex_context *ctx, const char *op, const moex_m
 moex_status moex_moe_layer_check_grads(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
                                        moex_purpose p, const moex_moe_dims *d);
 
+/* The grouped MLP of the MoE layers (moe_layer.c, shared with ep_layer.c) on their R expert
+ * rows (the MoE layer's T k permuted rows, the EP MoE layer's received ones) in d->G groups:
+ * the operands a layer keeps in `saved` for it, carved from c (data NULL where c has no base:
+ * shapes only), and its forward's and backward's arguments from the layer's, on those rows
+ * (y, dy, dx: [R, H]; dprobs: [R] f32 or absent). */
+typedef struct moex_moe_rows {
+    moex_tensor splits;                 /* [G] i64 */
+    moex_tensor probs;                  /* [R] f32 */
+    moex_tensor x, h, z;                /* [R, H], [R, 2F], [R, F] */
+} moex_moe_rows;
+moex_moe_rows moex_moe_rows_take(moex_carver *c, const moex_moe_dims *d, int64_t R);
+moex_grouped_mlp_args moex_moe_mlp_args(const moex_moe_layer_args *a, const moex_moe_rows *r, moex_tensor y);
+moex_grouped_mlp_grad_args moex_moe_mlp_grad_args(const moex_moe_layer_grad_args *a, const moex_moe_rows *r,
+                                                  moex_tensor dy, moex_tensor dx, moex_tensor dprobs);
+
 /* The MoE layers' router steps (moe_router.c): the forward writes io's logits [T, E] f32,
  * probs [T, k] f32 and ids [T, k] i32; the backward reads io's logits and ids and dprobs
  * [T, k] f32, writes drouter_w and dx as asked (dx = round(dxf + dlogits Wr), dxf [T, H] f32,
@@ -387,6 +402,9 @@ moex_status moex_moe_layer_check_grads(moex_context *ctx, const char *op, const 
 typedef struct moex_moe_router_io {
     moex_tensor logits, probs, ids;
 } moex_moe_router_io;
+/* The router's outputs that a layer keeps in its `saved` buffer, carved from c (data NULL
+ * where c has no base: shapes only): logits [T, E] f32, probs [T, k] f32, ids [T, k] i32. */
+moex_moe_router_io moex_moe_router_io_take(moex_carver *c, const moex_moe_dims *d);
 size_t moex_moe_router_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d);
 moex_status moex_moe_router_forward(moex_context *ctx, const moex_call *c, const moex_moe_layer_args *a,
                                     const moex_moe_dims *d, const moex_moe_router_io *io, void *ws);
