@@ -48,6 +48,18 @@ typedef struct quant_job {
     int64_t g;                  /* the group of the rows being dequantized */
 } quant_job;
 
+/* A job of params q over d's grouped rows (groups at off[G+1]): what quantize and dequantize
+ * share; the operands, the orientation and the tile offsets (tiles_layout) are the caller's
+ * to fill, every other field is zero. */
+static quant_job quant_job_of(const moex_quant_params *q, const moex_quant_dims *d, const int64_t *off) {
+    quant_job jb;
+    memset(&jb, 0, sizeof jb);
+    jb.q = q, jb.f = moex_fp8_format_of(q->fp8);
+    jb.T = d->T, jb.K = d->K, jb.B = d->block, jb.dt = d->dt, jb.G = d->G, jb.ntiles = d->col_tiles;
+    jb.off = off;
+    return jb;
+}
+
 static int64_t grain_rows(int64_t K) {
     return K >= QUANT_GRAIN_ELEMS ? 1 : QUANT_GRAIN_ELEMS / (K > 0 ? K : 1);
 }
@@ -239,11 +251,8 @@ size_t moex_cpu_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a
 
 moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                               const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws) {
-    quant_job jb;
-    memset(&jb, 0, sizeof jb);
-    jb.q = &a->params, jb.f = moex_fp8_format_of(a->params.fp8);
-    jb.T = d->T, jb.K = d->K, jb.B = d->block, jb.dt = d->dt, jb.G = d->G, jb.ntiles = d->col_tiles;
-    jb.x = a->x.data, jb.off = grp->off;
+    quant_job jb = quant_job_of(&a->params, d, grp->off);
+    jb.x = a->x.data;
     if (moex_present(&a->rowwise.data))
         jb.row_data = (uint8_t *)a->rowwise.data.data, jb.row_scales = a->rowwise.scales.data;
     if (moex_present(&a->columnwise.data))
@@ -294,11 +303,8 @@ size_t moex_cpu_dequantize_ws(moex_context *ctx, const moex_group_dequantize_arg
 
 moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *grp,
                                 const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws) {
-    quant_job jb;
-    memset(&jb, 0, sizeof jb);
-    jb.q = &a->params, jb.f = moex_fp8_format_of(a->params.fp8);
-    jb.T = d->T, jb.K = d->K, jb.B = d->block, jb.dt = d->dt, jb.G = d->G, jb.ntiles = d->col_tiles;
-    jb.off = grp->off, jb.orient = a->orientation;
+    quant_job jb = quant_job_of(&a->params, d, grp->off);
+    jb.orient = a->orientation;
     jb.src = (const uint8_t *)a->src.data.data, jb.src_scales = a->src.scales.data, jb.y = a->y.data;
     if (d->block) tiles_layout(&a->params, d, grp->off, ws, &jb);
     if (d->K == 0) return MOEX_OK;
