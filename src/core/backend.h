@@ -111,6 +111,8 @@ typedef struct moex_cast_rows_args {
     moex_tensor dst;
 } moex_cast_rows_args;
 
+/* The primitives, one field each with its comment, and a *_ws query beside each primitive with
+ * a workspace: written out so that grep finds each; their shapes repeat by design. */
 typedef struct moex_backend_ops {
     const char *name;
     bool host_memory;           /* tensors are host memory: the core may read them */

@@ -49,7 +49,9 @@ static handle_header header_of(const moex_ep_geom *g) {
     return h;
 }
 
-/* Host memory: the handle holds a dispatch of this EP context with g->T tokens. */
+/* Host memory: the handle holds a dispatch of this EP context with g->T tokens. The same two
+ * steps as the MoE layer's check of its saved header (moe_layer.c), each on its own record with
+ * its own messages: alike in shape only. */
 static moex_status check_handle(moex_context *ctx, const char *op, const moex_ep_geom *g, const void *handle) {
     handle_header got, want = header_of(g);
     memcpy(&got, handle, sizeof got);
@@ -415,7 +417,8 @@ moex_status moex_op_ep_combine_backward_run(moex_context *ctx, const moex_call *
 }
 
 /* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h). */
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
 
 moex_status moex_ep_dispatch_forward_workspace_size(moex_context *ctx, const moex_ep_dispatch_args *args,
                                                     size_t *bytes) {

@@ -229,7 +229,9 @@ moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call
     return moex_moe_router_backward(ctx, c, g, &d->moe, &v.io, &dprobs, (float *)l.dxf, l.sub);
 }
 
-/* ---- the public entry points (moex.h) ------------------------------------------------- */
+/* ---- the public entry points (moex.h) -------------------------------------------------
+ * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
+ * shapes repeat by design. */
 
 moex_status moex_ep_moe_layer_forward_workspace_size(moex_context *ctx, const moex_ep_moe_layer_args *args,
                                                      size_t *bytes) {

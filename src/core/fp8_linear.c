@@ -17,6 +17,8 @@
  * nothing reads past them).
  *
  * Workspace: the prepared handle, the f32 operands (and yf), one region shared by the steps.
+ * The two runs open alike (their layout, the groups, the backend's FP8 kernels where it has
+ * them), each a plain definition of its op (op.h): their shapes repeat by design.
  *
  * The grouped linear's and the grouped MLP's plans in FP8 precision run these two ops (their
  * ws and run, on validated args) as their FP8 GEMMs: grouped_linear.c's moex_gl_fwd,

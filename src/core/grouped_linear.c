@@ -13,6 +13,8 @@
  * primitive (linear_fwd, linear_dgrad, linear_wgrad) on the caller's tensors; FP8, the copy
  * steps quantize the operands into the workspace and each GEMM is the FP8 grouped linear's
  * (fp8_linear.c) on them. Only what the present outputs need is computed.
+ * splits_to_offsets' ws and run only call its primitive: one plain definition per op function
+ * (op.h), so that op.c's dispatch and grep find each; their shape repeats by design.
  */
 #include "op.h"
 

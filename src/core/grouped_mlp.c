@@ -238,6 +238,7 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
     return l;
 }
 
+/* ws and run: the plan without and with the workspace, as every op's (op.h): same shape by design. */
 size_t moex_op_grouped_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d) {
     return fwd_plan_of(ctx, a, d, NULL).total;
 }

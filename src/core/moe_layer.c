@@ -328,6 +328,7 @@ moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c,
     return MOEX_OK;
 }
 
+/* ws and run: the layout without and with the workspace, as every op's (op.h): same shape by design. */
 size_t moex_op_moe_layer_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d) {
     return fwd_layout_of(ctx, a, d, NULL).total;
 }

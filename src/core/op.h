@@ -13,6 +13,11 @@
  * declared below, file by file, and called by op.c's dispatch (one case per op); and its
  * public pair as plain definitions that return moex_op_workspace_size(...) and
  * moex_op_run(...).
+ *
+ * Same shape by design: one plain declaration and definition per op function, so that grep
+ * finds each (no macro pastes their names); the declarations below repeat in shape, and so do
+ * the definitions of an op's ws and run where they share one layout function (ws: its total
+ * with no workspace; run: its pointers in ws) or only call one primitive.
  */
 #ifndef MOEX_OP_H
 #define MOEX_OP_H

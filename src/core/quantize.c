@@ -4,6 +4,9 @@
  * rows: the groups are prepared from the splits, then the backend's primitive runs on them
  * (workspace: the prepared handle, then the primitive's region: moex_groups_layout_of).
  * Grouped weights (9.7): one primitive each way.
+ * Each op's ws and run only prepare the groups and call its primitive: one plain definition
+ * per op function (op.h), so that op.c's dispatch and grep find each; their shapes repeat by
+ * design.
  */
 #include "op.h"
 

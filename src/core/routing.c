@@ -2,6 +2,8 @@
  * routing.c - the router, permute and unpermute, forward and backward: validation, and a
  * composition of one backend primitive each (the math: docs/ops.md). The MoE layer
  * (moe_layer.c) runs the same primitives.
+ * Each op's ws and run only call its primitive: one plain definition per op function (op.h),
+ * so that op.c's dispatch and grep find each; their shapes repeat by design.
  */
 #include "op.h"
 

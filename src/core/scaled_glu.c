@@ -9,6 +9,8 @@
  * caller's, or a [T, F] buffer in the workspace) and the quantize primitive on it.
  * Workspace: the handle, the primitive region (the larger of glu_fwd's and quantize's), then
  * the z buffer when needed.
+ * The two runs differ only in their primitive (glu_fwd, glu_bwd), each a plain definition of
+ * its op (op.h), so that op.c's dispatch and grep find it: their shapes repeat by design.
  */
 #include "op.h"
 
