@@ -31,6 +31,21 @@ c10::TypedOperatorHandle<Sig> op_handle(const char* name) {
 
 OptTensor optional(const at::Tensor& t) { return t.defined() ? OptTensor(t) : std::nullopt; }
 
+// Whether a call would record nothing for autograd: grad mode off, or no tensor argument that
+// requires grad. Such a call runs its operator below autograd directly, as torch's own kernels
+// do, without a Function's node and saved tensors (the host time of an eval or no_grad call).
+bool records_nothing(std::initializer_list<const at::Tensor*> ts, at::TensorList more = {},
+                     std::initializer_list<const OptTensor*> opts = {}) {
+    if (!at::GradMode::is_enabled()) return true;
+    for (const at::Tensor* t : ts)
+        if (t->requires_grad()) return false;
+    for (const at::Tensor& t : more)
+        if (t.requires_grad()) return false;
+    for (const OptTensor* t : opts)
+        if (t->has_value() && (*t)->requires_grad()) return false;
+    return true;
+}
+
 // The index of each tensor argument among the edges that autograd gives a Function (its
 // defined tensor arguments, in order), -1 for an absent one; needs_grad(ctx, edge) then says
 // whether this backward must compute that argument's gradient.
@@ -114,7 +129,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
                               const OptTensor& bias, const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode,
                               int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
         static const auto op = op_handle<ForwardSig>("moex::grouped_linear_forward");
-        at::AutoDispatchBelowADInplaceOrView below_autograd;
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
         at::Tensor y = op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
                                fp8_amax_epsilon);
         ctx->save_for_backward({x, w, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())});
@@ -165,6 +180,11 @@ at::Tensor grouped_linear_forward_autograd(const at::Tensor& x, const at::Tensor
                                            const OptTensor& bias, const OptTensor& probs, int64_t bias_mode,
                                            int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
                                            double fp8_amax_epsilon) {
+    if (records_nothing({&x, &w}, {}, {&bias, &probs})) {
+        static const auto op = op_handle<ForwardSig>("moex::grouped_linear_forward");
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
+        return op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+    }
     return GroupedLinearFunction::apply(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
                                         fp8_amax_epsilon);
 }
@@ -249,6 +269,12 @@ at::Tensor grouped_linear_discrete_forward_autograd(const at::Tensor& x, at::Ten
                                                     const OptTensor& bias, const OptTensor& probs, int64_t bias_mode,
                                                     int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
                                                     double fp8_amax_epsilon) {
+    if (records_nothing({&x}, weights, {&bias, &probs})) {
+        static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
+        return op.call(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+                       fp8_amax_epsilon);
+    }
     return GroupedLinearDiscreteFunction::apply(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
                                                 fp8_pow2_scales, fp8_amax_epsilon);
 }

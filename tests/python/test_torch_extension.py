@@ -529,3 +529,27 @@ def test_an_unloadable_extension_falls_back_to_the_python_operators(tmp_path):
     env = {**os.environ, "MOEX_TORCH_EXTENSION": str(bogus)}
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("packed", [True, False])
+def test_grouped_linear_records_nothing_without_grad(device, packed):
+    """The grouped linear forward under no_grad, or with no input that requires grad, runs its
+    operator without an autograd node (as torch's own kernels do): the same y bitwise as the
+    recorded call, no grad_fn; with an input that requires grad the node is there."""
+    torch.manual_seed(1)
+    layer = mt.GroupedLinear(3, 8, 6, params_dtype=torch.float32, device=device, packed=packed)
+    x = torch.randn(11, 8, device=device)
+    splits = torch.tensor([4, 0, 5], device=device)
+    y = layer(x, splits)   # the weights require grad: recorded
+    assert y.grad_fn is not None
+    with torch.no_grad():
+        y0 = layer(x, splits)
+    assert y0.grad_fn is None and not y0.requires_grad and torch.equal(y0, y.detach())
+    layer.requires_grad_(False)
+    y1 = layer(x, splits)   # grad mode on, nothing requires grad
+    assert y1.grad_fn is None and torch.equal(y1, y.detach())
+    y2 = layer(x.requires_grad_(True), splits)
+    assert y2.grad_fn is not None and torch.equal(y2.detach(), y.detach())
+    y2.sum().backward()
+    assert x.grad is not None and all(p.grad is None for p in layer.parameters())
