@@ -22,6 +22,14 @@ SHIM int moex_sm90_bench_context_create(int device, void **out, const char **why
 
 SHIM void moex_sm90_bench_context_destroy(void *ctx) { moex_sm90_context_destroy((moex_sm90_context *)ctx); }
 
+/* The sizes of the three argument structs the wrappers below read, for the caller's mirrors
+ * (bench/torch_grouped_mm.py checks its ctypes structs against them before any call). */
+SHIM void moex_sm90_bench_struct_sizes(size_t *args, size_t *wgrad_args, size_t *tuning) {
+    *args = sizeof(moex_sm90_gemm_args);
+    *wgrad_args = sizeof(moex_sm90_wgrad_args);
+    *tuning = sizeof(moex_sm90_tuning);
+}
+
 /* The workspace a forced stream-K may use (the most of any launch on the device). */
 SHIM size_t moex_sm90_bench_workspace_bytes(void *ctx) {
     return moex_sm90_gemm_workspace_bytes((const moex_sm90_context *)ctx, NULL, NULL);

@@ -58,13 +58,15 @@ class Args(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
                 ("N", ctypes.c_int64), ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
                 ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int),
-                ("workspace", ctypes.c_void_p)]
+                ("workspace", ctypes.c_void_p), ("w_ptrs", ctypes.c_void_p), ("w_maps", ctypes.c_void_p),
+                ("bad_align_value", ctypes.c_int)]
 
 
 class WArgs(ctypes.Structure):
     _fields_ = [("dtype", ctypes.c_int), ("G", ctypes.c_int64), ("T", ctypes.c_int64), ("K", ctypes.c_int64),
                 ("N", ctypes.c_int64), ("dy", ctypes.c_void_p), ("x", ctypes.c_void_p), ("dw", ctypes.c_void_p),
-                ("dw_dtype", ctypes.c_int), ("accumulate", ctypes.c_int), ("splits", ctypes.c_void_p)]
+                ("dw_dtype", ctypes.c_int), ("accumulate", ctypes.c_int), ("splits", ctypes.c_void_p),
+                ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int)]
 
 
 class Tune(ctypes.Structure):
@@ -98,6 +100,11 @@ def load_entries(lib_path):
     lib.moex_sm90_bench_context_create.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                                    ctypes.POINTER(ctypes.c_char_p)]
     ctx, why = ctypes.c_void_p(), ctypes.c_char_p()
+    sizes = [ctypes.c_size_t() for _ in range(3)]
+    lib.moex_sm90_bench_struct_sizes(*map(ctypes.byref, sizes))
+    for mirror, size in zip((Args, WArgs, Tune), sizes):   # a stale mirror would make the library read past it
+        if ctypes.sizeof(mirror) != size.value:
+            raise RuntimeError(f"{mirror.__name__}: {ctypes.sizeof(mirror)} bytes, the library's struct {size.value}")
     if lib.moex_sm90_bench_context_create(0, ctypes.byref(ctx), ctypes.byref(why)) != 0:
         raise RuntimeError(f"sm90 context: {why.value}")
     entry = {}
