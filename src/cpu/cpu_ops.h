@@ -10,6 +10,9 @@
 #include "backend.h"
 
 /* ---- the primitives of src/core/backend.h (cpu_backend.c's table), by file ------------ */
+/* Plain declarations, one a primitive, by the file that defines it, so grep finds each: a
+ * `_ws` and its primitive with backend.h's signatures, so the list looks alike from pair to
+ * pair, and like cuda_ops.h's, by design (docs/architecture.md). */
 
 /* cpu_splits.c: the prepared groups (off[G+1] in the workspace, read from host splits and
  * checked: MOEX_ERR_BAD_SPLITS naming the call and the group when a split is negative or the

@@ -269,6 +269,9 @@ moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const 
 }
 
 /* ---- the FP8 grouped linear's forward (current or block scaling) -------------------------- */
+/* The FP8 primitives below have backend.h's signatures, one plain definition each (grep finds
+ * each), so they look alike by design; what they share is written once: the args
+ * (linear_fp8_args), the launch and its message (run_fp8_gemm). */
 
 /* The Hopper FP8 kernel's args for a (the scales: x TENSOR [1] or GROUP [G] with w GROUP [G];
  * or both BLOCK). */

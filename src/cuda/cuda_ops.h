@@ -283,6 +283,9 @@ extern "C" const struct moex_ep_kernels moex_cuda_ep_kernels;
 moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, int64_t n);
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table), by file -------------------- */
+/* Plain declarations, one a primitive, by the file that defines it, so grep finds each: a
+ * `_ws` and its primitive with backend.h's signatures, so the list looks alike from pair to
+ * pair, and like cpu_ops.h's, by design (docs/architecture.md). */
 
 /* cuda_splits.cu: the prepared groups (the schedule's arrays, and for a grouped linear
  * forward the Hopper GEMM's scratch, from ws; built by one launch), splits_to_offsets. */

@@ -227,6 +227,35 @@ static __device__ __forceinline__ int mx_exponent_of_field(uint32_t b, moex_fp8_
     return E < -127 ? -127 : E;
 }
 
+/* MX32's block amaxes of this thread's 8x8 piece v, as exponent fields (mx_field): of its 8
+ * rows (COLS false; each row's block of 32 spans the 4 j's of lanes lane ^ 1, lane ^ 2) or of
+ * its 8 columns (COLS true; the 4 i's of lanes lane ^ 4, lane ^ 8). Line e's field, the max
+ * over the thread's 8 values and then over those lanes, is byte e & 3 of m[e >> 2]
+ * (mx_line_exponent): the 8 lines travel as two words, 4 shuffles rather than 16. Every lane of
+ * the warp calls it. */
+template <bool COLS>
+static __device__ __forceinline__ void mx_block_fields(const float (&v)[8][8], uint32_t (&m)[2]) {
+    m[0] = m[1] = 0u;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        uint32_t b = 0u;
+#pragma unroll
+        for (int o = 0; o < 8; o++) b = max(b, mx_field(COLS ? v[o][e] : v[e][o]));
+        m[e >> 2] |= b << (8 * (e & 3));
+    }
+    const int l1 = COLS ? 4 : 1, l2 = COLS ? 8 : 2;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], l1));
+        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], l2));
+    }
+}
+
+/* Line e's MX exponent (moex_mx_exponent of its block's amax) from mx_block_fields' m. */
+static __device__ __forceinline__ int mx_line_exponent(const uint32_t (&m)[2], int e, moex_fp8_format f) {
+    return mx_exponent_of_field((m[e >> 2] >> (8 * (e & 3))) & 0xFFu, f);
+}
+
 /* The amax key (NaN wins) of the block's 128x128 tile, every thread's 8x8 piece v; all
  * threads get it (red: 32 words of shared scratch, block_max_u32). */
 static __device__ __forceinline__ uint32_t tile_amax(const float (&v)[8][8], uint32_t *red) {
@@ -423,48 +452,27 @@ tile_kernel(tile_args a, SRC src) {
 #pragma unroll
                 for (int e = 0; e < 8; e++) rs[e] = mult[0][8 * i + e], cs[e] = mult[1][8 * j + e];
             } else {   /* MX32: 1x32 and 32x1 blocks, each in one warp; the rows done before the columns.
-                        * A block's exponent needs only the exponent field of its amax, so the 8
-                        * rows' (columns') fields travel as bytes of two words: 4 shuffles, not 16. */
+                        * A block's exponent needs only the exponent field of its amax
+                        * (mx_block_fields). The two halves differ in their stores (a column
+                        * is first gathered from the piece), so they stay written out. */
                 const int64_t kb = (k0 >> 5) + (j >> 2);
                 if (a.row_data) {
-                    uint32_t m[2] = {0u, 0u};
+                    uint32_t m[2];
+                    mx_block_fields<false>(v, m);
 #pragma unroll
                     for (int r = 0; r < 8; r++) {
-                        uint32_t b = 0u;
-#pragma unroll
-                        for (int c = 0; c < 8; c++) b = max(b, mx_field(v[r][c]));
-                        m[r >> 2] |= b << (8 * (r & 3));
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {   /* the block's 4 j's: lanes 1, 2 */
-                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
-                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
-                    }
-#pragma unroll
-                    for (int r = 0; r < 8; r++) {
-                        const int E = mx_exponent_of_field((m[r >> 2] >> (8 * (r & 3))) & 0xFFu, a.f);
+                        const int E = mx_line_exponent(m, r, a.f);
                         if ((lane & 3) == 0 && r < nr && (kb << 5) < a.K)
                             ((uint8_t *)a.row_scales)[row_scale_at(a, w, row + r, kb)] = (uint8_t)(E + 127);
                         if (r < nr) store_8(a.row_data + (row + r) * a.K + col, cast_8(v[r], moex_pow2f(-E), a.f), nc);
                     }
                 }
                 if (a.col_data) {
-                    uint32_t m[2] = {0u, 0u};
+                    uint32_t m[2];
+                    mx_block_fields<true>(v, m);
 #pragma unroll
                     for (int c = 0; c < 8; c++) {
-                        uint32_t b = 0u;
-#pragma unroll
-                        for (int r = 0; r < 8; r++) b = max(b, mx_field(v[r][c]));
-                        m[c >> 2] |= b << (8 * (c & 3));
-                    }
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {   /* the block's 4 i's: lanes 4, 8 */
-                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 4));
-                        m[h] = __vmaxu4(m[h], __shfl_xor_sync(0xffffffffu, m[h], 8));
-                    }
-#pragma unroll
-                    for (int c = 0; c < 8; c++) {
-                        const int E = mx_exponent_of_field((m[c >> 2] >> (8 * (c & 3))) & 0xFFu, a.f);
+                        const int E = mx_line_exponent(m, c, a.f);
                         if ((lane & 0x0C) == 0 && c < nc && 32 * (i >> 2) < w.nr)
                             ((uint8_t *)a.col_scales)[col_scale_at<MODE>(a, w, col + c, i >> 2)] = (uint8_t)(E + 127);
                         float vc[8];

@@ -19,6 +19,9 @@
 
 
 /* ---- system-scope flags -------------------------------------------------------------- */
+/* One function per instruction form, as sm90_ptx_sync.cuh's GPU-scope flags between CTAs:
+ * PTX takes the scope and the width only as text, so the two files' flags look alike by
+ * construction (those are sm_90a only, of another scope and width). */
 
 static __device__ __forceinline__ void store_release_sys(uint64_t *p, uint64_t v) {
     asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");

@@ -180,6 +180,17 @@ static inline bool sm90_make_map(const moex_sm90_context *c, CUtensorMap *m, moe
     return false;
 }
 
+/* The K-grouped kernels' map of dW [G, N, K] (f32, or bf16/f16) for their TMA stores and
+ * reduce-adds: boxes of 64 rows by 128 bytes of one group. Optional: false, with no message,
+ * where the encoder refuses it (a group over 2^40 bytes) or dw is not 16-byte aligned, and the
+ * kernel then keeps its register epilogue. */
+static inline bool sm90_make_dw_map(const moex_sm90_context *c, CUtensorMap *m, moex_dtype dt, void *dw, int64_t G,
+                                    int64_t N, int64_t K, CUtensorMapL2promotion promo, const char *kernel) {
+    const cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)G};
+    const cuuint32_t box[3] = {dt == MOEX_DTYPE_F32 ? 32u : 64u, 64u, 1u};
+    return sm90_make_map(c, m, dt, dw, 3, dims, box, promo, kernel, "dw", NULL);
+}
+
 /* Whether the common shape limits hold: G in [1, 2^31), T in [0, 2^31 - 128), K and N
  * multiples of 8 in [8, 2^30], splits 8-byte aligned. */
 static inline bool sm90_shape_ok(int64_t G, int64_t T, int64_t K, int64_t N, const int64_t *splits) {

@@ -28,6 +28,10 @@
  * Full tiles leave through TMA stores (reduce-adds for +=), others from registers. A group
  * with no rows writes zeros (=) or leaves dW_g alone (+=). Every output tile is computed by one
  * CTA, windows in row order: deterministic.
+ * Alike by design with sm90_fp8_gemm.cu and sm90_grouped_wgrad.cu: a stage's wgmma steps,
+ * written out in each kernel's k loop (the loops stay as measured, docs/hopper.md); each
+ * role's walk over the one scheduler; the launch's flat parameter struct (hopper.md says why
+ * not nested), filled from the args as theirs are.
  */
 #include "sm90_epilogue.cuh"
 #include "sm90_grouped_gemm.h"
@@ -410,9 +414,7 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     kp.accumulate = a->accumulate;
     /* dW through TMA stores (reduce-adds for +=); a shape the encoder refuses keeps the
      * register epilogue */
-    const cuuint64_t dwdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
-    const cuuint32_t dwbox[3] = {32, 64, 1};
-    kp.epi_tma = sm90_make_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, 3, dwdims, dwbox, promo, kname, "dw", NULL);
+    kp.epi_tma = sm90_make_dw_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, a->G, a->N, a->K, promo, kname);
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
     cudaLaunchConfig_t cfg;

@@ -266,12 +266,9 @@ static moex_status sm90w_run(const moex_sm90_context *ctx, const moex_sm90_wgrad
     if (!sm90_make_map(ctx, &kp.tm_dy, a->dtype, a->dy, 2, dydims, box, promo, kname, "dy", why) ||
         !sm90_make_map(ctx, &kp.tm_x, a->dtype, a->x, 2, xdims, box, promo, kname, "x", why))
         return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
-    /* dW [G, N, K]; a shape the encoder refuses (a group over 2^40 bytes) keeps the register
-     * epilogue, which needs no map */
-    const cuuint64_t dwdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, (cuuint64_t)a->G};
-    const cuuint32_t dwbox[3] = {a->dw_dtype == MOEX_DTYPE_F32 ? 32u : 64u, 64u, 1u};
-    kp.epi_tma = plan.epilogue_tma &&
-                 sm90_make_map(ctx, &kp.tm_dw, a->dw_dtype, a->dw, 3, dwdims, dwbox, promo, kname, "dw", NULL);
+    /* without the map (the plan's choice, or the encoder refused it) the register epilogue */
+    kp.epi_tma =
+        plan.epilogue_tma && sm90_make_dw_map(ctx, &kp.tm_dw, a->dw_dtype, a->dw, a->G, a->N, a->K, promo, kname);
     kp.dw = a->dw;
     kp.splits = a->splits;
     kp.G = (int)a->G;

@@ -2,7 +2,8 @@
  * sm90_ptx_cp_async.cuh - private: small asynchronous copies global -> shared (cp.async, 4 or
  * 8 bytes a thread) for the Hopper forward's epilogue inputs, the bias row (sm_90a device
  * pass only, see sm90_ptx.cuh). A copy is complete for its own thread after
- * sm90_cp_async_wait_all; the other threads see it after a barrier that follows.
+ * sm90_cp_async_wait_all; the other threads see it after a barrier that follows. One function
+ * per instruction form: PTX takes the form only as text, so they look alike by construction.
  */
 #ifndef MOEX_SM90_PTX_CP_ASYNC_CUH
 #define MOEX_SM90_PTX_CP_ASYNC_CUH

@@ -2,7 +2,8 @@
  * sm90_ptx_mbarrier.cuh - private: the mbarrier PTX of the Hopper GEMMs (sm_90a device pass
  * only, see sm90_ptx.cuh): initialisation and its fence, arrivals (plain, announcing TMA
  * bytes, and on the barrier of a peer CTA of the cluster) and the parity wait. Barriers live
- * in shared memory, 8 bytes each.
+ * in shared memory, 8 bytes each. One function per instruction form: PTX takes the form only
+ * as text, so the functions look alike by construction.
  */
 #ifndef MOEX_SM90_PTX_MBARRIER_CUH
 #define MOEX_SM90_PTX_MBARRIER_CUH

@@ -4,6 +4,9 @@
  * consumers), the cluster rank and the cluster-wide barrier, setmaxnreg (which moves
  * registers from the producer warpgroup to the consumers), and release/acquire flags between
  * CTAs of one grid (stream-K's hand-over).
+ * One function per instruction form (scope, direction, register budget): PTX takes the form
+ * only as text, so the functions look alike by construction (ep_peer.cu's system-scope flags
+ * too).
  */
 #ifndef MOEX_SM90_PTX_SYNC_CUH
 #define MOEX_SM90_PTX_SYNC_CUH

@@ -4,6 +4,9 @@
  * tiles (K-major and MN-major) and their advance by adds; the wgmma steps m64n256k16 and
  * m64n128k16 in bf16 and f16 with f32 accumulators, each operand K- or MN-major; and the
  * fence / commit / wait that order them against the accumulator registers.
+ * One function per instruction form (shape, input type, operand majors): PTX takes the form
+ * only as text, and an accumulator list only spelled out, so the forms and their operand
+ * lists look alike by construction.
  */
 #ifndef MOEX_SM90_PTX_WGMMA_CUH
 #define MOEX_SM90_PTX_WGMMA_CUH
