@@ -10,9 +10,12 @@
 # The c_example stage installs the built libmoex into a prefix and builds and runs
 # examples/c/grouped_mlp.c against it, with find_package and with pkg-config (CUDA=1). The
 # separate stage runs bench/torch_separate_weights.py (GroupedLinear's separate weights against
-# packed ones and torch._grouped_mm, GPU time; SEPARATE_ARGS).
+# packed ones and torch._grouped_mm, GPU time; SEPARATE_ARGS). The compare stage times an old
+# tree against this one with scripts/compare_builds.sh (COMPARE_ARGS): OLD_TAR, a tarball of the
+# old tree (git archive), is built as $BUILD-old (the library and the CLI, during this tree's
+# build), and this tree's CLI is built in $BUILD/libmoex.
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host separate
-# example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
+# compare example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), MEMCHECK_R (the tests of those run
 # under memcheck; default CTEST_R), PYTEST_K (a pytest -k
@@ -36,6 +39,14 @@ export MOEX_LIBRARY=$BUILD/libmoex/libmoex.so MOEX_TORCH_EXTENSION=$BUILD/libmoe
 
 note "gpu_python $(date -u +%FT%TZ) commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown) stages: $STAGES"
 note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1), torch $(python3 -c 'import torch; print(torch.__version__)')"
+
+if has compare; then   # the old tree's build runs beside this one's
+    rm -rf "$BUILD-old.src" && mkdir -p "$BUILD-old.src" && tar -xf "$OLD_TAR" -C "$BUILD-old.src"
+    ( cmake -S "$BUILD-old.src" -B "$BUILD-old" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
+            -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF && ninja -C "$BUILD-old" moex moex_cli
+    ) > "$OUT/build_old.log" 2>&1 &
+    old_pid=$!
+fi
 
 if has build; then
     t0=$SECONDS
@@ -110,6 +121,17 @@ if has separate; then
     (cd bench && python3 torch_separate_weights.py ${SEPARATE_ARGS:-}) > "$OUT/separate.log" 2>&1
     note "separate weights bench: rc=$?"
     tee -a "$SUMMARY" < "$OUT/separate.log"
+fi
+
+if has compare; then
+    wait "$old_pid"
+    note "old build: rc=$?"
+    ninja -C "$BUILD/libmoex" moex_cli >> "$OUT/build.log" 2>&1
+    # shellcheck disable=SC2086
+    bash scripts/compare_builds.sh ${COMPARE_ARGS:-} --out "$OUT/compare" "$BUILD-old" "$BUILD/libmoex" \
+        > "$OUT/compare.log" 2>&1
+    note "compare: rc=$?"
+    sed -n '/^config/,$p' "$OUT/compare.log" | tee -a "$SUMMARY"
 fi
 
 if has example; then
