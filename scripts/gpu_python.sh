@@ -126,7 +126,7 @@ fi
 if has compare; then
     wait "$old_pid"
     note "old build: rc=$?"
-    ninja -C "$BUILD/libmoex" moex_cli >> "$OUT/build.log" 2>&1
+    ninja -C "$BUILD" moex_cli >> "$OUT/build.log" 2>&1
     # shellcheck disable=SC2086
     bash scripts/compare_builds.sh ${COMPARE_ARGS:-} --out "$OUT/compare" "$BUILD-old" "$BUILD/libmoex" \
         > "$OUT/compare.log" 2>&1
