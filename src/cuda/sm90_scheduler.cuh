@@ -110,8 +110,9 @@ static __device__ __forceinline__ int sm90_cursor_seek(sm90_cursor *c, int64_t t
         c->tile0 += u.units(c->mt);
         c->g++;
         if (c->g >= G) return 0;
+        const int64_t s = moex_split_clip(__ldg(splits + c->g), T);   /* row0 + s cannot overflow */
         c->row0 = c->row1;
-        c->row1 = c->row0 + moex_split_rows(__ldg(splits + c->g), c->row0, T);
+        c->row1 = c->row0 + s < T ? c->row0 + s : T;
         c->mt = u.tiles(c->row1 - c->row0);
     }
     return 1;
@@ -343,7 +344,7 @@ static __device__ __forceinline__ void sm90_check_splits(const int64_t *splits, 
     int64_t sum = 0;
     int bad = 0;
     for (int g = 0; g < G && !bad; g++) {
-        sum = moex_split_add(sum, moex_split_count(splits[g], T, &bad), T);
+        sum += moex_split_count(splits[g], T, &bad);   /* at most G (T + 1): no wrap */
         bad |= sum > T;
     }
     if (bad) atomicCAS(flag, 0, value);
