@@ -7,10 +7,11 @@
  *   backward_data:   dx_g = dy_g W_g (=), dbias_g = sum (p_i) dy_i (=),
  *                    dprobs_i += dy_i . b_g (scaled bias only)
  *   backward_weight: dW_g = dy_g^T x_g   (= or += into f32)
- * On Hopper the forward (with its bias, and
- * for the MLP's FC1 with the scaled GLU fused), the backward-data product dx = dy W and the
- * weight gradient run on the sm_90a kernels (sm90_grouped_gemm.h) when they support the
- * shapes and packed weights; everything else runs on the portable kernel
+ * On Hopper the forward (with its bias, and for the MLP's FC1 with the scaled GLU fused), the
+ * backward-data product dx = dy W and the weight gradient run on the sm_90a kernels
+ * (sm90_grouped_gemm.h) when they support the shapes (discrete weights through their
+ * per-group tensor maps, in the primitive's workspace: moex_cuda_weight_maps_take; the weight
+ * gradient into a packed dW); everything else runs on the portable kernel
  * (sm80_grouped_gemm.cu).
  */
 #include "cuda_ops.h"
