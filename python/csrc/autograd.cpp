@@ -198,6 +198,8 @@ using DiscreteDataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
         int64_t, bool, bool, bool, int64_t, int64_t, bool, double);
 
 // y = grouped_linear_discrete_forward(x, weights, ptrs, splits, bias, probs, bias_mode, fp8...);
+// Alike in shape with GroupedLinearFunction above by design: the same steps over G weight
+// tensors instead of one (their edges, their saved copies, dW split into G gradients).
 // differentiable in x, each weight (its slice of one [G, N, K] dW), bias and probs.
 struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedLinearDiscreteFunction> {
     static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,

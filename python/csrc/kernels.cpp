@@ -160,6 +160,8 @@ void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Te
 }
 
 // ---- grouped linear on separate weights (GroupedLinear's weight0..: moex's discrete weights) ----
+// The forward and backward-data kernels below open alike by design (check the rows, the discrete
+// weight, the bias); the work after it is run_linear_forward's and run_linear_backward_data's.
 
 // The moex_weight of G separate [N, K] weights through `ptrs`, an int64 [G] tensor on their device
 // holding weights[g].data_ptr() (the caller builds it once and keeps it: moex/torch/
