@@ -75,15 +75,25 @@ moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const 
     return MOEX_OK;
 }
 
+/* Workspace: the prepared handle, then the primitive's region, carved alike by the size
+ * query (ws NULL) and the run. */
+static size_t zero_tail_layout(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws,
+                               void **groups, void **sub) {
+    moex_carver cv = {(char *)ws, 0};
+    *groups = moex_take(&cv, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
+    *sub = moex_take(&cv, moex_ops(ctx)->zero_tail_ws(ctx, a, d));
+    return cv.used;
+}
+
 size_t moex_op_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d) {
-    return moex_sz_add(moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL), moex_ops(ctx)->zero_tail_ws(ctx, a, d));
+    void *groups, *sub;
+    return zero_tail_layout(ctx, a, d, NULL, &groups, &sub);
 }
 
 moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const moex_zero_tail_args *a,
                                   const moex_tail_dims *d, void *ws) {
-    moex_carver cv = {(char *)ws, 0};
-    void *groups = moex_take(&cv, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
-    void *sub = moex_take(&cv, moex_ops(ctx)->zero_tail_ws(ctx, a, d));
+    void *groups, *sub;
+    zero_tail_layout(ctx, a, d, ws, &groups, &sub);
     moex_groups g;
     MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, groups, &g));
     return moex_ops(ctx)->zero_tail(ctx, c, &g, a, d, sub);

@@ -6,9 +6,8 @@
  * this list; each op's three functions are plain definitions in its file
  * (src/core/<family>.c), declared in op.h and called by op.c's dispatch, one case per op.
  *
- * Adding an operation: a row here, its declarations in include/moex.h, its three functions
- * and public pair in src/core (declared in op.h, a case in each of op.c's three switches:
- * -Wswitch names a missing one), and the primitives it needs in src/core/backend.h.
+ * Adding an operation: docs/architecture.md, "Adding an operation" (every step, in order: a
+ * row here is one of them).
  */
 #ifndef MOEX_OP_LIST_H
 #define MOEX_OP_LIST_H
