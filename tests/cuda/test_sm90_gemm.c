@@ -328,6 +328,7 @@ static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const 
     a.w_maps = maps;
     a.bad_align_value = 0x47;
     const int want_flag = bad_splits ? 0x35 : 0;
+    void *const last = pos[G - 1];   /* the misaligned step below swaps it out */
     int fails = 0, flag = 0;
     const char *why = NULL;
     const char *step = "";
@@ -374,10 +375,9 @@ static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const 
         if (st != MOEX_OK || memcmp(hy, hy_packed, ye * 2) != 0) goto fail;
     }
     {   /* the last matrix 2 bytes off alignment: no fault, the flag set */
-        void *keep = pos[G - 1];
         pos[G - 1] = (char *)skew + 2;
         DISCRETE_RUN(pos, "misaligned");
-        pos[G - 1] = keep;
+        pos[G - 1] = last;
         if (flag != 0x47) goto fail;   /* the maps are written before the GEMM checks the splits */
     }
     goto done;
@@ -390,6 +390,7 @@ done:
            fails ? step : "", flag, why && fails ? why : "");
     g_failures += fails;
     CK(cudaDeviceSynchronize());
+    pos[G - 1] = last;   /* (a failed misaligned step left the skewed pointer there) */
     for (int64_t g = 0; g < G; g++) {
         CK(cudaFree(pos[g]));
         CK(cudaFree(neg[g]));
