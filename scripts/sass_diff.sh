@@ -50,7 +50,10 @@ parts = re.split(r"^\s*Function : (\S+)\s*$", text, flags=re.M)
 names = parts[1::2]
 dem = subprocess.run(["c++filt"], input="\n".join(names), capture_output=True, text=True).stdout.split("\n")
 DT = {0: "bf16", 1: "f16"}
-OPS = {0: "fwd", 1: "fwd_bias", 2: "fwd_glu_contig", 3: "fwd_glu_inter", 4: "dgrad"}
+# OP of the rows kernel: a forward epilogue kind (MOEX_SM90_EPI_*), or SM90_OP_DGRAD (8) plus the
+# kind of the dgrad (12, 13: DGLU); 4: the dgrad of the older sm90_grouped_kernel
+OPS = {0: "fwd", 1: "fwd_bias", 2: "fwd_glu_contig", 3: "fwd_glu_inter", 4: "dgrad", 8: "dgrad",
+       12: "dgrad_dglu_contig", 13: "dgrad_dglu_inter"}
 def key(d):
     m = re.match(r"void (\w+)<([^>]*)>", d)
     if not m:
