@@ -192,25 +192,26 @@ at::Tensor grouped_linear_forward_autograd(const at::Tensor& x, const at::Tensor
 // ---- grouped linear on separate weights --------------------------------------------------------
 
 using DiscreteForwardSig = at::Tensor(const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&,
-                                      const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t, bool, double);
+                                      const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t,
+                                      bool, double);
 using DiscreteDataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-        const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-        int64_t, bool, bool, bool, int64_t, int64_t, bool, double);
+        const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
+        const OptTensor&, int64_t, bool, bool, bool, int64_t, int64_t, bool, double);
 
-// y = grouped_linear_discrete_forward(x, weights, ptrs, splits, bias, probs, bias_mode, fp8...);
+// y = grouped_linear_discrete_forward(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8...);
 // Alike in shape with GroupedLinearFunction above by design: the same steps over G weight
 // tensors instead of one (their edges, their saved copies, dW split into G gradients).
 // differentiable in x, each weight (its slice of one [G, N, K] dW), bias and probs.
 struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedLinearDiscreteFunction> {
     static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
-                              const at::Tensor& splits, const OptTensor& bias, const OptTensor& probs,
-                              int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                              double fp8_amax_epsilon) {
+                              const at::Tensor& ptrs_host, const at::Tensor& splits, const OptTensor& bias,
+                              const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes,
+                              bool fp8_pow2_scales, double fp8_amax_epsilon) {
         static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
         at::AutoDispatchBelowADInplaceOrView below_autograd;
-        at::Tensor y = op.call(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                               fp8_amax_epsilon);
-        variable_list saved = {x, ptrs, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())};
+        at::Tensor y = op.call(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
+                               fp8_pow2_scales, fp8_amax_epsilon);
+        variable_list saved = {x, ptrs, ptrs_host, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())};
         saved.insert(saved.end(), weights.begin(), weights.end());
         ctx->save_for_backward(saved);
         Edges e;
@@ -219,6 +220,7 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         d["edge_w0"] = e.next;   // the weights' edges: edge_w0 .. edge_w0 + G - 1
         for (const at::Tensor& w : weights) e.add(w);
         e.add(ptrs);
+        e.add(ptrs_host);
         e.add(splits);
         d["edge_bias"] = e.add(bias);
         d["edge_probs"] = e.add(probs);
@@ -231,9 +233,9 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         static const auto data_op = op_handle<DiscreteDataSig>("moex::grouped_linear_discrete_backward_data");
         static const auto weight_op = op_handle<WeightSig>("moex::grouped_linear_backward_weight");
         const variable_list saved = ctx->get_saved_variables();
-        const at::Tensor &x = saved[0], &ptrs = saved[1], &splits = saved[2];
-        const OptTensor bias = optional(saved[3]), probs = optional(saved[4]);
-        const std::vector<at::Tensor> weights(saved.begin() + 5, saved.end());
+        const at::Tensor &x = saved[0], &ptrs = saved[1], &ptrs_host = saved[2], &splits = saved[3];
+        const OptTensor bias = optional(saved[4]), probs = optional(saved[5]);
+        const std::vector<at::Tensor> weights(saved.begin() + 6, saved.end());
         const int64_t G = static_cast<int64_t>(weights.size());
         auto& d = ctx->saved_data;
         const int64_t bias_mode = d["bias_mode"].toInt();
@@ -247,14 +249,14 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
 
-        // one per forward argument: x, weights[0..G), ptrs, splits, bias, probs, then non-tensors
-        variable_list out(G + 10);
+        // one per forward argument: x, weights[0..G), ptrs, ptrs_host, splits, bias, probs, then non-tensors
+        variable_list out(G + 11);
         if (need_x || need_dbias || need_dprobs) {
-            auto [dx, dbias, dprobs] = data_op.call(dy, weights, ptrs, splits, bias, probs, bias_mode, need_x,
+            auto [dx, dbias, dprobs] = data_op.call(dy, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, need_x,
                                                     need_dbias, need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon);
             if (need_x) out[0] = dx;
-            if (need_dbias) out[G + 3] = dbias;
-            if (need_dprobs) out[G + 4] = dprobs;
+            if (need_dbias) out[G + 4] = dbias;
+            if (need_dprobs) out[G + 5] = dprobs;
         }
         if (need_w) {
             const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), f.mode,
@@ -267,18 +269,18 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
 };
 
 at::Tensor grouped_linear_discrete_forward_autograd(const at::Tensor& x, at::TensorList weights,
-                                                    const at::Tensor& ptrs, const at::Tensor& splits,
-                                                    const OptTensor& bias, const OptTensor& probs, int64_t bias_mode,
-                                                    int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                                    double fp8_amax_epsilon) {
+                                                    const at::Tensor& ptrs, const at::Tensor& ptrs_host,
+                                                    const at::Tensor& splits, const OptTensor& bias,
+                                                    const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode,
+                                                    int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
     if (records_nothing({&x}, weights, {&bias, &probs})) {
         static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
-        return op.call(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                       fp8_amax_epsilon);
+        return op.call(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
+                       fp8_pow2_scales, fp8_amax_epsilon);
     }
-    return GroupedLinearDiscreteFunction::apply(x, weights, ptrs, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
-                                                fp8_pow2_scales, fp8_amax_epsilon);
+    return GroupedLinearDiscreteFunction::apply(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode,
+                                                fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
 }
 
 // ---- grouped MLP -----------------------------------------------------------------------------

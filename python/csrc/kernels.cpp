@@ -5,6 +5,7 @@
 // workspace from torch's allocator). One function serves both dispatch keys: the tensors'
 // device picks the backend.
 #include <ATen/ops/empty.h>
+#include <ATen/ops/stack.h>
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
@@ -163,74 +164,97 @@ void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Te
 // The forward and backward-data kernels below open alike by design (check the rows, the discrete
 // weight, the bias); the work after it is run_linear_forward's and run_linear_backward_data's.
 
+// A moex_weight over G separate [N, K] weights, and what it needs kept alive during the call.
+struct DiscreteWeight {
+    moex_weight w{};
+    at::Tensor stacked;   // the weights stacked (CUDA weights not all 16-byte aligned), else undefined
+};
+
 // The moex_weight of G separate [N, K] weights through `ptrs`, an int64 [G] tensor on their device
-// holding weights[g].data_ptr() (the caller builds it once and keeps it: moex/torch/
-// _linear_layer.py's _WeightPointers). Checks that the weights are G contiguous tensors of rows'
-// dtype, one shape, on rows' device (ValueError naming weights[g]); on the CPU also that ptrs holds
-// their addresses (on CUDA reading ptrs would cost a synchronisation).
-moex_weight discrete_weight(const char* op, const at::Tensor& rows, const at::TensorList& weights,
-                            const at::Tensor& ptrs, const at::Tensor& splits) {
+// holding weights[g].data_ptr(), of which `ptrs_host` (int64 [G] on the CPU; ptrs itself on the CPU)
+// is the copy the host reads: the caller keeps both (moex/torch/_linear_layer.py's _WeightPointers)
+// and this function keeps them current, a cache of the weights' addresses: when they differ from
+// ptrs_host (the first call, or a weight changed storage) both are rewritten (on CUDA a copy to the
+// device, so not during CUDA graph capture: ValueError; calls with the same weights, captured or
+// replayed, use the array as it is). On CUDA, weights not all 16-byte aligned (TMA's need) are
+// stacked and passed packed. Checks that the weights are G contiguous tensors of rows' dtype, one
+// shape, on rows' device (ValueError naming weights[g]).
+DiscreteWeight discrete_weight(const char* op, const at::Tensor& rows, const at::TensorList& weights,
+                               const at::Tensor& ptrs, const at::Tensor& ptrs_host, const at::Tensor& splits) {
     TORCH_CHECK_VALUE(!weights.empty(), "moex.", op, ": weights is empty");
-    const at::ScalarType rows_type = rows.scalar_type();
-    const at::Tensor& w0 = weights[0];
-    for (size_t g = 0; g < weights.size(); ++g) {
-        const at::Tensor& w = weights[g];
-        if (w.device() == rows.device() && w.scalar_type() == rows_type && w.dim() == 2 && w.is_contiguous() &&
-            w.sizes() == w0.sizes())
-            continue;   // (the common case, without building the name)
-        const std::string name = "weights[" + std::to_string(g) + "]";
-        check(op, name.c_str(), w, rows.device(), only(rows_type), 2);
-        TORCH_CHECK_VALUE(w.sizes() == w0.sizes(), "moex.", op, ": ", name, " is ", w.sizes(),
-                          ", weights[0] ", w0.sizes(), " (the weights must have one shape)");
-    }
     const int64_t G = static_cast<int64_t>(weights.size());
     static const at::ScalarType kLong = at::kLong;
     check(op, "ptrs", ptrs, rows.device(), only(kLong), 1);
+    check(op, "ptrs_host", ptrs_host, at::Device(at::kCPU), only(kLong), 1);
     check(op, "splits", splits, rows.device(), only(kLong), 1);
-    TORCH_CHECK_VALUE(ptrs.size(0) == G && splits.size(0) == G, "moex.", op, ": ", G, " weights, ptrs has ",
-                      ptrs.size(0), " entries and splits ", splits.size(0), " groups");
-    if (ptrs.is_cpu()) {
-        const int64_t* p = ptrs.data_ptr<int64_t>();
-        for (int64_t g = 0; g < G; ++g)
-            TORCH_CHECK_VALUE(p[g] == reinterpret_cast<int64_t>(weights[g].data_ptr()), "moex.", op, ": ptrs[", g,
-                              "] is not weights[", g, "].data_ptr()");
+    TORCH_CHECK_VALUE(ptrs.size(0) == G && ptrs_host.size(0) == G && splits.size(0) == G, "moex.", op, ": ", G,
+                      " weights, ptrs has ", ptrs.size(0), " entries, ptrs_host ", ptrs_host.size(0), " and splits ",
+                      splits.size(0), " groups");
+    const at::ScalarType rows_type = rows.scalar_type();
+    const at::Tensor& w0 = weights[0];
+    int64_t* host = ptrs_host.data_ptr<int64_t>();
+    bool stale = false, aligned = true;
+    for (int64_t g = 0; g < G; ++g) {
+        const at::Tensor& w = weights[g];
+        if (!(w.device() == rows.device() && w.scalar_type() == rows_type && w.dim() == 2 && w.is_contiguous() &&
+              w.sizes() == w0.sizes())) {   // (the common case passes without building the name)
+            const std::string name = "weights[" + std::to_string(g) + "]";
+            check(op, name.c_str(), w, rows.device(), only(rows_type), 2);
+            TORCH_CHECK_VALUE(w.sizes() == w0.sizes(), "moex.", op, ": ", name, " is ", w.sizes(), ", weights[0] ",
+                              w0.sizes(), " (the weights must have one shape)");
+        }
+        const int64_t address = reinterpret_cast<int64_t>(w.data_ptr());
+        stale = stale || host[g] != address;
+        aligned = aligned && address % 16 == 0;
     }
-    moex_weight w{};
-    w.t.data = nullptr;
-    w.t.dtype = dtype_code(rows_type);
-    w.t.ndim = 3;
-    w.t.shape[0] = G;
-    w.t.shape[1] = w0.size(0);
-    w.t.shape[2] = w0.size(1);
-    w.ptrs = reinterpret_cast<void* const*>(ptrs.data_ptr());
-    return w;
+    if (stale) {
+        TORCH_CHECK_VALUE(!capturing(rows), "moex.", op, ": the weights' addresses changed during CUDA graph "
+                          "capture; run the layer once outside capture after its weights change storage");
+        for (int64_t g = 0; g < G; ++g) host[g] = reinterpret_cast<int64_t>(weights[g].data_ptr());
+        if (!ptrs.is_same(ptrs_host))
+            ptrs.variable_data().copy_(ptrs_host);   // (a cache: autograd's version of ptrs stays)
+    }
+    DiscreteWeight d;
+    d.w.t.dtype = dtype_code(rows_type);
+    d.w.t.ndim = 3;
+    d.w.t.shape[0] = G;
+    d.w.t.shape[1] = w0.size(0);
+    d.w.t.shape[2] = w0.size(1);
+    if (rows.is_cuda() && !aligned) {
+        d.stacked = at::stack(weights);
+        d.w.t.data = d.stacked.data_ptr();
+    } else {
+        d.w.ptrs = reinterpret_cast<void* const*>(ptrs.data_ptr());
+    }
+    return d;
 }
 
-// y [T, N] = grouped_linear_forward with the weights `weights` (ptrs: discrete_weight).
+// y [T, N] = grouped_linear_forward with the weights `weights` (ptrs, ptrs_host: discrete_weight).
 at::Tensor grouped_linear_discrete_forward(const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
-                                           const at::Tensor& splits, const std::optional<at::Tensor>& bias,
+                                           const at::Tensor& ptrs_host, const at::Tensor& splits,
+                                           const std::optional<at::Tensor>& bias,
                                            const std::optional<at::Tensor>& probs, int64_t bias_mode,
                                            int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
                                            double fp8_amax_epsilon) {
     const char* op = "grouped_linear_discrete_forward";
     check(op, "x", x, x.device(), kFloats, 2);
-    const moex_weight w = discrete_weight(op, x, weights, ptrs, splits);
+    const DiscreteWeight d = discrete_weight(op, x, weights, ptrs, ptrs_host, splits);
     check_bias(op, bias_mode, bias, probs, x);
-    return run_linear_forward(op, x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
+    return run_linear_forward(op, x, d.w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
                               fp8_amax_epsilon);
 }
 
 // (dx, dbias, dprobs) = grouped_linear_backward_data with the weights `weights`.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_discrete_backward_data(
-        const at::Tensor& dy, at::TensorList weights, const at::Tensor& ptrs, const at::Tensor& splits,
-        const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs, int64_t bias_mode,
-        bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-        double fp8_amax_epsilon) {
+        const at::Tensor& dy, at::TensorList weights, const at::Tensor& ptrs, const at::Tensor& ptrs_host,
+        const at::Tensor& splits, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
+        int64_t bias_mode, bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes,
+        bool fp8_pow2_scales, double fp8_amax_epsilon) {
     const char* op = "grouped_linear_discrete_backward_data";
     check(op, "dy", dy, dy.device(), kFloats, 2);
-    const moex_weight w = discrete_weight(op, dy, weights, ptrs, splits);
+    const DiscreteWeight d = discrete_weight(op, dy, weights, ptrs, ptrs_host, splits);
     check_bias(op, bias_mode, bias, probs, dy);
-    return run_linear_backward_data(op, dy, w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs,
+    return run_linear_backward_data(op, dy, d.w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs,
                                     fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
 }
 

@@ -112,6 +112,9 @@ struct Backend {
 // another device type).
 Backend& backend(const c10::Device& device);
 
+// Whether torch's current stream of t's device is capturing a CUDA graph (false on the CPU).
+bool capturing(const at::Tensor& t);
+
 // One call on a device: the device made current (CUDA), torch's current stream, the backend
 // locked from construction to destruction.
 class Call {

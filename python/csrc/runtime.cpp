@@ -13,6 +13,7 @@
 #include <sstream>
 
 #ifdef MOEX_TORCH_CUDA
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
 #endif
 
@@ -225,6 +226,19 @@ static moex_stream current_stream(const c10::Device& device) {
 #else
     return nullptr;   // libmoex has no CUDA backend here: creating its CUDA context has failed already
 #endif
+}
+
+bool capturing(const at::Tensor& t) {
+#ifdef MOEX_TORCH_CUDA
+    if (t.is_cuda()) {
+        const c10::cuda::CUDAStream stream = c10::cuda::getCurrentCUDAStream(t.device().index());
+        cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+        C10_CUDA_CHECK(cudaStreamIsCapturing(stream.stream(), &status));
+        return status != cudaStreamCaptureStatusNone;
+    }
+#endif
+    (void)t;
+    return false;
 }
 
 Call::Call(const c10::Device& device)

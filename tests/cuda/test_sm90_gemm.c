@@ -863,6 +863,8 @@ int main(int argc, char **argv) {
         int64_t many[256], many_graph[256];
         const int64_t total = small_groups(many, many_graph);
         run("G=256 small groups", MOEX_DTYPE_BF16, 256, total + 50, 72, 24, many, many_graph);
+        /* one k step per tile: with discrete weights, the most group changes per load */
+        run("G=256 small groups, one k step", MOEX_DTYPE_BF16, 256, total + 50, 40, 24, many, NULL);
 
         const int64_t lump[8] = {0, 0, 0, 0, 0, 777, 0, 0};
         run("all rows in one group", MOEX_DTYPE_BF16, 8, 800, 200, 392, lump, NULL);

@@ -169,11 +169,12 @@ def test_cuda_compile_delay_wgrad(backend):
             torch.testing.assert_close(getattr(comp, n).grad, getattr(eager, n).grad, rtol=1e-4, atol=1e-4)
 
 
-def test_separate_weights_not_16_byte_aligned_are_stacked(monkeypatch):
+def test_separate_weights_not_16_byte_aligned_are_stacked():
     """GroupedLinear's separate weights as views into one buffer, one bf16 element past 16-byte
-    alignment: the Hopper kernels read separate weights by TMA, which needs 16 bytes, so the layer
-    stacks them instead (and a layer with aligned weights does not); y and dx are the aligned
-    layer's, and the rows past the groups are zero."""
+    alignment: the Hopper kernels read separate weights by TMA, which needs 16 bytes, so the
+    operator stacks them instead (read through the pointers, they would come out shifted by an
+    element: y and dx would differ). y and dx are the aligned layer's, and the rows past the
+    groups are zero."""
     torch.manual_seed(15)
     G, Kd, N, Tn = 3, 64, 32, 100
     ref = mt.GroupedLinear(G, Kd, N, params_dtype=torch.bfloat16, device="cuda")
@@ -185,25 +186,41 @@ def test_separate_weights_not_16_byte_aligned_are_stacked(monkeypatch):
         view.copy_(getattr(ref, f"weight{g}").detach())
         getattr(layer, f"weight{g}").data = view
     assert getattr(layer, "weight0").data_ptr() % 16 == 2
-    stacked = []
-    real_stack = torch.stack
-
-    def counting_stack(ts, *a, **k):
-        if any(isinstance(t, torch.nn.Parameter) and t.dim() == 2 for t in ts):
-            stacked.append(len(ts))
-        return real_stack(ts, *a, **k)
-
-    monkeypatch.setattr(torch, "stack", counting_stack)
     x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16)
     splits = [30, 0, 50]
     y_ref = ref(x, splits)
-    assert not stacked, "aligned separate weights were stacked"
     y = layer(x, splits)
-    assert stacked, "misaligned separate weights were passed as pointers"
-    monkeypatch.setattr(torch, "stack", real_stack)
     torch.testing.assert_close(y, y_ref)
     dx_ref, = torch.autograd.grad(y_ref, x, dy)
     dx, = torch.autograd.grad(y, x, dy)
     torch.testing.assert_close(dx, dx_ref)
     assert torch.count_nonzero(y[80:]) == 0 and torch.count_nonzero(dx[80:]) == 0
+
+
+def test_separate_weights_pointer_cache_follows_storage_and_refuses_capture():
+    """GroupedLinear's pointer arrays (host and device) follow a weight that changes storage (the
+    next forward gives the new weight's result); a change seen while a CUDA graph is captured is a
+    ValueError (the device copy cannot be captured), and the same call outside capture runs."""
+    torch.manual_seed(16)
+    G, Kd, N, Tn = 3, 64, 32, 96
+    layer = mt.GroupedLinear(G, Kd, N, bias=False, params_dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16)
+    splits = torch.tensor([40, 16, 40], device="cuda")
+    ws = lambda: [getattr(layer, f"weight{g}") for g in range(G)]   # noqa: E731
+    want = lambda: mt.grouped_linear(x, torch.stack(ws()).detach(), splits)   # noqa: E731
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)
+        assert layer._pointers.host.tolist() == [w.data_ptr() for w in ws()]
+        assert layer._pointers.dev.tolist() == layer._pointers.host.tolist()
+        layer.weight1.data = torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)
+        assert layer._pointers.dev.tolist() == [w.data_ptr() for w in ws()]
+        layer.weight2.data = torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(ValueError, match="changed during CUDA graph capture"):
+            with torch.cuda.graph(graph, stream=s):
+                layer(x, splits)
+        torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)

@@ -380,6 +380,8 @@ def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_
     for t in [x, *layer.parameters()] + ([p] if p is not None else []):
         t.grad = None
     params = layer._weight_params()
+    assert layer._pointers.host.tolist() == [t.data_ptr() for t in params]   # the operator's cache, current
+    assert layer._pointers.pointers(params) is not None
     w, ptrs = layer._pointers.weight("test", params)
     b = layer._bias()
     y_py = _linear_layer._GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, layer._fp8, None, *params)
@@ -390,18 +392,27 @@ def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_
         assert torch.equal(a, b_), i
 
 
-def test_separate_weights_operator_checks_its_pointer_array():
+def test_separate_weights_operator_keeps_its_pointer_cache():
+    """The operator's ptrs (and on the CPU ptrs_host is the same tensor) are a cache of the weights'
+    addresses that it keeps current: filled on the first call (zeros: no weight's address),
+    rewritten when a weight changes storage; wrong sizes and weights raise ValueError."""
     ws = [torch.randn(6, 8) for _ in range(3)]
-    ptrs = torch.tensor([w.data_ptr() for w in ws])
+    ptrs = torch.zeros(3, dtype=torch.int64)
     x, splits = torch.randn(9, 8), torch.tensor([3, 3, 3])
-    y = torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs, splits, None, None, 0)
+    op = torch.ops.moex.grouped_linear_discrete_forward
+    y = op(x, ws, ptrs, ptrs, splits, None, None, 0)
     assert torch.equal(y, _linear._forward.impl(x, torch.stack(ws), splits, None, None, 0))
-    with pytest.raises(ValueError, match=r"ptrs\[1\] is not weights\[1\].data_ptr\(\)"):
-        torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs[[0, 0, 2]].contiguous(), splits, None, None, 0)
+    assert ptrs.tolist() == [w.data_ptr() for w in ws] and ptrs._version == 0
+    ws[1] = torch.randn(6, 8)
+    y = op(x, ws, ptrs, ptrs, splits, None, None, 0)
+    assert torch.equal(y, _linear._forward.impl(x, torch.stack(ws), splits, None, None, 0))
+    assert ptrs.tolist() == [w.data_ptr() for w in ws]
+    with pytest.raises(ValueError, match=r"3 weights, ptrs has 2 entries"):
+        op(x, ws, ptrs[:2].clone(), ptrs[:2].clone(), splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[2\] is \[6, 7\], weights\[0\] \[6, 8\]"):
-        torch.ops.moex.grouped_linear_discrete_forward(x, ws[:2] + [torch.randn(6, 7)], ptrs, splits, None, None, 0)
+        op(x, ws[:2] + [torch.randn(6, 7)], ptrs, ptrs, splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[0\] is torch.bfloat16"):
-        torch.ops.moex.grouped_linear_discrete_forward(x, [w.bfloat16() for w in ws], ptrs, splits, None, None, 0)
+        op(x, [w.bfloat16() for w in ws], ptrs, ptrs, splits, None, None, 0)
 
 
 # ---- the scaled GLU, splits_to_offsets and routing -------------------------------------------------

@@ -52,26 +52,43 @@ class _GroupedLinearTE(torch.autograd.Function):
 class _WeightPointers:
     """The array of pointers to G separate [N, K] weights, in their memory (moex_weight's
     discrete form, include/moex.h), so that GroupedLinear passes weight0.. to moex without
-    stacking a copy. Built on first use and rebuilt only when a weight's storage changes
-    (data_ptr): building it copies G pointers to the device, so do it outside CUDA graph
+    stacking a copy: `dev`, int64 [G] on the weights' device, which the kernels read, and
+    `host`, its copy on the CPU (on the CPU the same tensor). A cache of the weights'
+    addresses, rewritten only when a weight's storage changes (data_ptr), by the compiled
+    extension's operators (python/csrc/kernels.cpp's discrete_weight) or here (pointers(),
+    for the ctypes path): that copies G pointers to the device, so do it outside CUDA graph
     capture (one eager forward before capturing does); calls with the same weights, captured
     or replayed, use the array as it is (graph-safe). On CUDA the Hopper kernels read each
     weight by TMA, which needs it 16-byte aligned, and the library cannot see the pointers
-    (they are on the device): weights that are not give None, and the layer stacks them."""
+    (they are on the device): weights that are not are stacked (by the operator, or the
+    layer when pointers() gives None)."""
 
     def __init__(self):
-        self._key, self._ptrs = None, None
+        self.host = self.dev = None
+        self._device, self._key, self._aligned = None, None, False
+
+    def arrays(self, params: List[Tensor]) -> Tuple[Tensor, Tensor]:
+        """(dev, host), the compiled extension's operators' ptrs and ptrs_host, which they keep
+        current; made anew when the weights moved to another device (zeros: no weight's
+        address, so the operator's first call fills them)."""
+        device = params[0].get_device()   # (an int: -1 on the CPU)
+        if device != self._device:
+            self.host = torch.zeros(len(params), dtype=torch.int64)
+            self.dev = self.host if device < 0 else self.host.to(params[0].device)
+            self._device, self._key = device, None
+        return self.dev, self.host
 
     def pointers(self, params: List[Tensor]) -> Optional[Tensor]:
-        """The pointer array of `params` alone, for the compiled extension's operator, which checks
-        the weights itself (python/csrc: ValueError naming weights[g]); None for CUDA weights that
-        are not all 16-byte aligned."""
-        key = tuple(map(Tensor.data_ptr, params))   # (unique across devices: unified addressing)
+        """`dev` made current here (the ctypes path: new arrays when an address changed, so that
+        a pending backward keeps the old ones); None for CUDA weights that are not all 16-byte
+        aligned."""
+        key = list(map(Tensor.data_ptr, params))
         if key != self._key:
-            aligned = params[0].device.type != "cuda" or all(p % 16 == 0 for p in key)
-            self._ptrs = torch.tensor(key, dtype=torch.int64).to(params[0].device) if aligned else None
-            self._key = key
-        return self._ptrs
+            self.host = torch.tensor(key, dtype=torch.int64)
+            self.dev = self.host.to(params[0].device)   # (the same tensor on the CPU)
+            self._device, self._key = params[0].get_device(), key
+            self._aligned = params[0].device.type != "cuda" or all(p % 16 == 0 for p in key)
+        return self.dev if self._aligned else None
 
     def weight(self, owner: str, params: List[Tensor]) -> Tuple[_capi.Weight, Tensor]:
         """The moex_weight of `params` and the pointer array it points to (keep it alive as long
@@ -87,8 +104,8 @@ class _WeightPointers:
         w = _capi.Weight()
         w.t.dtype, w.t.ndim = _DTYPES[p0.dtype], 3
         w.t.shape[:3] = (len(params), *p0.shape)
-        w.ptrs = self.pointers(params).data_ptr()
-        return w, self._ptrs
+        w.ptrs = self.dev.data_ptr()
+        return w, self.dev
 
 
 def _discrete_forward(x: Tensor, w: _capi.Weight, splits: Tensor, b: Optional[Tensor], probs: Optional[Tensor],
@@ -166,11 +183,11 @@ if "grouped_linear_discrete_forward" in _torch_ext.OPS:
     _DISCRETE_FORWARD = torch.ops.moex.grouped_linear_discrete_forward.default
 
     @torch.library.register_fake("moex::grouped_linear_discrete_forward")
-    def _(x, weights, ptrs, splits, bias, probs, bias_mode, *fp8):
+    def _(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, *fp8):
         return x.new_empty(x.shape[0], weights[0].shape[0])
 
     @torch.library.register_fake("moex::grouped_linear_discrete_backward_data")
-    def _(dy, weights, ptrs, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs, *fp8):
+    def _(dy, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs, *fp8):
         T, (N, K), G = dy.shape[0], weights[0].shape, len(weights)
         return (dy.new_empty(T if need_dx else 0, K), dy.new_empty(G if need_dbias else 0, N, dtype=_bias_grad_dtype(bias)),
                 dy.new_empty(T if need_dprobs else 0, dtype=torch.float32))
@@ -264,14 +281,15 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             w = self._parameters["weight"]   # (without nn.Module.__getattr__'s host time)
         else:
             params = self._weight_params()
-            ptrs = self._pointers.pointers(params) if _eager([x, p, b] + params) else None
-            if ptrs is not None:
+            if _eager([x, p, b] + params):
+                y = None
                 if wgrad is None and _DISCRETE_FORWARD is not None:
-                    y = _DISCRETE_FORWARD(x, params, ptrs, splits, b, p, mode, *self._fp8)
-                else:
+                    y = _DISCRETE_FORWARD(x, params, *self._pointers.arrays(params), splits, b, p, mode, *self._fp8)
+                elif self._pointers.pointers(params) is not None:
                     w, ptrs = self._pointers.weight(owner, params)
                     y = _GroupedLinearDiscrete.apply(x, splits, b, p, w, ptrs, self._fp8, wgrad, *params)
-                return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
+                if y is not None:
+                    return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
             w = torch.stack(params)
         y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad) if te else _forward(x, w, splits, b, p, mode, *self._fp8)
         return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
