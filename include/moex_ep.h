@@ -52,7 +52,12 @@ extern "C" {
  * The caller creates and destroys the communicator (MPI_Init, ncclCommInitRank, torchrun);
  * it must outlive the EP context. moex_ep_create is collective: every rank of the
  * communicator calls it with the same config (comm aside), and so are the EP calls: every
- * rank makes the same sequence of them. One EP context serves one call at a time, in order
+ * rank makes the same sequence of them. Over MPI the ranks check that they agree: a config
+ * that differs across ranks, or that one rank refuses, fails moex_ep_create on every rank;
+ * a call that one rank refuses (its arguments, its ids, a handle that is not its dispatch's
+ * or whose counts do not pair with the peers') is refused on every rank before any
+ * exchange, all with MOEX_ERR_INVALID_ARG (an allgather of a few words per call). Over NCCL
+ * each rank checks only its own arguments. One EP context serves one call at a time, in order
  * on one stream (its transfer buffers are shared by its calls). Thread safety: as a context.
  * A build without MPI (or NCCL) returns MOEX_ERR_UNSUPPORTED from moex_ep_create.          */
 

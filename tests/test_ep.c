@@ -10,9 +10,15 @@
  *     with none);
  *   - the EP MoE layer against the single-process MoE layer on the concatenated batch: y, dx,
  *     the local experts' dw1, dw2, db1, db2, and drouter_w summed over the ranks;
- *   - argument errors (refused on every rank, nothing written).
+ *   - argument errors (refused on every rank, nothing written); over MPI also one rank's
+ *     mistake (its own config, a config unlike the others', a bad id, a handle changed since
+ *     its dispatch) refused on every rank, nothing written, no rank left waiting (a failure
+ *     here is a hang: CTest's timeout).
  * Every rank builds the same global problem from one seed and checks its own outputs.
  */
+#ifndef EP_COMM_KIND   /* (this test, not its GPU mirror: the handle's layout, to change one rank's counts) */
+#include "ep.h"
+#endif
 #include "test_util.h"
 
 #include <math.h>
@@ -608,6 +614,101 @@ static void run_more_errors(void) {
     moex_ep_destroy(ep);
 }
 
+/* One rank's mistake, over MPI (where the ranks agree before moex_ep_create returns and before
+ * each exchange): refused on every rank, the others naming the rank; nothing written; and the
+ * calls after it run. (Over NCCL each rank checks only its own arguments.) */
+#if EP_HOST_MEMORY
+static void run_one_rank_errors(void) {
+    if (W < 2) return;
+    const int last = W - 1;
+    moex_ep *ep = NULL;
+    const moex_ep_config good = {.comm_kind = EP_COMM_KIND, .comm = EP_COMM, .num_experts = (int32_t)(2 * W),
+                                 .topk = 1, .hidden = 8, .dtype = MOEX_DTYPE_F32, .max_tokens = 4,
+                                 .max_recv_rows = 16, .transfer = MOEX_EP_TRANSFER_AUTO};
+    /* the last rank's config differs in one field */
+    static const char *const field[] = {"num_experts", "topk", "hidden", "dtype", "max_tokens", "max_recv_rows",
+                                        "transfer"};
+    for (int f = 0; f < (int)(sizeof field / sizeof field[0]); f++) {
+        moex_ep_config cfg = good;
+        if (me == last) {
+            switch (f) {
+            case 0: cfg.num_experts = (int32_t)(4 * W); break;
+            case 1: cfg.topk = 2; break;
+            case 2: cfg.hidden = 16; break;
+            case 3: cfg.dtype = MOEX_DTYPE_BF16; break;
+            case 4: cfg.max_tokens = 5; break;
+            case 5: cfg.max_recv_rows = 17; break;
+            default: cfg.transfer = MOEX_EP_TRANSFER_CAPACITY; break;
+            }
+        }
+        CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &cfg), field[f], "different configurations");
+        CHECK(ep == NULL);
+    }
+    /* the last rank refuses its own config: it names the field, the others the rank */
+    moex_ep_config bad = good;
+    if (me == last) bad.topk = 0;
+    CHECK_REFUSED(ctx, moex_ep_create(&ep, ctx, &bad), me == last ? "topk" : "refused its configuration", NULL);
+    CHECK(ep == NULL);
+
+    CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &good), MOEX_OK);
+    if (!ep) return;
+    moex_ep_info info;
+    CHECK_STATUS(ctx, moex_ep_get_info(ep, &info), MOEX_OK);
+    const int64_t El = 2;
+    float x[4 * 8], probs[4] = {1, 1, 1, 1}, xr[16 * 8], y[4 * 8];
+    int32_t ids[4];
+    int64_t splits[2];
+    for (int i = 0; i < 4 * 8; i++) x[i] = (float)(i % 7);
+    for (int t = 0; t < 4; t++) ids[t] = (int32_t)((t + me) % (2 * W));
+    char *handle = tu_alloc(info.handle_bytes);
+    moex_ep_dispatch_args da = {.ep = ep, .x = moex_tensor_2d(x, MOEX_DTYPE_F32, 4, 8),
+                                .ids = moex_tensor_2d(ids, MOEX_DTYPE_I32, 4, 1),
+                                .probs = moex_tensor_2d(probs, MOEX_DTYPE_F32, 4, 1), .handle = handle,
+                                .handle_bytes = info.handle_bytes, .xr = moex_tensor_2d(xr, MOEX_DTYPE_F32, 16, 8),
+                                .splits = moex_tensor_1d(splits, MOEX_DTYPE_I64, El)};
+    /* an id past E on the last rank only */
+    memset(splits, 0xab, sizeof splits);
+    if (me == last) ids[1] = (int32_t)(2 * W);
+    CHECK_REFUSED(ctx, moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL), me == last ? "ids" : "rank", NULL);
+    CHECK(((unsigned char *)splits)[0] == 0xab);
+    ids[1] = (int32_t)((1 + me) % (2 * W));
+    CHECK_STATUS(ctx, moex_ep_dispatch_forward(ctx, &da, NULL, 0, NULL), MOEX_OK);
+    moex_ep_combine_args ca = {.ep = ep, .handle = handle, .handle_bytes = info.handle_bytes,
+                               .yr = moex_tensor_2d(xr, MOEX_DTYPE_F32, 16, 8),
+                               .y = moex_tensor_2d(y, MOEX_DTYPE_F32, 4, 8)};
+    /* the last rank's handle changed since its dispatch: a count past max_tokens, a count that
+     * does not pair with the peer's, no dispatch at all */
+    char *hdl = (char *)(((uintptr_t)handle + MOEX_WS_ALIGN - 1) / MOEX_WS_ALIGN * MOEX_WS_ALIGN);   /* its start */
+    moex_ep_routing r;
+    moex_ep_geom g = ep->geom;
+    g.T = 4;
+    moex_ep_routing_layout(&g, hdl, &r);
+    const int64_t sent = r.send_counts[0];
+    char *saved = tu_alloc(info.handle_bytes);
+    memcpy(saved, handle, info.handle_bytes);
+    for (int v = 0; v < 3; v++) {
+        if (me == last) {
+            if (v == 0) r.send_counts[0] = g.Tm + 5;
+            if (v == 1) r.send_counts[0] = sent > 0 ? sent - 1 : sent + 1;
+            if (v == 2) memset(hdl, 0, 8);   /* the header's magic */
+        }
+        memset(y, 0x7f, sizeof y);
+        const char *want = v == 0 ? "outside [0, max_tokens" : v == 1 ? "do not pair" : NULL;
+        CHECK_REFUSED(ctx, moex_ep_combine_forward(ctx, &ca, NULL, 0, NULL),
+                      want ? want : me == last ? "dispatch" : "refused the call", NULL);
+        CHECK(((unsigned char *)y)[0] == 0x7f);
+        memcpy(handle, saved, info.handle_bytes);
+    }
+    /* and the same combine with the handles as dispatched runs on every rank */
+    CHECK_STATUS(ctx, moex_ep_combine_forward(ctx, &ca, NULL, 0, NULL), MOEX_OK);
+    free(saved);
+    free(handle);
+    moex_ep_destroy(ep);
+}
+#else
+static void run_one_rank_errors(void) {}
+#endif
+
 /* Every case, on ctx (created by the caller after MPI_Init). Returns the exit status. */
 static int run_suite(void) {
     const int64_t E = 4 * W;
@@ -630,6 +731,7 @@ static int run_suite(void) {
     run_layer_case(5, 32, 16, 4 * W, 3, MOEX_DTYPE_BF16, 3e-2);
     run_errors();
     run_more_errors();
+    run_one_rank_errors();
     /* every rank's verdict: a failure on any rank fails all */
     int failed = tu_failures() > 0, any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, comm);

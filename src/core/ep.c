@@ -13,8 +13,9 @@
  *
  * The handle (ep.h, "Routing") starts with a header naming the dispatch's shapes. On host
  * memory (the CPU) the dispatch writes it and the other calls check it before anything is
- * written; device memory cannot be read without a synchronisation, so there the kernels
- * clamp every index they read from it.
+ * written, and over MPI the ranks agree on every check before any exchange ("the ranks
+ * agree", below); device memory cannot be read without a synchronisation, so there the
+ * kernels clamp every index they read from it.
  */
 #include "ep.h"
 #include "op.h"
@@ -82,6 +83,9 @@ moex_status moex_ep_mpi_init(moex_ep *ep) {
     return transport_not_built(ep, "MPI (install an MPI, e.g. Debian's libopenmpi-dev, and rebuild)");
 }
 moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes) { return MOEX_ERR_INTERNAL; }
+moex_status moex_ep_mpi_allgather(moex_ep *ep, const char *op, const void *mine, void *all, size_t bytes) {
+    return MOEX_ERR_INTERNAL;
+}
 #endif
 #ifndef MOEX_HAVE_NCCL
 moex_status moex_ep_nccl_init(moex_ep *ep) {
@@ -91,7 +95,9 @@ moex_status moex_ep_nccl_init(moex_ep *ep) {
 moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes) { return MOEX_ERR_INTERNAL; }
 #endif
 
-static moex_status check_config(moex_context *ctx, const char *op, const moex_ep_config *cfg) {
+/* What the ranks need to talk at all: the communicator's kind for this backend, and the
+ * communicator. (A rank refused here cannot tell the others: they wait in moex_ep_create.) */
+static moex_status check_comm(moex_context *ctx, const char *op, const moex_ep_config *cfg) {
     if (cfg->comm_kind != MOEX_EP_COMM_MPI && cfg->comm_kind != MOEX_EP_COMM_NCCL)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: comm_kind %d is not a moex_ep_comm_kind", op,
                          (int)cfg->comm_kind);
@@ -101,6 +107,13 @@ static moex_status check_config(moex_context *ctx, const char *op, const moex_ep
                          ctx->ops->name, want == MOEX_EP_COMM_MPI ? "MPI" : "NCCL",
                          want == MOEX_EP_COMM_MPI ? "NCCL" : "MPI");
     if (!cfg->comm) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: comm is NULL (pass &your_comm)", op);
+    if (!ctx->ops->ep)
+        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: the %s backend has no EP kernels", op, ctx->ops->name);
+    return MOEX_OK;
+}
+
+/* The rest of the config, this rank's alone (the ranks then agree: agree_config). */
+static moex_status check_config(moex_context *ctx, const char *op, const moex_ep_config *cfg) {
     if (cfg->num_experts < 1 || cfg->topk < 1 || cfg->topk > cfg->num_experts)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: need 1 <= topk <= num_experts, got topk %d, num_experts %d",
                          op, (int)cfg->topk, (int)cfg->num_experts);
@@ -117,8 +130,6 @@ static moex_status check_config(moex_context *ctx, const char *op, const moex_ep
                          (int)cfg->transfer);
     if (cfg->transfer == MOEX_EP_TRANSFER_PEER && cfg->comm_kind != MOEX_EP_COMM_NCCL)
         return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: the PEER transfer needs NCCL ranks (CUDA backend)", op);
-    if (!ctx->ops->ep)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: the %s backend has no EP kernels", op, ctx->ops->name);
     return MOEX_OK;
 }
 
@@ -146,19 +157,112 @@ static moex_status geom_of(moex_context *ctx, const char *op, const moex_ep_conf
     return MOEX_OK;
 }
 
+/* ---- the ranks agree ---------------------------------------------------------------------
+ * Over MPI (the CPU backend, whose checks read host memory) the ranks agree before moex_ep_create
+ * returns and before each step's exchange: every rank's status of its own checks (and what
+ * must match across ranks) is allgathered, and a call that one rank refuses is refused on
+ * every rank, so that none waits in an exchange the others never reach. Over NCCL the
+ * handles are device memory, which the host does not read: each rank's checks stand alone. */
+
+/* What moex_ep_create's ranks compare: this rank's verdict on its config, and the config. */
+typedef struct config_terms {
+    int64_t status, num_experts, topk, hidden, dtype, max_tokens, max_recv_rows, transfer;
+} config_terms;
+
+/* moex_ep_create's agreement after this rank's own checks (local: their status, its message
+ * set): every rank's terms; MOEX_ERR_INVALID_ARG on every rank when a rank refused its
+ * config or the configs differ. */
+static moex_status agree_config(moex_ep *ep, const char *op, moex_status local) {
+    if (ep->cfg.comm_kind != MOEX_EP_COMM_MPI) return local;
+    const moex_ep_config *c = &ep->cfg;
+    const config_terms mine = {local, c->num_experts, c->topk, c->hidden, c->dtype, c->max_tokens,
+                               c->max_recv_rows, c->transfer};
+    const int W = ep->geom.world;
+    config_terms *all = (config_terms *)calloc((size_t)W, sizeof *all);
+    if (!all) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
+    moex_status st = moex_ep_mpi_allgather(ep, op, &mine, all, sizeof mine);
+    static const char *const names[] = {"status", "num_experts", "topk", "hidden", "dtype", "max_tokens",
+                                        "max_recv_rows", "transfer"};
+    for (int q = 0; st == MOEX_OK && local == MOEX_OK && q < W; q++) {
+        if (all[q].status != MOEX_OK) {
+            st = moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG,
+                           "%s: rank %d refused its configuration (%s); moex_ep_create is collective and fails on "
+                           "every rank", op, q, moex_status_string((moex_status)all[q].status));
+            break;
+        }
+        const int64_t *a = &all[0].status, *b = &all[q].status;
+        for (int f = 1; f < (int)(sizeof names / sizeof names[0]); f++)
+            if (a[f] != b[f]) {
+                st = moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG,
+                               "%s: the ranks passed different configurations: %s is %lld on rank 0 and %lld on rank "
+                               "%d (moex_ep_create is collective: every rank passes the same config, comm aside)",
+                               op, names[f], (long long)a[f], (long long)b[f], q);
+                break;
+            }
+    }
+    free(all);
+    return st != MOEX_OK ? st : local;
+}
+
+/* A step's agreement before its exchange (local: this rank's status so far, its message set;
+ * r: the handle it reads, or NULL): every rank's status and, with r, the handle's counts, which
+ * must lie in [0, max_tokens] and pair across ranks (what rank q sends to p is what p expects
+ * from q). MOEX_ERR_INVALID_ARG on every rank otherwise. */
+static moex_status agree_step(moex_context *ctx, const moex_call *c, const moex_ep *ep, moex_status local,
+                              const moex_ep_routing *r) {
+    if (ep->cfg.comm_kind != MOEX_EP_COMM_MPI) return local;
+    const int W = ep->geom.world;
+    const size_t n = 1 + 2 * (size_t)W;   /* status, send_counts[W], recv_counts[W] */
+    int64_t *all = (int64_t *)calloc((size_t)(W + 1) * n, sizeof *all), *mine = all + (size_t)W * n;
+    if (!all) return moex_fail(ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", c->op);
+    mine[0] = local;
+    if (r && local == MOEX_OK) {
+        memcpy(mine + 1, r->send_counts, (size_t)W * sizeof *mine);
+        memcpy(mine + 1 + W, r->recv_counts, (size_t)W * sizeof *mine);
+    }
+    moex_status st = moex_ep_mpi_allgather((moex_ep *)ep, c->op, mine, all, n * sizeof *mine);
+    const int64_t Tm = ep->geom.Tm;
+    for (int q = 0; st == MOEX_OK && local == MOEX_OK && q < W; q++)
+        if (all[(size_t)q * n] != MOEX_OK)
+            st = moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: rank %d refused the call (%s); refused on every rank",
+                           c->op, q, moex_status_string((moex_status)all[(size_t)q * n]));
+    for (int q = 0; st == MOEX_OK && local == MOEX_OK && r && q < W; q++) {
+        const int64_t *t = all + (size_t)q * n;
+        for (int p = 0; p < W && st == MOEX_OK; p++) {
+            const int64_t send = t[1 + p], recv = t[1 + W + p], paired = all[(size_t)p * n + 1 + W + q];
+            if (send < 0 || send > Tm || recv < 0 || recv > Tm)
+                st = moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                               "%s: the handle of rank %d counts %lld rows to and %lld from rank %d, outside [0, "
+                               "max_tokens %lld] (changed since its dispatch?); refused on every rank",
+                               c->op, q, (long long)send, (long long)recv, p, (long long)Tm);
+            else if (send != paired)
+                st = moex_fail(ctx, MOEX_ERR_INVALID_ARG,
+                               "%s: the handles do not pair: rank %d's says %lld rows to rank %d, rank %d's %lld from "
+                               "rank %d (handles of different dispatches?); refused on every rank",
+                               c->op, q, (long long)send, p, p, (long long)paired, q);
+        }
+    }
+    free(all);
+    return st != MOEX_OK ? st : local;
+}
+
 moex_status moex_ep_create(moex_ep **out, moex_context *ctx, const moex_ep_config *cfg) {
     const char *op = "moex_ep_create";
     if (out) *out = NULL;
     MOEX_TRY(moex_enter(ctx, op, cfg));
     if (!out) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: out is NULL", op);
-    MOEX_TRY(check_config(ctx, op, cfg));
+    MOEX_TRY(check_comm(ctx, op, cfg));
     moex_ep *ep = (moex_ep *)calloc(1, sizeof *ep);
     if (!ep) return moex_fail(ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
     ep->ctx = ctx;
     ep->cfg = *cfg;
     const bool mpi = cfg->comm_kind == MOEX_EP_COMM_MPI;
     moex_status st = mpi ? moex_ep_mpi_init(ep) : moex_ep_nccl_init(ep);
-    if (st == MOEX_OK) st = geom_of(ctx, op, cfg, &ep->geom);
+    if (st == MOEX_OK) {
+        moex_status local = check_config(ctx, op, cfg);
+        if (local == MOEX_OK) local = geom_of(ctx, op, cfg, &ep->geom);
+        st = agree_config(ep, op, local);
+    }
     if (st == MOEX_OK) {
         const size_t bytes = moex_sz_mul(moex_sz_mul((size_t)ep->geom.world, (size_t)ep->geom.Tm), ep->geom.wire);
         if (bytes > (size_t)PTRDIFF_MAX)
@@ -327,7 +431,8 @@ static moex_status exchange_back(const moex_ep *ep, const moex_call *c, const mo
     return ep->transport->exchange((moex_ep *)ep, c, &x);
 }
 
-/* The handle's arrays, checked (host memory) to hold a dispatch of this call's shapes. */
+/* The handle's arrays, checked (host memory) to hold a dispatch of this call's shapes (the
+ * ranks then agree on the verdict and the counts: agree_step). */
 static moex_status routing_of(moex_context *ctx, const moex_call *c, const moex_ep_dims *d, moex_ep_routing *r) {
     moex_ep_routing_layout(&d->g, d->handle, r);
     return ctx->ops->host_memory ? check_handle(ctx, c->op, &d->g, d->handle) : MOEX_OK;
@@ -337,7 +442,7 @@ moex_status moex_ep_combine_run(moex_context *ctx, const moex_call *c, const moe
                                 const void *src, const float *dsrc, void *dst, moex_dtype dst_dt, float *dprobs) {
     const moex_ep_kernels *k = ctx->ops->ep;
     moex_ep_routing r;
-    MOEX_TRY(routing_of(ctx, c, d, &r));
+    MOEX_TRY(agree_step(ctx, c, ep, routing_of(ctx, c, d, &r), &r));
     MOEX_TRY(exchange_open(ep, c));
     MOEX_TRY(k->gather_local(ctx, c, &d->g, &r, src, dsrc, ep->out));
     MOEX_TRY(exchange_back(ep, c, &r));
@@ -361,7 +466,7 @@ moex_status moex_ep_scatter_run(moex_context *ctx, const moex_call *c, const moe
                                 const void *src, void *dst) {
     const moex_ep_kernels *k = ctx->ops->ep;
     moex_ep_routing r;
-    MOEX_TRY(routing_of(ctx, c, d, &r));
+    MOEX_TRY(agree_step(ctx, c, ep, routing_of(ctx, c, d, &r), &r));
     const moex_ep_rows from = plain_rows(&d->g, src), to = plain_rows(&d->g, dst);
     MOEX_TRY(exchange_open(ep, c));
     MOEX_TRY(k->pack(ctx, c, &d->g, &r, &from, NULL, NULL, ep->out));
@@ -378,7 +483,8 @@ moex_status moex_ep_dispatch_run(moex_context *ctx, const moex_call *c, const mo
     const bool host = ctx->ops->host_memory;
     int64_t dropped = 0;
     int64_t *pdropped = moex_present(&a->dropped) ? (int64_t *)a->dropped.data : host ? &dropped : NULL;
-    MOEX_TRY(k->route(ctx, c, &d->g, (const int32_t *)a->ids.data, &r));   /* checks ids before writing */
+    /* route checks the ids before writing; the ranks agree before the exchange */
+    MOEX_TRY(agree_step(ctx, c, ep, k->route(ctx, c, &d->g, (const int32_t *)a->ids.data, &r), NULL));
     if (host) memset(d->handle, 0, sizeof(handle_header));   /* no dispatch until this one ends */
     const moex_ep_rows x = dispatch_rows(&d->g, &a->x, &a->x_scales), xr = dispatch_rows(&d->g, &a->xr, &a->xr_scales);
     MOEX_TRY(exchange_open(ep, c));

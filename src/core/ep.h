@@ -130,6 +130,10 @@ struct moex_ep {
  * The core computes the rest of ep->geom between the two. */
 moex_status moex_ep_mpi_init(moex_ep *ep);
 moex_status moex_ep_mpi_alloc(moex_ep *ep, size_t bytes);
+/* After moex_ep_mpi_init: every rank's `bytes` bytes at mine, in rank order, into all
+ * (world * bytes); collective. (The NCCL transport has none: its handles are device memory,
+ * which the host does not check.) */
+moex_status moex_ep_mpi_allgather(moex_ep *ep, const char *op, const void *mine, void *all, size_t bytes);
 moex_status moex_ep_nccl_init(moex_ep *ep);
 moex_status moex_ep_nccl_alloc(moex_ep *ep, size_t bytes);
 

@@ -2,7 +2,8 @@
  * ep_mpi.c - the MPI transport of expert parallelism on the CPU backend (src/core/ep.h):
  * the caller's MPI_Comm (cfg.comm points to it), host transfer buffers, and each exchange as
  * MPI_Alltoall of the counts (when they are learnt) and MPI_Alltoallv of the real rows
- * (wire rows as one contiguous MPI datatype). Compiled only when the build found MPI.
+ * (wire rows as one contiguous MPI datatype); and the allgather with which the core makes the
+ * ranks agree before a step (ep.c). Compiled only when the build found MPI.
  *
  * MPI is reached only through the table of ep_mpi_lib.h, resolved when moex_ep_create first
  * runs over MPI (the process's MPI, loaded by the caller who made the communicator): libmoex
@@ -97,6 +98,15 @@ moex_status moex_ep_mpi_init(moex_ep *ep) {
     MPI_TRY(ep, op, api->Comm_rank(comm, &rank));
     MPI_TRY(ep, op, api->Comm_size(comm, &world));
     ep->geom.rank = rank, ep->geom.world = world;
+    return MOEX_OK;
+}
+
+moex_status moex_ep_mpi_allgather(moex_ep *ep, const char *op, const void *mine, void *all, size_t bytes) {
+    const moex_mpi_api *api = NULL;
+    MOEX_TRY(mpi_api(ep, op, &api));   /* loaded by moex_ep_mpi_init: the same table */
+    if (bytes > (size_t)INT32_MAX) return moex_fail(ep->ctx, MOEX_ERR_INTERNAL, "%s: an allgather of %zu bytes", op, bytes);
+    const MPI_Comm comm = *(const MPI_Comm *)ep->cfg.comm;
+    MPI_TRY(ep, op, api->Allgather(mine, (int)bytes, api->byte, all, (int)bytes, api->byte, comm));
     return MOEX_OK;
 }
 

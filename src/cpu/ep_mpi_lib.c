@@ -78,6 +78,7 @@ const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
     RESOLVE(Comm_rank, MPI_Comm_rank);
     RESOLVE(Comm_size, MPI_Comm_size);
     RESOLVE(Error_string, MPI_Error_string);
+    RESOLVE(Allgather, MPI_Allgather);
     RESOLVE(Alltoall, MPI_Alltoall);
     RESOLVE(Alltoallv, MPI_Alltoallv);
     RESOLVE(Type_contiguous, MPI_Type_contiguous);

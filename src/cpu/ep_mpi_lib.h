@@ -19,6 +19,8 @@ typedef struct moex_mpi_api {
     int (*Comm_rank)(MPI_Comm comm, int *rank);
     int (*Comm_size)(MPI_Comm comm, int *size);
     int (*Error_string)(int errorcode, char *string, int *resultlen);
+    int (*Allgather)(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
+                     MPI_Datatype recvtype, MPI_Comm comm);
     int (*Alltoall)(const void *sendbuf, int sendcount, MPI_Datatype sendtype, void *recvbuf, int recvcount,
                     MPI_Datatype recvtype, MPI_Comm comm);
     int (*Alltoallv)(const void *sendbuf, const int sendcounts[], const int sdispls[], MPI_Datatype sendtype,
