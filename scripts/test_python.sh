@@ -5,7 +5,8 @@
 # again; nothing is installed into the system's python3. Installs into the venv what the tests
 # need when it is missing (pytest; torch: the CPU-only wheel from PyTorch's CPU index where
 # there is no GPU, the default wheel, with its CUDA libraries, where there is one; hypothesis
-# for tests/python/test_torch_property.py, which runs a seeded random driver without it),
+# for tests/python/test_torch_property.py, which runs a seeded random driver without it; mpi4py
+# where there is an mpirun, for tests/python/test_torch_ep.py),
 # pip-installs ./python there (the CPU backend only, unless MOEX_PYTHON_CUDA=1: MOEX_CUDA=ON),
 # and runs pytest over tests/python with the venv's python. If torch cannot be installed, the
 # tests that need it report skipped (pytest -rs lists them), never passed.
@@ -33,6 +34,9 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
 fi
 "$VPY" -c "import hypothesis" 2>/dev/null || pip_install hypothesis ||
   echo "test_python: could not install hypothesis; test_torch_property.py uses its seeded driver" >&2
+if command -v mpirun > /dev/null && ! "$VPY" -c "import mpi4py" 2>/dev/null; then   # MoELayer's EP over MPI
+  pip_install mpi4py || echo "test_python: could not install mpi4py; test_torch_ep.py's MPI runs report skipped" >&2
+fi
 
 cuda=OFF
 [ "${MOEX_PYTHON_CUDA:-0}" = 1 ] && cuda=ON

@@ -188,7 +188,8 @@ class GroupedLinearFp8WgradArgs(ctypes.Structure):
                 ("splits", Tensor), ("dw_mode", ctypes.c_int), ("dw", Weight)]
 
 
-# Expert parallelism (moex_ep_*): the structs only; the EP functions are not bound here yet.
+# Expert parallelism (moex_ep_*): the structs; bound below are the EP context's functions and the EP
+# MoE layer (ep_create, ep_destroy, ep_get_info, ep_moe_layer_saved_size, OPS' ep_moe_layer_*).
 EP_COMM_MPI, EP_COMM_NCCL = 0, 1
 EP_TRANSFER_AUTO, EP_TRANSFER_CAPACITY, EP_TRANSFER_PEER = 0, 1, 2
 
@@ -252,7 +253,8 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "group_quantize": GroupQuantizeArgs, "group_dequantize": GroupDequantizeArgs,
        "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs,
        "grouped_linear_fp8_forward": GroupedLinearFp8Args,
-       "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs, "zero_tail": ZeroTailArgs}
+       "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs, "zero_tail": ZeroTailArgs,
+       "ep_moe_layer_forward": EpMoeLayerArgs, "ep_moe_layer_backward": EpMoeLayerGradArgs}
 
 
 def _library_path():
@@ -279,6 +281,10 @@ def _load():
         "moex_context_create": (i, [ctypes.POINTER(p), i, i]),
         "moex_context_destroy": (None, [p]),
         "moex_moe_layer_saved_size": (i, [p, ctypes.POINTER(MoeLayerArgs), ctypes.POINTER(sz)]),
+        "moex_ep_create": (i, [ctypes.POINTER(p), p, ctypes.POINTER(EpConfig)]),
+        "moex_ep_destroy": (None, [p]),
+        "moex_ep_get_info": (i, [p, ctypes.POINTER(EpInfo)]),
+        "moex_ep_moe_layer_saved_size": (i, [p, ctypes.POINTER(EpMoeLayerArgs), ctypes.POINTER(sz)]),
     }
     for stem, args_t in OPS.items():
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])
@@ -340,3 +346,29 @@ def moe_layer_saved_size(ctx, args):
     nbytes = ctypes.c_size_t()
     check(ctx, LIB.moex_moe_layer_saved_size(ctx, ctypes.byref(args), ctypes.byref(nbytes)))
     return nbytes.value
+
+
+def ep_moe_layer_saved_size(ctx, args):
+    """moex_ep_moe_layer_saved_size: the bytes of the EP MoE layer's `saved` buffer."""
+    nbytes = ctypes.c_size_t()
+    check(ctx, LIB.moex_ep_moe_layer_saved_size(ctx, ctypes.byref(args), ctypes.byref(nbytes)))
+    return nbytes.value
+
+
+def ep_create(ctx, config):
+    """moex_ep_create (collective over config.comm): the EP context's handle (ep_destroy frees it)."""
+    handle = ctypes.c_void_p()
+    check(ctx, LIB.moex_ep_create(ctypes.byref(handle), ctx, ctypes.byref(config)))
+    return handle
+
+
+def ep_info(ctx, ep):
+    """moex_ep_get_info of the EP context ep."""
+    info = EpInfo()
+    check(ctx, LIB.moex_ep_get_info(ep, ctypes.byref(info)))
+    return info
+
+
+def ep_destroy(ep):
+    """moex_ep_destroy (not collective; accepts None)."""
+    LIB.moex_ep_destroy(ep)

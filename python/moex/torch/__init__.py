@@ -25,6 +25,7 @@ every operator once):
   _mlp           the grouped MLP operators, grouped_mlp and GroupedMLP
   _routing       router, permute and unpermute
   _moe           the MoE layer operators and MoELayer
+  _ep            MoELayer's expert parallelism (ep_group: moex's EP MoE layer over MPI)
 The C binding is moex._capi, the compiled extension's loader moex._torch_ext.
 """
 from .._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError  # noqa: F401

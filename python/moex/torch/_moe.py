@@ -107,7 +107,7 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
 
 def _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs):
     E, F2, H = w1.shape
-    shapes = [(tuple(x.shape), x.dtype), ((E, H), router_w.dtype), ((E, F2, H), w1.dtype),
+    shapes = [(tuple(x.shape), x.dtype), (tuple(router_w.shape), router_w.dtype), ((E, F2, H), w1.dtype),
               ((E, H, F2 // 2), w2.dtype), ((E, F2), _bias_grad_dtype(b1)), ((E, H), _bias_grad_dtype(b2))]
     return [x.new_empty(shape if n else (0,) + shape[1:], dtype=dt) for (shape, dt), n in zip(shapes, needs)]
 
@@ -152,7 +152,17 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     FP8 training (experimental): fp8_recipe=None | "block" | "current" | "mxfp8", fp8_format=
     "e4m3" | "hybrid", fp8_pow2_scales, fp8_amax_epsilon (_Fp8Options): the experts' GEMMs,
     forward and backward, run on FP8 operands (moex's MoE layer passes the recipe to its grouped
-    MLP); the router GEMM stays in f32."""
+    MLP); the router GEMM stays in f32.
+
+    Expert parallelism (experimental): ep_group, an mpi4py MPI.Comm of W ranks, spreads the
+    experts over them (moex's EP MoE layer, docs/ops.md section 10): rank r holds experts
+    [r E/W, (r+1) E/W) (w1, w2, b1, b2 of E/W experts; router_w whole), forward(x) takes this
+    rank's tokens (at most ep_max_tokens of them; ep_max_recv_rows, the expert rows a rank
+    receives, defaults to what no routing can overflow), and the backward gives this rank's
+    share of router_w's gradient (sum the shares over the ranks, as data parallelism does).
+    Every rank constructs the layer alike and makes the same calls (collective). CPU backend
+    only for now (moex's EP there runs over MPI), in eager mode, with neither FP8 nor the
+    weight-gradient options."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
@@ -160,7 +170,8 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                  device: Union[torch.device, str, None] = None, init_method=None, limit: float = 7.0,
                  alpha: float = 1.702, offset: float = 1.0, fuse_wgrad_accumulation: bool = False,
                  delay_wgrad_compute: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
-                 fp8_amax_epsilon: float = 0.0):
+                 fp8_amax_epsilon: float = 0.0, ep_group=None, ep_max_tokens: Optional[int] = None,
+                 ep_max_recv_rows: Optional[int] = None):
         super().__init__()
         _check_sizes("torch.MoELayer", num_experts=num_experts, hidden_size=hidden_size, ffn_size=ffn_size,
                      topk=topk)
@@ -172,14 +183,22 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             raise ValueError(f"moex.torch.MoELayer: topk = {topk}, must be 1..{num_experts}")
         dtype = params_dtype or torch.get_default_dtype()
         E, H, F = num_experts, hidden_size, ffn_size
+        self._ep, El = None, E   # El: this rank's experts
+        if ep_group is not None:
+            if fp8_recipe is not None or fuse_wgrad_accumulation or delay_wgrad_compute:
+                raise ValueError("moex.torch.MoELayer: ep_group takes neither fp8_recipe nor the weight-gradient "
+                                 "options, for now")
+            from ._ep import ep_setup   # (here: _ep builds on this module)
+            self._ep, El = ep_setup("torch.MoELayer", ep_group, E, topk, H, dtype, device, ep_max_tokens,
+                                    ep_max_recv_rows)
         init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
         self.router_w = torch.nn.Parameter(torch.empty(E, H, dtype=dtype, device=device))
-        self.w1 = torch.nn.Parameter(torch.empty(E, 2 * F, H, dtype=dtype, device=device))
-        self.w2 = torch.nn.Parameter(torch.empty(E, H, F, dtype=dtype, device=device))
+        self.w1 = torch.nn.Parameter(torch.empty(El, 2 * F, H, dtype=dtype, device=device))
+        self.w2 = torch.nn.Parameter(torch.empty(El, H, F, dtype=dtype, device=device))
         for t in (self.router_w, self.w1, self.w2):
             init(t.data)
-        self.b1 = torch.nn.Parameter(torch.zeros(E, 2 * F, dtype=dtype, device=device)) if bias1 else None
-        self.b2 = torch.nn.Parameter(torch.zeros(E, H, dtype=dtype, device=device)) if bias2 else None
+        self.b1 = torch.nn.Parameter(torch.zeros(El, 2 * F, dtype=dtype, device=device)) if bias1 else None
+        self.b2 = torch.nn.Parameter(torch.zeros(El, H, dtype=dtype, device=device)) if bias2 else None
         b2_mode = BIAS_NONE if not bias2 else (BIAS_SCALED if scale_b2 else BIAS_ADD)
         self.options = (topk, _SCORES[score], int(renorm), b2_mode) + glu_code
         self._init_weight_grads(fuse_wgrad_accumulation, delay_wgrad_compute)
@@ -192,7 +211,10 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                              f"{tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__}")
         shape = x.shape
         x = _rows("torch.MoELayer", "x", x)
-        if self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
+        if self._ep is not None:
+            from ._ep import ep_moe_forward
+            y = ep_moe_forward(self, x)
+        elif self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
             y = self._forward_parts(x, bool(is_first_microbatch))
         else:
             y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)

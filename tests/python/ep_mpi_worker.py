@@ -1,0 +1,82 @@
+"""ep_mpi_worker.py - one rank of tests/python/test_torch_ep.py's check, run under mpirun: MoELayer
+with ep_group (moex's EP MoE layer over MPI, the CPU backend) against the single-process MoELayer
+on the whole batch, on every rank. Every rank builds the same global problem from one seed
+(weights, the W ranks' tokens, dy), runs its share through the EP layer and the whole batch
+through the reference, and checks y and dx of its tokens, its experts' dw1, dw2, db1, db2, and
+drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value; bf16: 3e-2).
+A rank with no tokens (the last, when --empty-rank) takes part too. Exit status 0 on every rank,
+or 1 on a rank whose check failed (the message names it).
+
+Usage: mpirun -np N python3 tests/python/ep_mpi_worker.py [--dtype f32|bf16] [--empty-rank]
+"""
+import argparse
+import sys
+
+import torch
+from mpi4py import MPI
+
+import moex.torch as mt
+
+
+def close(name, got, want, rtol):
+    if got.shape != want.shape:
+        raise AssertionError(f"{name}: shape {tuple(got.shape)}, want {tuple(want.shape)}")
+    if want.numel() == 0:
+        return
+    scale = want.double().abs().max().clamp_min(1e-30)
+    err = (got.double() - want.double()).abs().max() / scale
+    if not err <= rtol:
+        raise AssertionError(f"{name}: max error {err:.3e} of its largest value, tolerance {rtol}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--empty-rank", action="store_true")
+    args = ap.parse_args()
+    comm = MPI.COMM_WORLD
+    W, r = comm.Get_size(), comm.Get_rank()
+    dt, rtol = (torch.float32, 1e-5) if args.dtype == "f32" else (torch.bfloat16, 3e-2)
+    torch.manual_seed(7)
+    E, H, F, k, T = 2 * W, 16, 8, 2, 6
+    tokens = [0 if args.empty_rank and q == W - 1 else T - q % 2 for q in range(W)]   # uneven; maybe one empty
+    first = sum(tokens[:r])
+    opts = dict(bias1=True, bias2=True, params_dtype=dt)
+    ref = mt.MoELayer(E, H, F, k, **opts)
+    with torch.no_grad():   # nonzero biases: their gradients and the layer's use of them are checked
+        ref.b1.normal_(std=0.1), ref.b2.normal_(std=0.1)
+    ep = mt.MoELayer(E, H, F, k, ep_group=comm, ep_max_tokens=T, **opts)
+    El = E // W
+    with torch.no_grad():
+        ep.router_w.copy_(ref.router_w)
+        for name in ("w1", "w2", "b1", "b2"):
+            getattr(ep, name).copy_(getattr(ref, name)[r * El:(r + 1) * El])
+    xg = torch.randn(sum(tokens), H).to(dt).requires_grad_(True)
+    dyg = torch.randn(sum(tokens), H).to(dt)
+    x = xg.detach()[first:first + tokens[r]].clone().requires_grad_(True)
+
+    y = ep(x)
+    y.backward(dyg[first:first + tokens[r]])
+    yg = ref(xg)
+    yg.backward(dyg)
+
+    drw = ep.router_w.grad.double().contiguous()
+    comm.Allreduce(MPI.IN_PLACE, drw.numpy(), op=MPI.SUM)
+    failed = None
+    try:
+        rows = slice(first, first + tokens[r])
+        close("y", y, yg.detach()[rows], rtol)
+        close("dx", x.grad, xg.grad[rows], rtol)
+        for name in ("w1", "w2", "b1", "b2"):
+            close(f"d{name}", getattr(ep, name).grad, getattr(ref, name).grad[r * El:(r + 1) * El], rtol)
+        close("drouter_w (summed over the ranks)", drw, ref.router_w.grad, rtol)
+    except Exception as e:   # (every rank reaches the verdicts' allgather)
+        failed = f"rank {r} of {W} ({args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
+    verdicts = comm.allgather(failed)
+    if r == 0:
+        print("\n".join(v for v in verdicts if v) or f"ok: {W} ranks, {args.dtype}, tokens {tokens}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
