@@ -48,6 +48,9 @@ class _EPContext:
         self.max_tokens = max_tokens
 
     def __del__(self):
+        MPI = sys.modules.get("mpi4py.MPI")
+        if MPI is not None and MPI.Is_finalized():
+            return   # (the process is ending; moex_ep_destroy frees an MPI datatype: not after MPI_Finalize)
         _capi.ep_destroy(getattr(self, "handle", None))
 
 
