@@ -189,7 +189,7 @@ class GroupedLinearFp8WgradArgs(ctypes.Structure):
 
 
 # Expert parallelism (moex_ep_*): the structs; bound below are the EP context's functions and the EP
-# MoE layer (ep_create, ep_destroy, ep_get_info, ep_moe_layer_saved_size, OPS' ep_moe_layer_*).
+# MoE layer (ep_create, ep_destroy, ep_get_info, ep_moe_layer_saved_size, OPS' ep_*).
 EP_COMM_MPI, EP_COMM_NCCL = 0, 1
 EP_TRANSFER_AUTO, EP_TRANSFER_CAPACITY, EP_TRANSFER_PEER = 0, 1, 2
 
@@ -254,6 +254,8 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs,
        "grouped_linear_fp8_forward": GroupedLinearFp8Args,
        "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs, "zero_tail": ZeroTailArgs,
+       "ep_dispatch_forward": EpDispatchArgs, "ep_dispatch_backward": EpDispatchGradArgs,
+       "ep_combine_forward": EpCombineArgs, "ep_combine_backward": EpCombineGradArgs,
        "ep_moe_layer_forward": EpMoeLayerArgs, "ep_moe_layer_backward": EpMoeLayerGradArgs}
 
 

@@ -1,6 +1,7 @@
 """ep_mpi_worker.py - one rank of tests/python/test_torch_ep.py's check, run under mpirun: MoELayer
 with ep_group (moex's EP MoE layer over MPI, the CPU backend) against the single-process MoELayer
-on the whole batch, on every rank. Every rank builds the same global problem from one seed
+on the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each
+row (y, dx, dprobs against the same math on the rank's own tokens). Every rank builds the same global problem from one seed
 (weights, the W ranks' tokens, dy), runs its share through the EP layer and the whole batch
 through the reference, and checks y and dx of its tokens, its experts' dw1, dw2, db1, db2, and
 drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value; bf16: 3e-2).
@@ -60,6 +61,25 @@ def main():
     yg = ref(xg)
     yg.backward(dyg)
 
+    # the functional dispatch and combine around experts that scale each row by its prob and
+    # by c(e) = e + 1 (e: the global expert): y[t] = x[t] sum_j probs[t, j] (ids[t, j] + 1)
+    ids_g = torch.argsort(torch.rand(sum(tokens), E), dim=1)[:, :k]   # k distinct experts a token
+    probs_g = torch.rand(sum(tokens), k)
+    ctx = mt.EPContext(comm, E, k, H, dt, max_tokens=T)
+    xf = x.detach().clone().requires_grad_(True)
+    probs = probs_g[first:first + tokens[r]].clone().requires_grad_(True)
+    ids = ids_g[first:first + tokens[r]]
+    xr, probs_r, splits, handle = mt.ep_dispatch(ctx, xf, ids, probs)
+    c = torch.repeat_interleave(torch.arange(r * El, (r + 1) * El) + 1.0, splits)
+    c = torch.cat([c, c.new_zeros(ctx.max_recv_rows - c.numel())])
+    yf = mt.ep_combine(ctx, xr * (probs_r * c)[:, None].to(dt), handle, tokens[r])
+    dyf = torch.randn(yf.shape).to(dt)
+    yf.backward(dyf)
+    xw = xf.detach().clone().requires_grad_(True)
+    pw = probs.detach().clone().requires_grad_(True)
+    yw = (xw.float() * (pw * (ids + 1)).sum(1, keepdim=True)).to(dt)
+    yw.backward(dyf)
+
     drw = ep.router_w.grad.double().contiguous()
     comm.Allreduce(MPI.IN_PLACE, drw.numpy(), op=MPI.SUM)
     failed = None
@@ -70,6 +90,9 @@ def main():
         for name in ("w1", "w2", "b1", "b2"):
             close(f"d{name}", getattr(ep, name).grad, getattr(ref, name).grad[r * El:(r + 1) * El], rtol)
         close("drouter_w (summed over the ranks)", drw, ref.router_w.grad, rtol)
+        close("ep_dispatch + ep_combine: y", yf, yw, rtol)
+        close("ep_dispatch + ep_combine: dx", xf.grad, xw.grad, rtol)
+        close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
     except Exception as e:   # (every rank reaches the verdicts' allgather)
         failed = f"rank {r} of {W} ({args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
     verdicts = comm.allgather(failed)

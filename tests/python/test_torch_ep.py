@@ -1,7 +1,8 @@
-"""MoELayer's expert parallelism (ep_group: moex's EP MoE layer over MPI, the CPU backend): under
-mpirun, at 1, 2 and 3 ranks, against the single-process layer on the whole batch
-(tests/python/ep_mpi_worker.py, one process per rank; skipped without mpirun or mpi4py); and the
-arguments it refuses, in this process."""
+"""moex.torch's expert parallelism (EPContext, ep_dispatch, ep_combine, MoELayer's ep_group: moex's
+EP over MPI, the CPU backend): under mpirun, at 1, 2 and 3 ranks, against the single-process layer
+on the whole batch and the same math on each rank's tokens (tests/python/ep_mpi_worker.py, one
+process per rank; skipped without mpirun or mpi4py); and the arguments they refuse, in this
+process."""
 import os
 import shutil
 import subprocess
@@ -45,3 +46,10 @@ def test_ep_group_arguments_refused():
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, device="cuda")
     with pytest.raises(ValueError, match="fp8_recipe"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, fp8_recipe="block")
+    with pytest.raises(ValueError, match="mpi4py MPI.Comm"):
+        mt.EPContext(object(), 4, 2, 8, max_tokens=4)
+    x, ids, probs = torch.randn(3, 8), torch.zeros(3, 2, dtype=torch.int64), torch.rand(3, 2)
+    with pytest.raises(ValueError, match="EPContext"):
+        mt.ep_dispatch(object(), x, ids, probs)
+    with pytest.raises(ValueError, match="EPContext"):
+        mt.ep_combine(object(), x, torch.zeros(8, dtype=torch.uint8), 3)

@@ -25,7 +25,7 @@ every operator once):
   _mlp           the grouped MLP operators, grouped_mlp and GroupedMLP
   _routing       router, permute and unpermute
   _moe           the MoE layer operators and MoELayer
-  _ep            MoELayer's expert parallelism (ep_group: moex's EP MoE layer over MPI)
+  _ep            expert parallelism: EPContext, ep_dispatch, ep_combine, MoELayer's ep_group
 The C binding is moex._capi, the compiled extension's loader moex._torch_ext.
 """
 from .._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE, MoexError  # noqa: F401
@@ -34,12 +34,13 @@ from ._glu import scaled_glu
 from ._linear import gmm, grouped_linear
 from ._linear_layer import GroupedLinear
 from ._mlp import GroupedMLP, grouped_mlp
+from ._ep import EPContext, ep_combine, ep_dispatch
 from ._moe import MoELayer
 from ._routing import permute, router, unpermute
 from ._splits import Splits, splits_to_offsets  # noqa: F401
 
 __all__ = ["GroupedLinear", "GroupedMLP", "MoELayer", "gmm", "grouped_linear", "grouped_mlp", "router", "permute",
-           "unpermute", "scaled_glu", "splits_to_offsets", "MoexError"]
+           "unpermute", "scaled_glu", "splits_to_offsets", "EPContext", "ep_dispatch", "ep_combine", "MoexError"]
 
 # the public names are moex.torch's (repr, help, pickles), wherever they are defined
 for _name in __all__:

@@ -8,7 +8,7 @@ rank of the group makes the same calls: the forward, and the backward of what it
 EP steps are collective; moex refuses a step one rank gets wrong on every rank).
 """
 import sys
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -19,33 +19,55 @@ from ._moe import _moe_args, _moe_backward_outputs, _shape_view
 from ._operators import _DTYPES, _fill, _run, _view
 
 
-def _mpi_comm_address(group) -> int:
+def _mpi_comm_address(group, owner: str) -> int:
     """The address of the MPI_Comm inside an mpi4py communicator; ValueError for anything else.
     (mpi4py is not imported here: importing it initialises MPI; a communicator means it is.)"""
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is None or not isinstance(group, MPI.Comm):
-        raise ValueError(f"moex.torch.MoELayer: ep_group must be an mpi4py MPI.Comm (moex's EP on the CPU backend "
+        raise ValueError(f"moex.{owner}: the group must be an mpi4py MPI.Comm (moex's EP on the CPU backend "
                          f"runs over MPI), got {type(group).__name__}; torch.distributed process groups (NCCL on "
                          f"CUDA) are not supported yet")
     return MPI._addressof(group)
 
 
-class _EPContext:
-    """A moex EP context (moex_ep) of one layer's shapes over the group's communicator, created
-    at construction (collective: every rank constructs the layer with the same arguments) and
-    destroyed with the layer. Keeps the group alive: moex uses its communicator."""
+class EPContext:
+    """moex's expert parallelism over a communicator (moex_ep, docs/ops.md section 10) for one
+    shape of traffic: num_experts experts spread over the group's W ranks (rank r holds
+    [r E/W, (r+1) E/W)), topk, rows of `hidden` elements of `dtype`, at most max_tokens tokens a
+    rank per call, and max_recv_rows expert rows received per call (default: what no routing can
+    overflow, W max_tokens min(topk, E/W)). The group: an mpi4py MPI.Comm (the CPU backend, where
+    moex's EP runs over MPI; other groups and CUDA are refused with a ValueError, for now).
+    Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
+    with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
+    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows."""
 
-    def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype, max_tokens: int,
-                 max_recv_rows: int):
-        self.group = group
-        cfg = _capi.EpConfig(comm_kind=_capi.EP_COMM_MPI, comm=_mpi_comm_address(group), num_experts=num_experts,
-                             topk=topk, hidden=hidden, dtype=_DTYPES[dtype], max_tokens=max_tokens,
-                             max_recv_rows=max_recv_rows, transfer=_capi.EP_TRANSFER_AUTO)
+    def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype = torch.float32,
+                 max_tokens: Optional[int] = None, max_recv_rows: Optional[int] = None, device=None,
+                 _owner: str = "torch.EPContext"):
+        if torch.device(device if device is not None else "cpu").type != "cpu":
+            raise ValueError(f"moex.{_owner}: expert parallelism runs on the CPU backend (over MPI) only, for now; "
+                             f"got device {device}")
+        if max_tokens is None or int(max_tokens) < 1:
+            raise ValueError(f"moex.{_owner}: expert parallelism needs max_tokens >= 1 (ep_max_tokens for a layer: "
+                             f"the most tokens of one rank's call; moex sizes its transfer buffers for it)")
+        comm = _mpi_comm_address(group, _owner)
+        world = group.Get_size()
+        if num_experts % world:
+            raise ValueError(f"moex.{_owner}: num_experts {num_experts} is not a multiple of the group's {world} "
+                             f"ranks")
+        if max_recv_rows is None:
+            max_recv_rows = world * int(max_tokens) * min(topk, num_experts // world)
+        self.group = group   # (kept alive: moex uses its communicator)
+        cfg = _capi.EpConfig(comm_kind=_capi.EP_COMM_MPI, comm=comm, num_experts=num_experts, topk=topk,
+                             hidden=hidden, dtype=_DTYPES[dtype], max_tokens=int(max_tokens),
+                             max_recv_rows=int(max_recv_rows), transfer=_capi.EP_TRANSFER_AUTO)
         self.ctx = _capi.context(_capi.BACKEND_CPU, 0)
         self.handle = _capi.ep_create(self.ctx, cfg)
         info = _capi.ep_info(self.ctx, self.handle)
         self.rank, self.world, self.local_experts = info.rank, info.world, info.local_experts
-        self.max_tokens = max_tokens
+        self.handle_bytes = info.handle_bytes
+        self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
+        self.max_tokens, self.max_recv_rows = int(max_tokens), int(max_recv_rows)
 
     def __del__(self):
         MPI = sys.modules.get("mpi4py.MPI")
@@ -53,8 +75,13 @@ class _EPContext:
             return   # (the process is ending; moex_ep_destroy frees an MPI datatype: not after MPI_Finalize)
         _capi.ep_destroy(getattr(self, "handle", None))
 
+    def __repr__(self):
+        return (f"EPContext(rank={self.rank}, world={self.world}, num_experts={self.num_experts}, topk={self.topk}, "
+                f"hidden={self.hidden}, dtype={self.dtype}, max_tokens={self.max_tokens}, "
+                f"max_recv_rows={self.max_recv_rows})")
 
-def _ep_args(ep: _EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
+
+def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
     """The EP MoE layer's arguments (options: MoELayer.options; no FP8 recipe)."""
     topk, score, norm, b2_mode, *glu = options
     layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(glu), saved, y,
@@ -101,6 +128,115 @@ class _EPMoE(torch.autograd.Function):
         return dx, drw, dw1, db1, dw2, db2, None, None
 
 
+# ---- dispatch and combine ----------------------------------------------------------------------
+
+def _check_ep(op: str, ep, t: Tensor, name: str, expert_rows: bool) -> None:
+    """ValueError unless ep is an EPContext and t a [rows, H] tensor of its dtype (expert rows:
+    ep.max_recv_rows of them)."""
+    if not isinstance(ep, EPContext):
+        raise ValueError(f"moex.torch.{op}: ep must be an EPContext, got {type(ep).__name__}")
+    rows = ep.max_recv_rows if expert_rows else -1
+    if not isinstance(t, Tensor) or t.dim() != 2 or t.shape[1] != ep.hidden or t.dtype != ep.dtype:
+        raise ValueError(f"moex.torch.{op}: {name} must be a [rows, {ep.hidden}] {ep.dtype} tensor (the EPContext's), "
+                         f"got {tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}"
+                         f"{' ' + str(t.dtype) if isinstance(t, Tensor) else ''}")
+    if rows >= 0 and t.shape[0] != rows:
+        raise ValueError(f"moex.torch.{op}: {name} has {t.shape[0]} rows, must have {rows}")
+
+
+def _handle_of(op: str, ep: EPContext, handle: Tensor) -> Tensor:
+    if not isinstance(handle, Tensor) or handle.dtype != torch.uint8 or handle.numel() != ep.handle_bytes:
+        raise ValueError(f"moex.torch.{op}: handle must be the uint8 [{ep.handle_bytes}] tensor ep_dispatch returned")
+    return handle
+
+
+class _EPDispatch(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ep, x, ids, probs):
+        T, R = x.shape[0], ep.max_recv_rows
+        handle = x.new_empty(ep.handle_bytes, dtype=torch.uint8)
+        xr, probs_r = x.new_zeros(R, ep.hidden), x.new_zeros(R, dtype=torch.float32)   # (rows past the splits: 0)
+        splits = x.new_empty(ep.local_experts, dtype=torch.int64)
+        args = _capi.EpDispatchArgs(ep=ep.handle, x=_view(x), ids=_view(ids), probs=_view(probs),
+                                    handle=handle.data_ptr(), handle_bytes=ep.handle_bytes, xr=_view(xr),
+                                    probs_r=_view(probs_r), splits=_view(splits))
+        _run("ep_dispatch_forward", args, x.device)
+        ctx.ep, ctx.T = ep, T
+        ctx.save_for_backward(handle)
+        ctx.mark_non_differentiable(splits, handle)
+        return xr, probs_r, splits, handle
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dxr, dprobs_r, _dsplits, _dhandle):
+        handle, = ctx.saved_tensors
+        ep, need_x, need_p = ctx.ep, ctx.needs_input_grad[1], ctx.needs_input_grad[3]
+        dxr = dxr.contiguous() if dxr is not None else handle.new_zeros(ep.max_recv_rows, ep.hidden, dtype=ep.dtype)
+        dx = dxr.new_empty(ctx.T, ep.hidden)   # (moex's backward writes dx whole; dprobs only with it)
+        dprobs = dxr.new_empty(ctx.T, ep.topk, dtype=torch.float32) if need_p else None
+        dpr = None
+        if need_p:
+            dpr = dprobs_r.contiguous() if dprobs_r is not None else dxr.new_zeros(ep.max_recv_rows,
+                                                                                    dtype=torch.float32)
+        args = _capi.EpDispatchGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
+                                        dxr=_view(dxr), dprobs_r=_view(dpr), dx=_view(dx), dprobs=_view(dprobs))
+        _run("ep_dispatch_backward", args, dxr.device)
+        return None, dx if need_x else None, None, dprobs
+
+
+class _EPCombine(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ep, yr, handle, T):
+        y = yr.new_empty(T, ep.hidden)
+        args = _capi.EpCombineArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
+                                   yr=_view(yr), y=_view(y))
+        _run("ep_combine_forward", args, yr.device)
+        ctx.ep = ep
+        ctx.save_for_backward(handle)
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy):
+        handle, = ctx.saved_tensors
+        ep = ctx.ep
+        dyr = dy.new_zeros(ep.max_recv_rows, ep.hidden)   # (rows past the splits: 0)
+        args = _capi.EpCombineGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
+                                       dy=_view(dy.contiguous()), dyr=_view(dyr))
+        _run("ep_combine_backward", args, dy.device)
+        return None, dyr, None, None
+
+
+def ep_dispatch(ep: EPContext, x: Tensor, ids: Tensor, probs: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """This rank's tokens to the ranks that hold their experts (moex_ep_dispatch_forward,
+    docs/ops.md 10.1; collective): x [T, H] (T <= ep.max_tokens), ids [T, k] global expert ids
+    (int32 or int64), probs [T, k] f32. Returns (xr [R, H], the rows this rank received, by
+    local expert; probs_r [R] f32, each row's prob; splits [El] int64, rows per local expert;
+    handle, uint8, the routing that ep_combine needs), R = ep.max_recv_rows; rows of xr and
+    probs_r past sum(splits) are 0. Differentiable in x and probs (the backward is collective
+    too: every rank runs it)."""
+    op = "ep_dispatch"
+    _check_ep(op, ep, x, "x", False)
+    if x.shape[0] > ep.max_tokens:
+        raise ValueError(f"moex.torch.{op}: {x.shape[0]} tokens, more than the EPContext's max_tokens {ep.max_tokens}")
+    for name, t, dtypes in (("ids", ids, (torch.int32, torch.int64)), ("probs", probs, (torch.float32,))):
+        if not isinstance(t, Tensor) or t.shape != (x.shape[0], ep.topk) or t.dtype not in dtypes:
+            raise ValueError(f"moex.torch.{op}: {name} must be [{x.shape[0]}, {ep.topk}] of "
+                             f"{' or '.join(map(str, dtypes))}, got "
+                             f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
+    return _EPDispatch.apply(ep, x.contiguous(), ids.to(torch.int32).contiguous(), probs.contiguous())
+
+
+def ep_combine(ep: EPContext, yr: Tensor, handle: Tensor, tokens: int) -> Tensor:
+    """The expert rows back to their tokens (moex_ep_combine_forward, docs/ops.md 10.2;
+    collective): yr [R, H] in ep_dispatch's row order, handle and tokens (T) its dispatch's.
+    Returns y [T, H], each token the sum of its rows (weight them by probs_r before, as the
+    experts do). Differentiable in yr."""
+    op = "ep_combine"
+    _check_ep(op, ep, yr, "yr", True)
+    return _EPCombine.apply(ep, yr.contiguous(), _handle_of(op, ep, handle), int(tokens))
+
+
 def ep_moe_forward(layer, x: Tensor) -> Tensor:
     """MoELayer.forward's EP path: x [T, H] (contiguous rows) of this rank."""
     return _EPMoE.apply(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, layer._ep, layer.options)
@@ -108,18 +244,6 @@ def ep_moe_forward(layer, x: Tensor) -> Tensor:
 
 def ep_setup(owner: str, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype, device,
              max_tokens: Optional[int], max_recv_rows: Optional[int]):
-    """The layer's _EPContext and its local expert count, after the arguments' checks."""
-    if torch.device(device if device is not None else "cpu").type != "cpu":
-        raise ValueError(f"moex.{owner}: ep_group runs on the CPU backend (over MPI) only, for now; the layer is on "
-                         f"{device}")
-    if max_tokens is None or int(max_tokens) < 1:
-        raise ValueError(f"moex.{owner}: ep_group needs ep_max_tokens >= 1 (the most tokens of one rank's call: "
-                         f"moex sizes its transfer buffers for it)")
-    _mpi_comm_address(group)
-    world = group.Get_size()
-    if num_experts % world:
-        raise ValueError(f"moex.{owner}: num_experts {num_experts} is not a multiple of the group's {world} ranks")
-    local = num_experts // world
-    if max_recv_rows is None:   # no row dropped: every rank's tokens, each up to min(topk, local) times
-        max_recv_rows = world * int(max_tokens) * min(topk, local)
-    return _EPContext(group, num_experts, topk, hidden, dtype, int(max_tokens), int(max_recv_rows)), local
+    """A layer's EPContext and its local expert count."""
+    ep = EPContext(group, num_experts, topk, hidden, dtype, max_tokens, max_recv_rows, device, _owner=owner)
+    return ep, ep.local_experts
