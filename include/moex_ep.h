@@ -54,11 +54,13 @@ extern "C" {
  * communicator calls it with the same config (comm aside), and so are the EP calls: every
  * rank makes the same sequence of them. Over MPI the ranks check that they agree: a config
  * that differs across ranks, or that one rank refuses, fails moex_ep_create on every rank;
- * a call that one rank refuses (its arguments, its ids, a handle that is not its dispatch's
- * or whose counts do not pair with the peers') is refused on every rank before any
- * exchange, all with MOEX_ERR_INVALID_ARG (an allgather of a few words per call). Over NCCL
- * each rank checks only its own arguments. One EP context serves one call at a time, in order
- * on one stream (its transfer buffers are shared by its calls). Thread safety: as a context.
+ * a dispatch whose ids one rank refuses, and a call on a handle that one rank finds is not
+ * its dispatch's or whose counts do not pair with the peers', are refused on every rank
+ * before any exchange, all with MOEX_ERR_INVALID_ARG (an allgather of a few words per
+ * call). Other argument errors (shapes, dtypes, T past max_tokens) are each rank's own, and
+ * over NCCL all are: make the same calls on every rank. One EP context serves one call at a
+ * time, in order on one stream (its transfer buffers are shared by its calls). Thread
+ * safety: as a context.
  * A build without MPI (or NCCL) returns MOEX_ERR_UNSUPPORTED from moex_ep_create.          */
 
 typedef struct moex_ep moex_ep;   /* opaque: an EP context, bound to a moex_context */

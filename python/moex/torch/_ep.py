@@ -1,11 +1,12 @@
-"""moex.torch._ep - expert parallelism for MoELayer(ep_group=...): moex's EP context over the
-group's communicator (_EPContext) and the EP MoE layer's autograd (_EPMoE: moex_ep_moe_layer_forward
-and _backward, docs/ops.md section 10).
+"""moex.torch._ep - expert parallelism (docs/ops.md section 10): moex's EP context over a group's
+communicator (EPContext), its dispatch and combine with their autograd (ep_dispatch, ep_combine)
+and the EP MoE layer's autograd (_EPMoE, for MoELayer(ep_group=...)).
 
-Today the group is an MPI communicator (an mpi4py MPI.Comm) and the layer runs on the CPU
+Today the group is an MPI communicator (an mpi4py MPI.Comm) and everything runs on the CPU
 backend; CUDA (NCCL, from a torch.distributed process group) is refused with a ValueError. Every
-rank of the group makes the same calls: the forward, and the backward of what it returns (the
-EP steps are collective; moex refuses a step one rank gets wrong on every rank).
+rank of the group makes the same calls, forward and backward: the EP steps are collective (moex
+refuses on every rank a step whose ids or handle one rank refuses; the other checks are each
+rank's own).
 """
 import sys
 from typing import Optional, Tuple
