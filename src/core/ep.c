@@ -164,42 +164,33 @@ static moex_status geom_of(moex_context *ctx, const char *op, const moex_ep_conf
  * every rank, so that none waits in an exchange the others never reach. Over NCCL the
  * handles are device memory, which the host does not read: each rank's checks stand alone. */
 
-/* What moex_ep_create's ranks compare: this rank's verdict on its config, and the config. */
-typedef struct config_terms {
-    int64_t status, num_experts, topk, hidden, dtype, max_tokens, max_recv_rows, transfer;
-} config_terms;
-
 /* moex_ep_create's agreement after this rank's own checks (local: their status, its message
- * set): every rank's terms; MOEX_ERR_INVALID_ARG on every rank when a rank refused its
- * config or the configs differ. */
+ * set): every rank's verdict and config (the terms below); MOEX_ERR_INVALID_ARG on every rank
+ * when a rank refused its config or the configs differ. */
 static moex_status agree_config(moex_ep *ep, const char *op, moex_status local) {
     if (ep->cfg.comm_kind != MOEX_EP_COMM_MPI) return local;
+    enum { N = 8 };
+    static const char *const names[N] = {"status", "num_experts", "topk", "hidden", "dtype", "max_tokens",
+                                         "max_recv_rows", "transfer"};
     const moex_ep_config *c = &ep->cfg;
-    const config_terms mine = {local, c->num_experts, c->topk, c->hidden, c->dtype, c->max_tokens,
-                               c->max_recv_rows, c->transfer};
+    const int64_t mine[N] = {local, c->num_experts, c->topk, c->hidden, c->dtype, c->max_tokens, c->max_recv_rows,
+                             c->transfer};
     const int W = ep->geom.world;
-    config_terms *all = (config_terms *)calloc((size_t)W, sizeof *all);
+    int64_t *all = (int64_t *)calloc((size_t)W * N, sizeof *all);
     if (!all) return moex_fail(ep->ctx, MOEX_ERR_OUT_OF_MEMORY, "%s: out of host memory", op);
-    moex_status st = moex_ep_mpi_allgather(ep, op, &mine, all, sizeof mine);
-    static const char *const names[] = {"status", "num_experts", "topk", "hidden", "dtype", "max_tokens",
-                                        "max_recv_rows", "transfer"};
-    for (int q = 0; st == MOEX_OK && local == MOEX_OK && q < W; q++) {
-        if (all[q].status != MOEX_OK) {
+    moex_status st = moex_ep_mpi_allgather(ep, op, mine, all, sizeof mine);
+    for (int q = 0; st == MOEX_OK && local == MOEX_OK && q < W; q++)
+        if (all[(size_t)q * N] != MOEX_OK)
             st = moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG,
                            "%s: rank %d refused its configuration (%s); moex_ep_create is collective and fails on "
-                           "every rank", op, q, moex_status_string((moex_status)all[q].status));
-            break;
-        }
-        const int64_t *a = &all[0].status, *b = &all[q].status;
-        for (int f = 1; f < (int)(sizeof names / sizeof names[0]); f++)
-            if (a[f] != b[f]) {
+                           "every rank", op, q, moex_status_string((moex_status)all[(size_t)q * N]));
+    for (int q = 1; st == MOEX_OK && local == MOEX_OK && q < W; q++)
+        for (int f = 1; f < N && st == MOEX_OK; f++)
+            if (all[(size_t)q * N + f] != all[f])
                 st = moex_fail(ep->ctx, MOEX_ERR_INVALID_ARG,
                                "%s: the ranks passed different configurations: %s is %lld on rank 0 and %lld on rank "
                                "%d (moex_ep_create is collective: every rank passes the same config, comm aside)",
-                               op, names[f], (long long)a[f], (long long)b[f], q);
-                break;
-            }
-    }
+                               op, names[f], (long long)all[f], (long long)all[(size_t)q * N + f], q);
     free(all);
     return st != MOEX_OK ? st : local;
 }
