@@ -159,10 +159,11 @@ static moex_status geom_of(moex_context *ctx, const char *op, const moex_ep_conf
 
 /* ---- the ranks agree ---------------------------------------------------------------------
  * Over MPI (the CPU backend, whose checks read host memory) the ranks agree before moex_ep_create
- * returns and before each step's exchange: every rank's status of its own checks (and what
- * must match across ranks) is allgathered, and a call that one rank refuses is refused on
- * every rank, so that none waits in an exchange the others never reach. Over NCCL the
- * handles are device memory, which the host does not read: each rank's checks stand alone. */
+ * returns and before each step's exchange: every rank's verdict on its config, or on the ids or
+ * handle the step reads (and what must match across ranks), is allgathered, and what one rank
+ * refuses there is refused on every rank, so that none waits in an exchange the others never
+ * reach. (The argument checks before a call runs stay each rank's own.) Over NCCL the handles
+ * are device memory, which the host does not read: each rank's checks stand alone. */
 
 /* moex_ep_create's agreement after this rank's own checks (local: their status, its message
  * set): every rank's verdict and config (the terms below); MOEX_ERR_INVALID_ARG on every rank

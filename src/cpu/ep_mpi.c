@@ -104,7 +104,8 @@ moex_status moex_ep_mpi_init(moex_ep *ep) {
 moex_status moex_ep_mpi_allgather(moex_ep *ep, const char *op, const void *mine, void *all, size_t bytes) {
     const moex_mpi_api *api = NULL;
     MOEX_TRY(mpi_api(ep, op, &api));   /* loaded by moex_ep_mpi_init: the same table */
-    if (bytes > (size_t)INT32_MAX) return moex_fail(ep->ctx, MOEX_ERR_INTERNAL, "%s: an allgather of %zu bytes", op, bytes);
+    if (bytes > (size_t)INT32_MAX)
+        return moex_fail(ep->ctx, MOEX_ERR_INTERNAL, "%s: an allgather of %zu bytes", op, bytes);
     const MPI_Comm comm = *(const MPI_Comm *)ep->cfg.comm;
     MPI_TRY(ep, op, api->Allgather(mine, (int)bytes, api->byte, all, (int)bytes, api->byte, comm));
     return MOEX_OK;

@@ -92,6 +92,9 @@ def main():
         close("ep_dispatch + ep_combine: y", yf, yw, rtol)
         close("ep_dispatch + ep_combine: dx", xf.grad, xw.grad, rtol)
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
+        rows = int(splits.sum())
+        if xr[rows:].count_nonzero() or probs_r[rows:].count_nonzero():
+            raise AssertionError(f"ep_dispatch: rows of xr or probs_r past the {rows} received are not 0")
     except Exception as e:   # (every rank reaches the verdicts' allgather)
         failed = f"rank {r} of {W} ({args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
     verdicts = comm.allgather(failed)

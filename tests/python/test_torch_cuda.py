@@ -173,8 +173,9 @@ def test_separate_weights_not_16_byte_aligned_are_stacked():
     """GroupedLinear's separate weights as views into one buffer, one bf16 element past 16-byte
     alignment: the Hopper kernels read separate weights by TMA, which needs 16 bytes, so the
     operator stacks them instead (read through the pointers, they would come out shifted by an
-    element: y and dx would differ). y and dx are the aligned layer's, and the rows past the
-    groups are zero."""
+    element: y and dx would differ), and a layer with aligned weights does not (aten::stack, which
+    the operator calls in C++, seen by the profiler). y and dx are the aligned layer's, and the
+    rows past the groups are zero."""
     torch.manual_seed(15)
     G, Kd, N, Tn = 3, 64, 32, 100
     ref = mt.GroupedLinear(G, Kd, N, params_dtype=torch.bfloat16, device="cuda")
@@ -189,6 +190,15 @@ def test_separate_weights_not_16_byte_aligned_are_stacked():
     x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16)
     splits = [30, 0, 50]
+
+    def stacks(m):   # aten::stack calls of a forward: one for the layer's G biases, one more for weights
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            with torch.no_grad():
+                m(x, splits)
+        return sum(e.name == "aten::stack" for e in prof.events())
+
+    assert stacks(ref) == 1, "aligned separate weights were stacked"
+    assert stacks(layer) == 2, "misaligned separate weights were passed as pointers"
     y_ref = ref(x, splits)
     y = layer(x, splits)
     torch.testing.assert_close(y, y_ref)

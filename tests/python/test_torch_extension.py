@@ -409,6 +409,9 @@ def test_separate_weights_operator_keeps_its_pointer_cache():
     assert ptrs.tolist() == [w.data_ptr() for w in ws]
     with pytest.raises(ValueError, match=r"3 weights, ptrs has 2 entries"):
         op(x, ws, ptrs[:2].clone(), ptrs[:2].clone(), splits, None, None, 0)
+    with pytest.raises(ValueError, match=r"ptrs_host"):
+        op(x, ws, ptrs, ptrs.int(), splits, None, None, 0)
+    assert ptrs.tolist() == [w.data_ptr() for w in ws]   # (a refused call leaves the cache as it was)
     with pytest.raises(ValueError, match=r"weights\[2\] is \[6, 7\], weights\[0\] \[6, 8\]"):
         op(x, ws[:2] + [torch.randn(6, 7)], ptrs, ptrs, splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[0\] is torch.bfloat16"):

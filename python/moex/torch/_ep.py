@@ -15,9 +15,10 @@ import torch
 from torch import Tensor
 
 from .. import _capi
-from .._capi import BIAS_NONE, GRAD_WRITE
-from ._moe import _moe_args, _moe_backward_outputs, _shape_view
-from ._operators import _DTYPES, _fill, _run, _view
+from .._capi import GRAD_WRITE
+from ._fp8 import _FP8_OFF
+from ._moe import _moe_args, _moe_backward_outputs, _moe_needs, _shape_view
+from ._operators import _DTYPES, _args, _once_differentiable, _run, _view, _zero_tail
 
 
 def _mpi_comm_address(group, owner: str) -> int:
@@ -85,8 +86,8 @@ class EPContext:
 def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
     """The EP MoE layer's arguments (options: MoELayer.options; no FP8 recipe)."""
     topk, score, norm, b2_mode, *glu = options
-    layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(glu), saved, y,
-                      (0, 0, False, 0.0), view=view)
+    layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(glu), saved, y, _FP8_OFF,
+                      view=view)
     return _capi.EpMoeLayerArgs(ep=ep.handle, layer=layer)
 
 
@@ -111,20 +112,15 @@ class _EPMoE(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, dy):
         x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
-        n, b2_mode = ctx.needs_input_grad, ctx.options[3]
-        needs = [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
+        needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
         outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
         dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
         fwd = _ep_args(ctx.ep, x, router_w, w1, b1, w2, b2, ctx.options, saved, None).layer
-        grad = _capi.MoeLayerGradArgs(fwd=fwd, dw_mode=GRAD_WRITE)
-        for name, t in (("dy", dy.contiguous()), ("dx", dx), ("drouter_w", drw), ("dw1", dw1), ("dw2", dw2),
-                        ("db1", db1), ("db2", db2)):
-            if t is not None:
-                dst = getattr(grad, name)
-                _fill(dst.t if type(dst) is _capi.Weight else dst, t)
+        grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy.contiguous(), dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw,
+                     dw1=dw1, dw2=dw2, db1=db1, db2=db2)
         _run("ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ctx.ep.handle, layer=grad), x.device)
         return dx, drw, dw1, db1, dw2, db2, None, None
 
@@ -156,29 +152,27 @@ class _EPDispatch(torch.autograd.Function):
     def forward(ctx, ep, x, ids, probs):
         T, R = x.shape[0], ep.max_recv_rows
         handle = x.new_empty(ep.handle_bytes, dtype=torch.uint8)
-        xr, probs_r = x.new_zeros(R, ep.hidden), x.new_zeros(R, dtype=torch.float32)   # (rows past the splits: 0)
+        xr, probs_r = x.new_empty(R, ep.hidden), x.new_empty(R, dtype=torch.float32)
         splits = x.new_empty(ep.local_experts, dtype=torch.int64)
         args = _capi.EpDispatchArgs(ep=ep.handle, x=_view(x), ids=_view(ids), probs=_view(probs),
                                     handle=handle.data_ptr(), handle_bytes=ep.handle_bytes, xr=_view(xr),
                                     probs_r=_view(probs_r), splits=_view(splits))
         _run("ep_dispatch_forward", args, x.device)
+        _zero_tail(xr, splits), _zero_tail(probs_r, splits)   # (the rows past the splits: 0)
         ctx.ep, ctx.T = ep, T
         ctx.save_for_backward(handle)
         ctx.mark_non_differentiable(splits, handle)
         return xr, probs_r, splits, handle
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, dxr, dprobs_r, _dsplits, _dhandle):
         handle, = ctx.saved_tensors
         ep, need_x, need_p = ctx.ep, ctx.needs_input_grad[1], ctx.needs_input_grad[3]
-        dxr = dxr.contiguous() if dxr is not None else handle.new_zeros(ep.max_recv_rows, ep.hidden, dtype=ep.dtype)
+        dxr = dxr.contiguous()   # (autograd gives zeros for an output that did not reach the loss)
         dx = dxr.new_empty(ctx.T, ep.hidden)   # (moex's backward writes dx whole; dprobs only with it)
         dprobs = dxr.new_empty(ctx.T, ep.topk, dtype=torch.float32) if need_p else None
-        dpr = None
-        if need_p:
-            dpr = dprobs_r.contiguous() if dprobs_r is not None else dxr.new_zeros(ep.max_recv_rows,
-                                                                                    dtype=torch.float32)
+        dpr = dprobs_r.contiguous() if need_p else None
         args = _capi.EpDispatchGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
                                         dxr=_view(dxr), dprobs_r=_view(dpr), dx=_view(dx), dprobs=_view(dprobs))
         _run("ep_dispatch_backward", args, dxr.device)
@@ -197,7 +191,7 @@ class _EPCombine(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @_once_differentiable
     def backward(ctx, dy):
         handle, = ctx.saved_tensors
         ep = ctx.ep

@@ -124,11 +124,15 @@ def _moe_setup(ctx, inputs, output):
     ctx.options, ctx.fp8 = inputs[6:15], inputs[15:]
 
 
+def _moe_needs(n, b1, b2, b2_mode) -> List[bool]:
+    """The backward's `needs` (dx, drouter_w, dw1, dw2, db1, db2) from needs_input_grad n of the
+    inputs (x, router_w, w1, b1, w2, b2, ...)."""
+    return [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
+
+
 def _moe_grads(ctx, dy, dsaved_unused):
     x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
-    n = ctx.needs_input_grad
-    b2_mode = ctx.options[3]
-    needs = [n[0], n[1], n[2], n[4], n[3] and b1 is not None, n[5] and b2 is not None and b2_mode != BIAS_NONE]
+    needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs, *ctx.fp8)
     dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
     return (dx, drw, dw1, db1, dw2, db2) + (None,) * (9 + len(_FP8_OFF))
