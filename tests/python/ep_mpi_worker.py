@@ -80,6 +80,14 @@ def main():
     yw = (xw.float() * (pw * (ids + 1)).sum(1, keepdim=True)).to(dt)
     yw.backward(dyf)
 
+    # double backward is refused (as everywhere in moex.torch), not silently wrong
+    gx, = torch.autograd.grad(ep(x).sum(), x, create_graph=True)
+    try:
+        gx.sum().backward()
+        double = "differentiating the EP layer's gradient twice did not raise"
+    except RuntimeError as e:
+        double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
+
     drw = sum(comm.allgather(ep.router_w.grad.double()))   # (pickled tensors: no numpy needed)
     failed = None
     try:
@@ -92,6 +100,8 @@ def main():
         close("ep_dispatch + ep_combine: y", yf, yw, rtol)
         close("ep_dispatch + ep_combine: dx", xf.grad, xw.grad, rtol)
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
+        if double:
+            raise AssertionError(double)
         rows = int(splits.sum())
         if xr[rows:].count_nonzero() or probs_r[rows:].count_nonzero():
             raise AssertionError(f"ep_dispatch: rows of xr or probs_r past the {rows} received are not 0")
