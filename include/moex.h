@@ -6,7 +6,7 @@
  *
  * What is where
  *   moex.h      stable: the context, tensors, and the operations splits_to_offsets,
- *               zero_tail, grouped linear, scaled GLU, grouped MLP, router, permute,
+ *               zero_tail, weight_maps_write, grouped linear, scaled GLU, grouped MLP, router, permute,
  *               unpermute and the MoE layer.
  *   moex_fp8.h  experimental: FP8 training. The recipe a layer's GEMMs run in (the `fp8`
  *               field of the grouped linear, grouped MLP and MoE layer arguments), the scaled
@@ -214,17 +214,21 @@ static inline moex_tensor moex_tensor_3d(void *data, moex_dtype dtype, int64_t d
 }
 
 /* Grouped weights [G, R, C], in one of two forms:
- *   packed:   t.data points to the [G, R, C] tensor and ptrs is NULL;
+ *   packed:   t.data points to the [G, R, C] tensor and ptrs and maps are NULL;
  *   discrete: t.data is NULL, t describes dtype and shape [G, R, C], and ptrs points to an
  *             array of G pointers, each to a dense [R, C] matrix. The array and the
- *             matrices live in the backend's memory (device memory for CUDA).          */
+ *             matrices live in the backend's memory (device memory for CUDA). maps
+ *             (optional) holds the matrices' tensor maps as moex_weight_maps_write wrote
+ *             them from this array (see there); NULL: a call that needs them writes them
+ *             into its workspace first.                                                 */
 typedef struct moex_weight {
     moex_tensor t;
     void *const *ptrs;
+    const void *maps;
 } moex_weight;
 
 static inline moex_weight moex_weight_packed(moex_tensor t) {
-    moex_weight w = {t, NULL};
+    moex_weight w = {t, NULL, NULL};
     return w;
 }
 
@@ -301,6 +305,39 @@ MOEX_API moex_status moex_zero_tail_workspace_size(moex_context *ctx, const moex
         size_t *bytes);
 MOEX_API moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args *args, void *workspace,
         size_t workspace_bytes, moex_stream stream);
+
+/* ---- weight_maps_write ----------------------------------------------------------------
+ * A discrete weight's tensor maps, kept by the caller. The CUDA backend's Hopper GEMMs read
+ * each matrix of a discrete weight through tensor maps that hold its address; a call given
+ * a discrete weight without maps writes them into its workspace (one more launch per call).
+ * A caller whose matrices keep their addresses across calls (a framework's parameters)
+ * writes them once into memory it keeps, moex_weight_maps_size bytes, and passes them as
+ * w.maps to the grouped linear forward and backward-data calls. The maps hold the pointers
+ * that w.ptrs holds when this call runs (stream order), and w's dtype and shape: the caller
+ * writes them again whenever either changes, before the next call that reads them (a call
+ * given stale maps reads the old matrices). Writing them is graph-safe; a graph that
+ * captured it rewrites them from the array at each replay.
+ * A matrix that is not 16-byte aligned sets the device flag (moex_context_check_splits:
+ * MOEX_ERR_INVALID_ARG naming this op), and the GEMMs reading its maps give results that
+ * are not meaningful. Backends and devices whose GEMMs read no maps (the CPU, CUDA before
+ * Hopper) and weights the Hopper GEMMs do not read (not bf16 or f16, R or C not a multiple
+ * of 8) need 0 bytes; a call then writes nothing and w.maps may be anything. */
+
+/* The bytes of the maps of a discrete weight described by w->t (dtype and [G, R, C], G >= 1;
+ * w->ptrs and w->maps are not read). */
+MOEX_API moex_status moex_weight_maps_size(moex_context *ctx, const moex_weight *w, size_t *bytes);
+
+typedef struct moex_weight_maps_write_args {
+    moex_weight w;                  /* discrete [G, R, C] (its maps ignored)                */
+    void *maps;                     /* =, moex_weight_maps_size bytes of backend memory,
+                                       128-byte aligned (NULL when that is 0)               */
+    size_t maps_bytes;              /* the bytes at maps, at least moex_weight_maps_size    */
+} moex_weight_maps_write_args;
+
+MOEX_API moex_status moex_weight_maps_write_workspace_size(moex_context *ctx,
+        const moex_weight_maps_write_args *args, size_t *bytes);
+MOEX_API moex_status moex_weight_maps_write(moex_context *ctx, const moex_weight_maps_write_args *args,
+        void *workspace, size_t workspace_bytes, moex_stream stream);
 
 /* ---- Grouped linear ------------------------------------------------------------------ *
  * forward:         y_g = x_g W_g^T (+ b_g | + p_i b_g)

@@ -327,6 +327,44 @@ static void offsets_cases(moex_context *ctx) {
         EXPECT(ctx, fn(ctx, &b_, fx.ws, WS_BYTES, NULL), MOEX_ERR_BAD_SPLITS, "splits[2]");     \
     } while (0)
 
+/* A pointer into the workspace fixture at `off` bytes past a 128-byte boundary. */
+static void *maps_at(size_t off) {
+    const uintptr_t p = (uintptr_t)fx.ws;
+    return (void *)((p + 127u) / 128u * 128u + off);
+}
+
+/* A discrete weight's kept maps (moex_weight_maps_size, moex_weight_maps_write): the CPU
+ * backend's GEMMs read none, so they take 0 bytes and their write writes nothing. */
+static void weight_maps_cases(moex_context *ctx) {
+    const moex_weight packed = base_fw.w;
+    moex_weight discrete = packed;
+    discrete.t.data = NULL, discrete.ptrs = fx.wptr;
+    size_t bytes = 1;
+    OK(ctx, moex_weight_maps_size(ctx, &discrete, &bytes));
+    CHECK_MSG(bytes == 0, "the CPU backend's maps take 0 bytes, got %zu", bytes);
+    EXPECT(NULL, moex_weight_maps_size(NULL, &discrete, &bytes), MOEX_ERR_INVALID_ARG, "ctx");
+    BAD(ctx, moex_weight_maps_size(ctx, NULL, &bytes), "args");
+    BAD(ctx, moex_weight_maps_size(ctx, &discrete, NULL), "bytes");
+    moex_weight bad = discrete;
+    bad.t.dtype = MOEX_DTYPE_I32;
+    BAD(ctx, moex_weight_maps_size(ctx, &bad, &bytes), "w.t");
+    bad = discrete, bad.t.shape[0] = 0;
+    BAD(ctx, moex_weight_maps_size(ctx, &bad, &bytes), "G >= 1");
+    bad = discrete, bad.t.shape[1] = bad.t.shape[2] = (int64_t)1 << 31;
+    BAD(ctx, moex_weight_maps_size(ctx, &bad, &bytes), "too many elements");
+
+    const moex_weight_maps_write_args base = {discrete, NULL, 0};
+    moex_weight_maps_write_args a = base;
+    OK(ctx, moex_weight_maps_write(ctx, &a, NULL, 0, NULL));
+    a.w.maps = maps_at(64);   /* w's own maps are ignored */
+    OK(ctx, moex_weight_maps_write(ctx, &a, NULL, 0, NULL));
+    NULL_CASES(ctx, moex_weight_maps_write, base);
+    WORKSPACE_CASES(ctx, moex_weight_maps_write, a);
+    a = base, a.w = packed;                           BAD(ctx, moex_weight_maps_write(ctx, &a, NULL, 0, NULL), "discrete");
+    a = base, a.w.t.shape[1] = -1;                    BAD(ctx, moex_weight_maps_write(ctx, &a, NULL, 0, NULL), "w");
+    a = base, a.w.ptrs = (void *const *)maps_at(1);   BAD(ctx, moex_weight_maps_write(ctx, &a, NULL, 0, NULL), "w.ptrs");
+}
+
 static void grouped_linear_cases(moex_context *ctx) {
     moex_grouped_linear_args a = base_fw;
     OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
@@ -346,6 +384,7 @@ static void grouped_linear_cases(moex_context *ctx) {
     a = base_fw, a.w.t.ndim = 2;                       FW("w");
     a = base_fw, a.w.t.data = NULL;                    FW("w");
     a = base_fw, a.w.ptrs = fx.wptr;                   FW("ptrs");  /* both forms at once */
+    a = base_fw, a.w.maps = maps_at(0);                FW("maps");  /* maps of a packed weight */
     a = base_fw, a.y.shape[1] = N + 1;                 FW("y");
     a = base_fw, a.y.shape[0] = T - 1;                 FW("y");
     a = base_fw, a.y.dtype = F32;                      FW("y");
@@ -388,6 +427,11 @@ static void grouped_linear_cases(moex_context *ctx) {
         if (need <= WS_BYTES) OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
         BAD(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, need - 1, NULL), "workspace");
     }
+    /* kept maps: not read by the CPU GEMMs (valid), but 128-byte aligned */
+    a = base_fw, a.w.t.data = NULL, a.w.ptrs = fx.wptr, a.w.maps = maps_at(0);
+    OK(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL));
+    a.w.maps = maps_at(64);                            BAD(ctx, moex_grouped_linear_forward(ctx, &a, fx.ws, WS_BYTES, NULL), "w.maps");
+    a = base_fw, a.w.t.data = NULL, a.w.ptrs = fx.wptr;
     {   /* ... but not with a NULL matrix pointer */
         void *saved_ptr = fx.wptr[1];
         fx.wptr[1] = NULL;
@@ -431,6 +475,7 @@ static void grouped_linear_cases(moex_context *ctx) {
     w = base_wg, w.dw.t.shape[2] = K - 1;              WG("dw");
     w = base_wg, w.dw.t.data = NULL;                   WG("dw");
     w = base_wg, w.dw_mode = (moex_grad_mode)3;        WG("grad mode");
+    w = base_wg, w.dw.maps = maps_at(0);               WG("maps");    /* maps of an output */
     w = base_wg, w.dy.shape[0] = T + 1;                WG("dy");
     w = base_wg, w.dy.dtype = F32;                     WG("dy");
     w = base_wg, w.x.ndim = 1;                         WG("x");
@@ -559,6 +604,7 @@ int main(void) {
     CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);
     CHECK(moex_context_backend(ctx) == MOEX_BACKEND_CPU);
     offsets_cases(ctx);
+    weight_maps_cases(ctx);
     grouped_linear_cases(ctx);
     glu_cases(ctx);
     mlp_cases(ctx);

@@ -170,15 +170,44 @@ struct DiscreteWeight {
     at::Tensor stacked;   // the weights stacked (CUDA weights not all 16-byte aligned), else undefined
 };
 
-// The moex_weight of G separate [N, K] weights through `ptrs`, an int64 [G] tensor on their device
-// holding weights[g].data_ptr(), of which `ptrs_host` (int64 [G] on the CPU; ptrs itself on the CPU)
-// is the copy the host reads: the caller keeps both (moex/torch/_linear_layer.py's _WeightPointers)
-// and this function keeps them current, a cache of the weights' addresses: when they differ from
-// ptrs_host (the first call, or a weight changed storage) both are rewritten (on CUDA a copy to the
-// device, so not during CUDA graph capture: ValueError; calls with the same weights, captured or
-// replayed, use the array as it is). On CUDA, weights not all 16-byte aligned (TMA's need) are
-// stacked and passed packed. Checks that the weights are G contiguous tensors of rows' dtype, one
-// shape, on rows' device (ValueError naming weights[g]).
+// ptrs_host's entries past the G addresses: the key of the kept maps (the weights' dtype code,
+// N, K) and the bytes written (0: none).
+constexpr int64_t kMapsKey = 4;
+
+// Where the kept maps start in `ptrs` (int64 [G + ...] on the device): the first 128-byte
+// boundary past the G addresses.
+char* maps_start(const at::Tensor& ptrs, int64_t G) {
+    const uintptr_t end = reinterpret_cast<uintptr_t>(ptrs.data_ptr()) + static_cast<uintptr_t>(G) * 8u;
+    return reinterpret_cast<char*>((end + 127u) / 128u * 128u);
+}
+
+// Writes w's kept maps (moex_weight_maps_write) into ptrs past the addresses on torch's current
+// stream; the bytes written: 0 where the device's GEMMs read none or ptrs has no room for them
+// (the calls then write them into their workspace).
+int64_t write_maps(const at::Tensor& ptrs, moex_weight w) {
+    const int64_t G = w.t.shape[0];
+    Call call(ptrs.device());
+    size_t bytes = 0;
+    call.check_status(moex_weight_maps_size(call.context(), &w, &bytes));
+    char* start = maps_start(ptrs, G);
+    const uintptr_t end = reinterpret_cast<uintptr_t>(ptrs.data_ptr()) + static_cast<uintptr_t>(ptrs.numel()) * 8u;
+    if (bytes == 0 || reinterpret_cast<uintptr_t>(start) + bytes > end) return 0;
+    const moex_weight_maps_write_args a{w, start, bytes};
+    call.run(moex_weight_maps_write_workspace_size, moex_weight_maps_write, a);
+    return static_cast<int64_t>(bytes);
+}
+
+// The moex_weight of G separate [N, K] weights through `ptrs`, int64 on their device: the
+// weights' G addresses, then room for their kept maps (moex_weight_maps_write: weight_maps_size
+// bytes from the first 128-byte boundary past the addresses); `ptrs_host`, int64 [G + kMapsKey]
+// on the CPU, is the copy the host reads (on the CPU ptrs is ptrs_host). The caller keeps both
+// (moex/torch/_linear_layer.py's _WeightPointers) and this function keeps them current, a
+// cache: when the weights' addresses, dtype or shape differ from ptrs_host's (the first call,
+// or a weight changed storage), the addresses are copied to the device and the maps written
+// again, so not during CUDA graph capture (ValueError); calls with the same weights, captured
+// or replayed, use the cache as it is. On CUDA, weights not all 16-byte aligned (TMA's need)
+// are stacked and passed packed. Checks that the weights are G contiguous tensors of rows'
+// dtype, one shape, on rows' device (ValueError naming weights[g]).
 DiscreteWeight discrete_weight(const char* op, const at::Tensor& rows, const at::TensorList& weights,
                                const at::Tensor& ptrs, const at::Tensor& ptrs_host, const at::Tensor& splits) {
     TORCH_CHECK_VALUE(!weights.empty(), "moex.", op, ": weights is empty");
@@ -187,13 +216,15 @@ DiscreteWeight discrete_weight(const char* op, const at::Tensor& rows, const at:
     check(op, "ptrs", ptrs, rows.device(), only(kLong), 1);
     check(op, "ptrs_host", ptrs_host, at::Device(at::kCPU), only(kLong), 1);
     check(op, "splits", splits, rows.device(), only(kLong), 1);
-    TORCH_CHECK_VALUE(ptrs.size(0) == G && ptrs_host.size(0) == G && splits.size(0) == G, "moex.", op, ": ", G,
-                      " weights, ptrs has ", ptrs.size(0), " entries, ptrs_host ", ptrs_host.size(0), " and splits ",
-                      splits.size(0), " groups");
+    TORCH_CHECK_VALUE(ptrs.size(0) >= G && ptrs_host.size(0) == G + kMapsKey && splits.size(0) == G, "moex.", op,
+                      ": ", G, " weights, ptrs has ", ptrs.size(0), " entries (at least G), ptrs_host ",
+                      ptrs_host.size(0), " (G + ", kMapsKey, ") and splits ", splits.size(0), " groups");
     const at::ScalarType rows_type = rows.scalar_type();
     const at::Tensor& w0 = weights[0];
     int64_t* host = ptrs_host.data_ptr<int64_t>();
-    bool stale = false, aligned = true;
+    bool aligned = true;
+    const int64_t key[3] = {dtype_code(rows_type), w0.dim() == 2 ? w0.size(0) : -1, w0.dim() == 2 ? w0.size(1) : -1};
+    bool stale = host[G] != key[0] || host[G + 1] != key[1] || host[G + 2] != key[2];
     for (int64_t g = 0; g < G; ++g) {
         const at::Tensor& w = weights[g];
         if (!(w.device() == rows.device() && w.scalar_type() == rows_type && w.dim() == 2 && w.is_contiguous() &&
@@ -207,13 +238,6 @@ DiscreteWeight discrete_weight(const char* op, const at::Tensor& rows, const at:
         stale = stale || host[g] != address;
         aligned = aligned && address % 16 == 0;
     }
-    if (stale) {
-        TORCH_CHECK_VALUE(!capturing(rows), "moex.", op, ": the weights' addresses changed during CUDA graph "
-                          "capture; run the layer once outside capture after its weights change storage");
-        for (int64_t g = 0; g < G; ++g) host[g] = reinterpret_cast<int64_t>(weights[g].data_ptr());
-        if (!ptrs.is_same(ptrs_host))
-            ptrs.variable_data().copy_(ptrs_host);   // (a cache: autograd's version of ptrs stays)
-    }
     DiscreteWeight d;
     d.w.t.dtype = dtype_code(rows_type);
     d.w.t.ndim = 3;
@@ -223,10 +247,39 @@ DiscreteWeight discrete_weight(const char* op, const at::Tensor& rows, const at:
     if (rows.is_cuda() && !aligned) {
         d.stacked = at::stack(weights);
         d.w.t.data = d.stacked.data_ptr();
-    } else {
-        d.w.ptrs = reinterpret_cast<void* const*>(ptrs.data_ptr());
+        return d;
     }
+    d.w.ptrs = reinterpret_cast<void* const*>(ptrs.data_ptr());
+    if (stale) {
+        TORCH_CHECK_VALUE(!capturing(rows), "moex.", op, ": the weights' addresses changed during CUDA graph "
+                          "capture; run the layer once outside capture after its weights change storage");
+        for (int64_t g = 0; g < G; ++g) host[g] = reinterpret_cast<int64_t>(weights[g].data_ptr());
+        host[G] = key[0], host[G + 1] = key[1], host[G + 2] = key[2], host[G + 3] = 0;
+        if (!ptrs.is_same(ptrs_host)) {   // (a cache: autograd's version of ptrs stays)
+            ptrs.variable_data().narrow(0, 0, G).copy_(ptrs_host.narrow(0, 0, G));
+            host[G + 3] = write_maps(ptrs, d.w);
+        }
+    }
+    if (host[G + 3] > 0) d.w.maps = maps_start(ptrs, G);
     return d;
+}
+
+// The bytes of the kept maps of G matrices like `weight` on its device (moex_weight_maps_size;
+// 0 where its GEMMs read none): _WeightPointers sizes ptrs with it.
+int64_t weight_maps_size(const at::Tensor& weight, int64_t groups) {
+    const char* op = "weight_maps_size";
+    check(op, "weight", weight, weight.device(), kFloats, 2);
+    TORCH_CHECK_VALUE(groups >= 1, "moex.", op, ": groups is ", groups, ", must be >= 1");
+    moex_weight w{};
+    w.t.dtype = dtype_code(weight.scalar_type());
+    w.t.ndim = 3;
+    w.t.shape[0] = groups;
+    w.t.shape[1] = weight.size(0);
+    w.t.shape[2] = weight.size(1);
+    Call call(weight.device());
+    size_t bytes = 0;
+    call.check_status(moex_weight_maps_size(call.context(), &w, &bytes));
+    return static_cast<int64_t>(bytes);
 }
 
 // y [T, N] = grouped_linear_forward with the weights `weights` (ptrs, ptrs_host: discrete_weight).
@@ -716,6 +769,7 @@ void register_kernels(torch::Library& m) {
     m.impl("grouped_linear_backward_weight_accumulate", TORCH_FN(grouped_linear_backward_weight_accumulate));
     m.impl("grouped_linear_discrete_forward", TORCH_FN(grouped_linear_discrete_forward));
     m.impl("grouped_linear_discrete_backward_data", TORCH_FN(grouped_linear_discrete_backward_data));
+    m.impl("weight_maps_size", TORCH_FN(weight_maps_size));
     m.impl("grouped_mlp_forward", TORCH_FN(grouped_mlp_forward));
     m.impl("grouped_mlp_backward", TORCH_FN(grouped_mlp_backward));
     m.impl("moe_layer_forward", TORCH_FN(moe_layer_forward));

@@ -19,14 +19,15 @@ TORCH_LIBRARY(moex, m) {
     m.def("grouped_linear_backward_weight_accumulate(Tensor x, Tensor dy, Tensor splits, Tensor(a3!) main_grad, "
           MOEX_FP8_ARGS ") -> ()");
     // ---- grouped linear on G separate [N, K] weights (GroupedLinear's weight0..), through ptrs, an
-    // int64 [G] tensor of their addresses on their device (moex's discrete weights), and ptrs_host,
-    // its copy on the CPU: a cache that the operators keep current (kernels.cpp's discrete_weight);
-    // C++ only, eager only
+    // int64 tensor of their addresses on their device (moex's discrete weights) followed by room
+    // for their kept maps (weight_maps_size bytes), and ptrs_host, the copy the host reads: a cache
+    // that the operators keep current (kernels.cpp's discrete_weight); C++ only, eager only
     m.def("grouped_linear_discrete_forward(Tensor x, Tensor[] weights, Tensor ptrs, Tensor ptrs_host, Tensor splits, "
           "Tensor? bias, Tensor? probs, SymInt bias_mode, " MOEX_FP8_ARGS ") -> Tensor");
     m.def("grouped_linear_discrete_backward_data(Tensor dy, Tensor[] weights, Tensor ptrs, Tensor ptrs_host, Tensor splits, "
           "Tensor? bias, Tensor? probs, SymInt bias_mode, bool need_dx, bool need_dbias, bool need_dprobs, "
           MOEX_FP8_ARGS ") -> (Tensor, Tensor, Tensor)");
+    m.def("weight_maps_size(Tensor weight, int groups) -> int");
     // ---- grouped MLP (docs/ops.md section 4)
     m.def("grouped_mlp_forward(Tensor x, Tensor w1, Tensor? b1, Tensor w2, Tensor? b2, Tensor? probs, Tensor splits, "
           "SymInt b2_mode, " MOEX_GLU_ARGS ", bool save_z, " MOEX_FP8_ARGS ") -> (Tensor, Tensor, Tensor)");

@@ -27,8 +27,8 @@ class Tensor(ctypes.Structure):
 
 
 class Weight(ctypes.Structure):
-    """moex_weight: packed [G, R, C] in t, or G matrices through ptrs."""
-    _fields_ = [("t", Tensor), ("ptrs", ctypes.c_void_p)]
+    """moex_weight: packed [G, R, C] in t, or G matrices through ptrs (and their kept maps)."""
+    _fields_ = [("t", Tensor), ("ptrs", ctypes.c_void_p), ("maps", ctypes.c_void_p)]
 
 
 FP8_OFF, FP8_BLOCK, FP8_CURRENT, FP8_MXFP8 = 0, 1, 2, 3
@@ -45,6 +45,11 @@ class Fp8Recipe(ctypes.Structure):
 class ZeroTailArgs(ctypes.Structure):
     """moex_zero_tail_args: x [T, ...] whose rows at and past sum(splits) become zero bytes."""
     _fields_ = [("x", Tensor), ("splits", Tensor)]
+
+
+class WeightMapsWriteArgs(ctypes.Structure):
+    """moex_weight_maps_write_args: a discrete weight's kept maps written into maps."""
+    _fields_ = [("w", Weight), ("maps", ctypes.c_void_p), ("maps_bytes", ctypes.c_size_t)]
 
 
 class GroupedLinearArgs(ctypes.Structure):
@@ -254,6 +259,7 @@ OPS = {"grouped_linear_forward": GroupedLinearArgs, "grouped_linear_backward_dat
        "weight_quantize": WeightQuantizeArgs, "weight_dequantize": WeightDequantizeArgs,
        "grouped_linear_fp8_forward": GroupedLinearFp8Args,
        "grouped_linear_fp8_backward_weight": GroupedLinearFp8WgradArgs, "zero_tail": ZeroTailArgs,
+       "weight_maps_write": WeightMapsWriteArgs,
        "ep_dispatch_forward": EpDispatchArgs, "ep_dispatch_backward": EpDispatchGradArgs,
        "ep_combine_forward": EpCombineArgs, "ep_combine_backward": EpCombineGradArgs,
        "ep_moe_layer_forward": EpMoeLayerArgs, "ep_moe_layer_backward": EpMoeLayerGradArgs}

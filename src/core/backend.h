@@ -220,6 +220,13 @@ typedef struct moex_backend_ops {
     moex_status (*weight_dequantize)(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
                                      const moex_quant_dims *d, void *ws);
 
+    /* A discrete weight's maps (moex_weight_maps_write, d: G, N, K, dt; T unused): their bytes
+     * (0: this backend's GEMMs read none, and weight_maps_write is never called), and a->maps
+     * = the maps of a->w's matrices. */
+    size_t (*weight_maps_size)(moex_context *ctx, const moex_gl_dims *d);
+    moex_status (*weight_maps_write)(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                     const moex_gl_dims *d);
+
     /* Grouped weights from one form and dtype into another (moex_weight_copy_args). */
     size_t (*weight_copy_ws)(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
     moex_status (*weight_copy)(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,

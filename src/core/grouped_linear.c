@@ -1,10 +1,12 @@
 /*
- * grouped_linear.c - moex_splits_to_offsets, moex_zero_tail and the grouped linear layer:
+ * grouped_linear.c - moex_splits_to_offsets, moex_zero_tail, a discrete weight's maps
+ * (moex_weight_maps_size, moex_weight_maps_write) and the grouped linear layer:
  * validation and composition (the math: docs/ops.md 1, 2; the FP8 recipe 9.11), and the
  * grouped linear's GEMMs in either precision, which the grouped MLP's plan runs too (op.h).
  *
  *   splits_to_offsets:  the backend's splits_to_offsets primitive
  *   zero_tail:          prepare the groups, zero_tail
+ *   weight_maps_write:  the backend's weight_maps_write primitive (nothing when it needs none)
  *   forward:            prepare the groups; x's and W's rowwise copies; y = x W^T (+ bias)
  *   backward_data:      prepare the groups; dbias, dprobs (FP8: first, on dy); dy's rowwise and
  *                       W's columnwise copies; dx = dy W (plain: with dbias and dprobs)
@@ -97,6 +99,47 @@ moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const m
     moex_groups g;
     MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, groups, &g));
     return moex_ops(ctx)->zero_tail(ctx, c, &g, a, d, sub);
+}
+
+/* ---- weight_maps_write ------------------------------------------------------------------ */
+
+/* d from a discrete weight w of any shape (its maps not checked: the maps' own calls). */
+static moex_status weight_maps_dims(moex_context *ctx, const char *op, const moex_weight *w, moex_gl_dims *d) {
+    if (!w->ptrs)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w is not a discrete weight (ptrs is NULL); only "
+                         "discrete weights have maps", op);
+    moex_weight plain = *w;
+    plain.maps = NULL;
+    MOEX_TRY(moex_check_weight(ctx, op, "w", &plain, -1, -1, -1, MOEX_DT_FLOAT));
+    d->G = w->t.shape[0], d->N = w->t.shape[1], d->K = w->t.shape[2], d->T = 0, d->dt = w->t.dtype;
+    return MOEX_OK;
+}
+
+moex_status moex_op_weight_maps_write_validate(moex_context *ctx, const char *op,
+                                               const moex_weight_maps_write_args *a, moex_purpose p,
+                                               moex_gl_dims *d) {
+    (void)p;
+    MOEX_TRY(weight_maps_dims(ctx, op, &a->w, d));
+    const size_t need = moex_ops(ctx)->weight_maps_size(ctx, d);
+    if (need == 0) return MOEX_OK;
+    if (a->maps_bytes < need)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: maps_bytes = %zu, the maps need %zu (moex_weight_maps_size)",
+                         op, a->maps_bytes, need);
+    if (!a->maps || (uintptr_t)a->maps % MOEX_WEIGHT_MAPS_ALIGN != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: maps (%p) must be %d-byte aligned device memory", op,
+                         a->maps, MOEX_WEIGHT_MAPS_ALIGN);
+    return moex_record_span(ctx, op, "maps", a->maps, need, MOEX_SPAN_OUT);
+}
+
+size_t moex_op_weight_maps_write_ws(moex_context *ctx, const moex_weight_maps_write_args *a, const moex_gl_dims *d) {
+    (void)ctx, (void)a, (void)d;
+    return 0;
+}
+
+moex_status moex_op_weight_maps_write_run(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                          const moex_gl_dims *d, void *ws) {
+    (void)ws;
+    return moex_ops(ctx)->weight_maps_size(ctx, d) > 0 ? moex_ops(ctx)->weight_maps_write(ctx, c, a, d) : MOEX_OK;
 }
 
 /* ---- the precision: the FP8 operands ----------------------------------------------------
@@ -603,6 +646,33 @@ moex_status moex_zero_tail_workspace_size(moex_context *ctx, const moex_zero_tai
 moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args *args, void *workspace,
                            size_t workspace_bytes, moex_stream stream) {
     return moex_op_run(ctx, MOEX_OP_ZERO_TAIL, args, workspace, workspace_bytes, stream);
+}
+
+moex_status moex_weight_maps_size(moex_context *ctx, const moex_weight *w, size_t *bytes) {
+    const char *op = "moex_weight_maps_size";
+    MOEX_TRY(moex_enter(ctx, op, w));
+    if (!bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: bytes is NULL", op);
+    const moex_tensor *t = &w->t;   /* a description only: nothing behind ptrs is read */
+    if (t->ndim != 3 || (unsigned)t->dtype > (unsigned)MOEX_DTYPE_E8M0 || !(MOEX_DT_FLOAT & MOEX_DT(t->dtype)) ||
+        t->shape[0] < 1 || t->shape[1] < 0 || t->shape[2] < 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w.t must describe a [G, R, C] f32, bf16 or f16 weight with "
+                         "G >= 1, got ndim %d, dtype %s, [%lld, %lld, %lld]", op, (int)t->ndim, moex_dtype_name(t->dtype),
+                         (long long)t->shape[0], (long long)t->shape[1], (long long)t->shape[2]);
+    MOEX_TRY(moex_check_internal(ctx, op, "w", t->shape[0], t->shape[1]));
+    MOEX_TRY(moex_check_internal(ctx, op, "w", t->shape[0] * t->shape[1], t->shape[2]));
+    const moex_gl_dims d = {t->shape[0], 0, t->shape[2], t->shape[1], t->dtype};
+    *bytes = moex_ops(ctx)->weight_maps_size(ctx, &d);
+    return MOEX_OK;
+}
+
+moex_status moex_weight_maps_write_workspace_size(moex_context *ctx, const moex_weight_maps_write_args *args,
+                                                  size_t *bytes) {
+    return moex_op_workspace_size(ctx, MOEX_OP_WEIGHT_MAPS_WRITE, args, bytes);
+}
+
+moex_status moex_weight_maps_write(moex_context *ctx, const moex_weight_maps_write_args *args, void *workspace,
+                                   size_t workspace_bytes, moex_stream stream) {
+    return moex_op_run(ctx, MOEX_OP_WEIGHT_MAPS_WRITE, args, workspace, workspace_bytes, stream);
 }
 
 moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,

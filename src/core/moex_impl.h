@@ -28,6 +28,7 @@ extern "C" {
 
 #define MOEX_MSG_LEN 1024
 #define MOEX_WS_ALIGN 256   /* the core hands backends workspaces aligned to this */
+#define MOEX_WEIGHT_MAPS_ALIGN 128   /* a discrete weight's maps (include/moex.h: weight_maps_write) */
 
 /* ---- Validated dimensions, one struct per operation family ------------------------- */
 

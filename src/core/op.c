@@ -31,6 +31,7 @@ static moex_status op_validate(moex_context *ctx, moex_op_id id, const char *op,
     switch (id) {
     case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_validate(ctx, op, a, p, &d->splits);
     case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_validate(ctx, op, a, p, &d->tail);
+    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_validate(ctx, op, a, p, &d->gl);
     case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_validate(ctx, op, a, p, &d->gl);
     case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA:
         return moex_op_grouped_linear_backward_data_validate(ctx, op, a, p, &d->gl);
@@ -72,6 +73,7 @@ static size_t op_ws(moex_context *ctx, moex_op_id id, const void *a, const moex_
     switch (id) {
     case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_ws(ctx, a, &d->splits);
     case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_ws(ctx, a, &d->tail);
+    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_ws(ctx, a, &d->gl);
     case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_ws(ctx, a, &d->gl);
     case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA: return moex_op_grouped_linear_backward_data_ws(ctx, a, &d->gl);
     case MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT: return moex_op_grouped_linear_backward_weight_ws(ctx, a, &d->gl);
@@ -111,6 +113,7 @@ static moex_status op_run(moex_context *ctx, moex_op_id id, const moex_call *c, 
     switch (id) {
     case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_run(ctx, c, a, &d->splits, ws);
     case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_run(ctx, c, a, &d->tail, ws);
+    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_run(ctx, c, a, &d->gl, ws);
     case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_run(ctx, c, a, &d->gl, ws);
     case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA: return moex_op_grouped_linear_backward_data_run(ctx, c, a, &d->gl, ws);
     case MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT:

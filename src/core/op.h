@@ -42,6 +42,12 @@ moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const 
 size_t moex_op_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
 moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const moex_zero_tail_args *a,
                                   const moex_tail_dims *d, void *ws);
+moex_status moex_op_weight_maps_write_validate(moex_context *ctx, const char *op,
+                                               const moex_weight_maps_write_args *a, moex_purpose p,
+                                               moex_gl_dims *d);
+size_t moex_op_weight_maps_write_ws(moex_context *ctx, const moex_weight_maps_write_args *a, const moex_gl_dims *d);
+moex_status moex_op_weight_maps_write_run(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                          const moex_gl_dims *d, void *ws);
 moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
                                                     const moex_grouped_linear_args *a, moex_purpose p,
                                                     moex_gl_dims *d);

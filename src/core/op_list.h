@@ -15,6 +15,7 @@
 #define MOEX_OPS(X)                                                                               \
     X(SPLITS_TO_OFFSETS, splits_to_offsets, moex_splits_to_offsets_args, moex_splits_dims)                  \
     X(ZERO_TAIL, zero_tail, moex_zero_tail_args, moex_tail_dims)                                            \
+    X(WEIGHT_MAPS_WRITE, weight_maps_write, moex_weight_maps_write_args, moex_gl_dims)                      \
     X(GROUPED_LINEAR_FORWARD, grouped_linear_forward, moex_grouped_linear_args, moex_gl_dims)               \
     X(GROUPED_LINEAR_BACKWARD_DATA, grouped_linear_backward_data, moex_grouped_linear_dgrad_args, moex_gl_dims) \
     X(GROUPED_LINEAR_BACKWARD_WEIGHT, grouped_linear_backward_weight, moex_grouped_linear_wgrad_args, moex_gl_dims) \

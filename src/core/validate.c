@@ -163,6 +163,12 @@ moex_status moex_check_optional_output(moex_context *ctx, const char *op, const 
 static moex_status check_weight_as(moex_context *ctx, const char *op, const char *name, const moex_weight *w,
                                    int64_t G, int64_t R, int64_t C, unsigned dtypes, moex_span_role role) {
     const int64_t shape[3] = {G, R, C};
+    if (w->maps && (!w->ptrs || role == MOEX_SPAN_OUT))
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s has maps, which only a discrete weight that is read has "
+                         "(include/moex.h: weight_maps_write)", op, name);
+    if ((uintptr_t)w->maps % MOEX_WEIGHT_MAPS_ALIGN != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s.maps (%p) is not %d-byte aligned", op, name, w->maps,
+                         MOEX_WEIGHT_MAPS_ALIGN);
     if (!w->ptrs) return check_tensor_as(ctx, op, name, &w->t, 3, shape, dtypes, role);
     if (w->t.data)
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG,

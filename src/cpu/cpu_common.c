@@ -197,6 +197,14 @@ void moex_cpu_store_f32_rows(moex_context *ctx, void *dst, moex_dtype dt, const 
     moex_cpu_parallel_for(ctx, rows, 1 + STORE_GRAIN_ELEMS / cols, store_rows, &j);
 }
 
+/* The CPU GEMMs read a discrete weight through its pointers: no maps. */
+size_t moex_cpu_weight_maps_size(moex_context *ctx, const moex_gl_dims *d) { return 0; }
+
+moex_status moex_cpu_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                       const moex_gl_dims *d) {
+    return MOEX_OK;
+}
+
 size_t moex_cpu_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d) { return 0; }
 
 /* Matrix by matrix, row by row through an f32 row (the rounding of moex_cpu_store_f32). */

@@ -66,6 +66,9 @@ moex_status moex_cpu_weight_dequantize(moex_context *ctx, const moex_call *c, co
 size_t moex_cpu_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
 moex_status moex_cpu_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g,
                                const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+size_t moex_cpu_weight_maps_size(moex_context *ctx, const moex_gl_dims *d);
+moex_status moex_cpu_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                       const moex_gl_dims *d);
 size_t moex_cpu_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
 moex_status moex_cpu_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
                                  const moex_gl_dims *d, void *ws);

@@ -10,8 +10,9 @@
  * On Hopper the forward (with its bias, and for the MLP's FC1 with the scaled GLU fused), the
  * backward-data product dx = dy W and the weight gradient run on the sm_90a kernels
  * (sm90_grouped_gemm.h) when they support the shapes (discrete weights through their
- * per-group tensor maps, in the primitive's workspace: moex_cuda_weight_maps_take; the weight
- * gradient into a packed dW); everything else runs on the portable kernel
+ * per-group tensor maps, the caller's kept ones or in the primitive's workspace:
+ * moex_cuda_weight_maps_take; the weight gradient into a packed dW); everything else runs on
+ * the portable kernel
  * (sm80_grouped_gemm.cu).
  */
 #include "cuda_ops.h"

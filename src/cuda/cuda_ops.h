@@ -145,7 +145,8 @@ struct moex_sm90_epilogue;
 
 /* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
  * Hopper kernel when the context allows it and the kernel supports the arguments (device
- * splits; packed weights, or discrete ones with w_maps from moex_cuda_weight_maps_take);
+ * splits; packed weights, or discrete ones with their kept maps, w->maps, or w_maps from
+ * moex_cuda_weight_maps_take);
  * *ran says whether it did (false: nothing launched). */
 moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cuda_sched *s, moex_dtype dt,
                                 int64_t K, int64_t N, const void *x, const moex_weight *w, void *w_maps, void *y,
@@ -159,8 +160,13 @@ moex_status moex_cuda_sm90_wgrad(moex_context *ctx, const char *op, const moex_c
  * nothing (NULL). From shapes, dtypes and options only. */
 void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_grouped_linear_args *fwd);
 /* Takes from c the scratch in which the Hopper kernel keeps the tensor maps of the discrete
- * weight w (G matrices), or nothing (NULL) for a packed one or without the Hopper kernels. */
+ * weight w (G matrices), or nothing (NULL) for a packed one, one whose maps the caller keeps
+ * (w->maps), or without the Hopper kernels. */
 void *moex_cuda_weight_maps_take(moex_context *ctx, moex_carver *c, const moex_weight *w);
+/* The weight_maps_write primitives (backend.h): the Hopper kernels' kept maps. */
+size_t moex_cuda_weight_maps_size(moex_context *ctx, const moex_gl_dims *d);
+moex_status moex_cuda_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                        const moex_gl_dims *d);
 /* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
  * (st->sm90_ctx); release frees it (accepts none). */
 moex_status moex_cuda_sm90_prepare(moex_context *ctx);

@@ -6,6 +6,13 @@
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"
 
+/* w's kept maps (moex_weight_maps_write's) where the Hopper kernels read them, else NULL. */
+static const void *kept_maps(const moex_sm90_context *sc, const moex_weight *w) {
+    if (w->ptrs == NULL || w->maps == NULL) return NULL;
+    const moex_tensor *t = &w->t;
+    return moex_sm90_kept_maps_bytes(sc, t->dtype, t->shape[0], t->shape[1], t->shape[2]) > 0 ? w->maps : NULL;
+}
+
 /* Runs y = x W_g^T with the epilogue e (NULL: none; dgrad: dx = dy W_g, e NULL) on the
  * Hopper kernel when the context allows it and the kernel supports the arguments; *ran says
  * whether it did. */
@@ -15,10 +22,12 @@ moex_status moex_cuda_sm90_rows(moex_context *ctx, const char *op, const moex_cu
     *ran = false;
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     /* T == 0 launches nothing here: the portable path then checks the splits */
-    if (sc == NULL || !s->splits || (w->ptrs && !w_maps) || s->T == 0) return MOEX_OK;
+    const void *kept = kept_maps(sc, w);
+    if (sc == NULL || !s->splits || (w->ptrs && !w_maps && !kept) || s->T == 0) return MOEX_OK;
     moex_sm90_gemm_args a = {dt, s->G, s->T, K, N, x, w->t.data, y, s->splits, NULL, 0, s->gemm_ws};
     a.w_ptrs = w->ptrs;
     a.w_maps = w->ptrs ? w_maps : NULL;
+    a.w_maps_kept = kept;
     if (!moex_sm90_epilogue_supported(sc, &a, e)) return MOEX_OK;
     a.bad_flag = moex_cuda_bad_splits_flag(ctx, s, &a.bad_value);   /* the kernel clamps as the schedule does */
     a.bad_align_value = (a.bad_value & ~15) | MOEX_CUDA_BAD_ALIGN;
@@ -70,8 +79,22 @@ void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_group
 
 void *moex_cuda_weight_maps_take(moex_context *ctx, moex_carver *c, const moex_weight *w) {
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
-    if (sc == NULL || w->ptrs == NULL) return NULL;
+    if (sc == NULL || w->ptrs == NULL || kept_maps(sc, w) != NULL) return NULL;
     return moex_take(c, moex_sm90_weight_maps_bytes(w->t.shape[0]));
+}
+
+size_t moex_cuda_weight_maps_size(moex_context *ctx, const moex_gl_dims *d) {
+    return moex_sm90_kept_maps_bytes(moex_cuda_st(ctx)->sm90_ctx, d->dt, d->G, d->N, d->K);
+}
+
+moex_status moex_cuda_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
+                                        const moex_gl_dims *d) {
+    moex_cuda_state *st = moex_cuda_st(ctx);
+    const int bad_value = ((int)c->id << 4) | MOEX_CUDA_BAD_ALIGN;
+    const char *why = "";
+    const moex_status s = moex_sm90_kept_maps_write(st->sm90_ctx, d->dt, d->G, d->N, d->K, a->w.ptrs, a->maps,
+                                                    st->flag, bad_value, c->stream, &why);
+    return s == MOEX_OK ? MOEX_OK : moex_fail(ctx, s, "%s: %s", c->op, why);
 }
 
 /* The Hopper state of a context whose device may run the kernels (st->sm90): kernel

@@ -70,16 +70,25 @@ cudaError_t sm90_fp8_wgrad_prepare(int sms, int *slots, const char **why);
 cudaError_t sm90_rows_probe(cudaFuncAttributes *fa);
 
 /* The per-group weight maps of a discrete weight (sm90_weight_maps.cu), written by one launch
- * on stream before the GEMM that reads them: maps[SM90_WEIGHT_MAPS * g + j] is t->m[j] with
- * its global address set to ptrs[g]; a pointer that is not 16-byte aligned is aligned down
- * (still inside its allocation, so the loads cannot fault) and sets *bad_flag to bad_value
- * (when bad_flag is not NULL and *bad_flag is 0). maps: 128-byte aligned device memory. */
-#define SM90_WEIGHT_MAPS 2
+ * on stream before the GEMMs that read them: planes of G maps, maps[j * G + g] being t->m[j]
+ * (j < t->n) with its global address set to ptrs[g]; a pointer that is not 16-byte aligned is
+ * aligned down (still inside its allocation, so the loads cannot fault) and sets *bad_flag to
+ * bad_value (when bad_flag is not NULL and *bad_flag is 0). maps: 128-byte aligned device
+ * memory. A GEMM call writes the two maps it reads into its scratch (planes w, wb); the kept
+ * maps (moex_sm90_kept_maps_write) are one plane per box height of SM90_KEPT_ROWS, from
+ * which each launch picks its two (sm90_kept_plane). */
+#define SM90_WEIGHT_PLANES_MAX 3
 typedef struct sm90_weight_templates {
-    CUtensorMap m[SM90_WEIGHT_MAPS];
+    CUtensorMap m[SM90_WEIGHT_PLANES_MAX];
+    int n;
 } sm90_weight_templates;
 cudaError_t sm90_weight_maps_write(const sm90_weight_templates *t, void *const *ptrs, int G, CUtensorMap *maps,
                                    int *bad_flag, int bad_value, cudaStream_t stream);
+/* The box heights of the kept planes: the forward's w, a cluster's row-pair half (wb), and
+ * 64 rows (the dgrad's w, wb without clusters). */
+#define SM90_KEPT_PLANES 3
+static const cuuint32_t SM90_KEPT_ROWS[SM90_KEPT_PLANES] = {SM90_BN, SM90_BN / 2, 64};
+static inline int sm90_kept_plane(cuuint32_t rows) { return rows == SM90_BN ? 0 : rows == SM90_BN / 2 ? 1 : 2; }
 
 /* The attribute (smem bytes of dynamic shared memory) and the cluster count of one kernel
  * (cm CTAs per cluster; with cm = 1 the slots are left alone). */
@@ -191,12 +200,26 @@ static inline bool sm90_make_dw_map(const moex_sm90_context *c, CUtensorMap *m, 
     return sm90_make_map(c, m, dt, dw, 3, dims, box, promo, kernel, "dw", NULL);
 }
 
+/* A map of grouped weights [G, N, K] (dims innermost first: K, N, G; a discrete weight's
+ * template G = 1, whose address the device sets per matrix): boxes of SM90_BK by `rows`, as
+ * sm90_make_map (kernel names the kernel for *why). */
+static inline bool sm90_make_weight_map(const moex_sm90_context *c, CUtensorMap *m, moex_dtype dt, const void *base,
+                                        int64_t G, int64_t N, int64_t K, cuuint32_t rows,
+                                        CUtensorMapL2promotion promo, const char *kernel, const char **why) {
+    const cuuint64_t dims[3] = {(cuuint64_t)K, (cuuint64_t)N, (cuuint64_t)G};
+    const cuuint32_t box[3] = {SM90_BK, rows, 1};
+    return sm90_make_map(c, m, dt, base, 3, dims, box, promo, kernel, "w", why);
+}
+
 /* Whether the common shape limits hold: G in [1, 2^31), T in [0, 2^31 - 128), K and N
- * multiples of 8 in [8, 2^30], splits 8-byte aligned. */
+ * multiples of 8 in [8, 2^30] (sm90_features_ok), splits 8-byte aligned. */
+static inline bool sm90_features_ok(int64_t K, int64_t N) {
+    return K >= 8 && N >= 8 && K % 8 == 0 && N % 8 == 0 && K <= INT32_MAX / 2 && N <= INT32_MAX / 2;
+}
+
 static inline bool sm90_shape_ok(int64_t G, int64_t T, int64_t K, int64_t N, const int64_t *splits) {
     if (G < 1 || G > INT32_MAX || T < 0 || T > (int64_t)INT32_MAX - SM90_BM) return false;
-    if (K < 8 || N < 8 || K % 8 != 0 || N % 8 != 0) return false;
-    if (K > INT32_MAX / 2 || N > INT32_MAX / 2) return false;
+    if (!sm90_features_ok(K, N)) return false;
     return splits != NULL && ((uintptr_t)splits & 7u) == 0;
 }
 

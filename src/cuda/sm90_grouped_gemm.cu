@@ -67,9 +67,10 @@ typedef struct sm90_rows_params {
     float4 *sk_part;            /* stream-K partials (NULL: none) and flags                    */
     int *sk_flag;
     int sk_min;                 /* stream-K's threshold in k steps, as the plan's              */
-    const CUtensorMap *wmaps;   /* discrete weights: group g's w and wb maps at
-                                   wmaps[SM90_WEIGHT_MAPS * g + {0, 1}] (their group
-                                   coordinate 0); NULL: packed, m.w and m.wb                 */
+    const CUtensorMap *wmaps_w; /* discrete weights: group g's w and wb maps at wmaps_w[g]
+                                   and wmaps_wb[g] (their group coordinate 0); NULL:
+                                   packed, m.w and m.wb                                      */
+    const CUtensorMap *wmaps_wb;
 } sm90_rows_params;
 
 /* ---- the kernel ----------------------------------------------------------------------------
@@ -121,13 +122,13 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             const int64_t U = sk ? sm90_units_total(splits, G, T, units) : 0;
             if (tid == 0) {   /* the walk: one thread issues every load */
                 sm90_tma_prefetch_map(&m.x);
-                sm90_tma_prefetch_map(!TB && (CM > 1 || EPI == MOEX_SM90_EPI_GLU_CONTIG) ? &m.wb : &m.w);
+                if (p.wmaps_w == NULL)
+                    sm90_tma_prefetch_map(!TB && (CM > 1 || EPI == MOEX_SM90_EPI_GLU_CONTIG) ? &m.wb : &m.w);
                 sm90_walk wk;
                 sm90_walk_start(&wk, sk, U, nk, CM, sk_min);
                 const sm90_cursor &cur = wk.cur;
                 uint32_t it = 0;
                 const uint16_t both = (uint16_t)((1u << CM) - 1u);
-                const CUtensorMap *const wmaps = p.wmaps;
                 int acquired = -1;   /* the group whose discrete maps this thread acquired last */
                 while (sm90_walk_next<false>(&wk, splits, G, T, units)) {
                     int64_t m0;
@@ -136,9 +137,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     /* the weight maps and their group coordinate */
                     const CUtensorMap *mw = &m.w, *mwb = &m.wb;
                     int wz = cur.g;
-                    if (wmaps != NULL) {
-                        mw = wmaps + SM90_WEIGHT_MAPS * cur.g;
-                        mwb = mw + 1;
+                    if (p.wmaps_w != NULL) {
+                        mw = p.wmaps_w + cur.g;
+                        mwb = p.wmaps_wb + cur.g;
                         wz = 0;
                         if (cur.g != acquired) {
                             sm90_tensormap_acquire(mw);
@@ -373,9 +374,11 @@ extern "C" bool moex_sm90_supported(const moex_sm90_context *c, const moex_sm90_
     if (a->dtype != MOEX_DTYPE_BF16 && a->dtype != MOEX_DTYPE_F16) return false;
     if (!sm90_shape_ok(a->G, a->T, a->K, a->N, a->splits)) return false;
     if (!sm90_aligned16(a->x) || !sm90_aligned16(a->w) || !sm90_aligned16(a->y)) return false;
-    if (a->w_ptrs != NULL &&
-        (a->w != NULL || a->w_maps == NULL || ((uintptr_t)a->w_maps & 127u) != 0 || ((uintptr_t)a->w_ptrs & 7u) != 0))
+    const void *maps = a->w_maps_kept != NULL ? a->w_maps_kept : a->w_maps;
+    if (a->w_ptrs != NULL && (a->w != NULL || maps == NULL || ((uintptr_t)maps & 127u) != 0 ||
+                              ((uintptr_t)a->w_ptrs & 7u) != 0))
         return false;
+    if (a->w_ptrs == NULL && a->w_maps_kept != NULL) return false;
     if (a->w_ptrs == NULL && a->w == NULL) return false;
     return a->workspace == NULL || sm90_aligned16(a->workspace);
 }
@@ -436,18 +439,20 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     sm90_rows_maps km;
     sm90_epi ke;
     sm90_rows_params kp;
+    memset(&km, 0, sizeof km);
     memset(&ke, 0, sizeof ke);
     memset(&kp, 0, sizeof kp);
     const CUtensorMapL2promotion promo = sm90_l2_promotion(plan.l2_promotion);
     const cuuint64_t xdims[2] = {(cuuint64_t)red, (cuuint64_t)a->T};
     const cuuint32_t xbox[2] = {SM90_BK, (cuuint32_t)bm}, xhbox[2] = {SM90_BK, 64};
-    /* discrete weights: the maps of one matrix, a template whose address the device sets per
-     * group (sm90_weight_maps.cu); any 16-byte aligned address stands in meanwhile */
-    const bool discrete = a->w_ptrs != NULL;
+    /* the weight maps w and wb, boxes of w_rows and wb_rows rows. A discrete weight's are per
+     * group: the caller's kept planes of those heights, or written before the launch from
+     * templates of one matrix whose address the device sets per group (sm90_weight_maps.cu;
+     * any 16-byte aligned address stands in meanwhile) */
+    const bool discrete = a->w_ptrs != NULL, kept = a->w_maps_kept != NULL;
+    const cuuint32_t w_rows = dgrad ? 64u : (cuuint32_t)SM90_BN, wb_rows = cm > 1 ? SM90_BN / 2u : 64u;
     const void *wbase = discrete ? a->w_maps : a->w;
-    const cuuint64_t wdims[3] = {(cuuint64_t)a->K, (cuuint64_t)a->N, discrete ? 1u : (cuuint64_t)a->G};
-    const cuuint32_t wbox[3] = {SM90_BK, dgrad ? 64u : (cuuint32_t)SM90_BN, 1};
-    const cuuint32_t wbbox[3] = {SM90_BK, cm > 1 ? SM90_BN / 2u : 64u, 1};
+    const int64_t wG = discrete ? 1 : a->G;
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};
     const cuuint64_t zdims[2] = {(cuuint64_t)(a->N / 2), (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
@@ -455,8 +460,8 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
     const char *in = dgrad ? "dy" : "x", *out = dgrad ? "dx" : "y";
     if (!sm90_make_map(ctx, &km.x, a->dtype, a->x, 2, xdims, xbox, promo, kname, in, why) ||
         !sm90_make_map(ctx, &km.xh, a->dtype, a->x, 2, xdims, xhbox, promo, kname, in, why) ||
-        !sm90_make_map(ctx, &km.w, a->dtype, wbase, 3, wdims, wbox, promo, kname, "w", why) ||
-        !sm90_make_map(ctx, &km.wb, a->dtype, wbase, 3, wdims, wbbox, promo, kname, "w", why) ||
+        (!kept && (!sm90_make_weight_map(ctx, &km.w, a->dtype, wbase, wG, a->N, a->K, w_rows, promo, kname, why) ||
+                   !sm90_make_weight_map(ctx, &km.wb, a->dtype, wbase, wG, a->N, a->K, wb_rows, promo, kname, why))) ||
         !sm90_make_map(ctx, &km.y, a->dtype, a->y, 2, ydims, ybox, promo, kname, out, why) ||
         !sm90_make_map(ctx, &km.z, a->dtype, glu ? e->z : a->y, 2, glu ? zdims : ydims, ybox, promo, kname,
                        glu ? "z" : out, why))
@@ -507,9 +512,16 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 grouped GEMM: cudaMemsetAsync of the stream-K flags failed");
         }
     }
-    if (discrete) {
-        const sm90_weight_templates wt = {{km.w, km.wb}};
-        kp.wmaps = (const CUtensorMap *)a->w_maps;
+    if (kept) {
+        const CUtensorMap *planes = (const CUtensorMap *)a->w_maps_kept;
+        kp.wmaps_w = planes + sm90_kept_plane(w_rows) * a->G;
+        kp.wmaps_wb = planes + sm90_kept_plane(wb_rows) * a->G;
+    } else if (discrete) {
+        sm90_weight_templates wt;
+        memset(&wt, 0, sizeof wt);
+        wt.m[0] = km.w, wt.m[1] = km.wb, wt.n = 2;
+        kp.wmaps_w = (const CUtensorMap *)a->w_maps;
+        kp.wmaps_wb = kp.wmaps_w + a->G;
         if (sm90_weight_maps_write(&wt, a->w_ptrs, (int)a->G, (CUtensorMap *)a->w_maps, a->bad_flag,
                                    a->bad_align_value, cfg.stream) != cudaSuccess) {
             cudaGetLastError();

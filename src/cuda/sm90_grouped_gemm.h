@@ -80,16 +80,30 @@ typedef struct moex_sm90_gemm_args {
                                    sums go through it; NULL: every tile whole            */
     /* Discrete weights (w NULL): G separate [N, K] matrices, each 16-byte aligned (one that
      * is not sets bad_flag to bad_align_value, and y is then not meaningful; nothing outside
-     * the matrices is read). The kernel reads them through per-group tensor maps written
-     * into w_maps on the device before it starts. */
+     * the matrices is read). The kernel reads them through per-group tensor maps: w_maps_kept
+     * when given, else written into w_maps on the device before it starts. */
     void *const *w_ptrs;        /* device array of G pointers, or NULL: w is packed      */
-    void *w_maps;               /* with w_ptrs: moex_sm90_weight_maps_bytes(G) bytes of
-                                   device scratch, 128-byte aligned, used as workspace  */
+    void *w_maps;               /* with w_ptrs and no w_maps_kept:
+                                   moex_sm90_weight_maps_bytes(G) bytes of device
+                                   scratch, 128-byte aligned, used as workspace          */
     int bad_align_value;
+    const void *w_maps_kept;    /* optional, with w_ptrs: moex_sm90_kept_maps_write's maps
+                                   of this weight (then w_maps is not used)              */
 } moex_sm90_gemm_args;
 
 /* The w_maps bytes of a discrete weight of G matrices. */
 size_t moex_sm90_weight_maps_bytes(int64_t G);
+
+/* A discrete weight's kept maps: the bytes they need (0: the kernels do not read such a
+ * weight: dtype not bf16 or f16, N or K outside sm90_features_ok, or c NULL), and their
+ * write, one launch on stream from the device array ptrs into maps (128-byte aligned) as
+ * the array is when it runs. A matrix not 16-byte aligned sets *bad_flag to bad_value (when
+ * bad_flag is not NULL and *bad_flag is 0). MOEX_ERR_UNSUPPORTED where the bytes are 0 or
+ * maps is misaligned, MOEX_ERR_CUDA where a map or the launch failed; *why says which. */
+size_t moex_sm90_kept_maps_bytes(const moex_sm90_context *c, moex_dtype dtype, int64_t G, int64_t N, int64_t K);
+moex_status moex_sm90_kept_maps_write(const moex_sm90_context *c, moex_dtype dtype, int64_t G, int64_t N, int64_t K,
+                                      void *const *ptrs, void *maps, int *bad_flag, int bad_value,
+                                      moex_stream stream, const char **why);
 
 /* What the forward's epilogue adds (all fields zero / NULL: y = x W_g^T as above).
  *   bias_mode ADD:    y[r] = x[r] W_g^T + b_g          bias [G, N]

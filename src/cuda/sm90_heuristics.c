@@ -22,7 +22,7 @@ static int l2_promotion(const moex_sm90_tuning *tune) {
     case 1: return 0;
     case 64: return 64;
     case 128: return 128;
-    default: return 256;
+    default: return MOEX_SM90_L2_PROMOTION;
     }
 }
 

@@ -32,6 +32,10 @@ extern "C" {
 #define MOEX_SM90_TILE_N 256            /* output columns per tile (wgrad: dW columns, of K) */
 #define MOEX_SM90_TILE_K 64             /* reduction per stage (wgrad: 64 group rows)        */
 
+/* The tensor maps' L2 promotion in bytes where no tuning says otherwise (a discrete weight's
+ * kept maps always have it). */
+#define MOEX_SM90_L2_PROMOTION 256
+
 /* The defaults of the tile order: column tiles per band and input rows per block of a band
  * (forward, dgrad), N tiles per band (wgrad). */
 #define MOEX_SM90_BAND 8

@@ -30,6 +30,7 @@ int main(void) {
     STRUCT(moex_weight);
     FIELD(moex_weight, t);
     FIELD(moex_weight, ptrs);
+    FIELD(moex_weight, maps);
 
     STRUCT(moex_offsets_output);
     FIELD(moex_offsets_output, out);
@@ -44,6 +45,10 @@ int main(void) {
     STRUCT(moex_zero_tail_args);
     FIELD(moex_zero_tail_args, x);
     FIELD(moex_zero_tail_args, splits);
+    STRUCT(moex_weight_maps_write_args);
+    FIELD(moex_weight_maps_write_args, w);
+    FIELD(moex_weight_maps_write_args, maps);
+    FIELD(moex_weight_maps_write_args, maps_bytes);
 
     STRUCT(moex_grouped_linear_args);
     FIELD(moex_grouped_linear_args, x);

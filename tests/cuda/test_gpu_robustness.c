@@ -3,7 +3,8 @@
  * holds the CPU cases): the overlap rule with device pointers (an output on an input, on
  * another output, on the workspace, on `saved`), sizes that would wrap (the MoE layer's
  * saved and workspace queries), the aligned-pointer rules of the grouped MLP backward and the
- * FP8 grouped linear on Hopper and of the layers' FP8 recipe, and empty tensors with NULL data. Every tensor lives in one
+ * FP8 grouped linear on Hopper and of the layers' FP8 recipe, a discrete weight's alignment and
+ * kept maps, and empty tensors with NULL data. Every tensor lives in one
  * device arena poisoned with 0xFF; each refused call must leave the arena bitwise as it was.
  */
 #include "cuda_mirror.h"
@@ -261,6 +262,84 @@ static void discrete_misaligned_case(moex_context *ctx) {
     }
 }
 
+/* A discrete weight's kept maps (moex_weight_maps_write) through the public calls: 3 * 128
+ * bytes per matrix on Hopper, none elsewhere. The forward and backward data given them equal
+ * the same calls without them bitwise; after two matrices swap places in the pointer array and
+ * the maps are written again, both calls follow (the swapped weight's result); too few bytes
+ * or misaligned maps are refused with nothing written; a matrix off 16-byte alignment is
+ * reported once by moex_context_check_splits, naming moex_weight_maps_write. */
+static void kept_maps_case(moex_context *ctx) {
+    enum { G = 3, T = 300, K = 64, N = 96 };
+    const moex_dtype BF = MOEX_DTYPE_BF16;
+    const int64_t splits[G] = {100, 0, 170};   /* rows 270.. past the groups */
+    tu_rng r = tu_rng_seed(91);
+    double *v = tu_doubles(T * N > G * N * K ? T * N : G * N * K);
+    unsigned char *base = arena + (1u << 20);   /* splits, x, dy, y, dx, the matrices, the maps, workspace */
+    unsigned char *dsplits = base, *x = base + 4096, *dy = x + 65536, *y = dy + 65536, *dx = y + 65536;
+    unsigned char *mats = dx + 65536, *maps = mats + 4 * 16384, *ws = maps + 65536;
+    cm_die(cudaMemcpy(dsplits, splits, sizeof splits, cudaMemcpyHostToDevice), "cudaMemcpy");
+    struct { void *dev; int64_t n; } fills[] = {{x, T * K}, {dy, T * N}, {mats, G * N * K}};
+    for (int i = 0; i < 3; i++) {
+        tu_fill_uniform(&r, v, fills[i].n, -1, 1, BF);
+        void *h = tu_buffer(BF, v, fills[i].n);
+        cm_die(cudaMemcpy(fills[i].dev, h, (size_t)fills[i].n * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
+        free(h);
+    }
+    void *order[2][G];
+    for (int g = 0; g < G; g++) order[0][g] = mats + (size_t)g * N * K * 2;
+    for (int g = 0; g < G; g++) order[1][g] = order[0][(g + 1) % G];
+    void **ptrs = (void **)cm_malloc(sizeof order[0]);
+    moex_weight w = {moex_tensor_3d(NULL, BF, G, N, K), (void *const *)ptrs, NULL};
+    size_t need = 1;
+    CHECK_STATUS(ctx, moex_weight_maps_size(ctx, &w, &need), MOEX_OK);
+    CHECK_MSG(need == (on_hopper() ? (size_t)G * 3 * 128 : 0), "maps: %zu bytes", need);
+    moex_grouped_linear_args f = {.x = moex_tensor_2d(x, BF, T, K), .w = w, .splits = moex_tensor_1d(dsplits, I64, G),
+                                  .y = moex_tensor_2d(y, BF, T, N)};
+    moex_grouped_linear_dgrad_args d = {.dy = moex_tensor_2d(dy, BF, T, N), .w = w,
+                                        .splits = moex_tensor_1d(dsplits, I64, G), .dx = moex_tensor_2d(dx, BF, T, K)};
+    size_t fb, db;
+    CHECK_STATUS(ctx, moex_grouped_linear_forward_workspace_size(ctx, &f, &fb), MOEX_OK);
+    CHECK_STATUS(ctx, moex_grouped_linear_backward_data_workspace_size(ctx, &d, &db), MOEX_OK);
+    CHECK(fb <= 8u << 20 && db <= 8u << 20);
+    const size_t yb = (size_t)T * N * 2, xb = (size_t)T * K * 2;
+    unsigned char *want_y = tu_alloc(yb), *want_dx = tu_alloc(xb), *got_y = tu_alloc(yb), *got_dx = tu_alloc(xb);
+    for (int o = 0; o < 2; o++) {
+        cm_die(cudaMemcpy(ptrs, order[o], sizeof order[o], cudaMemcpyHostToDevice), "cudaMemcpy");
+        f.w.maps = d.w.maps = NULL;   /* the calls write the maps into their workspace */
+        CHECK_STATUS(ctx, moex_grouped_linear_forward(ctx, &f, ws, fb, NULL), MOEX_OK);
+        CHECK_STATUS(ctx, moex_grouped_linear_backward_data(ctx, &d, ws, db, NULL), MOEX_OK);
+        cm_to_host(want_y, y, yb), cm_to_host(want_dx, dx, xb);
+        cm_die(cudaMemset(y, 0xFF, yb), "cudaMemset"), cm_die(cudaMemset(dx, 0xFF, xb), "cudaMemset");
+        const moex_weight_maps_write_args m = {w, maps, need};
+        CHECK_STATUS(ctx, moex_weight_maps_write(ctx, &m, NULL, 0, NULL), MOEX_OK);
+        f.w.maps = d.w.maps = maps;
+        CHECK_STATUS(ctx, moex_grouped_linear_forward(ctx, &f, ws, fb, NULL), MOEX_OK);
+        CHECK_STATUS(ctx, moex_grouped_linear_backward_data(ctx, &d, ws, db, NULL), MOEX_OK);
+        cm_to_host(got_y, y, yb), cm_to_host(got_dx, dx, xb);
+        /* rows past the groups are left alone: compare the groups' rows */
+        CHECK_MSG(memcmp(got_y, want_y, 270u * N * 2) == 0, "order %d: y with kept maps differs", o);
+        CHECK_MSG(memcmp(got_dx, want_dx, 270u * K * 2) == 0, "order %d: dx with kept maps differs", o);
+    }
+    CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);
+    if (need > 0) {
+        moex_weight_maps_write_args m = {w, maps, need - 1};
+        REFUSED(ctx, moex_weight_maps_write(ctx, &m, NULL, 0, NULL), "maps_bytes", NULL);
+        m.maps_bytes = need, m.maps = maps + 64;
+        REFUSED(ctx, moex_weight_maps_write(ctx, &m, NULL, 0, NULL), "maps", "aligned");
+        void *skewed[G] = {order[0][0], (unsigned char *)order[0][1] + 2, order[0][2]};
+        cm_die(cudaMemcpy(ptrs, skewed, sizeof skewed, cudaMemcpyHostToDevice), "cudaMemcpy");
+        m.maps = maps;
+        CHECK_STATUS(ctx, moex_weight_maps_write(ctx, &m, NULL, 0, NULL), MOEX_OK);
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_ERR_INVALID_ARG);
+        CHECK_MSG(strstr(moex_last_error(ctx), "moex_weight_maps_write read a discrete weight with a matrix that "
+                                               "is not 16-byte aligned") != NULL,
+                  "message \"%s\"", moex_last_error(ctx));
+        CHECK_STATUS(ctx, moex_context_check_splits(ctx, NULL), MOEX_OK);   /* reported once */
+    }
+    free(want_y), free(want_dx), free(got_y), free(got_dx), free(v);
+    cudaFree(ptrs);
+}
+
 static void empty_case(moex_context *ctx) {
     enum { G = 2, K = 4, N = 4 };
     const int64_t splits[G] = {0, 0};
@@ -294,6 +373,7 @@ int main(void) {
     fp8_misaligned_case(ctx);
     fp8_recipe_misaligned_case(ctx);
     discrete_misaligned_case(ctx);
+    kept_maps_case(ctx);
     empty_case(ctx);
     cudaFree(arena);
     free(snapshot);

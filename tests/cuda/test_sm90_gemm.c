@@ -177,7 +177,7 @@ static moex_sm90_gemm_args make_args(const tcase *c, dev_bufs *d) {
 }
 
 static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const uint16_t *hy_packed,
-                         const int64_t *off, int bad_splits);
+                         const int64_t *off, int bad_splits, int kept);
 
 /* Runs one case: eager twice (determinism), the same with discrete weights, and, when
  * `graph_splits` is given, a graph captured with c->splits and replayed with graph_splits. */
@@ -240,7 +240,8 @@ static void run_case(tcase *c, int64_t *graph_splits) {
         printf("FAIL %s: bad-splits flag %d, expected %d\n", c->name, flag, bad ? 0x35 : 0);
         g_failures++;
     }
-    run_discrete(c, &d, hw, hy, off, bad);
+    run_discrete(c, &d, hw, hy, off, bad, 0);
+    run_discrete(c, &d, hw, hy, off, bad, 1);
 
     poison_y(c, &d);
     st = sm90_call(c, &a, NULL, &why);
@@ -304,11 +305,19 @@ done:
  * tensor map cached by the TMA unit would read W again): y must be -hy. A graph captured
  * with the -W pointers and replayed after they were switched back must give hy again. Last,
  * one matrix 2 bytes off 16-byte alignment: the launch must not fault, and must set the flag
- * to bad_align_value. */
+ * to bad_align_value. kept: the same with the caller's kept maps (w_maps_kept), written by
+ * moex_sm90_kept_maps_write after each change of the pointers (the graph captures the write
+ * with the GEMM). */
 static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const uint16_t *hy_packed,
-                         const int64_t *off, int bad_splits) {
+                         const int64_t *off, int bad_splits, int kept) {
     const int64_t G = c->G, per = c->N * c->K;
     const size_t ye = (size_t)(c->T + GUARD_ROWS) * out_w(c);
+    const size_t kept_bytes = moex_sm90_kept_maps_bytes(g_ctx, c->dt, G, c->N, c->K);
+    if (kept && kept_bytes == 0) {
+        printf("FAIL %s: no kept maps for this weight\n", c->name);
+        g_failures++;
+        return;
+    }
     uint16_t *hneg = malloc((size_t)per * 2), *hy = malloc(ye * 2);
     void **pos = malloc((size_t)G * sizeof(void *)), **neg = malloc((size_t)G * sizeof(void *));
     for (int64_t g = 0; g < G; g++) {
@@ -320,26 +329,32 @@ static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const 
     }
     void **dptrs, *maps, *skew;
     CK(cudaMalloc((void **)&dptrs, (size_t)G * sizeof(void *)));
-    CK(cudaMalloc(&maps, moex_sm90_weight_maps_bytes(G)));
+    CK(cudaMalloc(&maps, kept ? kept_bytes : moex_sm90_weight_maps_bytes(G)));
     CK(cudaMalloc(&skew, (size_t)per * 2 + 16));
     moex_sm90_gemm_args a = make_args(c, d);
     a.w = NULL;
     a.w_ptrs = (void *const *)dptrs;
-    a.w_maps = maps;
+    a.w_maps = kept ? NULL : maps;
+    a.w_maps_kept = kept ? maps : NULL;
     a.bad_align_value = 0x47;
     const int want_flag = bad_splits ? 0x35 : 0;
     void *const last = pos[G - 1];   /* the misaligned step below swaps it out */
     int fails = 0, flag = 0;
     const char *why = NULL;
     const char *step = "";
-    /* y from the pointers in p (host array copied to dptrs) on stream s; 0 when it ran */
+    /* the kept maps from dptrs on stream s (kept only) */
+#define KEPT_WRITE(s)                                                                            \
+    (kept ? moex_sm90_kept_maps_write(g_ctx, c->dt, G, c->N, c->K, (void *const *)dptrs, maps, d->flag, 0x47, \
+                                      (s), &why)                                                 \
+          : MOEX_OK)
+    /* y from the pointers in p (host array copied to dptrs); 0 when it ran */
 #define DISCRETE_RUN(p, what)                                                                    \
     do {                                                                                         \
         step = what;                                                                             \
         CK(cudaMemcpy(dptrs, (p), (size_t)G * sizeof(void *), cudaMemcpyHostToDevice));         \
         poison_y(c, d);                                                                          \
         CK(cudaMemset(d->flag, 0, sizeof(int)));                                                 \
-        if (sm90_call(c, &a, NULL, &why) != MOEX_OK) goto fail;                                  \
+        if (KEPT_WRITE(NULL) != MOEX_OK || sm90_call(c, &a, NULL, &why) != MOEX_OK) goto fail;   \
         CK(cudaDeviceSynchronize());                                                             \
         CK(cudaMemcpy(hy, d->y, ye * 2, cudaMemcpyDeviceToHost));                                \
         CK(cudaMemcpy(&flag, d->flag, sizeof(int), cudaMemcpyDeviceToHost));                     \
@@ -360,7 +375,8 @@ static void run_discrete(const tcase *c, dev_bufs *d, const uint16_t *hw, const 
         cudaGraphExec_t exec;
         CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
-        const moex_status st = sm90_call(c, &a, (moex_stream)s, &why);
+        moex_status st = KEPT_WRITE((moex_stream)s);
+        if (st == MOEX_OK) st = sm90_call(c, &a, (moex_stream)s, &why);
         CK(cudaStreamEndCapture(s, &graph));
         CK(cudaGraphInstantiate(&exec, graph, 0));
         CK(cudaMemcpy(dptrs, pos, (size_t)G * sizeof(void *), cudaMemcpyHostToDevice));
@@ -385,8 +401,10 @@ fail:
     fails = 1;
 done:
 #undef DISCRETE_RUN
-    printf("%-4s %-5s %-28s disc G=%-4lld (bitwise as packed, -W, graph, misaligned)%s%s flag=%d %s\n",
-           fails ? "FAIL" : "ok", c->dgrad ? "dgrad" : "fwd", c->name, (long long)G, fails ? " at " : "",
+#undef KEPT_WRITE
+    printf("%-4s %-5s %-28s %s G=%-4lld (bitwise as packed, -W, graph, misaligned)%s%s flag=%d %s\n",
+           fails ? "FAIL" : "ok", c->dgrad ? "dgrad" : "fwd", c->name, kept ? "kept" : "disc", (long long)G,
+           fails ? " at " : "",
            fails ? step : "", flag, why && fails ? why : "");
     g_failures += fails;
     CK(cudaDeviceSynchronize());

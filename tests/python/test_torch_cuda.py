@@ -10,6 +10,7 @@ weights. Against torch._grouped_mm (bf16, f32 accumulation both): 1e-2 of the la
 magnitude.
 """
 import copy
+import os
 
 import pytest
 
@@ -210,8 +211,10 @@ def test_separate_weights_not_16_byte_aligned_are_stacked():
 
 def test_separate_weights_pointer_cache_follows_storage_and_refuses_capture():
     """GroupedLinear's pointer arrays (host and device) follow a weight that changes storage (the
-    next forward gives the new weight's result); a change seen while a CUDA graph is captured is a
-    ValueError (the device copy cannot be captured), and the same call outside capture runs."""
+    next forward and backward give the new weight's results, bitwise the packed layer's: on Hopper
+    through the maps kept beside the array, written again); a change seen while a CUDA graph is
+    captured is a ValueError (the device copy cannot be captured), and the same call outside
+    capture runs."""
     torch.manual_seed(16)
     G, Kd, N, Tn = 3, 64, 32, 96
     layer = mt.GroupedLinear(G, Kd, N, bias=False, params_dtype=torch.bfloat16, device="cuda")
@@ -219,13 +222,25 @@ def test_separate_weights_pointer_cache_follows_storage_and_refuses_capture():
     splits = torch.tensor([40, 16, 40], device="cuda")
     ws = lambda: [getattr(layer, f"weight{g}") for g in range(G)]   # noqa: E731
     want = lambda: mt.grouped_linear(x, torch.stack(ws()).detach(), splits)   # noqa: E731
+    arrays = lambda: layer._pointers.arrays(ws())   # noqa: E731
+    maps = torch.ops.moex.weight_maps_size(layer.weight0, G)
+    hopper = torch.cuda.get_device_capability() == (9, 0) and os.environ.get("MOEX_CUDA_GEMM") != "portable"
+    assert maps == (G * 3 * 128 if hopper else 0)
+    dy = torch.randn(Tn, N, device="cuda", dtype=torch.bfloat16)
+    for step in range(2):
+        xg = x.clone().requires_grad_()
+        y = layer(xg, splits)
+        dx, = torch.autograd.grad(y, xg, dy)
+        xr = x.clone().requires_grad_()
+        y_ref = mt.grouped_linear(xr, torch.stack(ws()).detach(), splits)
+        dx_ref, = torch.autograd.grad(y_ref, xr, dy)
+        assert torch.equal(y, y_ref) and torch.equal(dx, dx_ref), step
+        dev, host = arrays()
+        assert host.tolist() == [w.data_ptr() for w in ws()] + [1, N, Kd, maps]
+        assert dev[:G].tolist() == host[:G].tolist() and dev.numel() == (G + (128 + maps) // 8 if maps else G)
+        layer.weight1.data = torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)
-        assert layer._pointers.host.tolist() == [w.data_ptr() for w in ws()]
-        assert layer._pointers.dev.tolist() == layer._pointers.host.tolist()
-        layer.weight1.data = torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16)
-        torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)
-        assert layer._pointers.dev.tolist() == [w.data_ptr() for w in ws()]
         layer.weight2.data = torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16)
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())

@@ -380,7 +380,8 @@ def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_
     for t in [x, *layer.parameters()] + ([p] if p is not None else []):
         t.grad = None
     params = layer._weight_params()
-    assert layer._pointers.host.tolist() == [t.data_ptr() for t in params]   # the operator's cache, current
+    host = layer._pointers.arrays(params)[1]
+    assert host.tolist()[:3] == [t.data_ptr() for t in params]   # the operator's cache, current
     assert layer._pointers.pointers(params) is not None
     w, ptrs = layer._pointers.weight("test", params)
     b = layer._bias()
@@ -393,25 +394,34 @@ def test_separate_weights_run_in_cpp_and_match_the_python_function(device, bias_
 
 
 def test_separate_weights_operator_keeps_its_pointer_cache():
-    """The operator's ptrs (and on the CPU ptrs_host is the same tensor) are a cache of the weights'
-    addresses that it keeps current: filled on the first call (zeros: no weight's address),
-    rewritten when a weight changes storage; wrong sizes and weights raise ValueError."""
+    """The operator's ptrs (and on the CPU ptrs_host is the same tensor, G + 4 entries) are a cache
+    of the weights' addresses that it keeps current, with the key of their kept maps (dtype code,
+    N, K, then the maps' bytes: none on the CPU): filled on the first call (zeros: no weight's
+    address), rewritten when a weight changes storage or the weights their dtype; wrong sizes and
+    weights raise ValueError. torch.ops.moex.weight_maps_size is 0 on the CPU."""
+    assert torch.ops.moex.weight_maps_size(torch.zeros(6, 8, dtype=torch.bfloat16), 3) == 0
     ws = [torch.randn(6, 8) for _ in range(3)]
-    ptrs = torch.zeros(3, dtype=torch.int64)
+    ptrs = torch.zeros(3 + 4, dtype=torch.int64)
     x, splits = torch.randn(9, 8), torch.tensor([3, 3, 3])
     op = torch.ops.moex.grouped_linear_discrete_forward
     y = op(x, ws, ptrs, ptrs, splits, None, None, 0)
     assert torch.equal(y, _linear._forward.impl(x, torch.stack(ws), splits, None, None, 0))
-    assert ptrs.tolist() == [w.data_ptr() for w in ws] and ptrs._version == 0
+    assert ptrs.tolist() == [w.data_ptr() for w in ws] + [0, 6, 8, 0] and ptrs._version == 0
     ws[1] = torch.randn(6, 8)
     y = op(x, ws, ptrs, ptrs, splits, None, None, 0)
     assert torch.equal(y, _linear._forward.impl(x, torch.stack(ws), splits, None, None, 0))
-    assert ptrs.tolist() == [w.data_ptr() for w in ws]
+    assert ptrs.tolist()[:3] == [w.data_ptr() for w in ws]
+    wb = [w.bfloat16() for w in ws]
+    y = op(x.bfloat16(), wb, ptrs, ptrs, splits, None, None, 0)
+    assert torch.equal(y, _linear._forward.impl(x.bfloat16(), torch.stack(wb), splits, None, None, 0))
+    assert ptrs.tolist() == [w.data_ptr() for w in wb] + [1, 6, 8, 0]
     with pytest.raises(ValueError, match=r"3 weights, ptrs has 2 entries"):
         op(x, ws, ptrs[:2].clone(), ptrs[:2].clone(), splits, None, None, 0)
+    with pytest.raises(ValueError, match=r"ptrs_host 3 \(G \+ 4\)"):
+        op(x, ws, ptrs, ptrs[:3].clone(), splits, None, None, 0)
     with pytest.raises(ValueError, match=r"ptrs_host"):
         op(x, ws, ptrs, ptrs.int(), splits, None, None, 0)
-    assert ptrs.tolist() == [w.data_ptr() for w in ws]   # (a refused call leaves the cache as it was)
+    assert ptrs.tolist()[:3] == [w.data_ptr() for w in wb]   # (a refused call leaves the cache as it was)
     with pytest.raises(ValueError, match=r"weights\[2\] is \[6, 7\], weights\[0\] \[6, 8\]"):
         op(x, ws[:2] + [torch.randn(6, 7)], ptrs, ptrs, splits, None, None, 0)
     with pytest.raises(ValueError, match=r"weights\[0\] is torch.bfloat16"):

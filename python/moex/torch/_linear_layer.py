@@ -52,31 +52,43 @@ class _GroupedLinearTE(torch.autograd.Function):
 class _WeightPointers:
     """The array of pointers to G separate [N, K] weights, in their memory (moex_weight's
     discrete form, include/moex.h), so that GroupedLinear passes weight0.. to moex without
-    stacking a copy: `dev`, int64 [G] on the weights' device, which the kernels read, and
-    `host`, its copy on the CPU (on the CPU the same tensor). A cache of the weights'
-    addresses, rewritten only when a weight's storage changes (data_ptr), by the compiled
-    extension's operators (python/csrc/kernels.cpp's discrete_weight) or here (pointers(),
-    for the ctypes path): that copies G pointers to the device, so do it outside CUDA graph
-    capture (one eager forward before capturing does); calls with the same weights, captured
-    or replayed, use the array as it is (graph-safe). On CUDA the Hopper kernels read each
+    stacking a copy. A cache of the weights' addresses, rewritten only when a weight's storage
+    changes (data_ptr), so do that outside CUDA graph capture (one eager forward before
+    capturing does); calls with the same weights, captured or replayed, use it as it is
+    (graph-safe). Two forms: arrays() for the compiled extension's operators, which keep it
+    current themselves (python/csrc/kernels.cpp's discrete_weight) and, on Hopper, keep the
+    weights' tensor maps beside it (moex_weight_maps_write: no launch per call to write them);
+    pointers() for the ctypes path, kept current here. On CUDA the Hopper kernels read each
     weight by TMA, which needs it 16-byte aligned, and the library cannot see the pointers
-    (they are on the device): weights that are not are stacked (by the operator, or the
-    layer when pointers() gives None)."""
+    (they are on the device): weights that are not are stacked (by the operator, or the layer
+    when pointers() gives None)."""
+
+    # ptrs_host's entries past the addresses: the operators' key of the kept maps (kernels.cpp)
+    _MAPS_KEY = 4
 
     def __init__(self):
         self.host = self.dev = None
         self._device, self._key, self._aligned = None, None, False
+        self._arrays = (None, None, None)   # (device, dev, host) of arrays()
 
     def arrays(self, params: List[Tensor]) -> Tuple[Tensor, Tensor]:
-        """(dev, host), the compiled extension's operators' ptrs and ptrs_host, which they keep
-        current; made anew when the weights moved to another device (zeros: no weight's
-        address, so the operator's first call fills them)."""
+        """(ptrs, ptrs_host), the compiled extension's operators' cache, which they keep
+        current: ptrs on the weights' device, G addresses and room for the maps
+        (torch.ops.moex.weight_maps_size bytes past the first 128-byte boundary after them),
+        ptrs_host [G + 4] on the CPU (on the CPU ptrs itself). Made anew when the weights moved
+        to another device (zeros: no weight's address, so the operator's first call fills
+        them)."""
         device = params[0].get_device()   # (an int: -1 on the CPU)
-        if device != self._device:
-            self.host = torch.zeros(len(params), dtype=torch.int64)
-            self.dev = self.host if device < 0 else self.host.to(params[0].device)
-            self._device, self._key = device, None
-        return self.dev, self.host
+        if device != self._arrays[0]:
+            G = len(params)
+            host = torch.zeros(G + self._MAPS_KEY, dtype=torch.int64)
+            if device < 0:
+                dev = host
+            else:
+                maps = torch.ops.moex.weight_maps_size(params[0], G)
+                dev = torch.zeros(G + (128 + maps) // 8 if maps else G, dtype=torch.int64, device=params[0].device)
+            self._arrays = (device, dev, host)
+        return self._arrays[1], self._arrays[2]
 
     def pointers(self, params: List[Tensor]) -> Optional[Tensor]:
         """`dev` made current here (the ctypes path: new arrays when an address changed, so that
