@@ -1,7 +1,8 @@
-"""moex.torch's expert parallelism (EPContext, ep_dispatch, ep_combine, MoELayer's ep_group: moex's
-EP over MPI, the CPU backend): under mpirun, at 1, 2 and 3 ranks, against the single-process layer
-on the whole batch and the same math on each rank's tokens (tests/python/ep_mpi_worker.py, one
-process per rank; skipped without mpirun or mpi4py); and the arguments they refuse, in this
+"""moex.torch's expert parallelism (EPContext, ep_dispatch, ep_combine, MoELayer's ep_group): under
+mpirun (moex's EP over MPI, the CPU backend), at 1, 2 and 3 ranks, and under torchrun (over NCCL,
+one GPU a rank; where the machine has 2 GPUs or more), against the single-process layer on the
+whole batch and the same math on each rank's tokens (tests/python/ep_worker.py, one process per
+rank; skipped without mpirun and mpi4py, or the GPUs); and the arguments they refuse, in this
 process."""
 import os
 import shutil
@@ -13,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import moex.torch as mt  # noqa: E402
 
-WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_mpi_worker.py")
+WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ep_worker.py")
 
 
 def _have_mpi():
@@ -37,13 +38,24 @@ def test_ep_layer_matches_the_whole_layer(ranks, extra):
     assert run.stdout.startswith("ok:"), run.stdout
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("extra", [[], ["--dtype", "bf16"], ["--empty-rank"], ["--tokens", "300", "--dtype", "bf16"]])
+def test_ep_layer_over_nccl_matches_the_whole_layer(extra):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER]
+    run = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "ok: 2 ranks over NCCL" in run.stdout, run.stdout
+
+
 def test_ep_group_arguments_refused():
-    with pytest.raises(ValueError, match="mpi4py MPI.Comm"):
+    with pytest.raises(ValueError, match="torch.distributed process group .NCCL, CUDA tensors. or an mpi4py MPI.Comm"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4)
     with pytest.raises(ValueError, match="ep_max_tokens"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object())
     with pytest.raises(ValueError, match="CPU backend"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, device="cuda")
+    with pytest.raises(ValueError, match="NCCL"):
+        mt.EPContext(object(), 4, 2, 8, max_tokens=4, device="cuda")
     with pytest.raises(ValueError, match="fp8_recipe"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, fp8_recipe="block")
     with pytest.raises(ValueError, match="mpi4py MPI.Comm"):
@@ -53,3 +65,16 @@ def test_ep_group_arguments_refused():
         mt.ep_dispatch(object(), x, ids, probs)
     with pytest.raises(ValueError, match="EPContext"):
         mt.ep_combine(object(), x, torch.zeros(8, dtype=torch.uint8), 3)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")
+def test_ep_group_of_another_backend_refused(tmp_path):
+    """A gloo process group: moex's EP runs over NCCL (CUDA) or MPI (the CPU), so a ValueError
+    naming the backend."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="backend is gloo"):
+            mt.MoELayer(4, 8, 4, 2, ep_group=dist.group.WORLD, ep_max_tokens=4)
+    finally:
+        dist.destroy_process_group()

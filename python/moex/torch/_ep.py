@@ -2,12 +2,16 @@
 communicator (EPContext), its dispatch and combine with their autograd (ep_dispatch, ep_combine)
 and the EP MoE layer's autograd (_EPMoE, for MoELayer(ep_group=...)).
 
-Today the group is an MPI communicator (an mpi4py MPI.Comm) and everything runs on the CPU
-backend; CUDA (NCCL, from a torch.distributed process group) is refused with a ValueError. Every
-rank of the group makes the same calls, forward and backward: the EP steps are collective (moex
-refuses on every rank a step whose ids or handle one rank refuses; the other checks are each
-rank's own).
+The group: a torch.distributed process group of the NCCL backend, for CUDA tensors (moex.torch
+makes an NCCL communicator of its own over the group's ranks: _NcclComm), or an mpi4py MPI
+communicator, for the CPU backend (moex's EP runs over MPI there); anything else is a ValueError.
+Every rank of the group makes the same calls, forward and backward: the EP steps are collective
+(moex refuses on every rank a step whose ids or handle one rank refuses; the other checks are
+each rank's own).
 """
+import contextlib
+import ctypes
+import os
 import sys
 from typing import Optional, Tuple
 
@@ -21,50 +25,142 @@ from ._moe import _moe_args, _moe_backward_outputs, _moe_needs, _shape_view
 from ._operators import _DTYPES, _args, _once_differentiable, _run, _view, _zero_tail
 
 
-def _mpi_comm_address(group, owner: str) -> int:
-    """The address of the MPI_Comm inside an mpi4py communicator; ValueError for anything else.
-    (mpi4py is not imported here: importing it initialises MPI; a communicator means it is.)"""
+def _mpi_comm(group):
+    """The mpi4py communicator `group` is, or None. (mpi4py is not imported here: importing it
+    initialises MPI; a communicator means it is.)"""
     MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is None or not isinstance(group, MPI.Comm):
-        raise ValueError(f"moex.{owner}: the group must be an mpi4py MPI.Comm (moex's EP on the CPU backend "
-                         f"runs over MPI), got {type(group).__name__}; torch.distributed process groups (NCCL on "
-                         f"CUDA) are not supported yet")
-    return MPI._addressof(group)
+    return group if MPI is not None and isinstance(group, MPI.Comm) else None
+
+
+def _torch_group(group):
+    """The torch.distributed process group `group` is, or None."""
+    if not torch.distributed.is_available():
+        return None
+    return group if isinstance(group, torch.distributed.ProcessGroup) else None
+
+
+class _NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]   # nccl.h's ncclUniqueId
+
+
+def _nccl_library(owner: str):
+    """The process's NCCL (PyTorch's: the one moex's EP loads too, include/moex_ep.h), or the
+    library $MOEX_EP_NCCL_LIBRARY names."""
+    name = os.environ.get("MOEX_EP_NCCL_LIBRARY") or "libnccl.so.2"
+    try:
+        lib = ctypes.CDLL(name, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+    except OSError:
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as e:
+            raise ValueError(f"moex.{owner}: cannot load NCCL ({name}): {e}") from None
+    lib.ncclGetUniqueId.argtypes = [ctypes.POINTER(_NcclUniqueId)]
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, _NcclUniqueId, ctypes.c_int]
+    lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    lib.ncclGetErrorString.restype = ctypes.c_char_p
+    return lib
+
+
+class _NcclComm:
+    """An NCCL communicator over the ranks of a torch.distributed group, made by moex.torch for
+    its EP context: rank 0's unique id broadcast over the group, then ncclCommInitRank on every
+    rank (collective), on `device`. Its own, not the group's: NCCL runs one communicator's
+    operations in the order they are issued, and torch issues the group's collectives on
+    streams of its own, so the two sharing one communicator could deadlock. Destroyed with the
+    EP context that uses it."""
+
+    def __init__(self, group, device: torch.device, owner: str):
+        dist = torch.distributed
+        self.lib = _nccl_library(owner)
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        uid = _NcclUniqueId()
+        if self.rank == 0:
+            self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId", owner)
+        obj = [bytes(uid.internal) if self.rank == 0 else None]
+        dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0), group=group, device=device)
+        ctypes.memmove(uid.internal, obj[0], 128)
+        self.comm = ctypes.c_void_p()
+        with torch.cuda.device(device):
+            self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world, uid, self.rank),
+                        "ncclCommInitRank", owner)
+
+    def _check(self, result: int, call: str, owner: str) -> None:
+        if result != 0:
+            raise RuntimeError(f"moex.{owner}: {call} failed: {self.lib.ncclGetErrorString(result).decode()}")
+
+    def address(self) -> int:
+        """The address of the ncclComm_t (moex_ep_config.comm)."""
+        return ctypes.addressof(self.comm)
+
+    def destroy(self) -> None:
+        if self.comm:
+            self.lib.ncclCommDestroy(self.comm)
+            self.comm = ctypes.c_void_p()
+
+
+def _ep_device(group, device, owner: str) -> torch.device:
+    """The device an EP context over `group` runs on: the CPU for an MPI communicator, a CUDA
+    device (default: the current one) for an NCCL process group; ValueError otherwise."""
+    if _mpi_comm(group) is not None:
+        dev = torch.device(device if device is not None else "cpu")
+        if dev.type != "cpu":
+            raise ValueError(f"moex.{owner}: an MPI communicator runs moex's EP on the CPU backend; for {dev} "
+                             f"give a torch.distributed process group of the NCCL backend")
+        return dev
+    pg = _torch_group(group)
+    if pg is None:
+        raise ValueError(f"moex.{owner}: the group must be a torch.distributed process group (NCCL, CUDA tensors) "
+                         f"or an mpi4py MPI.Comm (the CPU backend), got {type(group).__name__}")
+    backend = torch.distributed.get_backend(pg)
+    if backend != "nccl":
+        raise ValueError(f"moex.{owner}: the process group's backend is {backend}; moex's EP runs over NCCL on "
+                         f"CUDA, or over MPI on the CPU (give an mpi4py MPI.Comm there)")
+    dev = torch.device(device if device is not None else "cuda")
+    if dev.type != "cuda":
+        raise ValueError(f"moex.{owner}: an NCCL process group runs moex's EP on CUDA, got device {dev}")
+    return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 class EPContext:
-    """moex's expert parallelism over a communicator (moex_ep, docs/ops.md section 10) for one
-    shape of traffic: num_experts experts spread over the group's W ranks (rank r holds
-    [r E/W, (r+1) E/W)), topk, rows of `hidden` elements of `dtype`, at most max_tokens tokens a
-    rank per call, and max_recv_rows expert rows received per call (default: what no routing can
-    overflow, W max_tokens min(topk, E/W)). The group: an mpi4py MPI.Comm (the CPU backend, where
-    moex's EP runs over MPI; other groups and CUDA are refused with a ValueError, for now).
+    """moex's expert parallelism over a group of W ranks (moex_ep, docs/ops.md section 10) for one
+    shape of traffic: num_experts experts spread over the ranks (rank r holds [r E/W, (r+1) E/W)),
+    topk, rows of `hidden` elements of `dtype`, at most max_tokens tokens a rank per call, and
+    max_recv_rows expert rows received per call (default: what no routing can overflow,
+    W max_tokens min(topk, E/W)). The group: a torch.distributed process group of the NCCL
+    backend (CUDA; device: this rank's GPU, default the current one; moex.torch makes an NCCL
+    communicator of its own over the group's ranks), or an mpi4py MPI.Comm (the CPU backend).
     Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
     with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
-    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows."""
+    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device."""
 
     def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype = torch.float32,
                  max_tokens: Optional[int] = None, max_recv_rows: Optional[int] = None, device=None,
                  _owner: str = "torch.EPContext"):
-        if torch.device(device if device is not None else "cpu").type != "cpu":
-            raise ValueError(f"moex.{_owner}: expert parallelism runs on the CPU backend (over MPI) only, for now; "
-                             f"got device {device}")
         if max_tokens is None or int(max_tokens) < 1:
             raise ValueError(f"moex.{_owner}: expert parallelism needs max_tokens >= 1 (ep_max_tokens for a layer: "
                              f"the most tokens of one rank's call; moex sizes its transfer buffers for it)")
-        comm = _mpi_comm_address(group, _owner)
-        world = group.Get_size()
+        self.device = _ep_device(group, device, _owner)
+        world = group.Get_size() if _mpi_comm(group) is not None else torch.distributed.get_world_size(group)
         if num_experts % world:
             raise ValueError(f"moex.{_owner}: num_experts {num_experts} is not a multiple of the group's {world} "
                              f"ranks")
         if max_recv_rows is None:
             max_recv_rows = world * int(max_tokens) * min(topk, num_experts // world)
         self.group = group   # (kept alive: moex uses its communicator)
-        cfg = _capi.EpConfig(comm_kind=_capi.EP_COMM_MPI, comm=comm, num_experts=num_experts, topk=topk,
-                             hidden=hidden, dtype=_DTYPES[dtype], max_tokens=int(max_tokens),
-                             max_recv_rows=int(max_recv_rows), transfer=_capi.EP_TRANSFER_AUTO)
-        self.ctx = _capi.context(_capi.BACKEND_CPU, 0)
-        self.handle = _capi.ep_create(self.ctx, cfg)
+        self._nccl = None
+        if self.device.type == "cuda":
+            self._nccl = _NcclComm(group, self.device, _owner)
+            kind, comm = _capi.EP_COMM_NCCL, self._nccl.address()
+            self.ctx = _capi.context(_capi.BACKEND_CUDA, self.device.index)
+        else:
+            MPI = sys.modules["mpi4py.MPI"]
+            kind, comm = _capi.EP_COMM_MPI, MPI._addressof(group)
+            self.ctx = _capi.context(_capi.BACKEND_CPU, 0)
+        cfg = _capi.EpConfig(comm_kind=kind, comm=comm, num_experts=num_experts, topk=topk, hidden=hidden,
+                             dtype=_DTYPES[dtype], max_tokens=int(max_tokens), max_recv_rows=int(max_recv_rows),
+                             transfer=_capi.EP_TRANSFER_AUTO)
+        with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
+            self.handle = _capi.ep_create(self.ctx, cfg)
         info = _capi.ep_info(self.ctx, self.handle)
         self.rank, self.world, self.local_experts = info.rank, info.world, info.local_experts
         self.handle_bytes = info.handle_bytes
@@ -72,15 +168,17 @@ class EPContext:
         self.max_tokens, self.max_recv_rows = int(max_tokens), int(max_recv_rows)
 
     def __del__(self):
-        MPI = sys.modules.get("mpi4py.MPI")
-        if MPI is not None and MPI.Is_finalized():
+        nccl, MPI = getattr(self, "_nccl", None), sys.modules.get("mpi4py.MPI")
+        if nccl is None and MPI is not None and MPI.Is_finalized():
             return   # (the process is ending; moex_ep_destroy frees an MPI datatype: not after MPI_Finalize)
         _capi.ep_destroy(getattr(self, "handle", None))
+        if nccl is not None:
+            nccl.destroy()
 
     def __repr__(self):
         return (f"EPContext(rank={self.rank}, world={self.world}, num_experts={self.num_experts}, topk={self.topk}, "
                 f"hidden={self.hidden}, dtype={self.dtype}, max_tokens={self.max_tokens}, "
-                f"max_recv_rows={self.max_recv_rows})")
+                f"max_recv_rows={self.max_recv_rows}, device={self.device})")
 
 
 def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
@@ -132,6 +230,8 @@ def _check_ep(op: str, ep, t: Tensor, name: str, expert_rows: bool) -> None:
     ep.max_recv_rows of them)."""
     if not isinstance(ep, EPContext):
         raise ValueError(f"moex.torch.{op}: ep must be an EPContext, got {type(ep).__name__}")
+    if isinstance(t, Tensor) and t.device != ep.device:
+        raise ValueError(f"moex.torch.{op}: {name} is on {t.device}, the EPContext on {ep.device}")
     rows = ep.max_recv_rows if expert_rows else -1
     if not isinstance(t, Tensor) or t.dim() != 2 or t.shape[1] != ep.hidden or t.dtype != ep.dtype:
         raise ValueError(f"moex.torch.{op}: {name} must be a [rows, {ep.hidden}] {ep.dtype} tensor (the EPContext's), "
@@ -215,8 +315,9 @@ def ep_dispatch(ep: EPContext, x: Tensor, ids: Tensor, probs: Tensor) -> Tuple[T
     if x.shape[0] > ep.max_tokens:
         raise ValueError(f"moex.torch.{op}: {x.shape[0]} tokens, more than the EPContext's max_tokens {ep.max_tokens}")
     for name, t, dtypes in (("ids", ids, (torch.int32, torch.int64)), ("probs", probs, (torch.float32,))):
-        if not isinstance(t, Tensor) or t.shape != (x.shape[0], ep.topk) or t.dtype not in dtypes:
-            raise ValueError(f"moex.torch.{op}: {name} must be [{x.shape[0]}, {ep.topk}] of "
+        if not isinstance(t, Tensor) or t.shape != (x.shape[0], ep.topk) or t.dtype not in dtypes \
+                or t.device != x.device:
+            raise ValueError(f"moex.torch.{op}: {name} must be [{x.shape[0]}, {ep.topk}] on {x.device} of "
                              f"{' or '.join(map(str, dtypes))}, got "
                              f"{tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__}")
     return _EPDispatch.apply(ep, x.contiguous(), ids.to(torch.int32).contiguous(), probs.contiguous())
@@ -234,6 +335,9 @@ def ep_combine(ep: EPContext, yr: Tensor, handle: Tensor, tokens: int) -> Tensor
 
 def ep_moe_forward(layer, x: Tensor) -> Tensor:
     """MoELayer.forward's EP path: x [T, H] (contiguous rows) of this rank."""
+    if x.device != layer._ep.device:
+        raise ValueError(f"moex.torch.MoELayer: x is on {x.device}, the layer's expert parallelism on "
+                         f"{layer._ep.device}")
     return _EPMoE.apply(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, layer._ep, layer.options)
 
 

@@ -158,15 +158,15 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     forward and backward, run on FP8 operands (moex's MoE layer passes the recipe to its grouped
     MLP); the router GEMM stays in f32.
 
-    Expert parallelism (experimental): ep_group, an mpi4py MPI.Comm of W ranks, spreads the
-    experts over them (moex's EP MoE layer, docs/ops.md section 10): rank r holds experts
+    Expert parallelism (experimental): ep_group, a torch.distributed process group of the NCCL
+    backend (CUDA: the layer on device, default the current CUDA device) or an mpi4py MPI.Comm
+    (the CPU backend) of W ranks, spreads the experts over them (moex's EP MoE layer, docs/ops.md section 10): rank r holds experts
     [r E/W, (r+1) E/W) (w1, w2, b1, b2 of E/W experts; router_w whole), forward(x) takes this
     rank's tokens (at most ep_max_tokens of them; ep_max_recv_rows, the expert rows a rank
     receives, defaults to what no routing can overflow), and the backward gives this rank's
     share of router_w's gradient (sum the shares over the ranks, as data parallelism does).
-    Every rank constructs the layer alike and makes the same calls (collective). CPU backend
-    only for now (moex's EP there runs over MPI), in eager mode, with neither FP8 nor the
-    weight-gradient options."""
+    Every rank constructs the layer alike and makes the same calls (collective). Eager mode,
+    with neither FP8 nor the weight-gradient options, for now."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
@@ -195,6 +195,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             from ._ep import ep_setup   # (here: _ep builds on this module)
             self._ep, El = ep_setup("torch.MoELayer", ep_group, E, topk, H, dtype, device, ep_max_tokens,
                                     ep_max_recv_rows)
+            device = self._ep.device   # (an NCCL group without a device: the current CUDA device)
         init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
         self.router_w = torch.nn.Parameter(torch.empty(E, H, dtype=dtype, device=device))
         self.w1 = torch.nn.Parameter(torch.empty(El, 2 * F, H, dtype=dtype, device=device))

@@ -1,20 +1,23 @@
-"""ep_mpi_worker.py - one rank of tests/python/test_torch_ep.py's check, run under mpirun: MoELayer
-with ep_group (moex's EP MoE layer over MPI, the CPU backend) against the single-process MoELayer
-on the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each
-row (y, dx, dprobs against the same math on the rank's own tokens). Every rank builds the same global problem from one seed
-(weights, the W ranks' tokens, dy), runs its share through the EP layer and the whole batch
-through the reference, and checks y and dx of its tokens, its experts' dw1, dw2, db1, db2, and
-drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value; bf16: 3e-2).
-A rank with no tokens (the last, when --empty-rank) takes part too. Exit status 0 on every rank,
-or 1 on a rank whose check failed (the message names it).
+"""ep_worker.py - one rank of moex.torch's expert-parallel check, run under mpirun (an mpi4py
+communicator: moex's EP over MPI, the CPU backend; tests/python/test_torch_ep.py) or under
+torchrun (a torch.distributed NCCL process group: moex's EP over NCCL, one GPU a rank;
+scripts/gpu_python.sh's ep stage): MoELayer with ep_group against the single-process MoELayer on
+the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each row
+(y, dx, dprobs against the same math on the rank's own tokens). Every rank builds the same global
+problem from one seed (weights, the W ranks' tokens, dy), runs its share through the EP layer and
+the whole batch through the reference, and checks y and dx of its tokens, its experts' dw1, dw2,
+db1, db2, and drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value;
+bf16: 3e-2). A rank with no tokens (the last, when --empty-rank) takes part too. Exit status 0 on
+every rank, or 1 on a rank whose check failed (the message names it).
 
-Usage: mpirun -np N python3 tests/python/ep_mpi_worker.py [--dtype f32|bf16] [--empty-rank]
+Usage: mpirun -np N python3 tests/python/ep_worker.py [--dtype f32|bf16] [--empty-rank] [--tokens T]
+       torchrun --nproc_per_node N tests/python/ep_worker.py [the same options]
 """
 import argparse
+import os
 import sys
 
 import torch
-from mpi4py import MPI
 
 import moex.torch as mt
 
@@ -30,30 +33,60 @@ def close(name, got, want, rtol):
         raise AssertionError(f"{name}: max error {err:.3e} of its largest value, tolerance {rtol}")
 
 
+class Group:
+    """The launcher's group: (group, W, r, device, allgather of Python objects)."""
+
+    def __init__(self):
+        if "LOCAL_RANK" in os.environ:   # torchrun: NCCL over one GPU a rank
+            import torch.distributed as dist
+            self.device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+            torch.cuda.set_device(self.device)
+            dist.init_process_group("nccl", device_id=self.device)
+            self.group, self.W, self.r = dist.group.WORLD, dist.get_world_size(), dist.get_rank()
+            self.name = "NCCL"
+
+            def allgather(obj):
+                out = [None] * self.W
+                dist.all_gather_object(out, obj)
+                return out
+        else:   # mpirun: MPI, the CPU backend
+            from mpi4py import MPI
+            self.device, self.group = torch.device("cpu"), MPI.COMM_WORLD
+            self.W, self.r, self.name = self.group.Get_size(), self.group.Get_rank(), "MPI"
+            allgather = self.group.allgather
+        self.allgather = allgather
+
+    def finish(self):
+        if self.name == "NCCL":
+            torch.distributed.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--empty-rank", action="store_true")
+    ap.add_argument("--tokens", type=int, default=6, help="tokens of a rank (odd ranks one fewer)")
     args = ap.parse_args()
-    comm = MPI.COMM_WORLD
-    W, r = comm.Get_size(), comm.Get_rank()
+    g = Group()
+    W, r, dev = g.W, g.r, g.device
     dt, rtol = (torch.float32, 1e-5) if args.dtype == "f32" else (torch.bfloat16, 3e-2)
     torch.manual_seed(7)
-    E, H, F, k, T = 2 * W, 16, 8, 2, 6
+    E, H, F, k, T = 2 * W, 16, 8, 2, args.tokens
     tokens = [0 if args.empty_rank and q == W - 1 else T - q % 2 for q in range(W)]   # uneven; maybe one empty
     first = sum(tokens[:r])
     opts = dict(bias1=True, bias2=True, params_dtype=dt)
-    ref = mt.MoELayer(E, H, F, k, **opts)
+    ref = mt.MoELayer(E, H, F, k, **opts)   # (made on the CPU from the seed, then moved: alike on every rank)
     with torch.no_grad():   # nonzero biases: their gradients and the layer's use of them are checked
         ref.b1.normal_(std=0.1), ref.b2.normal_(std=0.1)
-    ep = mt.MoELayer(E, H, F, k, ep_group=comm, ep_max_tokens=T, **opts)
+    ref.to(dev)
+    ep = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=T, device=dev, **opts)
     El = E // W
     with torch.no_grad():
         ep.router_w.copy_(ref.router_w)
         for name in ("w1", "w2", "b1", "b2"):
             getattr(ep, name).copy_(getattr(ref, name)[r * El:(r + 1) * El])
-    xg = torch.randn(sum(tokens), H).to(dt).requires_grad_(True)
-    dyg = torch.randn(sum(tokens), H).to(dt)
+    xg = torch.randn(sum(tokens), H).to(dt).to(dev).requires_grad_(True)
+    dyg = torch.randn(sum(tokens), H).to(dt).to(dev)
     x = xg.detach()[first:first + tokens[r]].clone().requires_grad_(True)
 
     y = ep(x)
@@ -63,17 +96,17 @@ def main():
 
     # the functional dispatch and combine around experts that scale each row by its prob and
     # by c(e) = e + 1 (e: the global expert): y[t] = x[t] sum_j probs[t, j] (ids[t, j] + 1)
-    ids_g = torch.argsort(torch.rand(sum(tokens), E), dim=1)[:, :k]   # k distinct experts a token
-    probs_g = torch.rand(sum(tokens), k)
-    ctx = mt.EPContext(comm, E, k, H, dt, max_tokens=T)
+    ids_g = torch.argsort(torch.rand(sum(tokens), E), dim=1)[:, :k].to(dev)   # k distinct experts a token
+    probs_g = torch.rand(sum(tokens), k).to(dev)
+    ctx = mt.EPContext(g.group, E, k, H, dt, max_tokens=T, device=dev)
     xf = x.detach().clone().requires_grad_(True)
     probs = probs_g[first:first + tokens[r]].clone().requires_grad_(True)
     ids = ids_g[first:first + tokens[r]]
     xr, probs_r, splits, handle = mt.ep_dispatch(ctx, xf, ids, probs)
-    c = torch.repeat_interleave(torch.arange(r * El, (r + 1) * El) + 1.0, splits)
+    c = torch.repeat_interleave(torch.arange(r * El, (r + 1) * El, device=dev) + 1.0, splits)
     c = torch.cat([c, c.new_zeros(ctx.max_recv_rows - c.numel())])
     yf = mt.ep_combine(ctx, xr * (probs_r * c)[:, None].to(dt), handle, tokens[r])
-    dyf = torch.randn(yf.shape).to(dt)
+    dyf = torch.randn(yf.shape).to(dt).to(dev)
     yf.backward(dyf)
     xw = xf.detach().clone().requires_grad_(True)
     pw = probs.detach().clone().requires_grad_(True)
@@ -88,7 +121,7 @@ def main():
     except RuntimeError as e:
         double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
 
-    drw = sum(comm.allgather(ep.router_w.grad.double()))   # (pickled tensors: no numpy needed)
+    drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
     failed = None
     try:
         rows = slice(first, first + tokens[r])
@@ -106,10 +139,12 @@ def main():
         if xr[rows:].count_nonzero() or probs_r[rows:].count_nonzero():
             raise AssertionError(f"ep_dispatch: rows of xr or probs_r past the {rows} received are not 0")
     except Exception as e:   # (every rank reaches the verdicts' allgather)
-        failed = f"rank {r} of {W} ({args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
-    verdicts = comm.allgather(failed)
+        failed = f"rank {r} of {W} ({g.name}, {args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
+    verdicts = g.allgather(failed)
     if r == 0:
-        print("\n".join(v for v in verdicts if v) or f"ok: {W} ranks, {args.dtype}, tokens {tokens}")
+        print("\n".join(v for v in verdicts if v) or f"ok: {W} ranks over {g.name}, {args.dtype}, tokens {tokens}")
+    del ep, ctx   # (the EP contexts before the group)
+    g.finish()
     return 1 if failed else 0
 
 
