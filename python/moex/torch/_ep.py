@@ -40,7 +40,7 @@ def _torch_group(group):
 
 
 class _NcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]   # nccl.h's ncclUniqueId
+    _fields_ = [("internal", ctypes.c_ubyte * 128)]   # nccl.h's ncclUniqueId (bytes, NULs included)
 
 
 def _nccl_library(owner: str):
@@ -78,7 +78,7 @@ class _NcclComm:
             self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId", owner)
         obj = [bytes(uid.internal) if self.rank == 0 else None]
         dist.broadcast_object_list(obj, src=dist.get_global_rank(group, 0), group=group, device=device)
-        ctypes.memmove(uid.internal, obj[0], 128)
+        ctypes.memmove(ctypes.addressof(uid), obj[0], ctypes.sizeof(uid))
         self.comm = ctypes.c_void_p()
         with torch.cuda.device(device):
             self._check(self.lib.ncclCommInitRank(ctypes.byref(self.comm), self.world, uid, self.rank),
