@@ -217,7 +217,8 @@ class _EPMoE(torch.autograd.Function):
         outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
         dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
         fwd = _ep_args(ctx.ep, x, router_w, w1, b1, w2, b2, ctx.options, saved, None).layer
-        grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy.contiguous(), dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw,
+        dy = dy.contiguous()   # (held here: the args below hold only its address)
+        grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy, dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw,
                      dw1=dw1, dw2=dw2, db1=db1, db2=db2)
         _run("ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ctx.ep.handle, layer=grad), x.device)
         return dx, drw, dw1, db1, dw2, db2, None, None
@@ -296,8 +297,9 @@ class _EPCombine(torch.autograd.Function):
         handle, = ctx.saved_tensors
         ep = ctx.ep
         dyr = dy.new_zeros(ep.max_recv_rows, ep.hidden)   # (rows past the splits: 0)
+        dy = dy.contiguous()   # (held here: the args below hold only its address)
         args = _capi.EpCombineGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
-                                       dy=_view(dy.contiguous()), dyr=_view(dyr))
+                                       dy=_view(dy), dyr=_view(dyr))
         _run("ep_combine_backward", args, dy.device)
         return None, dyr, None, None
 
