@@ -11,6 +11,7 @@ bf16: 3e-2). A rank with no tokens (the last, when --empty-rank) takes part too.
 every rank, or 1 on a rank whose check failed (the message names it).
 
 Usage: mpirun -np N python3 tests/python/ep_worker.py [--dtype f32|bf16] [--empty-rank] [--tokens T]
+           [--transfer auto|capacity|peer]
        torchrun --nproc_per_node N tests/python/ep_worker.py [the same options]
 """
 import argparse
@@ -66,6 +67,7 @@ def main():
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--empty-rank", action="store_true")
     ap.add_argument("--tokens", type=int, default=6, help="tokens of a rank (odd ranks one fewer)")
+    ap.add_argument("--transfer", default="auto", choices=["auto", "capacity", "peer"])
     args = ap.parse_args()
     g = Group()
     W, r, dev = g.W, g.r, g.device
@@ -79,7 +81,7 @@ def main():
     with torch.no_grad():   # nonzero biases: their gradients and the layer's use of them are checked
         ref.b1.normal_(std=0.1), ref.b2.normal_(std=0.1)
     ref.to(dev)
-    ep = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=T, device=dev, **opts)
+    ep = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=T, device=dev, ep_transfer=args.transfer, **opts)
     El = E // W
     with torch.no_grad():
         ep.router_w.copy_(ref.router_w)
@@ -98,7 +100,7 @@ def main():
     # by c(e) = e + 1 (e: the global expert): y[t] = x[t] sum_j probs[t, j] (ids[t, j] + 1)
     ids_g = torch.argsort(torch.rand(sum(tokens), E), dim=1)[:, :k].to(dev)   # k distinct experts a token
     probs_g = torch.rand(sum(tokens), k).to(dev)
-    ctx = mt.EPContext(g.group, E, k, H, dt, max_tokens=T, device=dev)
+    ctx = mt.EPContext(g.group, E, k, H, dt, max_tokens=T, device=dev, transfer=args.transfer)
     xf = x.detach().clone().requires_grad_(True)
     probs = probs_g[first:first + tokens[r]].clone().requires_grad_(True)
     ids = ids_g[first:first + tokens[r]]
@@ -142,7 +144,8 @@ def main():
         failed = f"rank {r} of {W} ({g.name}, {args.dtype}{', an empty rank' if args.empty_rank else ''}): {e}"
     verdicts = g.allgather(failed)
     if r == 0:
-        print("\n".join(v for v in verdicts if v) or f"ok: {W} ranks over {g.name}, {args.dtype}, tokens {tokens}")
+        print("\n".join(v for v in verdicts if v) or
+              f"ok: {W} ranks over {g.name} ({ctx.transfer}), {args.dtype}, tokens {tokens}")
     del ep, ctx   # (the EP contexts before the group)
     g.finish()
     return 1 if failed else 0

@@ -39,12 +39,19 @@ def test_ep_layer_matches_the_whole_layer(ranks, extra):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("extra", [[], ["--dtype", "bf16"], ["--empty-rank"], ["--tokens", "300", "--dtype", "bf16"]])
-def test_ep_layer_over_nccl_matches_the_whole_layer(extra):
+@pytest.mark.parametrize("extra,network", [([], False), (["--dtype", "bf16"], False), (["--empty-rank"], False),
+                                           (["--tokens", "300", "--dtype", "bf16"], False),
+                                           (["--transfer", "capacity"], False),
+                                           (["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True)])
+def test_ep_layer_over_nccl_matches_the_whole_layer(extra, network):
+    """network: NCCL's peer-to-peer and shared-memory transports off, so that its send/recv (the
+    CAPACITY exchange) take the network path they take between nodes."""
+    env = dict(os.environ, NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1") if network else None
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER]
-    run = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600)
+    run = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "ok: 2 ranks over NCCL" in run.stdout, run.stdout
+    transfer = extra[extra.index("--transfer") + 1] if "--transfer" in extra else ""   # (auto: either)
+    assert f"ok: 2 ranks over NCCL ({transfer}" in run.stdout, run.stdout
 
 
 def test_ep_group_arguments_refused():
@@ -56,6 +63,8 @@ def test_ep_group_arguments_refused():
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, device="cuda")
     with pytest.raises(ValueError, match="NCCL"):
         mt.EPContext(object(), 4, 2, 8, max_tokens=4, device="cuda")
+    with pytest.raises(ValueError, match="transfer must be one of"):
+        mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, ep_transfer="nvlink")
     with pytest.raises(ValueError, match="fp8_recipe"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, fp8_recipe="block")
     with pytest.raises(ValueError, match="mpi4py MPI.Comm"):

@@ -121,6 +121,9 @@ def _ep_device(group, device, owner: str) -> torch.device:
     return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
+_TRANSFERS = {"auto": _capi.EP_TRANSFER_AUTO, "capacity": _capi.EP_TRANSFER_CAPACITY, "peer": _capi.EP_TRANSFER_PEER}
+
+
 class EPContext:
     """moex's expert parallelism over a group of W ranks (moex_ep, docs/ops.md section 10) for one
     shape of traffic: num_experts experts spread over the ranks (rank r holds [r E/W, (r+1) E/W)),
@@ -129,13 +132,17 @@ class EPContext:
     W max_tokens min(topk, E/W)). The group: a torch.distributed process group of the NCCL
     backend (CUDA; device: this rank's GPU, default the current one; moex.torch makes an NCCL
     communicator of its own over the group's ranks), or an mpi4py MPI.Comm (the CPU backend).
-    Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
+    transfer: how NCCL ranks exchange rows (include/moex_ep.h, moex_ep_transfer): "auto" (peer
+    where every rank can map every peer's memory, one node with NVLink; else capacity),
+    "capacity" (NCCL send/recv, across nodes too) or "peer". Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
     with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
     (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device."""
 
     def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype = torch.float32,
                  max_tokens: Optional[int] = None, max_recv_rows: Optional[int] = None, device=None,
-                 _owner: str = "torch.EPContext"):
+                 transfer: str = "auto", _owner: str = "torch.EPContext"):
+        if transfer not in _TRANSFERS:
+            raise ValueError(f"moex.{_owner}: transfer must be one of {list(_TRANSFERS)}, got {transfer!r}")
         if max_tokens is None or int(max_tokens) < 1:
             raise ValueError(f"moex.{_owner}: expert parallelism needs max_tokens >= 1 (ep_max_tokens for a layer: "
                              f"the most tokens of one rank's call; moex sizes its transfer buffers for it)")
@@ -158,11 +165,12 @@ class EPContext:
             self.ctx = _capi.context(_capi.BACKEND_CPU, 0)
         cfg = _capi.EpConfig(comm_kind=kind, comm=comm, num_experts=num_experts, topk=topk, hidden=hidden,
                              dtype=_DTYPES[dtype], max_tokens=int(max_tokens), max_recv_rows=int(max_recv_rows),
-                             transfer=_capi.EP_TRANSFER_AUTO)
+                             transfer=_TRANSFERS[transfer])
         with torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext():
             self.handle = _capi.ep_create(self.ctx, cfg)
         info = _capi.ep_info(self.ctx, self.handle)
         self.rank, self.world, self.local_experts = info.rank, info.world, info.local_experts
+        self.transfer = {v: k for k, v in _TRANSFERS.items()}[info.transfer]   # (auto's choice)
         self.handle_bytes = info.handle_bytes
         self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
         self.max_tokens, self.max_recv_rows = int(max_tokens), int(max_recv_rows)
@@ -178,7 +186,7 @@ class EPContext:
     def __repr__(self):
         return (f"EPContext(rank={self.rank}, world={self.world}, num_experts={self.num_experts}, topk={self.topk}, "
                 f"hidden={self.hidden}, dtype={self.dtype}, max_tokens={self.max_tokens}, "
-                f"max_recv_rows={self.max_recv_rows}, device={self.device})")
+                f"max_recv_rows={self.max_recv_rows}, device={self.device}, transfer={self.transfer!r})")
 
 
 def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
@@ -344,7 +352,8 @@ def ep_moe_forward(layer, x: Tensor) -> Tensor:
 
 
 def ep_setup(owner: str, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype, device,
-             max_tokens: Optional[int], max_recv_rows: Optional[int]):
+             max_tokens: Optional[int], max_recv_rows: Optional[int], transfer: str):
     """A layer's EPContext and its local expert count."""
-    ep = EPContext(group, num_experts, topk, hidden, dtype, max_tokens, max_recv_rows, device, _owner=owner)
+    ep = EPContext(group, num_experts, topk, hidden, dtype, max_tokens, max_recv_rows, device, transfer,
+                   _owner=owner)
     return ep, ep.local_experts

@@ -160,11 +160,13 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
 
     Expert parallelism (experimental): ep_group, a torch.distributed process group of the NCCL
     backend (CUDA: the layer on device, default the current CUDA device) or an mpi4py MPI.Comm
-    (the CPU backend) of W ranks, spreads the experts over them (moex's EP MoE layer, docs/ops.md section 10): rank r holds experts
-    [r E/W, (r+1) E/W) (w1, w2, b1, b2 of E/W experts; router_w whole), forward(x) takes this
+    (the CPU backend) of W ranks, spreads the experts over them (moex's EP MoE layer, docs/ops.md
+    section 10): rank r holds experts [r E/W, (r+1) E/W) (w1, w2, b1, b2 of E/W experts; router_w
+    whole), forward(x) takes this
     rank's tokens (at most ep_max_tokens of them; ep_max_recv_rows, the expert rows a rank
     receives, defaults to what no routing can overflow), and the backward gives this rank's
-    share of router_w's gradient (sum the shares over the ranks, as data parallelism does).
+    share of router_w's gradient (sum the shares over the ranks, as data parallelism does);
+    ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
     Every rank constructs the layer alike and makes the same calls (collective). Eager mode,
     with neither FP8 nor the weight-gradient options, for now."""
 
@@ -175,7 +177,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                  alpha: float = 1.702, offset: float = 1.0, fuse_wgrad_accumulation: bool = False,
                  delay_wgrad_compute: bool = False, fp8_recipe: Optional[str] = None, fp8_format: str = "e4m3", fp8_pow2_scales: bool = False,
                  fp8_amax_epsilon: float = 0.0, ep_group=None, ep_max_tokens: Optional[int] = None,
-                 ep_max_recv_rows: Optional[int] = None):
+                 ep_max_recv_rows: Optional[int] = None, ep_transfer: str = "auto"):
         super().__init__()
         _check_sizes("torch.MoELayer", num_experts=num_experts, hidden_size=hidden_size, ffn_size=ffn_size,
                      topk=topk)
@@ -194,7 +196,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                                  "options, for now")
             from ._ep import ep_setup   # (here: _ep builds on this module)
             self._ep, El = ep_setup("torch.MoELayer", ep_group, E, topk, H, dtype, device, ep_max_tokens,
-                                    ep_max_recv_rows)
+                                    ep_max_recv_rows, ep_transfer)
             device = self._ep.device   # (an NCCL group without a device: the current CUDA device)
         init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
         self.router_w = torch.nn.Parameter(torch.empty(E, H, dtype=dtype, device=device))
