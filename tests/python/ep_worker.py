@@ -3,7 +3,8 @@ communicator: moex's EP over MPI, the CPU backend; tests/python/test_torch_ep.py
 torchrun (a torch.distributed NCCL process group: moex's EP over NCCL, one GPU a rank;
 scripts/gpu_python.sh's ep stage): MoELayer with ep_group against the single-process MoELayer on
 the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each row
-(y, dx, dprobs against the same math on the rank's own tokens). Every rank builds the same global
+(y, dx, dprobs against the same math on the rank's own tokens), and a dispatch past a small
+capacity (the rows it drops counted). Every rank builds the same global
 problem from one seed (weights, the W ranks' tokens, dy), runs its share through the EP layer and
 the whole batch through the reference, and checks y and dx of its tokens, its experts' dw1, dw2,
 db1, db2, and drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value;
@@ -104,7 +105,7 @@ def main():
     xf = x.detach().clone().requires_grad_(True)
     probs = probs_g[first:first + tokens[r]].clone().requires_grad_(True)
     ids = ids_g[first:first + tokens[r]]
-    xr, probs_r, splits, handle = mt.ep_dispatch(ctx, xf, ids, probs)
+    xr, probs_r, splits, handle, dropped = mt.ep_dispatch(ctx, xf, ids, probs)
     c = torch.repeat_interleave(torch.arange(r * El, (r + 1) * El, device=dev) + 1.0, splits)
     c = torch.cat([c, c.new_zeros(ctx.max_recv_rows - c.numel())])
     yf = mt.ep_combine(ctx, xr * (probs_r * c)[:, None].to(dt), handle, tokens[r])
@@ -114,6 +115,12 @@ def main():
     pw = probs.detach().clone().requires_grad_(True)
     yw = (xw.float() * (pw * (ids + 1)).sum(1, keepdim=True)).to(dt)
     yw.backward(dyf)
+
+    # capacity overflow: a context that keeps 3 expert rows a rank reports the others as dropped
+    small = mt.EPContext(g.group, E, k, H, dt, max_tokens=T, max_recv_rows=3, device=dev, transfer=args.transfer)
+    mine = int(((ids_g >= r * El) & (ids_g < (r + 1) * El)).sum())   # the slots routed to this rank's experts
+    xr3, _, splits3, _, dropped3 = mt.ep_dispatch(small, x.detach(), ids, probs.detach())
+    overflow = (int(dropped3), int(splits3.sum())), (max(mine - 3, 0), min(mine, 3))
 
     # double backward is refused (as everywhere in moex.torch), not silently wrong
     gx, = torch.autograd.grad(ep(x).sum(), x, create_graph=True)
@@ -137,6 +144,9 @@ def main():
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
         if double:
             raise AssertionError(double)
+        if overflow[0] != overflow[1] or int(dropped):
+            raise AssertionError(f"ep_dispatch's dropped and kept rows {overflow[0]}, want {overflow[1]}; "
+                                 f"{int(dropped)} dropped at full capacity")
         rows = int(splits.sum())
         if xr[rows:].count_nonzero() or probs_r[rows:].count_nonzero():
             raise AssertionError(f"ep_dispatch: rows of xr or probs_r past the {rows} received are not 0")
@@ -146,7 +156,7 @@ def main():
     if r == 0:
         print("\n".join(v for v in verdicts if v) or
               f"ok: {W} ranks over {g.name} ({ctx.transfer}), {args.dtype}, tokens {tokens}")
-    del ep, ctx   # (the EP contexts before the group)
+    del ep, ctx, small   # (the EP contexts before the group)
     g.finish()
     return 1 if failed else 0
 

@@ -263,19 +263,20 @@ class _EPDispatch(torch.autograd.Function):
         handle = x.new_empty(ep.handle_bytes, dtype=torch.uint8)
         xr, probs_r = x.new_empty(R, ep.hidden), x.new_empty(R, dtype=torch.float32)
         splits = x.new_empty(ep.local_experts, dtype=torch.int64)
+        dropped = x.new_empty(1, dtype=torch.int64)
         args = _capi.EpDispatchArgs(ep=ep.handle, x=_view(x), ids=_view(ids), probs=_view(probs),
                                     handle=handle.data_ptr(), handle_bytes=ep.handle_bytes, xr=_view(xr),
-                                    probs_r=_view(probs_r), splits=_view(splits))
+                                    probs_r=_view(probs_r), splits=_view(splits), dropped=_view(dropped))
         _run("ep_dispatch_forward", args, x.device)
         _zero_tail(xr, splits), _zero_tail(probs_r, splits)   # (the rows past the splits: 0)
         ctx.ep, ctx.T = ep, T
         ctx.save_for_backward(handle)
-        ctx.mark_non_differentiable(splits, handle)
-        return xr, probs_r, splits, handle
+        ctx.mark_non_differentiable(splits, handle, dropped)
+        return xr, probs_r, splits, handle, dropped
 
     @staticmethod
     @_once_differentiable
-    def backward(ctx, dxr, dprobs_r, _dsplits, _dhandle):
+    def backward(ctx, dxr, dprobs_r, _dsplits, _dhandle, _ddropped):
         handle, = ctx.saved_tensors
         ep, need_x, need_p = ctx.ep, ctx.needs_input_grad[1], ctx.needs_input_grad[3]
         dxr = dxr.contiguous()   # (autograd gives zeros for an output that did not reach the loss)
@@ -312,13 +313,15 @@ class _EPCombine(torch.autograd.Function):
         return None, dyr, None, None
 
 
-def ep_dispatch(ep: EPContext, x: Tensor, ids: Tensor, probs: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+def ep_dispatch(ep: EPContext, x: Tensor, ids: Tensor,
+                probs: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """This rank's tokens to the ranks that hold their experts (moex_ep_dispatch_forward,
     docs/ops.md 10.1; collective): x [T, H] (T <= ep.max_tokens), ids [T, k] global expert ids
     (int32 or int64), probs [T, k] f32. Returns (xr [R, H], the rows this rank received, by
     local expert; probs_r [R] f32, each row's prob; splits [El] int64, rows per local expert;
-    handle, uint8, the routing that ep_combine needs), R = ep.max_recv_rows; rows of xr and
-    probs_r past sum(splits) are 0. Differentiable in x and probs (the backward is collective
+    handle, uint8, the routing that ep_combine needs; dropped, int64 [1], the expert rows past R
+    this rank did not keep: the last experts' last rows, which count 0 in ep_combine's sums and
+    get zero gradients), R = ep.max_recv_rows; rows of xr and probs_r past sum(splits) are 0. Differentiable in x and probs (the backward is collective
     too: every rank runs it)."""
     op = "ep_dispatch"
     _check_ep(op, ep, x, "x", False)
