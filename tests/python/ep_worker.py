@@ -3,8 +3,9 @@ communicator: moex's EP over MPI, the CPU backend; tests/python/test_torch_ep.py
 torchrun (a torch.distributed NCCL process group: moex's EP over NCCL, one GPU a rank;
 scripts/gpu_python.sh's ep stage): MoELayer with ep_group against the single-process MoELayer on
 the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each row
-(y, dx, dprobs against the same math on the rank's own tokens), and a dispatch past a small
-capacity (the rows it drops counted). Every rank builds the same global
+(y, dx, dprobs against the same math on the rank's own tokens), a dispatch past a small
+capacity (the rows it drops counted), and on CUDA a training step of the EP layer captured in
+one CUDA graph, replayed with new routing, bitwise an eager step's. Every rank builds the same global
 problem from one seed (weights, the W ranks' tokens, dy), runs its share through the EP layer and
 the whole batch through the reference, and checks y and dx of its tokens, its experts' dw1, dw2,
 db1, db2, and drouter_w summed over the ranks (f32: relative 1e-5 of each tensor's largest value;
@@ -61,6 +62,48 @@ class Group:
     def finish(self):
         if self.name == "NCCL":
             torch.distributed.destroy_process_group()
+
+
+def graph_replays(ep, dims, g, x0, dy, args, opts):
+    """A training step of the EP layer (forward and backward, the gradients of x and of every
+    parameter) captured in one CUDA graph, then replayed with new tokens (new routing) three
+    times: each replay's y and gradients must equal, bitwise, an eager step of a second layer with
+    the same weights on the same tokens. None when they do, else what differed."""
+    E, H, F, k = dims
+    twin = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=ep._ep.max_tokens, device=x0.device,
+                       ep_transfer=args.transfer, **opts)
+    twin.load_state_dict(ep.state_dict())
+    static_x = x0.clone().requires_grad_(True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # (warm-up off the default stream, as torch.cuda.graph wants)
+        for _ in range(2):
+            ep.zero_grad(set_to_none=True)
+            static_x.grad = None
+            ep(static_x).backward(dy)
+    torch.cuda.current_stream().wait_stream(side)
+    ep.zero_grad(set_to_none=True)
+    static_x.grad = None
+    cuda_graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(cuda_graph):
+        static_y = ep(static_x)
+        static_y.backward(dy)
+    for trial in range(3):
+        xn = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1000 + 7 * trial + g.r)).to(x0)
+        with torch.no_grad():
+            static_x.copy_(xn)
+        cuda_graph.replay()
+        twin.zero_grad(set_to_none=True)
+        xt = xn.clone().requires_grad_(True)
+        yt = twin(xt)
+        yt.backward(dy)
+        got = [static_y, static_x.grad] + [p.grad for p in ep.parameters()]
+        want = [yt, xt.grad] + [p.grad for p in twin.parameters()]
+        names = ["y", "dx"] + [n for n, _ in ep.named_parameters()]
+        for name, a, b in zip(names, got, want):
+            if not torch.equal(a, b):
+                return f"graph replay {trial}: {name} differs from the eager step's"
+    return None
 
 
 def main():
@@ -131,6 +174,7 @@ def main():
         double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
 
     drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
+    graph = graph_replays(ep, (E, H, F, k), g, x.detach(), dyg[first:first + tokens[r]], args, opts) if dev.type == "cuda" else None
     failed = None
     try:
         rows = slice(first, first + tokens[r])
@@ -144,6 +188,8 @@ def main():
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
         if double:
             raise AssertionError(double)
+        if graph:
+            raise AssertionError(graph)
         if overflow[0] != overflow[1] or int(dropped):
             raise AssertionError(f"ep_dispatch's dropped and kept rows {overflow[0]}, want {overflow[1]}; "
                                  f"{int(dropped)} dropped at full capacity")
