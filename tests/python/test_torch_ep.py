@@ -42,7 +42,12 @@ def test_ep_layer_matches_the_whole_layer(ranks, extra):
 @pytest.mark.parametrize("extra,network", [([], False), (["--dtype", "bf16"], False), (["--empty-rank"], False),
                                            (["--tokens", "300", "--dtype", "bf16"], False),
                                            (["--transfer", "capacity"], False),
-                                           (["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True)])
+                                           (["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True),
+                                           pytest.param(["--graph"], False, marks=pytest.mark.xfail(
+                                               reason="issue #35: capturing the EP layer's step through moex.torch "
+                                                      "failed in bench/RESULTS.md run 57 (cudaErrorStreamCaptureInvalidated "
+                                                      "in a global capture); the thread-local capture is not yet run",
+                                               strict=False))])
 def test_ep_layer_over_nccl_matches_the_whole_layer(extra, network):
     """network: NCCL's peer-to-peer and shared-memory transports off, so that its send/recv (the
     CAPACITY exchange) take the network path they take between nodes."""
