@@ -4,7 +4,8 @@ torchrun (a torch.distributed NCCL process group: moex's EP over NCCL, one GPU a
 scripts/gpu_python.sh's ep stage): MoELayer with ep_group against the single-process MoELayer on
 the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each row
 (y, dx, dprobs against the same math on the rank's own tokens), a dispatch past a small
-capacity (the rows it drops counted), and on CUDA with --graph a training step of the EP layer
+capacity (the rows it drops counted); with --compile the layer's step under torch.compile
+(fullgraph) bitwise the eager one, and on CUDA with --graph a training step of the EP layer
 captured in one CUDA graph, replayed with new routing, bitwise an eager step's. Every rank builds the same global
 problem from one seed (weights, the W ranks' tokens, dy), runs its share through the EP layer and
 the whole batch through the reference, and checks y and dx of its tokens, its experts' dw1, dw2,
@@ -13,7 +14,7 @@ bf16: 3e-2). A rank with no tokens (the last, when --empty-rank) takes part too.
 every rank, or 1 on a rank whose check failed (the message names it).
 
 Usage: mpirun -np N python3 tests/python/ep_worker.py [--dtype f32|bf16] [--empty-rank] [--tokens T]
-           [--transfer auto|capacity|peer] [--graph]
+           [--transfer auto|capacity|peer] [--graph] [--compile]
        torchrun --nproc_per_node N tests/python/ep_worker.py [the same options]
 """
 import argparse
@@ -62,6 +63,24 @@ class Group:
     def finish(self):
         if self.name == "NCCL":
             torch.distributed.destroy_process_group()
+
+
+def compiled_step(ep, x0, dy):
+    """The layer's step (y, dx and every parameter's gradient) under torch.compile(fullgraph=True,
+    aot_eager: traced through the operators' fake kernels and autograd, no code generated) must
+    equal the eager step bitwise. None when it does, else what differed."""
+    results = []
+    for layer in (ep, torch.compile(ep, backend="aot_eager", fullgraph=True)):
+        ep.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        y = layer(x)
+        y.backward(dy)   # (the compiled backward: AOT autograd's graph of the operators' autograd)
+        results.append([y.detach(), x.grad] + [p.grad for p in ep.parameters()])
+    names = ["y", "dx"] + [n for n, _ in ep.named_parameters()]
+    for name, a, b in zip(names, *results):
+        if not torch.equal(a, b):
+            return f"torch.compile: {name} differs from the eager step's"
+    return None
 
 
 def graph_replays(ep, dims, g, x0, dy, args, opts):
@@ -115,6 +134,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=6, help="tokens of a rank (odd ranks one fewer)")
     ap.add_argument("--transfer", default="auto", choices=["auto", "capacity", "peer"])
     ap.add_argument("--graph", action="store_true", help="CUDA: also a step captured in a CUDA graph, replayed")
+    ap.add_argument("--compile", action="store_true", help="also the layer's step under torch.compile(fullgraph)")
     args = ap.parse_args()
     g = Group()
     W, r, dev = g.W, g.r, g.device
@@ -177,6 +197,7 @@ def main():
         double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
 
     drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
+    compiled = compiled_step(ep, x.detach(), dyg[first:first + tokens[r]]) if args.compile else None
     graph = None
     if args.graph and dev.type == "cuda":
         graph = graph_replays(ep, (E, H, F, k), g, x.detach(), dyg[first:first + tokens[r]], args, opts)
@@ -195,6 +216,8 @@ def main():
             raise AssertionError(double)
         if graph:
             raise AssertionError(graph)
+        if compiled:
+            raise AssertionError(compiled)
         if overflow[0] != overflow[1] or int(dropped):
             raise AssertionError(f"ep_dispatch's dropped and kept rows {overflow[0]}, want {overflow[1]}; "
                                  f"{int(dropped)} dropped at full capacity")

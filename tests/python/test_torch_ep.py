@@ -25,7 +25,7 @@ def _have_mpi():
 
 @pytest.mark.skipif(not _have_mpi(), reason="needs mpirun and mpi4py")
 @pytest.mark.parametrize("ranks,extra", [(1, []), (2, []), (2, ["--dtype", "bf16"]), (2, ["--empty-rank"]),
-                                         (3, []), (3, ["--empty-rank", "--dtype", "bf16"])])
+                                         (3, []), (3, ["--empty-rank", "--dtype", "bf16"]), (2, ["--compile"])])
 def test_ep_layer_matches_the_whole_layer(ranks, extra):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -41,7 +41,7 @@ def test_ep_layer_matches_the_whole_layer(ranks, extra):
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
 @pytest.mark.parametrize("extra,network", [([], False), (["--dtype", "bf16"], False), (["--empty-rank"], False),
                                            (["--tokens", "300", "--dtype", "bf16"], False),
-                                           (["--transfer", "capacity"], False),
+                                           (["--transfer", "capacity"], False), (["--compile"], False),
                                            (["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True),
                                            pytest.param(["--graph"], False, marks=pytest.mark.xfail(
                                                reason="issue #35: capturing the EP layer's step through moex.torch "

@@ -1,6 +1,7 @@
 """moex.torch._ep - expert parallelism (docs/ops.md section 10): moex's EP context over a group's
 communicator (EPContext), its dispatch and combine with their autograd (ep_dispatch, ep_combine)
-and the EP MoE layer's autograd (_EPMoE, for MoELayer(ep_group=...)).
+and the EP MoE layer's operators moex::ep_moe_layer_forward and _backward with their autograd and
+fake kernels (for MoELayer(ep_group=...), eager or under torch.compile).
 
 The group: a torch.distributed process group of the NCCL backend, for CUDA tensors (moex.torch
 makes an NCCL communicator of its own over the group's ranks: _NcclComm), or an mpi4py MPI
@@ -11,9 +12,11 @@ each rank's own).
 """
 import contextlib
 import ctypes
+import itertools
 import os
 import sys
-from typing import Optional, Tuple
+import weakref
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,7 +25,7 @@ from .. import _capi
 from .._capi import GRAD_WRITE
 from ._fp8 import _FP8_OFF
 from ._moe import _moe_args, _moe_backward_outputs, _moe_needs, _shape_view
-from ._operators import _DTYPES, _args, _once_differentiable, _run, _view, _zero_tail
+from ._operators import _DTYPES, _args, _once_differentiable, _operator, _run, _view, _zero_tail
 
 
 def _mpi_comm(group):
@@ -121,6 +124,18 @@ def _ep_device(group, device, owner: str) -> torch.device:
     return torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
 
 
+# The live EP contexts by id: the operators below take an int (a schema has no object type).
+_EP_CONTEXTS = weakref.WeakValueDictionary()
+_EP_IDS = itertools.count(1)
+
+
+def _ep_of(ep_id: int) -> "EPContext":
+    ep = _EP_CONTEXTS.get(ep_id)
+    if ep is None:
+        raise ValueError(f"moex.ep_moe_layer: no live EPContext has id {ep_id}")
+    return ep
+
+
 _TRANSFERS = {"auto": _capi.EP_TRANSFER_AUTO, "capacity": _capi.EP_TRANSFER_CAPACITY, "peer": _capi.EP_TRANSFER_PEER}
 
 
@@ -174,6 +189,8 @@ class EPContext:
         self.handle_bytes = info.handle_bytes
         self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
         self.max_tokens, self.max_recv_rows = int(max_tokens), int(max_recv_rows)
+        self.id = next(_EP_IDS)   # (the operators name their context by it: _ep_of)
+        _EP_CONTEXTS[self.id] = self
 
     def __del__(self):
         nccl, MPI = getattr(self, "_nccl", None), sys.modules.get("mpi4py.MPI")
@@ -197,39 +214,77 @@ def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view
     return _capi.EpMoeLayerArgs(ep=ep.handle, layer=layer)
 
 
-class _EPMoE(torch.autograd.Function):
-    """y = the EP MoE layer of this rank's tokens x (router_w [E, H] whole on every rank, w1, b1,
-    w2, b2 this rank's experts); the backward gives dx, this rank's share of drouter_w (the
-    ranks' shares sum to the gradient of the whole layer: sum them, as data parallelism does)
-    and the local experts' gradients."""
+# ---- the EP MoE layer's operators: moex::ep_moe_layer_forward and _backward ----------------------
+# As moex::moe_layer_forward and _backward (_moe.py), with the EP context by its id: registered with
+# torch.library (fake kernels from the shapes, autograd), so torch.compile traces the layer; eager
+# calls run the implementation directly. The layer's router_w is whole on every rank, w1, b1, w2,
+# b2 this rank's experts; the backward gives dx, this rank's share of drouter_w (the ranks' shares
+# sum to the gradient of the whole layer: sum them, as data parallelism does) and the local
+# experts' gradients.
 
-    @staticmethod
-    def forward(ctx, x, router_w, w1, b1, w2, b2, ep, options):
-        if x.shape[0] > ep.max_tokens:
-            raise ValueError(f"moex.torch.MoELayer: {x.shape[0]} tokens, more than the layer's ep_max_tokens "
-                             f"{ep.max_tokens}")
-        nbytes = _capi.ep_moe_layer_saved_size(
-            ep.ctx, _ep_args(ep, x, router_w, w1, b1, w2, b2, options, None, None, view=_shape_view))
-        saved = x.new_empty(nbytes, dtype=torch.uint8)
-        y = x.new_empty(x.shape)
-        _run("ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y), x.device)
-        ctx.save_for_backward(x, router_w, w1, b1, w2, b2, saved)
-        ctx.ep, ctx.options = ep, options
-        return y
+def _ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options) -> int:
+    return _capi.ep_moe_layer_saved_size(ep.ctx, _ep_args(ep, x, router_w, w1, b1, w2, b2, options, None, None,
+                                                          view=_shape_view))
 
-    @staticmethod
-    @_once_differentiable
-    def backward(ctx, dy):
-        x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
-        needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
-        outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
-        dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
-        fwd = _ep_args(ctx.ep, x, router_w, w1, b1, w2, b2, ctx.options, saved, None).layer
-        dy = dy.contiguous()   # (held here: the args below hold only its address)
-        grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy, dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw,
-                     dw1=dw1, dw2=dw2, db1=db1, db2=db2)
-        _run("ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ctx.ep.handle, layer=grad), x.device)
-        return dx, drw, dw1, db1, dw2, db2, None, None
+
+@_operator("ep_moe_layer_forward", mutates_args=())
+def _ep_moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
+                    b2: Optional[Tensor], ep_id: int, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
+                    glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float) -> Tuple[Tensor, Tensor]:
+    ep = _ep_of(ep_id)
+    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    if x.shape[0] > ep.max_tokens:
+        raise ValueError(f"moex.torch.MoELayer: {x.shape[0]} tokens, more than the layer's ep_max_tokens "
+                         f"{ep.max_tokens}")
+    saved = x.new_empty(_ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options), dtype=torch.uint8)
+    y = x.new_empty(x.shape)
+    _run("ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y), x.device)
+    return y, saved
+
+
+@_ep_moe_forward.register_fake
+def _(x, router_w, w1, b1, w2, b2, ep_id, *options):
+    n = _ep_saved_bytes(_ep_of(ep_id), x, router_w, w1, b1, w2, b2, options)
+    return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8)
+
+
+@_operator("ep_moe_layer_backward", mutates_args=())
+def _ep_moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
+                     b2: Optional[Tensor], saved: Tensor, dy: Tensor, ep_id: int, topk: int, score: int, norm: int,
+                     b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float, glu_alpha: float,
+                     glu_offset: float, needs: List[bool]) -> List[Tensor]:
+    """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
+    ep = _ep_of(ep_id)
+    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
+    dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
+    fwd = _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, None).layer
+    grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy, dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw, dw1=dw1, dw2=dw2,
+                 db1=db1, db2=db2)
+    _run("ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ep.handle, layer=grad), x.device)
+    return outs
+
+
+@_ep_moe_backward.register_fake
+def _(x, router_w, w1, b1, w2, b2, saved, dy, ep_id, *rest):
+    return _moe_backward_outputs(x, router_w, w1, b1, w2, b2, rest[-1])
+
+
+def _ep_moe_setup(ctx, inputs, output):
+    x, router_w, w1, b1, w2, b2 = inputs[:6]
+    ctx.save_for_backward(x, router_w, w1, b1, w2, b2, output[1])
+    ctx.ep_id, ctx.options = inputs[6], inputs[7:]
+
+
+def _ep_moe_grads(ctx, dy, _dsaved):
+    x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
+    needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
+    outs = _ep_moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), ctx.ep_id, *ctx.options, needs)
+    dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
+    return (dx, drw, dw1, db1, dw2, db2) + (None,) * 10
+
+
+_ep_moe_forward.register_autograd(_ep_moe_grads, setup_context=_ep_moe_setup)
 
 
 # ---- dispatch and combine ----------------------------------------------------------------------
@@ -351,7 +406,8 @@ def ep_moe_forward(layer, x: Tensor) -> Tensor:
     if x.device != layer._ep.device:
         raise ValueError(f"moex.torch.MoELayer: x is on {x.device}, the layer's expert parallelism on "
                          f"{layer._ep.device}")
-    return _EPMoE.apply(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, layer._ep, layer.options)
+    ep = layer._ep
+    return _ep_moe_forward(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, ep.id, *layer.options)[0]
 
 
 def ep_setup(owner: str, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype, device,

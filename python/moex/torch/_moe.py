@@ -167,8 +167,8 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     receives, defaults to what no routing can overflow), and the backward gives this rank's
     share of router_w's gradient (sum the shares over the ranks, as data parallelism does);
     ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
-    Every rank constructs the layer alike and makes the same calls (collective). Eager mode,
-    with neither FP8 nor the weight-gradient options, for now."""
+    Every rank constructs the layer alike and makes the same calls (collective); eager or under
+    torch.compile, with neither FP8 nor the weight-gradient options, for now."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
