@@ -151,7 +151,8 @@ class EPContext:
     where every rank can map every peer's memory, one node with NVLink; else capacity),
     "capacity" (NCCL send/recv, across nodes too) or "peer". Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
     with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
-    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device."""
+    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device,
+    transfer (AUTO's choice), id (the operators' name for it)."""
 
     def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype = torch.float32,
                  max_tokens: Optional[int] = None, max_recv_rows: Optional[int] = None, device=None,
