@@ -121,12 +121,16 @@ def make_moe(variant, num_experts, hidden, ffn, topk):
 
 # ---- the model ---------------------------------------------------------------------------------
 
-def load_balancing_loss(x, router_w, topk):
+def load_balancing_loss(x, router_w, topk, mean_fraction=None):
     """The Switch Transformer auxiliary loss E * sum_e f_e P_e: f_e the fraction of the
-    choices that go to expert e, P_e the mean router probability of e (1 when balanced)."""
+    choices that go to expert e, P_e the mean router probability of e (1 when balanced).
+    mean_fraction (train_ep.py): f averaged over the data-parallel ranks, so that f is the whole
+    batch's and the ranks' losses average to the whole batch's."""
     E = router_w.shape[0]
     s = (x.reshape(-1, x.shape[-1]).float() @ router_w.float().t()).softmax(dim=-1)
     f = F.one_hot(s.topk(topk, dim=-1).indices, E).sum(dim=(0, 1)).float() / (s.shape[0] * topk)
+    if mean_fraction is not None:
+        f = mean_fraction(f)
     return E * (f * s.mean(dim=0)).sum()
 
 
@@ -141,6 +145,7 @@ class Block(nn.Module):
         self.qkv = nn.Linear(H, 3 * H, bias=False)
         self.proj = nn.Linear(H, H, bias=False)
         self.moe = make_moe(args.moe, args.experts, H, args.ffn, args.topk)
+        self.mean_fraction = None   # (train_ep.py's, over its ranks)
 
     def forward(self, x):
         B, S, H = x.shape
@@ -148,7 +153,7 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(B, S, H))
         h = self.norm2(x)
-        return x + self.moe(h), load_balancing_loss(h, self.moe.router_w, self.topk)
+        return x + self.moe(h), load_balancing_loss(h, self.moe.router_w, self.topk, self.mean_fraction)
 
 
 class MoELM(nn.Module):

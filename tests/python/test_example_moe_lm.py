@@ -2,7 +2,8 @@
 seconds): the plain PyTorch MoE layer of train.py (the loop over experts, and torch._grouped_mm
 where torch has it on the CPU) against moex.torch.MoELayer on the same weights, forward and
 gradients; 12 training steps of the language model with each layer: the same loss at every
-step, and a loss that goes down; compare.py's judgement of several seeds (its f32 parity gate,
+step, and a loss that goes down; train_ep.py (expert parallelism, 2 ranks under mpirun) giving
+train.py's losses; compare.py's judgement of several seeds (its f32 parity gate,
 which a wrong layer fails, and its rule for the final losses against the seed spread), its
 table, summary.json and plot from the runs' JSON.
 
@@ -97,6 +98,38 @@ def test_training_matches_plain_pytorch(variant):
     assert [s for s, _ in got["val_loss"]] == [6, 12]
     for (step, a), (_, b) in zip(got["val_loss"], want["val_loss"]):
         assert abs(a - b) <= 1e-5 * b, f"validation at step {step}: {variant} {a}, torch {b}"
+
+
+def _have_mpi():
+    import shutil
+    if shutil.which("mpirun") is None:
+        return False
+    return subprocess.run([sys.executable, "-c", "import mpi4py"], capture_output=True).returncode == 0
+
+
+@needs_text
+@pytest.mark.skipif(not _have_mpi(), reason="needs mpirun and mpi4py")
+@pytest.mark.parametrize("variant", ["moex", "torch"])
+def test_expert_parallel_training_matches_one_process(variant, tmp_path):
+    """train_ep.py under mpirun on 2 ranks (moex's EP over MPI, or the all-to-all EP layer over
+    gloo; the replicated gradients averaged over gloo) gives train.py's losses on the whole batch:
+    the same tolerance as above (measured 1.4e-7)."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1",
+               MOEX_EP_PORT=str(29600 + (os.getpid() + (variant == "torch")) % 300))
+    cmd = ["mpirun", "-np", "2"]
+    if "Open MPI" in subprocess.run(["mpirun", "--version"], capture_output=True, text=True).stdout:
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+    out = tmp_path / "ep.json"
+    run_ep = subprocess.run(cmd + [sys.executable, os.path.join(EXAMPLE, "train_ep.py"), "--moe", variant] + TINY +
+                            ["--out", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert run_ep.returncode == 0, run_ep.stdout[-3000:] + run_ep.stderr[-3000:]
+    got, want = json.loads(out.read_text()), run("torch")
+    assert got["world"] == 2 and len(got["train_loss"]) == 12
+    for step, (a, b) in enumerate(zip(got["train_loss"], want["train_loss"])):
+        assert abs(a - b) <= 1e-5 * b, f"step {step}: EP {variant} loss {a}, one process {b}"
+    for (step, a), (_, b) in zip(got["val_loss"], want["val_loss"]):
+        assert abs(a - b) <= 1e-5 * b, f"validation at step {step}: EP {variant} {a}, one process {b}"
 
 
 @needs_text
