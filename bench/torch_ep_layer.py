@@ -8,9 +8,9 @@ of a softmax router with the chosen probs renormalised, SwiGLU (z = p * silu(a) 
 no biases, bf16 (the router GEMM in f32), T tokens a rank.
   moex   moex.torch.MoELayer(E, H, F, k, ep_group=WORLD, ep_max_tokens=T): moex's EP MoE layer over
          NCCL (one call forward, one backward; the counts stay on the device).
-  torch  the all-to-all layer as Megatron-LM's token dispatcher runs it: the router in f32, the
-         token copies sorted by expert (index_select), the per-expert counts exchanged
-         (all_to_all_single) and read on the host, the rows and probs moved by
+  torch  examples/moe_lm/train_ep.py's TorchEPMoE, the all-to-all layer as Megatron-LM's token
+         dispatcher runs it: the router in f32, the token copies sorted by expert, the per-expert
+         counts exchanged (all_to_all_single) and read on the host, the rows and probs moved by
          torch.distributed.nn.functional.all_to_all_single (autograd), regrouped by local expert,
          FC1 and FC2 by torch._grouped_mm, SwiGLU and the prob scale in f32, back by the reverse
          all-to-all, and each token's k rows summed (index_add_). Its backward is autograd's.
@@ -32,57 +32,11 @@ import sys
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch.distributed.nn.functional import all_to_all_single
 
 import moex.torch as mt
 
-
-class TorchEPMoE(torch.nn.Module):
-    """The plain all-to-all EP MoE layer (the module docstring), this rank's experts
-    [rank El, (rank + 1) El)."""
-
-    def __init__(self, E, H, Fd, k, W, rank, dev, dtype):
-        super().__init__()
-        self.E, self.H, self.F, self.k, self.W, self.rank, self.El = E, H, Fd, k, W, rank, E // W
-        self.router_w = torch.nn.Parameter(torch.empty(E, H, device=dev, dtype=dtype))
-        self.w1 = torch.nn.Parameter(torch.empty(self.El, 2 * Fd, H, device=dev, dtype=dtype))
-        self.w2 = torch.nn.Parameter(torch.empty(self.El, H, Fd, device=dev, dtype=dtype))
-
-    def forward(self, x):
-        T, k, W, El = x.shape[0], self.k, self.W, self.El
-        logits = x.float() @ self.router_w.float().t()
-        top, ids = torch.softmax(logits, dim=-1).topk(k, dim=-1)
-        probs = top / top.sum(-1, keepdim=True)
-        order = torch.argsort(ids.reshape(-1), stable=True)   # token copies by expert, so by rank
-        xs, ps = x.index_select(0, order // k), probs.reshape(-1).index_select(0, order)
-        counts = torch.bincount(ids.reshape(-1), minlength=self.E)   # [E]: rank q's experts at q El
-        recv = torch.empty_like(counts)
-        dist.all_to_all_single(recv, counts)   # [source rank][local expert]
-        c_send, c_recv = counts.view(W, El).sum(1).tolist(), recv.view(W, El)
-        c_recv_host = c_recv.tolist()   # (the host reads the counts, as Megatron's dispatcher does)
-        in_rows = [sum(r) for r in c_recv_host]
-        xr = all_to_all_single(x.new_empty(sum(in_rows), self.H), xs, in_rows, c_send)
-        pr = all_to_all_single(ps.new_empty(sum(in_rows)), ps, in_rows, c_send)
-        # regroup [source][expert] chunks by expert
-        sizes = [c for r in c_recv_host for c in r]
-        chunks = list(range(W * El))
-        by_expert = [q * El + e for e in range(El) for q in range(W)]
-        xr_chunks, pr_chunks = xr.split(sizes), pr.split(sizes)
-        xe = torch.cat([xr_chunks[i] for i in by_expert])
-        pe = torch.cat([pr_chunks[i] for i in by_expert])
-        offs = torch.cumsum(c_recv.sum(0), 0).to(torch.int32)
-        h = torch._grouped_mm(xe, self.w1.transpose(-2, -1), offs=offs)
-        a, b = h.float().chunk(2, dim=-1)
-        z = (F.silu(a) * b * pe[:, None]).to(x.dtype)
-        ye = torch._grouped_mm(z, self.w2.transpose(-2, -1), offs=offs)
-        # back to [source][expert] chunks, to their ranks, and each token's k rows summed
-        sizes_e = [sizes[i] for i in by_expert]
-        ye_chunks = ye.split(sizes_e)
-        position = {c: j for j, c in enumerate(by_expert)}
-        yr = torch.cat([ye_chunks[position[c]] for c in chunks])
-        ys = all_to_all_single(xs.new_empty(xs.shape), yr, c_send, in_rows)
-        return torch.zeros_like(x).index_add_(0, order // k, ys)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "moe_lm"))
+from train_ep import TorchEPMoE  # noqa: E402  (the all-to-all EP layer, written once: the example's)
 
 
 def step_time(fn, params, warmup, iters, dev):
@@ -119,7 +73,7 @@ def main():
     E, H, Fd, k, T, dt = args.experts, args.hidden, args.ffn, args.topk, args.tokens, torch.bfloat16
     torch.manual_seed(11)
     moex_layer = mt.MoELayer(E, H, Fd, k, ep_group=dist.group.WORLD, ep_max_tokens=T, params_dtype=dt, device=dev)
-    torch_layer = TorchEPMoE(E, H, Fd, k, W, rank, dev, dt)
+    torch_layer = TorchEPMoE(E, H, Fd, k, rank, W, grouped=True).to(device=dev, dtype=dt)
     with torch.no_grad():
         for p in moex_layer.parameters():
             p.normal_(std=0.02)
