@@ -6,8 +6,8 @@
  *
  * What is where
  *   moex.h      stable: the context, tensors, and the operations splits_to_offsets,
- *               zero_tail, weight_maps_write, grouped linear, scaled GLU, grouped MLP, router, permute,
- *               unpermute and the MoE layer.
+ *               zero_tail, weight_maps_write, grouped linear, scaled GLU, grouped MLP,
+ *               router, permute, unpermute and the MoE layer.
  *   moex_fp8.h  experimental: FP8 training. The recipe a layer's GEMMs run in (the `fp8`
  *               field of the grouped linear, grouped MLP and MoE layer arguments), the scaled
  *               GLU's quantized output (its zq_* fields), grouped and weight quantize and
@@ -321,7 +321,8 @@ MOEX_API moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args
  * MOEX_ERR_INVALID_ARG naming this op), and the GEMMs reading its maps give results that
  * are not meaningful. Backends and devices whose GEMMs read no maps (the CPU, CUDA before
  * Hopper) and weights the Hopper GEMMs do not read (not bf16 or f16, R or C not a multiple
- * of 8) need 0 bytes; a call then writes nothing and w.maps may be anything. */
+ * of 8) need 0 bytes: the write then writes nothing, and the calls do not read w.maps (which
+ * must still be NULL or 128-byte aligned). */
 
 /* The bytes of the maps of a discrete weight described by w->t (dtype and [G, R, C], G >= 1;
  * w->ptrs and w->maps are not read). */
