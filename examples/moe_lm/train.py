@@ -216,17 +216,21 @@ def lr_at(step, args):
     return args.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
 
-def train(args):
-    """Trains args.moe's model; returns the record that --out gets."""
-    name = args.moe
-    device = torch.device(args.device)
+def train(args, dp=None):
+    """Trains args.moe's model; returns the record that --out gets. dp (train_ep.py's Ranks):
+    data parallelism over its ranks, whose model (dp.model) has expert-parallel MoE layers: each
+    rank takes its share of every batch, dp.reduce_grads makes the gradients the whole batch's,
+    the losses are the ranks' means (dp.mean), and rank 0 prints; None: this one process."""
+    name = args.moe if dp is None else dp.name
+    device = torch.device(args.device) if dp is None else dp.device
     dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
     if dtype == torch.float32:
         torch.set_float32_matmul_precision("highest")   # f32 products in f32, as moex computes them (no TF32)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     train_text, val_text, text_info = load_text()
+    rank, world = (0, 1) if dp is None else (dp.rank, dp.world)
 
-    model = build_model(args).to(device=device, dtype=dtype)
+    model = build_model(args).to(device=device, dtype=dtype) if dp is None else dp.model(args, dtype)
     params = list(model.parameters())
     # In bf16 the optimizer updates f32 copies of the weights ("main params") and copies them back.
     main = params if dtype == torch.float32 else [p.detach().float() for p in params]
@@ -236,7 +240,9 @@ def train(args):
 
     # The batches: args.batch windows of seq + 1 bytes per step at offsets drawn under args.seed.
     gen = torch.Generator().manual_seed(args.seed)
-    starts = torch.randint(0, len(train_text) - args.seq, (args.steps, args.batch), generator=gen).to(device)
+    starts = torch.randint(0, len(train_text) - args.seq, (args.steps, args.batch), generator=gen)
+    share = args.batch // world   # (this rank's sequences of each batch)
+    starts = starts[:, rank * share:(rank + 1) * share].to(device)
     window = torch.arange(args.seq + 1, device=device)
     text = train_text.to(device)
 
@@ -252,6 +258,8 @@ def train(args):
         logits, aux = model(w[:, :-1])
         loss = lm_loss(logits, w[:, 1:])
         (loss + args.aux_loss * aux).backward()
+        if dp is not None:
+            dp.reduce_grads(model)
         if main is not params:
             for m, p in zip(main, params):
                 m.grad, p.grad = p.grad.float(), None
@@ -260,26 +268,28 @@ def train(args):
         if main is not params:
             with torch.no_grad():
                 torch._foreach_copy_(params, main)
-        losses[step] = loss.detach()
+        losses[step] = loss.detach() if dp is None else dp.mean(loss.detach())
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             sync()
             if step >= args.warmup:
                 timed_s += time.perf_counter() - t0
             model.eval()
-            val_losses.append([step + 1, evaluate(model, val_text, args.seq, args.batch, device)])
+            val_losses.append([step + 1, evaluate(model, val_text, args.seq, share, device)])
             model.train()
-            print(f"{name}: step {step + 1}/{args.steps}  train {losses[step].item():.4f}  "
-                  f"val {val_losses[-1][1]:.4f}", flush=True)
+            if rank == 0:
+                print(f"{name}: step {step + 1}/{args.steps}  train {losses[step].item():.4f}  "
+                      f"val {val_losses[-1][1]:.4f}", flush=True)
             sync()
             t0 = time.perf_counter()
 
     timed = args.steps - args.warmup
+    ms = 1e3 * timed_s / timed if timed > 0 else None
     return {
-        "variant": name, "config": vars(args), "torch": torch.__version__,
+        "variant": name, "config": vars(args), "world": world, "torch": torch.__version__,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "params": sum(p.numel() for p in params), "text": text_info,
         "train_loss": losses.tolist(), "val_loss": val_losses,
-        "timed_steps": timed, "ms_per_step": 1e3 * timed_s / timed if timed > 0 else None,
+        "timed_steps": timed, "ms_per_step": ms, "tokens_per_s": args.batch * args.seq / (ms / 1e3) if ms else None,
     }
 
 

@@ -15,9 +15,10 @@ replicated parameters (router_w included: each rank's EP layer gives its tokens'
 averaged over the ranks, the experts' (which every rank's tokens reach) divided by W, so that
 the update is train.py's on the whole batch (the load-balancing loss from the whole batch's
 expert fractions): with the same --seed the loss curve is train.py's (in f32 to rounding;
-tests/python/test_example_moe_lm.py checks it on the CPU). The reported
-loss is the mean over the ranks; the validation loss is computed on every rank alike (the EP
-layers are collective). --out (rank 0) gets train.py's JSON plus the world size and tokens/s.
+tests/python/test_example_moe_lm.py checks it on the CPU). train.py's loop runs it
+(train(args, dp=Ranks): the model, the gradients' reduction and the losses' mean are this
+file's); the reported loss is the mean over the ranks; the validation loss is computed on every
+rank alike (the EP layers are collective); --out (rank 0) gets train.py's JSON.
 
     torchrun --nproc_per_node 2 examples/moe_lm/train_ep.py --moe moex --out ep_moex.json
     torchrun --nproc_per_node 2 examples/moe_lm/train_ep.py --moe torch --out ep_torch.json
@@ -31,7 +32,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -64,6 +64,29 @@ class Ranks:
                                     world_size=comm.Get_size())
             self.ep_group = comm
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.name = None   # (train.py's record and log: "ep_<variant>", set by main)
+
+    def model(self, args, dtype):
+        """train.py's model with this rank's EP layers (build_ep_model)."""
+        return build_ep_model(args, self, dtype)
+
+    def reduce_grads(self, model):
+        """The whole batch's gradients: the replicated parameters' averaged over the ranks (one
+        all-reduce), the experts' (every rank's tokens reach them) divided by the ranks."""
+        experts = [p for b in model.blocks for p in (b.moe.w1, b.moe.w2)]
+        ids = {id(p) for p in experts}
+        replicated = [p for p in model.parameters() if id(p) not in ids]
+        flat = torch.cat([p.grad.reshape(-1) for p in replicated])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for p, g in zip(replicated, flat.split([p.numel() for p in replicated])):
+            p.grad.copy_(g.view_as(p))
+        for p in experts:
+            p.grad /= self.world
+
+    def mean(self, t):
+        """t's mean over the ranks (no gradient)."""
+        return mean_over_ranks(t)
 
 
 class TorchEPMoE(nn.Module):
@@ -146,86 +169,6 @@ def mean_over_ranks(t):
     return t / dist.get_world_size()
 
 
-def train(args, ranks):
-    """Trains args.moe's EP model; returns rank 0's record (train.py's, plus world and tokens/s)."""
-    device, W, r = ranks.device, ranks.world, ranks.rank
-    dtype = {"bf16": torch.bfloat16, "f32": torch.float32}[args.dtype]
-    if dtype == torch.float32:
-        torch.set_float32_matmul_precision("highest")
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    train_text, val_text, text_info = lm.load_text()
-    model = build_ep_model(args, ranks, dtype)
-    params = list(model.parameters())
-    experts = {id(b.moe.w1) for b in model.blocks} | {id(b.moe.w2) for b in model.blocks}
-    replicated = [p for p in params if id(p) not in experts]
-    main = params if dtype == torch.float32 else [p.detach().float() for p in params]
-    groups = [{"params": [m for m in main if m.dim() >= 2], "weight_decay": 0.1},
-              {"params": [m for m in main if m.dim() < 2], "weight_decay": 0.0}]
-    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
-
-    gen = torch.Generator().manual_seed(args.seed)   # train.py's batches; this rank's share of each
-    starts = torch.randint(0, len(train_text) - args.seq, (args.steps, args.batch), generator=gen)
-    b = args.batch // W
-    starts = starts[:, r * b:(r + 1) * b].to(device)
-    window = torch.arange(args.seq + 1, device=device)
-    text = train_text.to(device)
-
-    losses = torch.zeros(args.steps, device=device)
-    val_losses, timed_s, t0 = [], 0.0, 0.0
-    for step in range(args.steps):
-        if step == args.warmup:
-            sync()
-            t0 = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lm.lr_at(step, args)
-        w = text[starts[step][:, None] + window].long()
-        logits, aux = model(w[:, :-1])
-        loss = lm.lm_loss(logits, w[:, 1:])
-        (loss + args.aux_loss * aux).backward()
-        # the whole batch's gradient: the replicated parameters' averaged, the experts' / W
-        flat = torch.cat([p.grad.reshape(-1) for p in replicated])
-        dist.all_reduce(flat)
-        flat /= W
-        for p, g in zip(replicated, flat.split([p.numel() for p in replicated])):
-            p.grad.copy_(g.view_as(p))
-        for block in model.blocks:
-            block.moe.w1.grad /= W
-            block.moe.w2.grad /= W
-        if main is not params:
-            for m, p in zip(main, params):
-                m.grad, p.grad = p.grad.float(), None
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        if main is not params:
-            with torch.no_grad():
-                torch._foreach_copy_(params, main)
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)
-        losses[step] = mean / W
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            sync()
-            if step >= args.warmup:
-                timed_s += time.perf_counter() - t0
-            model.eval()
-            val_losses.append([step + 1, lm.evaluate(model, val_text, args.seq, b, device)])
-            model.train()
-            if r == 0:
-                print(f"ep-{args.moe}: step {step + 1}/{args.steps}  train {losses[step].item():.4f}  "
-                      f"val {val_losses[-1][1]:.4f}", flush=True)
-            sync()
-            t0 = time.perf_counter()
-
-    timed = args.steps - args.warmup
-    ms = 1e3 * timed_s / timed if timed > 0 else None
-    return {
-        "variant": f"ep_{args.moe}", "config": vars(args), "world": W, "torch": torch.__version__,
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "params": sum(p.numel() for p in params), "text": text_info,
-        "train_loss": losses.tolist(), "val_loss": val_losses, "timed_steps": timed, "ms_per_step": ms,
-        "tokens_per_s": args.batch * args.seq / (ms / 1e3) if ms else None,
-    }
-
-
 def main():
     argv = sys.argv[1:]
     moe = "moex"
@@ -238,10 +181,11 @@ def main():
     args = lm.parse_args(argv)
     args.moe = moe
     ranks = Ranks()
+    ranks.name = f"ep_{moe}"
     if args.batch % ranks.world or args.experts % ranks.world:
         raise SystemExit(f"train_ep.py: --batch ({args.batch}) and --experts ({args.experts}) must be multiples "
                          f"of the {ranks.world} ranks")
-    record = train(args, ranks)
+    record = lm.train(args, dp=ranks)
     if ranks.rank == 0:
         print(f"{record['variant']}: final train {record['train_loss'][-1]:.4f}  val {record['val_loss'][-1][1]:.4f}  "
               f"{record['ms_per_step']} ms/step  {record['tokens_per_s']} tokens/s")
