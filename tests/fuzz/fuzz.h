@@ -86,6 +86,8 @@
  *                 0, > 8 or < 0; offsets stride < 1; T*k > INT32_MAX (huge mode)            STRUCT
  *   huge sizes    an MoE intermediate (logits [T,E], xp [T*k,H], h [T*k,2F]) past 2^60
  *                 elements (huge mode)                                                      STRUCT
+ *   weight maps   grouped linear: w.maps on a packed weight or not 128-byte aligned,
+ *                 dw.maps at all (kept maps, include/moex.h weight_maps_write)             STRUCT
  *   split values  a negative split (-1, INT64_MIN), a sum past T (+1, INT64_MAX)           SPLITS
  *                 splits_to_offsets: negative, or a sum past INT64_MAX                      SPLITS
  *   offsets fit   stride * sum(splits) past INT32_MAX / INT64_MAX                          OFFSFIT

@@ -356,24 +356,40 @@ static bool bias_or_splits_fault(fz_case *c, moex_bias_mode *mode, int64_t T, un
     return fz_fault_split_values(c, fz_find(c, "splits"), T, p);
 }
 
+/* A weight's kept maps where they are refused (include/moex.h, weight_maps_write): on a packed
+ * weight or an output (the call names "maps"), or not 128-byte aligned ("w.maps"); never read. */
+static bool maps_fault(fz_case *c, moex_weight *w, const char *name, bool output, uint64_t p) {
+    static unsigned char anchor[256];
+    const uintptr_t aligned = ((uintptr_t)anchor + 127u) / 128u * 128u;
+    const bool misaligned = (p & 1) || (w->ptrs && !output);
+    w->maps = (const void *)(aligned + (misaligned ? 16u * (1u + (unsigned)(p >> 1) % 7u) : 0u));
+    fz_fault(c, FZ_STRUCT, "%s.maps: %s on a%s %s weight", name, misaligned ? "misaligned" : "128-byte aligned",
+             output ? "n output" : "", w->ptrs ? "discrete" : "packed");
+    return true;
+}
+
 static int64_t gl_T;   /* rows of the case being built (the fault callbacks need it) */
 
-/* One fault kind in four is the fp8 recipe's (fz_fault_fp8). */
+/* One fault kind in four is the fp8 recipe's (fz_fault_fp8), one in eight of the others the
+ * weight's maps (maps_fault). */
 static bool glf_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_linear_args *a = (moex_grouped_linear_args *)args;
     if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
+    if (kind % 32 == 6) return maps_fault(c, &a->w, "w", false, p);
     return bias_or_splits_fault(c, &a->bias_mode, gl_T, kind, p);
 }
 
 static bool gld_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_linear_dgrad_args *a = (moex_grouped_linear_dgrad_args *)args;
     if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
+    if (kind % 32 == 6) return maps_fault(c, &a->w, "w", false, p);
     return bias_or_splits_fault(c, &a->bias_mode, gl_T, kind, p);
 }
 
 static bool glw_fault(fz_case *c, void *args, unsigned kind, uint64_t p) {
     moex_grouped_linear_wgrad_args *a = (moex_grouped_linear_wgrad_args *)args;
     if (kind % 4 == 3) return fz_fault_fp8(c, &a->fp8, p);
+    if (kind % 32 == 6) return maps_fault(c, &a->dw, "dw", true, p);
     if (kind % 3 == 0) {
         a->dw_mode = (moex_grad_mode)fz_bad_enum(c, p, 2);
         fz_fault(c, FZ_STRUCT, "enum: dw_mode = %d", (int)a->dw_mode);
