@@ -4,7 +4,7 @@ torchrun (a torch.distributed NCCL process group: moex's EP over NCCL, one GPU a
 scripts/gpu_python.sh's ep stage): MoELayer with ep_group against the single-process MoELayer on
 the whole batch, on every rank; and ep_dispatch / ep_combine around experts that scale each row
 (y, dx, dprobs against the same math on the rank's own tokens), a dispatch past a small
-capacity (the rows it drops counted); with --compile the layer's step under torch.compile
+capacity (the rows it drops counted), the arguments they refuse before any exchange; with --compile the layer's step under torch.compile
 (fullgraph) bitwise the eager one, and on CUDA with --graph a training step of the EP layer
 captured in one CUDA graph, replayed with new routing, bitwise an eager step's. Every rank builds the same global
 problem from one seed (weights, the W ranks' tokens, dy), runs its share through the EP layer and
@@ -63,6 +63,38 @@ class Group:
     def finish(self):
         if self.name == "NCCL":
             torch.distributed.destroy_process_group()
+
+
+def refusals(g, ep, ctx, x, ids, probs, handle, T, dims):
+    """What the EP layer, EPContext, ep_dispatch and ep_combine refuse on this rank before any
+    exchange (ValueError naming it): the other device for the group, more tokens than the
+    capacity, ids of another shape, a handle of another size, and on CUDA CPU tensors. None when
+    each is refused, else the first that was not."""
+    E, H, k = dims
+    other = "cuda" if g.device.type == "cpu" else "cpu"
+    device_rule = "an MPI communicator runs moex's EP on the CPU backend" if other == "cuda" else \
+        "an NCCL process group runs moex's EP on CUDA"
+    extra = x.new_zeros(T + 1, H)
+    cases = [("EPContext on " + other, lambda: mt.EPContext(g.group, E, k, H, x.dtype, max_tokens=T, device=other),
+              device_rule),
+             ("the layer past ep_max_tokens", lambda: ep(extra), "more than the layer's ep_max_tokens"),
+             ("ep_dispatch past max_tokens", lambda: mt.ep_dispatch(ctx, extra, ids, probs),
+              "more than the EPContext's max_tokens"),
+             ("ep_dispatch, ids of another shape", lambda: mt.ep_dispatch(ctx, x, ids[:, :1], probs), "ids must be"),
+             ("ep_combine, a short handle", lambda: mt.ep_combine(ctx, x.new_zeros(ctx.max_recv_rows, H), handle[1:],
+                                                                  x.shape[0]), "handle must be")]
+    if g.device.type == "cuda":
+        cases += [("the layer on CPU tokens", lambda: ep(x.cpu()), "x is on cpu"),
+                  ("ep_dispatch of CPU tokens", lambda: mt.ep_dispatch(ctx, x.cpu(), ids, probs), "x is on cpu"),
+                  ("ep_dispatch, CPU ids", lambda: mt.ep_dispatch(ctx, x, ids.cpu(), probs), "ids must be")]
+    for what, call, needle in cases:
+        try:
+            call()
+            return f"{what}: not refused"
+        except ValueError as e:
+            if needle not in str(e):
+                return f"{what}: {e}"
+    return None
 
 
 def compiled_step(ep, x0, dy):
@@ -185,7 +217,7 @@ def main():
     # capacity overflow: a context that keeps 3 expert rows a rank reports the others as dropped
     small = mt.EPContext(g.group, E, k, H, dt, max_tokens=T, max_recv_rows=3, device=dev, transfer=args.transfer)
     mine = int(((ids_g >= r * El) & (ids_g < (r + 1) * El)).sum())   # the slots routed to this rank's experts
-    xr3, _, splits3, _, dropped3 = mt.ep_dispatch(small, x.detach(), ids, probs.detach())
+    _, _, splits3, _, dropped3 = mt.ep_dispatch(small, x.detach(), ids, probs.detach())
     overflow = (int(dropped3), int(splits3.sum())), (max(mine - 3, 0), min(mine, 3))
 
     # double backward is refused (as everywhere in moex.torch), not silently wrong
@@ -197,6 +229,7 @@ def main():
         double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
 
     drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
+    refused = refusals(g, ep, ctx, x.detach(), ids, probs.detach(), handle, T, (E, H, k))
     compiled = compiled_step(ep, x.detach(), dyg[first:first + tokens[r]]) if args.compile else None
     graph = None
     if args.graph and dev.type == "cuda":
@@ -218,6 +251,8 @@ def main():
             raise AssertionError(graph)
         if compiled:
             raise AssertionError(compiled)
+        if refused:
+            raise AssertionError(refused)
         if overflow[0] != overflow[1] or int(dropped):
             raise AssertionError(f"ep_dispatch's dropped and kept rows {overflow[0]}, want {overflow[1]}; "
                                  f"{int(dropped)} dropped at full capacity")

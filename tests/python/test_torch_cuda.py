@@ -249,3 +249,19 @@ def test_separate_weights_pointer_cache_follows_storage_and_refuses_capture():
             with torch.cuda.graph(graph, stream=s):
                 layer(x, splits)
         torch.testing.assert_close(layer(x, splits), want(), rtol=0, atol=0)
+
+
+def test_separate_weights_without_room_for_the_maps_still_run():
+    """The operator given a device array with no room for the kept maps (only the G addresses, as
+    for a layer that ran in f32 before it was cast) writes no maps (ptrs_host's last entry 0) and
+    the calls write them per call: y bitwise the packed forward's."""
+    torch.manual_seed(17)
+    G, Kd, N, Tn = 3, 64, 32, 96
+    ws = [torch.randn(N, Kd, device="cuda", dtype=torch.bfloat16) for _ in range(G)]
+    x = torch.randn(Tn, Kd, device="cuda", dtype=torch.bfloat16)
+    splits = torch.tensor([40, 16, 40], device="cuda")
+    ptrs, host = torch.zeros(G, dtype=torch.int64, device="cuda"), torch.zeros(G + 4, dtype=torch.int64)
+    y = torch.ops.moex.grouped_linear_discrete_forward(x, ws, ptrs, host, splits, None, None, 0)
+    assert torch.equal(y, mt.grouped_linear(x, torch.stack(ws), splits))
+    assert host.tolist() == [w.data_ptr() for w in ws] + [1, N, Kd, 0]
+    assert ptrs.tolist() == host[:G].tolist()

@@ -64,6 +64,7 @@ def test_ep_group_arguments_refused():
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4)
     with pytest.raises(ValueError, match="ep_max_tokens"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object())
+    # not a group, whatever the device (the device rules of a real group: ep_worker.py's refusals)
     with pytest.raises(ValueError, match="CPU backend"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, device="cuda")
     with pytest.raises(ValueError, match="NCCL"):
@@ -79,6 +80,10 @@ def test_ep_group_arguments_refused():
         mt.ep_dispatch(object(), x, ids, probs)
     with pytest.raises(ValueError, match="EPContext"):
         mt.ep_combine(object(), x, torch.zeros(8, dtype=torch.uint8), 3)
+    from moex.torch import _ep   # the layer's operator names its context by id: a dead one is refused
+    w1, w2 = torch.zeros(2, 8, 8), torch.zeros(2, 8, 4)
+    with pytest.raises(ValueError, match="no live EPContext has id -1"):
+        _ep._ep_moe_forward(x, torch.zeros(4, 8), w1, None, w2, None, -1, 2, 0, 1, 0, 0, 0, 7.0, 1.702, 1.0)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")

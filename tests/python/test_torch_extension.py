@@ -400,6 +400,10 @@ def test_separate_weights_operator_keeps_its_pointer_cache():
     address), rewritten when a weight changes storage or the weights their dtype; wrong sizes and
     weights raise ValueError. torch.ops.moex.weight_maps_size is 0 on the CPU."""
     assert torch.ops.moex.weight_maps_size(torch.zeros(6, 8, dtype=torch.bfloat16), 3) == 0
+    with pytest.raises(ValueError, match="groups is 0, must be >= 1"):
+        torch.ops.moex.weight_maps_size(torch.zeros(6, 8), 0)
+    with pytest.raises(ValueError, match="weight"):
+        torch.ops.moex.weight_maps_size(torch.zeros(6, 8, dtype=torch.int64), 3)
     ws = [torch.randn(6, 8) for _ in range(3)]
     ptrs = torch.zeros(3 + 4, dtype=torch.int64)
     x, splits = torch.randn(9, 8), torch.tensor([3, 3, 3])

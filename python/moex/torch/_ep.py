@@ -149,8 +149,8 @@ class EPContext:
     communicator of its own over the group's ranks), or an mpi4py MPI.Comm (the CPU backend).
     transfer: how NCCL ranks exchange rows (include/moex_ep.h, moex_ep_transfer): "auto" (peer
     where every rank can map every peer's memory, one node with NVLink; else capacity),
-    "capacity" (NCCL send/recv, across nodes too) or "peer". Created collectively (every rank alike: moex refuses differing ranks on every rank), kept
-    with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
+    "capacity" (NCCL send/recv, across nodes too) or "peer". Created collectively (every rank
+    alike: moex refuses differing ranks on every rank), kept with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
     (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device,
     transfer (AUTO's choice), id (the operators' name for it)."""
 

@@ -67,8 +67,7 @@ class _WeightPointers:
     _MAPS_KEY = 4
 
     def __init__(self):
-        self.host = self.dev = None
-        self._device, self._key, self._aligned = None, None, False
+        self.dev, self._key, self._aligned = None, None, False   # (of pointers())
         self._arrays = (None, None, None)   # (device, dev, host) of arrays()
 
     def arrays(self, params: List[Tensor]) -> Tuple[Tensor, Tensor]:
@@ -96,9 +95,8 @@ class _WeightPointers:
         aligned."""
         key = list(map(Tensor.data_ptr, params))
         if key != self._key:
-            self.host = torch.tensor(key, dtype=torch.int64)
-            self.dev = self.host.to(params[0].device)   # (the same tensor on the CPU)
-            self._device, self._key = params[0].get_device(), key
+            self.dev = torch.tensor(key, dtype=torch.int64).to(params[0].device)
+            self._key = key
             self._aligned = params[0].device.type != "cuda" or all(p % 16 == 0 for p in key)
         return self.dev if self._aligned else None
 

@@ -162,11 +162,10 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     backend (CUDA: the layer on device, default the current CUDA device) or an mpi4py MPI.Comm
     (the CPU backend) of W ranks, spreads the experts over them (moex's EP MoE layer, docs/ops.md
     section 10): rank r holds experts [r E/W, (r+1) E/W) (w1, w2, b1, b2 of E/W experts; router_w
-    whole), forward(x) takes this
-    rank's tokens (at most ep_max_tokens of them; ep_max_recv_rows, the expert rows a rank
-    receives, defaults to what no routing can overflow), and the backward gives this rank's
-    share of router_w's gradient (sum the shares over the ranks, as data parallelism does);
-    ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
+    whole), forward(x) takes this rank's tokens (at most ep_max_tokens of them; ep_max_recv_rows,
+    the expert rows a rank receives, defaults to what no routing can overflow), and the backward
+    gives this rank's share of router_w's gradient (sum the shares over the ranks, as data
+    parallelism does); ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
     Every rank constructs the layer alike and makes the same calls (collective); eager or under
     torch.compile, with neither FP8 nor the weight-gradient options, for now."""
 
