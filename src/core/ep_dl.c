@@ -1,7 +1,7 @@
 /*
  * ep_dl.c - the run-time loader of expert parallelism's communication libraries (ep_dl.h):
  * an already loaded copy first (RTLD_NOLOAD), else a fresh load, with every dlerror() kept
- * for the caller's message.
+ * for the caller's message; a transport's table filled once.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE 1   /* dlinfo, RTLD_NOLOAD */
@@ -48,6 +48,23 @@ void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, 
     snprintf(why, why_len, "cannot load %s %s%s%s%s (%s)", what, names[0], by_env ? " ($" : "", by_env ? env_var : "",
              by_env ? ")" : "", errors);
     return NULL;
+}
+
+const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const char *env_var, const char *soname, const char *path,
+                                 const char *what, moex_ep_dl_fill fill, void *table, char *why, size_t why_len) {
+    pthread_mutex_lock(&once->lock);
+    if (!once->loaded) {
+        const char *name;
+        void *lib = moex_ep_dlopen(env_var, soname, path, what, &name, why, why_len);
+        if (lib && !fill(lib, name, table, why, why_len)) {
+            moex_ep_dlclose(lib);
+            lib = NULL;
+        }
+        once->loaded = lib != NULL;
+    }
+    const bool loaded = once->loaded;
+    pthread_mutex_unlock(&once->lock);
+    return loaded ? table : NULL;
 }
 
 void moex_ep_dlclose(void *lib) {

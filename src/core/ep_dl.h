@@ -13,6 +13,8 @@
 #ifndef MOEX_EP_DL_H
 #define MOEX_EP_DL_H
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <string.h>   /* MOEX_EP_RESOLVE */
 
@@ -34,6 +36,22 @@ extern "C" {
  * table they fill. */
 void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, const char *what, const char **name,
                      char *why, size_t why_len);
+
+/* A transport's table, filled once per process: `fill` resolves and checks the library's
+ * symbols into `table` and returns whether all are there (else why[why_len] says what lacks
+ * or is wrong). */
+typedef bool (*moex_ep_dl_fill)(void *lib, const char *name, void *table, char *why, size_t why_len);
+typedef struct moex_ep_dl_once {
+    pthread_mutex_t lock;
+    bool loaded;                    /* under `lock`: the table is filled */
+} moex_ep_dl_once;
+#define MOEX_EP_DL_ONCE_INIT {PTHREAD_MUTEX_INITIALIZER, false}
+
+/* Under once->lock: `table` when it is filled; else moex_ep_dlopen(env_var, soname, path,
+ * what) and fill, and `table` when both succeed; else NULL with why[why_len] set, the library
+ * closed and the table left unfilled (a later call tries again). */
+const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const char *env_var, const char *soname, const char *path,
+                                 const char *what, moex_ep_dl_fill fill, void *table, char *why, size_t why_len);
 
 /* dlclose(lib) of a handle whose symbols turned out unusable (NULL: nothing). */
 void moex_ep_dlclose(void *lib);

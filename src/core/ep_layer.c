@@ -228,24 +228,3 @@ moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call
     const moex_tensor dprobs = moex_tensor_2d(l.dprobs, MOEX_DTYPE_F32, d->moe.T, d->moe.k);
     return moex_moe_router_backward(ctx, c, g, &d->moe, &v.io, &dprobs, (float *)l.dxf, l.sub);
 }
-
-/* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
- * shapes repeat by design. */
-
-moex_status moex_ep_moe_layer_forward_workspace_size(moex_context *ctx, const moex_ep_moe_layer_args *args,
-                                                     size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_EP_MOE_LAYER_FORWARD, args, bytes);
-}
-moex_status moex_ep_moe_layer_forward(moex_context *ctx, const moex_ep_moe_layer_args *args, void *workspace,
-                                      size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_EP_MOE_LAYER_FORWARD, args, workspace, workspace_bytes, stream);
-}
-moex_status moex_ep_moe_layer_backward_workspace_size(moex_context *ctx, const moex_ep_moe_layer_grad_args *args,
-                                                      size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_EP_MOE_LAYER_BACKWARD, args, bytes);
-}
-moex_status moex_ep_moe_layer_backward(moex_context *ctx, const moex_ep_moe_layer_grad_args *args, void *workspace,
-                                       size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_EP_MOE_LAYER_BACKWARD, args, workspace, workspace_bytes, stream);
-}

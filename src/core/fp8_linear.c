@@ -245,28 +245,3 @@ moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, co
     MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->b, l.sub));
     return ops->linear_wgrad(ctx, c, &g, &k.wgrad, &d->gl, l.sub);
 }
-
-/* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
- * shapes repeat by design. */
-
-moex_status moex_grouped_linear_fp8_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
-                                                           size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FP8_FORWARD, args, bytes);
-}
-
-moex_status moex_grouped_linear_fp8_forward(moex_context *ctx, const moex_grouped_linear_fp8_args *args,
-                                            void *workspace, size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FP8_FORWARD, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_grouped_linear_fp8_backward_weight_workspace_size(moex_context *ctx,
-                                                                   const moex_grouped_linear_fp8_wgrad_args *args,
-                                                                   size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, args, bytes);
-}
-
-moex_status moex_grouped_linear_fp8_backward_weight(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *args,
-                                                    void *workspace, size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT, args, workspace, workspace_bytes, stream);
-}

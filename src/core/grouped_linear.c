@@ -625,28 +625,7 @@ moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const 
     return moex_gl_wgrad_run(ctx, c, &g, &l.gemm, l.sub);
 }
 
-/* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
- * shapes repeat by design. */
-
-moex_status moex_splits_to_offsets_workspace_size(moex_context *ctx, const moex_splits_to_offsets_args *args,
-                                                  size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, bytes);
-}
-
-moex_status moex_splits_to_offsets(moex_context *ctx, const moex_splits_to_offsets_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_SPLITS_TO_OFFSETS, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_zero_tail_workspace_size(moex_context *ctx, const moex_zero_tail_args *args, size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_ZERO_TAIL, args, bytes);
-}
-
-moex_status moex_zero_tail(moex_context *ctx, const moex_zero_tail_args *args, void *workspace,
-                           size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_ZERO_TAIL, args, workspace, workspace_bytes, stream);
-}
+/* ---- moex_weight_maps_size (moex.h): the one public call that is not an op ----------- */
 
 moex_status moex_weight_maps_size(moex_context *ctx, const moex_weight *w, size_t *bytes) {
     const char *op = "moex_weight_maps_size";
@@ -663,46 +642,4 @@ moex_status moex_weight_maps_size(moex_context *ctx, const moex_weight *w, size_
     const moex_gl_dims d = {t->shape[0], 0, t->shape[2], t->shape[1], t->dtype};
     *bytes = moex_ops(ctx)->weight_maps_size(ctx, &d);
     return MOEX_OK;
-}
-
-moex_status moex_weight_maps_write_workspace_size(moex_context *ctx, const moex_weight_maps_write_args *args,
-                                                  size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_WEIGHT_MAPS_WRITE, args, bytes);
-}
-
-moex_status moex_weight_maps_write(moex_context *ctx, const moex_weight_maps_write_args *args, void *workspace,
-                                   size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_WEIGHT_MAPS_WRITE, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_grouped_linear_forward_workspace_size(moex_context *ctx, const moex_grouped_linear_args *args,
-                                                       size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, bytes);
-}
-
-moex_status moex_grouped_linear_forward(moex_context *ctx, const moex_grouped_linear_args *args, void *workspace,
-                                        size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_FORWARD, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_grouped_linear_backward_data_workspace_size(moex_context *ctx,
-                                                             const moex_grouped_linear_dgrad_args *args,
-                                                             size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, bytes);
-}
-
-moex_status moex_grouped_linear_backward_data(moex_context *ctx, const moex_grouped_linear_dgrad_args *args,
-                                              void *workspace, size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_grouped_linear_backward_weight_workspace_size(moex_context *ctx,
-                                                               const moex_grouped_linear_wgrad_args *args,
-                                                               size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, bytes);
-}
-
-moex_status moex_grouped_linear_backward_weight(moex_context *ctx, const moex_grouped_linear_wgrad_args *args,
-                                                void *workspace, size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT, args, workspace, workspace_bytes, stream);
 }

@@ -513,27 +513,3 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     }
     return MOEX_OK;
 }
-
-/* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
- * shapes repeat by design. */
-
-moex_status moex_grouped_mlp_forward_workspace_size(moex_context *ctx, const moex_grouped_mlp_args *args,
-                                                    size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_MLP_FORWARD, args, bytes);
-}
-
-moex_status moex_grouped_mlp_forward(moex_context *ctx, const moex_grouped_mlp_args *args, void *workspace,
-                                     size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_MLP_FORWARD, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_grouped_mlp_backward_workspace_size(moex_context *ctx, const moex_grouped_mlp_grad_args *args,
-                                                     size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_GROUPED_MLP_BACKWARD, args, bytes);
-}
-
-moex_status moex_grouped_mlp_backward(moex_context *ctx, const moex_grouped_mlp_grad_args *args, void *workspace,
-                                      size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_GROUPED_MLP_BACKWARD, args, workspace, workspace_bytes, stream);
-}

@@ -1,5 +1,5 @@
 /*
- * op.c - the op names from op_list.h and the dispatch to each op's functions, the two
+ * op.c - the op names and the dispatch to each op's functions, both from op_list.h, the two
  * functions behind every public entry point (the workspace size query and the run), and the
  * steps the compositions share.
  */
@@ -22,130 +22,46 @@ const char *moex_op_name(moex_op_id id) {
 }
 
 /* ---- the dispatch: each op's functions (op.h) by its id -------------------------------
- * One case per row of op_list.h (a missing one is a -Wswitch warning); the untyped args
- * become the op's argument struct, and the dims its member of the union. Each case is a plain
- * call that grep finds: the three switches repeat in shape by design. */
+ * Three switches from op_list.h's rows: the untyped args become the row's argument struct,
+ * and the dims its member of the union (a pointer to a union, converted, points to each of
+ * its members). */
 
 static moex_status op_validate(moex_context *ctx, moex_op_id id, const char *op, const void *a, moex_purpose p,
                                moex_dims *d) {
+#define CASE_(ID, name, args_t, dims_t) \
+    case MOEX_OP_##ID: return moex_op_##name##_validate(ctx, op, (const args_t *)a, p, (dims_t *)d);
     switch (id) {
-    case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_validate(ctx, op, a, p, &d->splits);
-    case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_validate(ctx, op, a, p, &d->tail);
-    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_validate(ctx, op, a, p, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_validate(ctx, op, a, p, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA:
-        return moex_op_grouped_linear_backward_data_validate(ctx, op, a, p, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT:
-        return moex_op_grouped_linear_backward_weight_validate(ctx, op, a, p, &d->gl);
-    case MOEX_OP_SCALED_GLU_FORWARD: return moex_op_scaled_glu_forward_validate(ctx, op, a, p, &d->glu);
-    case MOEX_OP_SCALED_GLU_BACKWARD: return moex_op_scaled_glu_backward_validate(ctx, op, a, p, &d->glu);
-    case MOEX_OP_GROUPED_MLP_FORWARD: return moex_op_grouped_mlp_forward_validate(ctx, op, a, p, &d->mlp);
-    case MOEX_OP_GROUPED_MLP_BACKWARD: return moex_op_grouped_mlp_backward_validate(ctx, op, a, p, &d->mlp);
-    case MOEX_OP_ROUTER_FORWARD: return moex_op_router_forward_validate(ctx, op, a, p, &d->router);
-    case MOEX_OP_ROUTER_BACKWARD: return moex_op_router_backward_validate(ctx, op, a, p, &d->router);
-    case MOEX_OP_PERMUTE_FORWARD: return moex_op_permute_forward_validate(ctx, op, a, p, &d->perm);
-    case MOEX_OP_PERMUTE_BACKWARD: return moex_op_permute_backward_validate(ctx, op, a, p, &d->perm);
-    case MOEX_OP_UNPERMUTE_FORWARD: return moex_op_unpermute_forward_validate(ctx, op, a, p, &d->perm);
-    case MOEX_OP_UNPERMUTE_BACKWARD: return moex_op_unpermute_backward_validate(ctx, op, a, p, &d->perm);
-    case MOEX_OP_MOE_LAYER_FORWARD: return moex_op_moe_layer_forward_validate(ctx, op, a, p, &d->moe);
-    case MOEX_OP_MOE_LAYER_BACKWARD: return moex_op_moe_layer_backward_validate(ctx, op, a, p, &d->moe);
-    case MOEX_OP_GROUP_QUANTIZE: return moex_op_group_quantize_validate(ctx, op, a, p, &d->quant);
-    case MOEX_OP_GROUP_DEQUANTIZE: return moex_op_group_dequantize_validate(ctx, op, a, p, &d->quant);
-    case MOEX_OP_WEIGHT_QUANTIZE: return moex_op_weight_quantize_validate(ctx, op, a, p, &d->quant);
-    case MOEX_OP_WEIGHT_DEQUANTIZE: return moex_op_weight_dequantize_validate(ctx, op, a, p, &d->quant);
-    case MOEX_OP_GROUPED_LINEAR_FP8_FORWARD: return moex_op_grouped_linear_fp8_forward_validate(ctx, op, a, p, &d->fp8);
-    case MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT:
-        return moex_op_grouped_linear_fp8_backward_weight_validate(ctx, op, a, p, &d->fp8);
-    case MOEX_OP_EP_DISPATCH_FORWARD: return moex_op_ep_dispatch_forward_validate(ctx, op, a, p, &d->ep);
-    case MOEX_OP_EP_DISPATCH_BACKWARD: return moex_op_ep_dispatch_backward_validate(ctx, op, a, p, &d->ep);
-    case MOEX_OP_EP_COMBINE_FORWARD: return moex_op_ep_combine_forward_validate(ctx, op, a, p, &d->ep);
-    case MOEX_OP_EP_COMBINE_BACKWARD: return moex_op_ep_combine_backward_validate(ctx, op, a, p, &d->ep);
-    case MOEX_OP_EP_MOE_LAYER_FORWARD: return moex_op_ep_moe_layer_forward_validate(ctx, op, a, p, &d->ep);
-    case MOEX_OP_EP_MOE_LAYER_BACKWARD: return moex_op_ep_moe_layer_backward_validate(ctx, op, a, p, &d->ep);
+        MOEX_OPS(CASE_)
     case MOEX_OP_NONE:
     case MOEX_OP_COUNT: break;
     }
+#undef CASE_
     return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no operation has id %d", op, (int)id);
 }
 
 /* Called after op_validate succeeded: id is an op's. */
 static size_t op_ws(moex_context *ctx, moex_op_id id, const void *a, const moex_dims *d) {
+#define CASE_(ID, name, args_t, dims_t) \
+    case MOEX_OP_##ID: return moex_op_##name##_ws(ctx, (const args_t *)a, (const dims_t *)d);
     switch (id) {
-    case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_ws(ctx, a, &d->splits);
-    case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_ws(ctx, a, &d->tail);
-    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_ws(ctx, a, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_ws(ctx, a, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA: return moex_op_grouped_linear_backward_data_ws(ctx, a, &d->gl);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT: return moex_op_grouped_linear_backward_weight_ws(ctx, a, &d->gl);
-    case MOEX_OP_SCALED_GLU_FORWARD: return moex_op_scaled_glu_forward_ws(ctx, a, &d->glu);
-    case MOEX_OP_SCALED_GLU_BACKWARD: return moex_op_scaled_glu_backward_ws(ctx, a, &d->glu);
-    case MOEX_OP_GROUPED_MLP_FORWARD: return moex_op_grouped_mlp_forward_ws(ctx, a, &d->mlp);
-    case MOEX_OP_GROUPED_MLP_BACKWARD: return moex_op_grouped_mlp_backward_ws(ctx, a, &d->mlp);
-    case MOEX_OP_ROUTER_FORWARD: return moex_op_router_forward_ws(ctx, a, &d->router);
-    case MOEX_OP_ROUTER_BACKWARD: return moex_op_router_backward_ws(ctx, a, &d->router);
-    case MOEX_OP_PERMUTE_FORWARD: return moex_op_permute_forward_ws(ctx, a, &d->perm);
-    case MOEX_OP_PERMUTE_BACKWARD: return moex_op_permute_backward_ws(ctx, a, &d->perm);
-    case MOEX_OP_UNPERMUTE_FORWARD: return moex_op_unpermute_forward_ws(ctx, a, &d->perm);
-    case MOEX_OP_UNPERMUTE_BACKWARD: return moex_op_unpermute_backward_ws(ctx, a, &d->perm);
-    case MOEX_OP_MOE_LAYER_FORWARD: return moex_op_moe_layer_forward_ws(ctx, a, &d->moe);
-    case MOEX_OP_MOE_LAYER_BACKWARD: return moex_op_moe_layer_backward_ws(ctx, a, &d->moe);
-    case MOEX_OP_GROUP_QUANTIZE: return moex_op_group_quantize_ws(ctx, a, &d->quant);
-    case MOEX_OP_GROUP_DEQUANTIZE: return moex_op_group_dequantize_ws(ctx, a, &d->quant);
-    case MOEX_OP_WEIGHT_QUANTIZE: return moex_op_weight_quantize_ws(ctx, a, &d->quant);
-    case MOEX_OP_WEIGHT_DEQUANTIZE: return moex_op_weight_dequantize_ws(ctx, a, &d->quant);
-    case MOEX_OP_GROUPED_LINEAR_FP8_FORWARD: return moex_op_grouped_linear_fp8_forward_ws(ctx, a, &d->fp8);
-    case MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT:
-        return moex_op_grouped_linear_fp8_backward_weight_ws(ctx, a, &d->fp8);
-    case MOEX_OP_EP_DISPATCH_FORWARD: return moex_op_ep_dispatch_forward_ws(ctx, a, &d->ep);
-    case MOEX_OP_EP_DISPATCH_BACKWARD: return moex_op_ep_dispatch_backward_ws(ctx, a, &d->ep);
-    case MOEX_OP_EP_COMBINE_FORWARD: return moex_op_ep_combine_forward_ws(ctx, a, &d->ep);
-    case MOEX_OP_EP_COMBINE_BACKWARD: return moex_op_ep_combine_backward_ws(ctx, a, &d->ep);
-    case MOEX_OP_EP_MOE_LAYER_FORWARD: return moex_op_ep_moe_layer_forward_ws(ctx, a, &d->ep);
-    case MOEX_OP_EP_MOE_LAYER_BACKWARD: return moex_op_ep_moe_layer_backward_ws(ctx, a, &d->ep);
+        MOEX_OPS(CASE_)
     case MOEX_OP_NONE:
     case MOEX_OP_COUNT: break;
     }
+#undef CASE_
     return 0;
 }
 
 static moex_status op_run(moex_context *ctx, moex_op_id id, const moex_call *c, const void *a, const moex_dims *d,
                           void *ws) {
+#define CASE_(ID, name, args_t, dims_t) \
+    case MOEX_OP_##ID: return moex_op_##name##_run(ctx, c, (const args_t *)a, (const dims_t *)d, ws);
     switch (id) {
-    case MOEX_OP_SPLITS_TO_OFFSETS: return moex_op_splits_to_offsets_run(ctx, c, a, &d->splits, ws);
-    case MOEX_OP_ZERO_TAIL: return moex_op_zero_tail_run(ctx, c, a, &d->tail, ws);
-    case MOEX_OP_WEIGHT_MAPS_WRITE: return moex_op_weight_maps_write_run(ctx, c, a, &d->gl, ws);
-    case MOEX_OP_GROUPED_LINEAR_FORWARD: return moex_op_grouped_linear_forward_run(ctx, c, a, &d->gl, ws);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_DATA: return moex_op_grouped_linear_backward_data_run(ctx, c, a, &d->gl, ws);
-    case MOEX_OP_GROUPED_LINEAR_BACKWARD_WEIGHT:
-        return moex_op_grouped_linear_backward_weight_run(ctx, c, a, &d->gl, ws);
-    case MOEX_OP_SCALED_GLU_FORWARD: return moex_op_scaled_glu_forward_run(ctx, c, a, &d->glu, ws);
-    case MOEX_OP_SCALED_GLU_BACKWARD: return moex_op_scaled_glu_backward_run(ctx, c, a, &d->glu, ws);
-    case MOEX_OP_GROUPED_MLP_FORWARD: return moex_op_grouped_mlp_forward_run(ctx, c, a, &d->mlp, ws);
-    case MOEX_OP_GROUPED_MLP_BACKWARD: return moex_op_grouped_mlp_backward_run(ctx, c, a, &d->mlp, ws);
-    case MOEX_OP_ROUTER_FORWARD: return moex_op_router_forward_run(ctx, c, a, &d->router, ws);
-    case MOEX_OP_ROUTER_BACKWARD: return moex_op_router_backward_run(ctx, c, a, &d->router, ws);
-    case MOEX_OP_PERMUTE_FORWARD: return moex_op_permute_forward_run(ctx, c, a, &d->perm, ws);
-    case MOEX_OP_PERMUTE_BACKWARD: return moex_op_permute_backward_run(ctx, c, a, &d->perm, ws);
-    case MOEX_OP_UNPERMUTE_FORWARD: return moex_op_unpermute_forward_run(ctx, c, a, &d->perm, ws);
-    case MOEX_OP_UNPERMUTE_BACKWARD: return moex_op_unpermute_backward_run(ctx, c, a, &d->perm, ws);
-    case MOEX_OP_MOE_LAYER_FORWARD: return moex_op_moe_layer_forward_run(ctx, c, a, &d->moe, ws);
-    case MOEX_OP_MOE_LAYER_BACKWARD: return moex_op_moe_layer_backward_run(ctx, c, a, &d->moe, ws);
-    case MOEX_OP_GROUP_QUANTIZE: return moex_op_group_quantize_run(ctx, c, a, &d->quant, ws);
-    case MOEX_OP_GROUP_DEQUANTIZE: return moex_op_group_dequantize_run(ctx, c, a, &d->quant, ws);
-    case MOEX_OP_WEIGHT_QUANTIZE: return moex_op_weight_quantize_run(ctx, c, a, &d->quant, ws);
-    case MOEX_OP_WEIGHT_DEQUANTIZE: return moex_op_weight_dequantize_run(ctx, c, a, &d->quant, ws);
-    case MOEX_OP_GROUPED_LINEAR_FP8_FORWARD: return moex_op_grouped_linear_fp8_forward_run(ctx, c, a, &d->fp8, ws);
-    case MOEX_OP_GROUPED_LINEAR_FP8_BACKWARD_WEIGHT:
-        return moex_op_grouped_linear_fp8_backward_weight_run(ctx, c, a, &d->fp8, ws);
-    case MOEX_OP_EP_DISPATCH_FORWARD: return moex_op_ep_dispatch_forward_run(ctx, c, a, &d->ep, ws);
-    case MOEX_OP_EP_DISPATCH_BACKWARD: return moex_op_ep_dispatch_backward_run(ctx, c, a, &d->ep, ws);
-    case MOEX_OP_EP_COMBINE_FORWARD: return moex_op_ep_combine_forward_run(ctx, c, a, &d->ep, ws);
-    case MOEX_OP_EP_COMBINE_BACKWARD: return moex_op_ep_combine_backward_run(ctx, c, a, &d->ep, ws);
-    case MOEX_OP_EP_MOE_LAYER_FORWARD: return moex_op_ep_moe_layer_forward_run(ctx, c, a, &d->ep, ws);
-    case MOEX_OP_EP_MOE_LAYER_BACKWARD: return moex_op_ep_moe_layer_backward_run(ctx, c, a, &d->ep, ws);
+        MOEX_OPS(CASE_)
     case MOEX_OP_NONE:
     case MOEX_OP_COUNT: break;
     }
+#undef CASE_
     return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no operation has id %d", c->op, (int)id);
 }
 

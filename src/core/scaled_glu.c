@@ -186,27 +186,3 @@ moex_status moex_op_scaled_glu_backward_run(moex_context *ctx, const moex_call *
     MOEX_TRY(glu_prepare(ctx, c, &a->splits, d, ws, &g, &gp, &sub));
     return moex_ops(ctx)->glu_bwd(ctx, c, gp, a, d, sub);
 }
-
-/* ---- the public entry points (moex.h) -------------------------------------------------
- * Plain definitions, so that grep finds them; each is one call into op.c (op.h), so their
- * shapes repeat by design. */
-
-moex_status moex_scaled_glu_forward_workspace_size(moex_context *ctx, const moex_scaled_glu_args *args,
-                                                   size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, bytes);
-}
-
-moex_status moex_scaled_glu_forward(moex_context *ctx, const moex_scaled_glu_args *args, void *workspace,
-                                    size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_SCALED_GLU_FORWARD, args, workspace, workspace_bytes, stream);
-}
-
-moex_status moex_scaled_glu_backward_workspace_size(moex_context *ctx, const moex_scaled_glu_grad_args *args,
-                                                    size_t *bytes) {
-    return moex_op_workspace_size(ctx, MOEX_OP_SCALED_GLU_BACKWARD, args, bytes);
-}
-
-moex_status moex_scaled_glu_backward(moex_context *ctx, const moex_scaled_glu_grad_args *args, void *workspace,
-                                     size_t workspace_bytes, moex_stream stream) {
-    return moex_op_run(ctx, MOEX_OP_SCALED_GLU_BACKWARD, args, workspace, workspace_bytes, stream);
-}

@@ -22,7 +22,6 @@
 
 #include "ep_dl.h"
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,9 +33,8 @@
 #define MOEX_MPI_PATH NULL
 #endif
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static moex_mpi_api table;        /* written once, under `lock` */
-static bool loaded;               /* under `lock` */
+static moex_ep_dl_once once = MOEX_EP_DL_ONCE_INIT;
+static moex_mpi_api table;        /* filled once, under once.lock */
 
 const char *moex_mpi_api_soname(void) { return MOEX_MPI_SONAME; }
 
@@ -54,24 +52,11 @@ static void *global_of(void *lib, const char *name, char *why, size_t why_len, b
 #define OMPI_PREDEFINED_GLOBAL(type, global) ((type)global_of(lib, #global, sym_why, sizeof sym_why, &ok))
 #endif
 
-#define RESOLVE(field, name) MOEX_EP_RESOLVE(t, field, name, lib, ok, sym_why, sizeof sym_why)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(*t, field, name, lib, ok, sym_why, sizeof sym_why)
 
-const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
-    pthread_mutex_lock(&lock);
-    if (loaded) {
-        pthread_mutex_unlock(&lock);
-        return &table;
-    }
-    /* $MOEX_EP_MPI_LIBRARY (a name or path), when set, replaces the build's names */
-    const char *name;
-    void *lib = moex_ep_dlopen("MOEX_EP_MPI_LIBRARY", MOEX_MPI_SONAME, MOEX_MPI_PATH, "the MPI library", &name, why,
-                               why_len);
-    if (!lib) {
-        pthread_mutex_unlock(&lock);
-        return NULL;
-    }
-    moex_mpi_api t;
-    memset(&t, 0, sizeof t);
+static bool fill(void *lib, const char *name, void *table_, char *why, size_t why_len) {
+    moex_mpi_api *t = table_;
+    memset(t, 0, sizeof *t);
     char sym_why[512] = "";
     bool ok = true;
     RESOLVE(Initialized, MPI_Initialized);
@@ -85,18 +70,19 @@ const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
     RESOLVE(Type_commit, MPI_Type_commit);
     RESOLVE(Type_free, MPI_Type_free);
     /* the header's handles: constants, or (Open MPI) global_of() through the macro above */
-    if (ok) t.byte = MPI_BYTE;
-    if (ok) t.int64 = MPI_INT64_T;
-    if (ok) t.comm_null = MPI_COMM_NULL;
+    if (ok) t->byte = MPI_BYTE;
+    if (ok) t->int64 = MPI_INT64_T;
+    if (ok) t->comm_null = MPI_COMM_NULL;
     if (!ok) {
-        pthread_mutex_unlock(&lock);
         snprintf(why, why_len, "the MPI library %s (%s) lacks %s", name, moex_ep_dl_path(lib), sym_why);
-        moex_ep_dlclose(lib);
-        return NULL;
+        return false;
     }
-    t.path = moex_ep_dl_path(lib);
-    table = t;
-    loaded = true;
-    pthread_mutex_unlock(&lock);
-    return &table;
+    t->path = moex_ep_dl_path(lib);
+    return true;
+}
+
+const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
+    /* $MOEX_EP_MPI_LIBRARY (a name or path), when set, replaces the build's names */
+    return moex_ep_dl_load_once(&once, "MOEX_EP_MPI_LIBRARY", MOEX_MPI_SONAME, MOEX_MPI_PATH, "the MPI library", fill,
+                                &table, why, why_len);
 }

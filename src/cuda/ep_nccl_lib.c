@@ -16,7 +16,6 @@
 
 #include "ep_dl.h"
 
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,28 +25,14 @@
 #define MOEX_NCCL_PATH NULL
 #endif
 
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static moex_nccl_api table;       /* written once, under `lock` */
-static bool loaded;               /* under `lock` */
+static moex_ep_dl_once once = MOEX_EP_DL_ONCE_INIT;
+static moex_nccl_api table;       /* filled once, under once.lock */
 
-#define RESOLVE(field, name) MOEX_EP_RESOLVE(t, field, name, lib, ok, sym_why, sizeof sym_why)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(*t, field, name, lib, ok, sym_why, sizeof sym_why)
 
-const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
-    pthread_mutex_lock(&lock);
-    if (loaded) {
-        pthread_mutex_unlock(&lock);
-        return &table;
-    }
-    /* $MOEX_EP_NCCL_LIBRARY (a name or path), when set, replaces the build's names */
-    const char *name;
-    void *lib = moex_ep_dlopen("MOEX_EP_NCCL_LIBRARY", NCCL_SONAME, MOEX_NCCL_PATH, "NCCL's library", &name, why,
-                               why_len);
-    if (!lib) {
-        pthread_mutex_unlock(&lock);
-        return NULL;
-    }
-    moex_nccl_api t;
-    memset(&t, 0, sizeof t);
+static bool fill(void *lib, const char *name, void *table_, char *why, size_t why_len) {
+    moex_nccl_api *t = table_;
+    memset(t, 0, sizeof *t);
     char sym_why[512] = "";
     bool ok = true;
     RESOLVE(GetVersion, ncclGetVersion);
@@ -66,22 +51,21 @@ const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
     if (!ok) {
         snprintf(why, why_len, "NCCL's library %s (%s) lacks %s (NCCL 2.13 or later has every function moex calls)",
                  name, moex_ep_dl_path(lib), sym_why);
-        moex_ep_dlclose(lib);
-        pthread_mutex_unlock(&lock);
-        return NULL;
+        return false;
     }
     /* NCCL 2 encodes 2.x.y as 2x0y (x < 9) or 2xxyy; another major has another ABI */
-    const ncclResult_t vr = t.GetVersion(&t.version);
-    if (vr != ncclSuccess || t.version < 20000 || t.version >= 30000) {
+    const ncclResult_t vr = t->GetVersion(&t->version);
+    if (vr != ncclSuccess || t->version < 20000 || t->version >= 30000) {
         snprintf(why, why_len, "%s (%s) is not NCCL 2 (ncclGetVersion: result %d, version %d)", name,
-                 moex_ep_dl_path(lib), (int)vr, t.version);
-        moex_ep_dlclose(lib);
-        pthread_mutex_unlock(&lock);
-        return NULL;
+                 moex_ep_dl_path(lib), (int)vr, t->version);
+        return false;
     }
-    t.path = moex_ep_dl_path(lib);
-    table = t;
-    loaded = true;
-    pthread_mutex_unlock(&lock);
-    return &table;
+    t->path = moex_ep_dl_path(lib);
+    return true;
+}
+
+const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
+    /* $MOEX_EP_NCCL_LIBRARY (a name or path), when set, replaces the build's names */
+    return moex_ep_dl_load_once(&once, "MOEX_EP_NCCL_LIBRARY", NCCL_SONAME, MOEX_NCCL_PATH, "NCCL's library", fill,
+                                &table, why, why_len);
 }
