@@ -130,12 +130,7 @@ static unsigned dw_dtypes(moex_grad_mode mode, moex_dtype dt) {
 
 moex_status moex_moe_layer_check(moex_context *ctx, const char *op, const moex_moe_layer_args *a, bool need_y,
                                  int64_t G, moex_moe_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->x.shape[0];
-    d->H = a->x.shape[1];
-    d->dt = a->x.dtype;
-    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
+    MOEX_TRY(moex_check_tokens(ctx, op, "x", &a->x, MOEX_SPAN_IN, &d->T, &d->H, &d->dt));
     const int64_t rwshape[2] = {-1, d->H};
     MOEX_TRY(moex_check_tensor(ctx, op, "router_w", &a->router_w, 2, rwshape, MOEX_DT(d->dt)));
     d->E = a->router_w.shape[0];

@@ -87,12 +87,7 @@ static moex_status row_map_k(moex_context *ctx, const char *op, const moex_tenso
 
 moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, const moex_permute_args *a,
                                              moex_purpose p, moex_perm_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_tensor(ctx, op, "x", &a->x, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->x.shape[0];
-    d->H = a->x.shape[1];
-    d->dt = a->x.dtype;
-    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
+    MOEX_TRY(moex_check_tokens(ctx, op, "x", &a->x, MOEX_SPAN_IN, &d->T, &d->H, &d->dt));
     const int64_t idshape[2] = {d->T, -1};
     MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, idshape, MOEX_DT_I32));
     d->k = a->ids.shape[1];
@@ -124,13 +119,8 @@ moex_status moex_op_permute_forward_run(moex_context *ctx, const moex_call *c, c
 
 moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                               moex_purpose p, moex_perm_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    MOEX_TRY(moex_check_output(ctx, op, "dx", &a->dx, 2, any2, MOEX_DT_FLOAT));
-    d->T = a->dx.shape[0];
-    d->H = a->dx.shape[1];
-    d->dt = a->dx.dtype;
+    MOEX_TRY(moex_check_tokens(ctx, op, "dx", &a->dx, MOEX_SPAN_OUT, &d->T, &d->H, &d->dt));
     d->E = 0;
-    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
     /* With T == 0, dprobs [0, k] (if any) names k; it is otherwise irrelevant. */
     int64_t k_hint = a->dprobs.ndim == 2 && a->dprobs.shape[1] >= 1 ? a->dprobs.shape[1] : 1;
     MOEX_TRY(row_map_k(ctx, op, &a->row_map, d->T, k_hint, &d->k));
@@ -153,26 +143,17 @@ moex_status moex_op_permute_backward_run(moex_context *ctx, const moex_call *c, 
     return moex_ops(ctx)->permute_bwd(ctx, c, a, d, ws);
 }
 
-typedef moex_status (*check_fn)(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
-                                int ndim, const int64_t *shape, unsigned dtypes);
-
 /* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward (tok is the
  * output) or backward (rowsd is). */
 static moex_status validate_unpermute_common(moex_context *ctx, const char *op, const moex_tensor *row_map,
                                              const char *tok_name, const moex_tensor *tok, const char *rows_name,
                                              const moex_tensor *rowsd, moex_span_role tok_role, moex_perm_dims *d) {
-    const int64_t any2[2] = {-1, -1};
-    const check_fn check_tok = tok_role == MOEX_SPAN_OUT ? moex_check_output : moex_check_tensor;
-    const check_fn check_rows = tok_role == MOEX_SPAN_OUT ? moex_check_tensor : moex_check_output;
-    MOEX_TRY(check_tok(ctx, op, tok_name, tok, 2, any2, MOEX_DT_FLOAT));
-    d->T = tok->shape[0];
-    d->H = tok->shape[1];
-    d->dt = tok->dtype;
+    MOEX_TRY(moex_check_tokens(ctx, op, tok_name, tok, tok_role, &d->T, &d->H, &d->dt));
     d->E = 0;
-    MOEX_TRY(moex_check_hidden(ctx, op, d->H));
     MOEX_TRY(row_map_k(ctx, op, row_map, d->T, 1, &d->k));
     const int64_t rshape[2] = {d->T * d->k, d->H};
-    return check_rows(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
+    if (tok_role == MOEX_SPAN_OUT) return moex_check_tensor(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
+    return moex_check_output(ctx, op, rows_name, rowsd, 2, rshape, MOEX_DT(d->dt));
 }
 
 moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op, const moex_unpermute_args *a,

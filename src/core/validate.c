@@ -459,6 +459,17 @@ moex_status moex_check_router_options(moex_context *ctx, const char *op, int32_t
     return MOEX_OK;
 }
 
+moex_status moex_check_tokens(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              moex_span_role role, int64_t *T, int64_t *H, moex_dtype *dt) {
+    const int64_t any2[2] = {-1, -1};
+    if (role == MOEX_SPAN_OUT) MOEX_TRY(moex_check_output(ctx, op, name, t, 2, any2, MOEX_DT_FLOAT));
+    else MOEX_TRY(moex_check_tensor(ctx, op, name, t, 2, any2, MOEX_DT_FLOAT));
+    *T = t->shape[0];
+    *H = t->shape[1];
+    *dt = t->dtype;
+    return moex_check_hidden(ctx, op, *H);
+}
+
 moex_status moex_check_grouped_rows(moex_context *ctx, const char *op, const moex_tensor *splits, const char *name,
                                     const moex_tensor *t, int64_t *G, int64_t *T, int64_t *cols, moex_dtype *dt) {
     const int64_t any2[2] = {-1, -1};

@@ -112,6 +112,11 @@ moex_status moex_check_rows_fit_i32(moex_context *ctx, const char *op, int64_t T
 /* The hidden size H must be >= 1. */
 moex_status moex_check_hidden(moex_context *ctx, const char *op, int64_t H);
 
+/* A [T, H] float tensor of tokens, an input (role MOEX_SPAN_IN) or an output (MOEX_SPAN_OUT),
+ * whose H passes moex_check_hidden: sets *T, *H and *dt. */
+moex_status moex_check_tokens(moex_context *ctx, const char *op, const char *name, const moex_tensor *t,
+                              moex_span_role role, int64_t *T, int64_t *H, moex_dtype *dt);
+
 /* A grouped op's rows: splits [G] I64 (G >= 1) and the [T, cols] f32/bf16/f16 input `name`
  * that sets T, cols and the activation dtype. */
 moex_status moex_check_grouped_rows(moex_context *ctx, const char *op, const moex_tensor *splits, const char *name,
