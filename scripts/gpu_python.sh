@@ -43,7 +43,8 @@ note "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/
 if has compare; then   # the old tree's build runs beside this one's
     rm -rf "$BUILD-old.src" && mkdir -p "$BUILD-old.src" && tar -xf "$OLD_TAR" -C "$BUILD-old.src"
     ( cmake -S "$BUILD-old.src" -B "$BUILD-old" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON \
-            -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF && ninja -C "$BUILD-old" moex moex_cli
+            -DCMAKE_CUDA_ARCHITECTURES=90a -DMOEX_TESTS=OFF && ninja -C "$BUILD-old" moex moex_cli &&
+      if [[ " ${COMPARE_ARGS:-} " == *ep* ]]; then ninja -C "$BUILD-old" moex_ep_bench; fi
     ) > "$OUT/build_old.log" 2>&1 &
     old_pid=$!
 fi
@@ -127,8 +128,10 @@ if has compare; then
     wait "$old_pid"
     note "old build: rc=$?"
     ninja -C "$BUILD" moex_cli >> "$OUT/build.log" 2>&1
+    if [[ " ${COMPARE_ARGS:-} " == *ep* ]]; then ninja -C "$BUILD" moex_ep_bench >> "$OUT/build.log" 2>&1; fi
     # shellcheck disable=SC2086
-    bash scripts/compare_builds.sh ${COMPARE_ARGS:-} --out "$OUT/compare" "$BUILD-old" "$BUILD/libmoex" \
+    bash scripts/compare_builds.sh ${COMPARE_ARGS:-} --old-src "$BUILD-old.src" --out "$OUT/compare" "$BUILD-old" \
+        "$BUILD/libmoex" \
         > "$OUT/compare.log" 2>&1
     note "compare: rc=$?"
     sed -n '/^config/,$p' "$OUT/compare.log" | tee -a "$SUMMARY"
