@@ -18,6 +18,17 @@
 #include "cuda_ops.h"
 #include "sm90_grouped_gemm.h"   /* moex_sm90_epilogue */
 
+/* The workspace queries (_ws) decide on shapes, dtypes and which tensors are present, not on
+ * where they are: this stands for every pointer of their args (16-byte aligned; the launches
+ * check the real pointers' alignment). */
+alignas(16) static const float ws_placeholder[4] = {0};
+
+/* A workspace query's groups: G groups over T rows, the splits a stand-in. */
+static moex_groups ws_groups(int64_t G, int64_t T) {
+    const moex_groups g = {G, T, (const int64_t *)ws_placeholder, NULL, NULL, NULL};
+    return g;
+}
+
 /* The portable kernel's product of the rows with the weights W_g [N, K] (packed or
  * discrete), in dt throughout: with b_kc, y = x W_g^T ([T, N] from x [T, K], the forward);
  * without, dx = dy W_g ([T, K] from dy [T, N], the backward data). */
@@ -222,15 +233,12 @@ static moex_cuda_row_grads fc2_glu_row_grads(const moex_fc2_glu_grad_args *a, co
 size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d) {
     const moex_sm90_context *sc = moex_cuda_st(ctx)->sm90_ctx;
     if (sc == NULL || a->fc2.w.ptrs) return SIZE_MAX;
-    /* the decision depends on shapes, dtypes and which tensors are present, not on where they
-     * are: a placeholder stands for every pointer */
-    alignas(16) static const float placeholder[4] = {0};
     moex_fc2_glu_grad_args p = *a;
-    p.fc2.dy.data = p.fc2.w.t.data = p.h.data = p.dh.data = (void *)placeholder;
-    if (moex_present(&p.z)) p.z.data = (void *)placeholder;
-    const moex_groups g = {d->G, d->T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    p.fc2.dy.data = p.fc2.w.t.data = p.h.data = p.dh.data = (void *)ws_placeholder;
+    if (moex_present(&p.z)) p.z.data = (void *)ws_placeholder;
+    const moex_groups g = ws_groups(d->G, d->T);
     const moex_sm90_gemm_args s = fc2_glu_gemm(&g, &p, d);
-    const moex_sm90_epilogue e = fc2_glu_epilogue(&p, (float *)placeholder);
+    const moex_sm90_epilogue e = fc2_glu_epilogue(&p, (float *)ws_placeholder);
     if (!moex_sm90_epilogue_supported(sc, &s, &e)) return SIZE_MAX;
     moex_carver c = {NULL, 0};
     fc2_glu_row_grads(a, d, &c);
@@ -298,11 +306,10 @@ size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_
     const bool current = (xr == MOEX_QUANT_TENSOR || xr == MOEX_QUANT_GROUP) && wr == MOEX_QUANT_GROUP;
     const bool block = xr == MOEX_QUANT_BLOCK && wr == MOEX_QUANT_BLOCK;
     if (sc == NULL || !(current || block)) return SIZE_MAX;
-    alignas(16) static const float placeholder[4] = {0};
-    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    const moex_groups g = ws_groups(d->gl.G, d->gl.T);
     moex_grouped_linear_fp8_args p = *a;
-    p.x.data.data = p.w.data.data = p.y.data = p.x.scales.data = p.w.scales.data = (void *)placeholder;
-    p.bias.data = p.probs.data = (void *)placeholder;
+    p.x.data.data = p.w.data.data = p.y.data = p.x.scales.data = p.w.scales.data = (void *)ws_placeholder;
+    p.bias.data = p.probs.data = (void *)ws_placeholder;
     const moex_sm90_fp8_args s = linear_fp8_args(&g, &p, d);
     return moex_sm90_fp8_supported(sc, &s) ? 0 : SIZE_MAX;
 }
@@ -344,13 +351,12 @@ static moex_sm90_fp8_args fc1_glu_fp8_args(const moex_groups *g, const moex_fc1_
  * (pointers stand in: alignment is checked at run time). */
 size_t moex_cuda_fc1_glu_fp8_ws(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d) {
     if (moex_cuda_linear_fp8_ws(ctx, &a->fc1, d) == SIZE_MAX) return SIZE_MAX;
-    alignas(16) static const float placeholder[4] = {0};
-    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    const moex_groups g = ws_groups(d->gl.G, d->gl.T);
     moex_fc1_glu_fp8_args p = *a;
     p.fc1.x.data.data = p.fc1.w.data.data = p.fc1.y.data = p.fc1.x.scales.data = p.fc1.w.scales.data =
-        (void *)placeholder;
-    p.fc1.bias.data = p.z.data = (void *)placeholder;
-    if (moex_present(&p.probs)) p.probs.data = (void *)placeholder;
+        (void *)ws_placeholder;
+    p.fc1.bias.data = p.z.data = (void *)ws_placeholder;
+    if (moex_present(&p.probs)) p.probs.data = (void *)ws_placeholder;
     const moex_sm90_fp8_args s = fc1_glu_fp8_args(&g, &p, d);
     return moex_sm90_fp8_supported(moex_cuda_st(ctx)->sm90_ctx, &s) ? 0 : SIZE_MAX;
 }
@@ -387,10 +393,9 @@ size_t moex_cuda_linear_fp8_wgrad_ws(moex_context *ctx, const moex_grouped_linea
                          (xr == MOEX_QUANT_TENSOR || xr == MOEX_QUANT_GROUP);
     const bool block = yr == MOEX_QUANT_BLOCK && xr == MOEX_QUANT_BLOCK;
     if (sc == NULL || !(current || block) || a->dw.ptrs != NULL) return SIZE_MAX;
-    alignas(16) static const float placeholder[4] = {0};
-    const moex_groups g = {d->gl.G, d->gl.T, (const int64_t *)placeholder, NULL, NULL, NULL};
+    const moex_groups g = ws_groups(d->gl.G, d->gl.T);
     moex_grouped_linear_fp8_wgrad_args p = *a;
-    p.dy.data.data = p.x.data.data = p.dw.t.data = p.dy.scales.data = p.x.scales.data = (void *)placeholder;
+    p.dy.data.data = p.x.data.data = p.dw.t.data = p.dy.scales.data = p.x.scales.data = (void *)ws_placeholder;
     const moex_sm90_fp8_wgrad_args s = linear_fp8_wgrad_args(&g, &p, d);
     return moex_sm90_fp8_wgrad_supported(sc, &s) ? 0 : SIZE_MAX;
 }

@@ -223,6 +223,18 @@ static inline bool sm90_shape_ok(int64_t G, int64_t T, int64_t K, int64_t N, con
     return splits != NULL && ((uintptr_t)splits & 7u) == 0;
 }
 
+/* The fields a weight-gradient kernel's params (kp: sm90_grouped_wgrad.cu's or
+ * sm90_fp8_wgrad.cu's) take from its launch args (a) as they are: dW, the splits and the
+ * shapes (G, N and K as int, which sm90_shape_ok bounds). */
+template <class P, class A> static inline void sm90w_params_shape(P *kp, const A *a) {
+    kp->dw = a->dw;
+    kp->splits = a->splits;
+    kp->G = (int)a->G;
+    kp->N = (int)a->N;
+    kp->K = (int)a->K;
+    kp->T = a->T;
+}
+
 #define SM90_FAIL(st, msg)               \
     do {                                 \
         if (why != NULL) *why = (msg);   \

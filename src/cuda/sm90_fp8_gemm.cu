@@ -260,13 +260,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     fa = xa * w, fb = xb * w, fa2 = xa * w2, fb2 = xb * w2;
                 }
                 const uint32_t s = sm90_ring_wait(full, it);
-                sm90_wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < F8_BK / 32; kk++)
-                    sm90_wgmma_fp8<X5, W5>(part, sm90_desc_add(da0, s * F8_BM * F8_BK + kk * 32),
-                                           sm90_desc_add(db0, s * F8_BN * F8_BK + kk * 32), kk != 0);
-                sm90_wgmma_commit();
-                sm90_wgmma_wait<0>();
+                sm90_wgmma_fp8_stage<X5, W5, F8_BK>(part, da0, s * F8_BM * F8_BK, db0, s * F8_BN * F8_BK);
                 sm90_ring_release<CM>(empty, it, tid);
                 if (BLK) {
 #pragma unroll

@@ -164,7 +164,11 @@ static __device__ __forceinline__ void f8w_store(const float (&acc)[64], bool li
 }
 
 /* This CTA's tile of unit t of the cursor's group: first dW row *n0 and column *k0 (bands of
- * F8W_BAND N tiles, N tiles fastest, as sm90_wgrad_tile orders them). */
+ * F8W_BAND N tiles, N tiles fastest, as sm90_wgrad_tile orders them). The kernel's three walks
+ * (the producer thread, BLK's scale warp, the consumers) step the same units and call this,
+ * then count the unit's windows beside what each derives from the same rows (the aligned
+ * start, the block count, the head and the last window's bytes): alike loop heads, kept
+ * written out, since a shared next-unit helper does not compile to the same code. */
 static __device__ __forceinline__ void f8w_tile(const sm90_cursor *c, int64_t t, int64_t tn, int64_t tk, int *n0,
                                                 int *k0) {
     int64_t kt, nt;
@@ -295,20 +299,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     f8w_split_head(wa, head, o, tid);
                     sm90_fence_proxy_async_smem();
                     sm90_named_barrier(2 + c, 128);
-                    sm90_wgmma_fence();
-                    sm90_wgmma_fp8<D5, X5>(part, dh, sm90_desc_add(db0, s * F8W_BK * F8W_BR), 0);
-                    sm90_wgmma_commit();
-                    sm90_wgmma_wait<0>();
+                    /* the head's bytes lie in the first k32 step: one step, against the window's x */
+                    sm90_wgmma_fp8_stage<D5, X5, 32>(part, dh, 0, db0, s * F8W_BK * F8W_BR);
                     f8w_promote(acc, part, ssc + ((it - 1) % SM90_STAGES) * (F8W_BN + F8W_BK) + F8W_BN, pa, pb,
                                 lane);
                 }
-                sm90_wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < F8W_BR / 32; kk++)
-                    sm90_wgmma_fp8<D5, X5>(part, sm90_desc_add(da0, s * F8W_BN * F8W_BR + kk * 32),
-                                           sm90_desc_add(db0, s * F8W_BK * F8W_BR + kk * 32), kk != 0);
-                sm90_wgmma_commit();
-                sm90_wgmma_wait<0>();
+                sm90_wgmma_fp8_stage<D5, X5, F8W_BR>(part, da0, s * F8W_BN * F8W_BR, db0, s * F8W_BK * F8W_BR);
                 /* every warp of the consumer issued this stage's wgmmas: all are past stage
                  * it - 1's promotion, so it goes back to the producers */
                 if (kb > 0) sm90_ring_release<1>(empty, it - 1, tid);
@@ -400,12 +396,7 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
         return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
     sm90_fp8_wgrad_params kp;
     memset(&kp, 0, sizeof kp);
-    kp.dw = a->dw;
-    kp.splits = a->splits;
-    kp.G = (int)a->G;
-    kp.N = (int)a->N;
-    kp.K = (int)a->K;
-    kp.T = a->T;
+    sm90w_params_shape(&kp, a);
     kp.dys = a->dy_scales;
     kp.xs = a->x_scales;
     kp.dys_group = a->dy_scale_per_group;

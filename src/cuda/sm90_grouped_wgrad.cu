@@ -269,12 +269,7 @@ static moex_status sm90w_run(const moex_sm90_context *ctx, const moex_sm90_wgrad
     /* without the map (the plan's choice, or the encoder refused it) the register epilogue */
     kp.epi_tma =
         plan.epilogue_tma && sm90_make_dw_map(ctx, &kp.tm_dw, a->dw_dtype, a->dw, a->G, a->N, a->K, promo, kname);
-    kp.dw = a->dw;
-    kp.splits = a->splits;
-    kp.G = (int)a->G;
-    kp.N = (int)a->N;
-    kp.K = (int)a->K;
-    kp.T = a->T;
+    sm90w_params_shape(&kp, a);
     kp.band_w = plan.band;
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;

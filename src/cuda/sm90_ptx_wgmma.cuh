@@ -172,6 +172,21 @@ static __device__ __forceinline__ void sm90_wgmma_fp8(float (&d)[64], uint64_t d
     }
 }
 
+/* One stage's FP8 product, complete on return: part = the sum of the KB / 32 steps of
+ * sm90_wgmma_fp8<A5, B5> (the first overwrites part), step kk reading A at da moved a_off +
+ * 32 kk bytes and B at db moved b_off + 32 kk (K-major, KB bytes a row). Fenced before the
+ * first step, committed and waited for (none left in flight) after the last. */
+template <int A5, int B5, int KB>
+static __device__ __forceinline__ void sm90_wgmma_fp8_stage(float (&part)[64], uint64_t da, uint32_t a_off, uint64_t db,
+                                                            uint32_t b_off) {
+    sm90_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 32; kk++)
+        sm90_wgmma_fp8<A5, B5>(part, sm90_desc_add(da, a_off + kk * 32), sm90_desc_add(db, b_off + kk * 32), kk != 0);
+    sm90_wgmma_commit();
+    sm90_wgmma_wait<0>();
+}
+
 /* One wgmma step of the shape the accumulators say (128 per thread: m64n256k16; 64:
  * m64n128k16) in the input dtype (IS_F16: f16, else bf16), B MN-major when TB, and A too
  * when TA (m64n256k16 with TB only). */
