@@ -42,7 +42,8 @@
 static __device__ __forceinline__ int64_t sm90_warp_split_scan(const int64_t *splits, int64_t g0, int64_t G, int64_t T,
                                                                int64_t *s) {
     const int lane = threadIdx.x % 32;
-    int64_t v = g0 + lane < G ? moex_split_clip(__ldg(splits + g0 + lane), T) : 0;
+    /* loaded, then clipped (the order the kernels were measured with) */
+    int64_t v = moex_split_clip(g0 + lane < G ? __ldg(splits + g0 + lane) : 0, T);
     *s = v;
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) {
