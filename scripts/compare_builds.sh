@@ -5,7 +5,9 @@
 #         libraries' grouped GEMMs (fwd, dgrad, wgrad, fwd_bias, fwd_sbias; balanced and
 #         skewed splits) timed in the same rotation of launches, medians of 30-60 each;
 #   mlp   `moex bench --ops gemm` of each build (its rows mlp_fwd, mlp_fwd_bwd: the grouped
-#         MLP forward, and forward + backward), balanced and skewed splits;
+#         MLP forward, and forward + backward; and cli_fwd, cli_dgrad, cli_wgrad: the grouped
+#         linear through each build's own CLI, for builds whose public structs differ, which
+#         gemm_bench.py cannot load side by side), balanced and skewed splits;
 #   moe   `moex bench --ops other` of each build (its rows moe_fwd, moe_bwd: the MoE layer);
 #   fp8   each tree's own bench/fp8_bench.py (its Python package, its build's libmoex.so):
 #         the FP8 grouped linear forward and weight gradient, GROUP and BLOCK scaling
@@ -201,7 +203,10 @@ python3 - "$OUTDIR" <<'EOF' | tee "$OUTDIR/compare.txt"
 import glob, json, os, statistics, sys
 
 out = sys.argv[1]
-ORDER = ["fwd", "dgrad", "wgrad", "fwd_bias", "fwd_sbias", "mlp_fwd", "mlp_fwd_bwd", "moe_fwd", "moe_bwd",
+# `moex bench --ops gemm`'s grouped linear rows, each build through its own CLI (gemm_bench.py
+# needs both libraries to have this tree's struct layouts)
+CLI_GEMMS = {"forward": "cli_fwd", "backward_data": "cli_dgrad", "backward_weight": "cli_wgrad"}
+ORDER = ["fwd", "dgrad", "wgrad", "fwd_bias", "fwd_sbias", "cli_fwd", "cli_dgrad", "cli_wgrad", "mlp_fwd", "mlp_fwd_bwd", "moe_fwd", "moe_bwd",
          "fp8_fwd_group", "fp8_fwd_block", "fp8_wgrad_group", "fp8_wgrad_block", "moe_layer_bf16", "moe_layer_fp8",
          "ep_dispatch_peer", "ep_combine_peer", "ep_dispatch_peer-fp8", "ep_dispatch_capacity", "ep_combine_capacity",
          "ep_dispatch_capacity-fp8"]
@@ -224,8 +229,9 @@ for f in sorted(glob.glob(os.path.join(out, "cli", "*.json"))):
     except ValueError:
         continue   # a failed run: its message is in the .err beside it
     for r in d["results"]:
-        if r["op"] in ("mlp_fwd", "mlp_fwd_bwd", "moe_fwd", "moe_bwd"):
-            add((r["config"], r["splits"], r["op"]), which, r["gflops"] / 1e3 if r.get("gflops") else None)
+        op = CLI_GEMMS.get(r["op"], r["op"])
+        if op in ("mlp_fwd", "mlp_fwd_bwd", "moe_fwd", "moe_bwd") or op in CLI_GEMMS.values():
+            add((r["config"], r["splits"], op), which, r["gflops"] / 1e3 if r.get("gflops") else None)
 
 # runs/NAME.WHICH.REP.out: fp8_bench.py's and moe_fp8_bench.py's JSON lines, ep_bench's EPBENCH lines
 for f in sorted(glob.glob(os.path.join(out, "runs", "*.out"))):
