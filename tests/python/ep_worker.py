@@ -121,25 +121,34 @@ def graph_replays(ep, dims, g, x0, dy, args, opts):
     times: each replay's y and gradients must equal, bitwise, an eager step of a second layer with
     the same weights on the same tokens. None when they do, else what differed."""
     E, H, F, k = dims
-    twin = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=ep._ep.max_tokens, device=x0.device,
-                       ep_transfer=args.transfer, **opts)
-    twin.load_state_dict(ep.state_dict())
+
+    def copy_of_ep():
+        layer = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=ep._ep.max_tokens, device=x0.device,
+                            ep_transfer=args.transfer, **opts)
+        layer.load_state_dict(ep.state_dict())
+        return layer
+
+    # the captured layer is a fresh copy: ep's parameters still have gradient nodes made on the
+    # default stream alive (the double-backward check's graph), and a captured backward that
+    # accumulates into them would make the default stream wait on the capture (PyTorch's
+    # whole-network capture has the same rule: nothing of an earlier step's graph kept alive)
+    cap, twin = copy_of_ep(), copy_of_ep()
     static_x = x0.clone().requires_grad_(True)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):   # (warm-up off the default stream, as torch.cuda.graph wants)
         for _ in range(2):
-            ep.zero_grad(set_to_none=True)
+            cap.zero_grad(set_to_none=True)
             static_x.grad = None
-            ep(static_x).backward(dy)
+            cap(static_x).backward(dy)
     torch.cuda.current_stream().wait_stream(side)
-    ep.zero_grad(set_to_none=True)
+    cap.zero_grad(set_to_none=True)
     static_x.grad = None
     cuda_graph = torch.cuda.CUDAGraph()
     # thread_local: the NCCL process group's watchdog thread queries its events meanwhile, which a
     # global capture counts against it (the suspected cause of run 57's invalidated capture)
     with torch.cuda.graph(cuda_graph, capture_error_mode="thread_local"):
-        static_y = ep(static_x)
+        static_y = cap(static_x)
         static_y.backward(dy)
     for trial in range(3):
         xn = torch.randn(x0.shape, generator=torch.Generator().manual_seed(1000 + 7 * trial + g.r)).to(x0)
@@ -150,9 +159,9 @@ def graph_replays(ep, dims, g, x0, dy, args, opts):
         xt = xn.clone().requires_grad_(True)
         yt = twin(xt)
         yt.backward(dy)
-        got = [static_y, static_x.grad] + [p.grad for p in ep.parameters()]
+        got = [static_y, static_x.grad] + [p.grad for p in cap.parameters()]
         want = [yt, xt.grad] + [p.grad for p in twin.parameters()]
-        names = ["y", "dx"] + [n for n, _ in ep.named_parameters()]
+        names = ["y", "dx"] + [n for n, _ in cap.named_parameters()]
         for name, a, b in zip(names, got, want):
             if not torch.equal(a, b):
                 return f"graph replay {trial}: {name} differs from the eager step's"
