@@ -18,6 +18,7 @@ Usage: mpirun -np N python3 tests/python/ep_worker.py [--dtype f32|bf16] [--empt
        torchrun --nproc_per_node N tests/python/ep_worker.py [the same options]
 """
 import argparse
+import faulthandler
 import os
 import sys
 
@@ -176,7 +177,11 @@ def main():
     ap.add_argument("--transfer", default="auto", choices=["auto", "capacity", "peer"])
     ap.add_argument("--graph", action="store_true", help="CUDA: also a step captured in a CUDA graph, replayed")
     ap.add_argument("--compile", action="store_true", help="also the layer's step under torch.compile(fullgraph)")
+    ap.add_argument("--hang-s", type=float, default=0, help="after this many seconds, print every thread's "
+                    "Python stack and exit (a hang's place; 0: never)")
     args = ap.parse_args()
+    if args.hang_s > 0:
+        faulthandler.dump_traceback_later(args.hang_s, exit=True)
     g = Group()
     W, r, dev = g.W, g.r, g.device
     dt, rtol = (torch.float32, 1e-5) if args.dtype == "f32" else (torch.bfloat16, 3e-2)
