@@ -163,10 +163,14 @@ def graph_replays(ep, dims, g, x0, dy, args, opts):
         got = [static_y, static_x.grad] + [p.grad for p in cap.parameters()]
         want = [yt, xt.grad] + [p.grad for p in twin.parameters()]
         names = ["y", "dx"] + [n for n, _ in cap.named_parameters()]
-        for name, a, b in zip(names, got, want):
-            if not torch.equal(a, b):
-                return f"graph replay {trial}: {name} differs from the eager step's"
-    return None
+        differs = [name for name, a, b in zip(names, got, want) if not torch.equal(a, b)]
+        if differs:
+            break
+    # a captured context keeps its NCCL communicator when collected (NCCL's destroy would wait for
+    # the graph): the documented order, the graph freed and then close()
+    del cuda_graph
+    cap.close()
+    return f"graph replay {trial}: {', '.join(differs)} differ from the eager step's" if differs else None
 
 
 def main():
@@ -233,6 +237,12 @@ def main():
     mine = int(((ids_g >= r * El) & (ids_g < (r + 1) * El)).sum())   # the slots routed to this rank's experts
     _, _, splits3, _, dropped3 = mt.ep_dispatch(small, x.detach(), ids, probs.detach())
     overflow = (int(dropped3), int(splits3.sum())), (max(mine - 3, 0), min(mine, 3))
+    small.close(), small.close()   # (a second close does nothing)
+    try:
+        mt.ep_dispatch(small, x.detach(), ids, probs.detach())
+        closed = "ep_dispatch ran on a closed EPContext"
+    except ValueError as e:
+        closed = None if "closed" in str(e) else f"ep_dispatch on a closed EPContext raised {e}"
 
     # double backward is refused (as everywhere in moex.torch), not silently wrong
     gx, = torch.autograd.grad(ep(x).sum(), x, create_graph=True)
@@ -261,6 +271,8 @@ def main():
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
         if double:
             raise AssertionError(double)
+        if closed:
+            raise AssertionError(closed)
         if graph:
             raise AssertionError(graph)
         if compiled:

@@ -38,25 +38,31 @@ def test_ep_layer_matches_the_whole_layer(ranks, extra):
     assert run.stdout.startswith("ok:"), run.stdout
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("extra,network", [([], False), (["--dtype", "bf16"], False), (["--empty-rank"], False),
-                                           (["--tokens", "300", "--dtype", "bf16"], False),
-                                           (["--transfer", "capacity"], False), (["--compile"], False),
-                                           (["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True),
-                                           pytest.param(["--graph"], False, marks=pytest.mark.xfail(
-                                               reason="issue #35: capturing the EP layer's step through moex.torch "
-                                                      "failed in bench/RESULTS.md run 57 (cudaErrorStreamCaptureInvalidated "
-                                                      "in a global capture); the thread-local capture is not yet run",
-                                               strict=False))])
-def test_ep_layer_over_nccl_matches_the_whole_layer(extra, network):
+def gpus(n):
+    return pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < n, reason=f"needs {n} GPUs")
+
+
+@pytest.mark.parametrize("ranks,extra,network", [
+    pytest.param(2, [], False, marks=gpus(2)), pytest.param(2, ["--dtype", "bf16"], False, marks=gpus(2)),
+    pytest.param(2, ["--empty-rank"], False, marks=gpus(2)),
+    pytest.param(2, ["--tokens", "300", "--dtype", "bf16"], False, marks=gpus(2)),
+    pytest.param(2, ["--transfer", "capacity"], False, marks=gpus(2)), pytest.param(2, ["--compile"], False, marks=gpus(2)),
+    pytest.param(2, ["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True, marks=gpus(2)),
+    pytest.param(2, ["--graph"], False, marks=gpus(2)),
+    pytest.param(2, ["--graph", "--transfer", "capacity", "--dtype", "bf16"], False, marks=gpus(2)),
+    pytest.param(4, [], False, marks=gpus(4)),
+    pytest.param(4, ["--transfer", "capacity", "--dtype", "bf16", "--empty-rank", "--tokens", "300"], False,
+                 marks=gpus(4)),
+    pytest.param(4, ["--graph", "--empty-rank"], False, marks=gpus(4))])
+def test_ep_layer_over_nccl_matches_the_whole_layer(ranks, extra, network):
     """network: NCCL's peer-to-peer and shared-memory transports off, so that its send/recv (the
     CAPACITY exchange) take the network path they take between nodes."""
     env = dict(os.environ, NCCL_P2P_DISABLE="1", NCCL_SHM_DISABLE="1") if network else None
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", WORKER]
-    run = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=600, env=env)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks), WORKER]
+    run = subprocess.run(cmd + extra + ["--hang-s", "240"], capture_output=True, text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     transfer = extra[extra.index("--transfer") + 1] if "--transfer" in extra else ""   # (auto: either)
-    assert f"ok: 2 ranks over NCCL ({transfer}" in run.stdout, run.stdout
+    assert f"ok: {ranks} ranks over NCCL ({transfer}" in run.stdout, run.stdout
 
 
 def test_ep_group_arguments_refused():

@@ -136,6 +136,16 @@ def _ep_of(ep_id: int) -> "EPContext":
     return ep
 
 
+def _ep_run(ep: "EPContext", name: str, args, device: torch.device) -> None:
+    """_run of an EP call; one made while the current stream is being captured marks the context
+    captured (EPContext's CUDA graphs note)."""
+    if ep.handle is None:
+        raise ValueError(f"moex.{name}: the EPContext is closed")
+    if ep._nccl is not None and torch.cuda.is_current_stream_capturing():
+        ep.captured = True
+    _run(name, args, device)
+
+
 _TRANSFERS = {"auto": _capi.EP_TRANSFER_AUTO, "capacity": _capi.EP_TRANSFER_CAPACITY, "peer": _capi.EP_TRANSFER_PEER}
 
 
@@ -150,9 +160,15 @@ class EPContext:
     transfer: how NCCL ranks exchange rows (include/moex_ep.h, moex_ep_transfer): "auto" (peer
     where every rank can map every peer's memory, one node with NVLink; else capacity),
     "capacity" (NCCL send/recv, across nodes too) or "peer". Created collectively (every rank
-    alike: moex refuses differing ranks on every rank), kept with what uses it, freed with it. ep_dispatch and ep_combine take it; so does MoELayer
-    (ep_group). Attributes: rank, world, local_experts, max_tokens, max_recv_rows, device,
-    transfer (AUTO's choice), id (the operators' name for it)."""
+    alike: moex refuses differing ranks on every rank), kept with what uses it, freed with it.
+    ep_dispatch and ep_combine take it; so does MoELayer (ep_group). Attributes: rank, world,
+    local_experts, max_tokens, max_recv_rows, device, transfer (AUTO's choice), id (the
+    operators' name for it).
+
+    CUDA graphs: its calls can be captured. NCCL destroys a communicator only once every graph
+    that captured work on it is freed (it waits for them), so a context whose calls were
+    captured keeps its NCCL communicator when it is collected (a graph may outlive it); close()
+    destroys it at once: call it after the graphs are freed (del graph)."""
 
     def __init__(self, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype = torch.float32,
                  max_tokens: Optional[int] = None, max_recv_rows: Optional[int] = None, device=None,
@@ -191,14 +207,25 @@ class EPContext:
         self.num_experts, self.topk, self.hidden, self.dtype = num_experts, topk, hidden, dtype
         self.max_tokens, self.max_recv_rows = int(max_tokens), int(max_recv_rows)
         self.id = next(_EP_IDS)   # (the operators name their context by it: _ep_of)
+        self.captured = False   # a call of it ran inside a CUDA graph capture (_ep_run)
         _EP_CONTEXTS[self.id] = self
 
+    def close(self) -> None:
+        """Frees moex's EP state and destroys the NCCL communicator now, captured or not (NCCL's
+        destroy waits until the graphs that captured work on it are freed: free them first).
+        The context is unusable after it; calling close again does nothing."""
+        self._free(destroy_nccl=True)
+
     def __del__(self):
+        self._free(destroy_nccl=not getattr(self, "captured", False))
+
+    def _free(self, destroy_nccl: bool) -> None:
         nccl, MPI = getattr(self, "_nccl", None), sys.modules.get("mpi4py.MPI")
         if nccl is None and MPI is not None and MPI.Is_finalized():
             return   # (the process is ending; moex_ep_destroy frees an MPI datatype: not after MPI_Finalize)
         _capi.ep_destroy(getattr(self, "handle", None))
-        if nccl is not None:
+        self.handle = None
+        if nccl is not None and destroy_nccl:
             nccl.destroy()
 
     def __repr__(self):
@@ -239,7 +266,7 @@ def _ep_moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor
                          f"{ep.max_tokens}")
     saved = x.new_empty(_ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options), dtype=torch.uint8)
     y = x.new_empty(x.shape)
-    _run("ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y), x.device)
+    _ep_run(ep, "ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y), x.device)
     return y, saved
 
 
@@ -262,7 +289,7 @@ def _ep_moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tenso
     fwd = _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, None).layer
     grad = _args(_capi.MoeLayerGradArgs, fwd=fwd, dy=dy, dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw, dw1=dw1, dw2=dw2,
                  db1=db1, db2=db2)
-    _run("ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ep.handle, layer=grad), x.device)
+    _ep_run(ep, "ep_moe_layer_backward", _capi.EpMoeLayerGradArgs(ep=ep.handle, layer=grad), x.device)
     return outs
 
 
@@ -323,7 +350,7 @@ class _EPDispatch(torch.autograd.Function):
         args = _capi.EpDispatchArgs(ep=ep.handle, x=_view(x), ids=_view(ids), probs=_view(probs),
                                     handle=handle.data_ptr(), handle_bytes=ep.handle_bytes, xr=_view(xr),
                                     probs_r=_view(probs_r), splits=_view(splits), dropped=_view(dropped))
-        _run("ep_dispatch_forward", args, x.device)
+        _ep_run(ep, "ep_dispatch_forward", args, x.device)
         _zero_tail(xr, splits), _zero_tail(probs_r, splits)   # (the rows past the splits: 0)
         ctx.ep, ctx.T = ep, T
         ctx.save_for_backward(handle)
@@ -341,7 +368,7 @@ class _EPDispatch(torch.autograd.Function):
         dpr = dprobs_r.contiguous() if need_p else None
         args = _capi.EpDispatchGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
                                         dxr=_view(dxr), dprobs_r=_view(dpr), dx=_view(dx), dprobs=_view(dprobs))
-        _run("ep_dispatch_backward", args, dxr.device)
+        _ep_run(ep, "ep_dispatch_backward", args, dxr.device)
         return None, dx if need_x else None, None, dprobs
 
 
@@ -351,7 +378,7 @@ class _EPCombine(torch.autograd.Function):
         y = yr.new_empty(T, ep.hidden)
         args = _capi.EpCombineArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
                                    yr=_view(yr), y=_view(y))
-        _run("ep_combine_forward", args, yr.device)
+        _ep_run(ep, "ep_combine_forward", args, yr.device)
         ctx.ep = ep
         ctx.save_for_backward(handle)
         return y
@@ -365,7 +392,7 @@ class _EPCombine(torch.autograd.Function):
         dy = dy.contiguous()   # (held here: the args below hold only its address)
         args = _capi.EpCombineGradArgs(ep=ep.handle, handle=handle.data_ptr(), handle_bytes=ep.handle_bytes,
                                        dy=_view(dy), dyr=_view(dyr))
-        _run("ep_combine_backward", args, dy.device)
+        _ep_run(ep, "ep_combine_backward", args, dy.device)
         return None, dyr, None, None
 
 
