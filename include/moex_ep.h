@@ -192,6 +192,10 @@ MOEX_API moex_status moex_ep_combine_backward(moex_context *ctx, const moex_ep_c
 typedef struct moex_ep_moe_layer_args {
     moex_ep *ep;
     moex_moe_layer_args layer;
+    moex_tensor dropped;          /* [1] i64: the expert rows this rank received past
+                                     max_recv_rows and dropped (their tokens get nothing
+                                     from those experts; the dispatch's `dropped`);
+                                     optional                                 =             */
 } moex_ep_moe_layer_args;
 
 typedef struct moex_ep_moe_layer_grad_args {

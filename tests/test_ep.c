@@ -409,6 +409,8 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
     l->w2 = moex_weight_packed(moex_tensor_3d((char *)w2 + (size_t)(e0 * H * F) * es, dt, El, H, F));
     l->b2 = moex_tensor_2d((char *)b2 + (size_t)(e0 * H) * es, dt, El, H);
     l->y = moex_tensor_2d(y, dt, T, H);
+    int64_t dropped = -7;
+    ea.dropped = moex_tensor_1d(&dropped, MOEX_DTYPE_I64, 1);
     CHECK_STATUS(ctx, moex_ep_moe_layer_saved_size(ctx, &ea, &sb), MOEX_OK);
     l->saved = tu_alloc(sb), l->saved_bytes = sb;
     CHECK_STATUS(ctx, moex_ep_moe_layer_forward_workspace_size(ctx, &ea, &wb), MOEX_OK);
@@ -416,6 +418,7 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
     CHECK_STATUS(ctx, moex_ep_moe_layer_forward(ctx, &ea, ws, wb, NULL), MOEX_OK);
     free(ws);
     check_near("ep layer y", dt, y, (char *)yg + (size_t)(t0 * H) * es, T * H, rtol);
+    CHECK_EQ_I64(dropped, 0);
 
     void *dx = tu_poisoned(dt, T * H);
     float *drw = tu_poisoned(MOEX_DTYPE_F32, E * H), *dw1 = tu_poisoned(MOEX_DTYPE_F32, El * 2 * F * H);
@@ -448,6 +451,50 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
     free(rw), free(w1), free(b1), free(w2), free(b2), free(dyg), free(xg);
     free(vrw), free(vw1), free(vb1), free(vw2), free(vb2), free(vdy);
     problem_free(&p);
+}
+
+/* The EP layer past its capacity reports its drops: a zero router sends every token to
+ * experts 0 and 1 (ties go to the lower index), both rank 0's, which keeps R = 3 of the 2 W T
+ * rows and drops the rest; the other ranks receive none. The layer's `dropped` is each rank's
+ * count, and the drop is reported once more, as a dispatch's is (the call's status, or
+ * moex_context_check_splits after it). */
+static void run_layer_drops(void) {
+    const int64_t T = 3, H = 8, F = 4, E = 2 * W, k = 2, El = 2, R = 3;
+    const moex_dtype dt = MOEX_DTYPE_F32;
+    tu_rng r = tu_rng_seed(99);
+    double *vx, *vrw, *vw1, *vw2;
+    void *x = weights(&r, dt, T * H, 1, &vx), *rw = weights(&r, dt, E * H, 0, &vrw);
+    void *w1 = weights(&r, dt, El * 2 * F * H, 0.5, &vw1), *w2 = weights(&r, dt, El * H * F, 0.5, &vw2);
+    void *y = tu_poisoned(dt, T * H);
+    const moex_ep_config cfg = {.comm_kind = EP_COMM_KIND, .comm = EP_COMM, .num_experts = (int32_t)E,
+                                .topk = (int32_t)k, .hidden = H, .dtype = dt, .max_tokens = T, .max_recv_rows = R,
+                                .transfer = ep_transfer};
+    moex_ep *ep = NULL;
+    CHECK_STATUS(ctx, moex_ep_create(&ep, ctx, &cfg), MOEX_OK);
+    int64_t dropped = -7;
+    moex_ep_moe_layer_args ea = {
+        .ep = ep,
+        .layer = {.x = moex_tensor_2d(x, dt, T, H), .router_w = moex_tensor_2d(rw, dt, E, H), .topk = (int32_t)k,
+                  .w1 = moex_weight_packed(moex_tensor_3d(w1, dt, El, 2 * F, H)),
+                  .w2 = moex_weight_packed(moex_tensor_3d(w2, dt, El, H, F)),
+                  .glu = moex_glu_params_default(MOEX_GLU_SWIGLU), .y = moex_tensor_2d(y, dt, T, H)},
+        .dropped = moex_tensor_1d(&dropped, MOEX_DTYPE_I64, 1)};
+    size_t sb = 0, wb = 0;
+    CHECK_STATUS(ctx, moex_ep_moe_layer_saved_size(ctx, &ea, &sb), MOEX_OK);
+    ea.layer.saved = tu_alloc(sb), ea.layer.saved_bytes = sb;
+    CHECK_STATUS(ctx, moex_ep_moe_layer_forward_workspace_size(ctx, &ea, &wb), MOEX_OK);
+    void *ws = tu_workspace(wb);
+    const moex_status st = moex_ep_moe_layer_forward(ctx, &ea, ws, wb, NULL);
+    const moex_status drops = moex_context_check_splits(ctx, NULL);
+    const int64_t want = me == 0 ? W * T * k - R : 0;
+    const moex_status want_st = want > 0 ? MOEX_ERR_BAD_SPLITS : MOEX_OK;
+    CHECK_MSG((st == MOEX_OK && drops == want_st) || (st == want_st && drops == MOEX_OK),
+              "ep layer past capacity: forward %s, then check_splits %s; want one %s", moex_status_string(st),
+              moex_status_string(drops), moex_status_string(want_st));
+    CHECK_EQ_I64(dropped, want);
+    free(ws), free(ea.layer.saved), free(y), free(x), free(rw), free(w1), free(w2);
+    free(vx), free(vrw), free(vw1), free(vw2);
+    moex_ep_destroy(ep);
 }
 
 /* ---- argument errors ------------------------------------------------------------------ */
@@ -729,6 +776,7 @@ static int run_suite(void) {
     ep_transfer = MOEX_EP_TRANSFER_AUTO;
     run_layer_case(6, 16, 8, 2 * W, 2, MOEX_DTYPE_F32, 1e-5);
     run_layer_case(5, 32, 16, 4 * W, 3, MOEX_DTYPE_BF16, 3e-2);
+    run_layer_drops();
     run_errors();
     run_more_errors();
     run_one_rank_errors();

@@ -232,7 +232,7 @@ class EpCombineGradArgs(ctypes.Structure):
 
 
 class EpMoeLayerArgs(ctypes.Structure):
-    _fields_ = [("ep", ctypes.c_void_p), ("layer", MoeLayerArgs)]
+    _fields_ = [("ep", ctypes.c_void_p), ("layer", MoeLayerArgs), ("dropped", Tensor)]
 
 
 class EpMoeLayerGradArgs(ctypes.Structure):

@@ -6,6 +6,7 @@
  *              xr, probs_r, splits, handle = dispatch(x, ids, probs) (saved)
  *              yr = grouped_mlp(xr, probs_r, splits)  [R, H]        (h, z saved; yr in the workspace)
  *              y = combine(yr)                        [T, H]        =
+ *              (dropped: the dispatch's count of rows past max_recv_rows, optional  =)
  *   backward:  dyr = combine_backward(dy)
  *              dxr, dprobs_r, dW1, dW2, db1, db2 = grouped_mlp_backward(dyr)
  *              dx_e, dprobs = dispatch_backward(dxr, dprobs_r)      (dx_e in f32)
@@ -79,6 +80,8 @@ moex_status moex_ep_moe_layer_saved_size(moex_context *ctx, const moex_ep_moe_la
 moex_status moex_op_ep_moe_layer_forward_validate(moex_context *ctx, const char *op, const moex_ep_moe_layer_args *a,
                                                   moex_purpose p, moex_ep_dims *d) {
     MOEX_TRY(validate_layer(ctx, op, a->ep, &a->layer, true, d));
+    const int64_t one[1] = {1};
+    MOEX_TRY(moex_check_optional_output(ctx, op, "dropped", &a->dropped, 1, one, MOEX_DT_I64));
     return p == MOEX_FOR_RUN ? saved_prepare(ctx, op, &a->layer, MOEX_SPAN_OUT, d) : MOEX_OK;
 }
 
@@ -147,7 +150,8 @@ moex_status moex_op_ep_moe_layer_forward_run(moex_context *ctx, const moex_call 
     MOEX_TRY(run_begin(ctx, c, d, &v, &e));
     const fwd_layout l = fwd_layout_of(ctx, f, d, ws);
     const moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.io.ids, .probs = v.io.probs,
-                                            .xr = v.r.x, .probs_r = v.r.probs, .splits = v.r.splits};
+                                            .xr = v.r.x, .probs_r = v.r.probs, .splits = v.r.splits,
+                                            .dropped = a->dropped};
     const moex_grouped_mlp_args mlp = fwd_mlp_of(f, d, &v, l.yr);
     const moex_mlp_dims md = mlp_dims(d);
 

@@ -342,6 +342,7 @@ int main(void) {
     STRUCT(moex_ep_moe_layer_args);
     FIELD(moex_ep_moe_layer_args, ep);
     FIELD(moex_ep_moe_layer_args, layer);
+    FIELD(moex_ep_moe_layer_args, dropped);
 
     STRUCT(moex_ep_moe_layer_grad_args);
     FIELD(moex_ep_moe_layer_grad_args, ep);

@@ -237,6 +237,14 @@ def main():
     mine = int(((ids_g >= r * El) & (ids_g < (r + 1) * El)).sum())   # the slots routed to this rank's experts
     _, _, splits3, _, dropped3 = mt.ep_dispatch(small, x.detach(), ids, probs.detach())
     overflow = (int(dropped3), int(splits3.sum())), (max(mine - 3, 0), min(mine, 3))
+    # the layer past its capacity: a zero router sends every token to experts 0 and 1 (ties go to
+    # the lower index), both rank 0's, which keeps 3 rows and drops the rest
+    full = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=T, ep_max_recv_rows=3, device=dev,
+                       ep_transfer=args.transfer, **opts)
+    with torch.no_grad():
+        full.router_w.zero_()
+    full(x.detach())
+    layer_dropped = (int(full.ep_dropped), max(k * sum(tokens) - 3, 0) if r == 0 else 0)
     small.close(), small.close()   # (a second close does nothing)
     try:
         mt.ep_dispatch(small, x.detach(), ids, probs.detach())
@@ -273,6 +281,8 @@ def main():
             raise AssertionError(double)
         if closed:
             raise AssertionError(closed)
+        if layer_dropped[0] != layer_dropped[1]:
+            raise AssertionError(f"MoELayer's ep_dropped {layer_dropped[0]}, want {layer_dropped[1]}")
         if graph:
             raise AssertionError(graph)
         if compiled:

@@ -234,12 +234,12 @@ class EPContext:
                 f"max_recv_rows={self.max_recv_rows}, device={self.device}, transfer={self.transfer!r})")
 
 
-def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, view=_view):
+def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, dropped=None, view=_view):
     """The EP MoE layer's arguments (options: MoELayer.options; no FP8 recipe)."""
     topk, score, norm, b2_mode, *glu = options
     layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(glu), saved, y, _FP8_OFF,
                       view=view)
-    return _capi.EpMoeLayerArgs(ep=ep.handle, layer=layer)
+    return _capi.EpMoeLayerArgs(ep=ep.handle, layer=layer, dropped=view(dropped))
 
 
 # ---- the EP MoE layer's operators: moex::ep_moe_layer_forward and _backward ----------------------
@@ -258,22 +258,25 @@ def _ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options) -> int:
 @_operator("ep_moe_layer_forward", mutates_args=())
 def _ep_moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
                     b2: Optional[Tensor], ep_id: int, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
-                    glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float) -> Tuple[Tensor, Tensor]:
+                    glu_layout: int, glu_limit: float, glu_alpha: float,
+                    glu_offset: float) -> Tuple[Tensor, Tensor, Tensor]:
+    """(y, saved, dropped: [1] int64, the expert rows this rank received past max_recv_rows)."""
     ep = _ep_of(ep_id)
     options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
     if x.shape[0] > ep.max_tokens:
         raise ValueError(f"moex.torch.MoELayer: {x.shape[0]} tokens, more than the layer's ep_max_tokens "
                          f"{ep.max_tokens}")
     saved = x.new_empty(_ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options), dtype=torch.uint8)
-    y = x.new_empty(x.shape)
-    _ep_run(ep, "ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y), x.device)
-    return y, saved
+    y, dropped = x.new_empty(x.shape), x.new_empty(1, dtype=torch.int64)
+    _ep_run(ep, "ep_moe_layer_forward", _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, y, dropped),
+            x.device)
+    return y, saved, dropped
 
 
 @_ep_moe_forward.register_fake
 def _(x, router_w, w1, b1, w2, b2, ep_id, *options):
     n = _ep_saved_bytes(_ep_of(ep_id), x, router_w, w1, b1, w2, b2, options)
-    return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8)
+    return x.new_empty(x.shape), x.new_empty(n, dtype=torch.uint8), x.new_empty(1, dtype=torch.int64)
 
 
 @_operator("ep_moe_layer_backward", mutates_args=())
@@ -304,7 +307,7 @@ def _ep_moe_setup(ctx, inputs, output):
     ctx.ep_id, ctx.options = inputs[6], inputs[7:]
 
 
-def _ep_moe_grads(ctx, dy, _dsaved):
+def _ep_moe_grads(ctx, dy, _dsaved, _ddropped):
     x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
     needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _ep_moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), ctx.ep_id, *ctx.options, needs)
@@ -435,7 +438,9 @@ def ep_moe_forward(layer, x: Tensor) -> Tensor:
         raise ValueError(f"moex.torch.MoELayer: x is on {x.device}, the layer's expert parallelism on "
                          f"{layer._ep.device}")
     ep = layer._ep
-    return _ep_moe_forward(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, ep.id, *layer.options)[0]
+    y, _, layer.ep_dropped = _ep_moe_forward(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, ep.id,
+                                             *layer.options)
+    return y
 
 
 def ep_setup(owner: str, group, num_experts: int, topk: int, hidden: int, dtype: torch.dtype, device,

@@ -166,8 +166,11 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     the expert rows a rank receives, defaults to what no routing can overflow), and the backward
     gives this rank's share of router_w's gradient (sum the shares over the ranks, as data
     parallelism does); ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
-    Every rank constructs the layer alike and makes the same calls (collective); eager or under
-    torch.compile, with neither FP8 nor the weight-gradient options, for now."""
+    ep_dropped: after each forward, a [1] int64 tensor on the layer's device, the expert rows this
+    rank received past ep_max_recv_rows and dropped (their tokens got nothing from those
+    experts; always 0 with the default). Every rank constructs the layer alike and makes the
+    same calls (collective); eager or under torch.compile, with neither FP8 nor the
+    weight-gradient options, for now."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
@@ -197,6 +200,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             self._ep, El = ep_setup("torch.MoELayer", ep_group, E, topk, H, dtype, device, ep_max_tokens,
                                     ep_max_recv_rows, ep_transfer)
             device = self._ep.device   # (an NCCL group without a device: the current CUDA device)
+            self.ep_dropped = torch.zeros(1, dtype=torch.int64, device=device)   # (each forward's: _ep)
         init = init_method or (lambda t: torch.nn.init.normal_(t, std=0.02))
         self.router_w = torch.nn.Parameter(torch.empty(E, H, dtype=dtype, device=device))
         self.w1 = torch.nn.Parameter(torch.empty(El, 2 * F, H, dtype=dtype, device=device))
