@@ -169,6 +169,7 @@ static moex_status gpu_ep_layer_forward(moex_context *c, const moex_ep_moe_layer
     cm_mirror m = {0};
     moex_ep_moe_layer_args a = *h;
     ep_layer_mirror(&m, &a.layer, 1);
+    cm_tensor(&m, &a.dropped, 1);
     moex_status st;
     CM_CALL(c, &m, moex_ep_moe_layer_forward, &a, st);
     st = cm_finish(&m, c, st);
