@@ -7,6 +7,7 @@
  *              yr = grouped_mlp(xr, probs_r, splits)  [R, H]        (h, z saved; yr in the workspace)
  *              y = combine(yr)                        [T, H]        =
  *              (dropped: the dispatch's count of rows past max_recv_rows, optional  =)
+ *   FP8 BLOCK: x's rowwise copy is dispatched and read by FC1 (fp8_dispatch, below).
  *   backward:  dyr = combine_backward(dy)
  *              dxr, dprobs_r, dW1, dW2, db1, db2 = grouped_mlp_backward(dyr)
  *              dx_e, dprobs = dispatch_backward(dxr, dprobs_r)      (dx_e in f32)
@@ -16,6 +17,8 @@
  * gradients (dx or drouter_w on all ranks, or on none). The saved buffer's handle is checked by the EP steps on host memory
  * (a saved buffer without a forward fails before anything is written).
  */
+#include <string.h>
+
 #include "ep.h"
 #include "op.h"
 
@@ -117,22 +120,58 @@ static moex_grouped_mlp_args fwd_mlp_of(const moex_moe_layer_args *a, const moex
     return moex_moe_mlp_args(a, &v->r, moex_tensor_2d(yr, d->moe.dt, d->g.R, d->moe.H));
 }
 
-/* The workspace: yr, and one region shared by the router and the grouped MLP. */
+/* The FP8 dispatch: with the BLOCK recipe (and H a multiple of 16, as an FP8 dispatch needs),
+ * the tokens leave as their rowwise copy (1x128 blocks along each row, which do not depend on
+ * the expert a row goes to: the copy FC1 would make of the received rows), and FC1 reads the
+ * received copy, so each row is quantized once, on the rank that holds it, and travels in half
+ * the bytes of bf16. The received rows are dequantized into the saved xr for the backward
+ * (dW1 reads x's columnwise copy, quantized from those values). */
+static bool fp8_dispatch(const moex_moe_layer_args *a, const moex_ep_dims *d) {
+    return a->fp8.mode == MOEX_FP8_BLOCK && d->moe.H % 16 == 0;
+}
+
+/* The workspace: yr; with the FP8 dispatch the handles of the T tokens (one group) and of the
+ * R received rows, the tokens' rowwise copy (xq) and the received one (xrq); then one region
+ * shared by the router, the quantize, the dequantize and the grouped MLP. */
 typedef struct fwd_layout {
     void *yr, *sub;
+    bool fp8;
+    void *groups_t, *groups_r;
+    moex_fp8_operand xq, xrq;
     size_t total;
 } fwd_layout;
 
+static moex_group_dequantize_args xr_dequantize_args(const fwd_layout *l, const saved_views *v) {
+    moex_group_dequantize_args q;
+    memset(&q, 0, sizeof q);
+    q.src = l->xrq.row, q.params = l->xrq.p, q.orientation = MOEX_QUANT_ROWWISE, q.splits = v->r.splits;
+    q.y = v->r.x;
+    return q;
+}
+
 static fwd_layout fwd_layout_of(moex_context *ctx, const moex_moe_layer_args *a, const moex_ep_dims *d, void *ws) {
+    const moex_backend_ops *ops = moex_ops(ctx);
+    const moex_moe_dims *m = &d->moe;
     saved_views v;
     saved_layout(d, NULL, &v);
-    const moex_grouped_mlp_args mlp = fwd_mlp_of(a, d, &v, NULL);
-    const moex_mlp_dims md = mlp_dims(d);
-    const size_t sub = moex_sz_max(moex_moe_router_forward_ws(ctx, a, &d->moe),
-                                   moex_op_grouped_mlp_forward_ws(ctx, &mlp, &md));
     moex_carver k = {(char *)ws, 0};
     fwd_layout l;
-    l.yr = moex_take(&k, moex_sz_bytes(d->g.R, d->moe.H, moex_dtype_size(d->moe.dt)));
+    memset(&l, 0, sizeof l);
+    l.yr = moex_take(&k, moex_sz_bytes(d->g.R, m->H, moex_dtype_size(m->dt)));
+    l.fp8 = fp8_dispatch(a, d);
+    size_t sub = moex_moe_router_forward_ws(ctx, a, m);
+    if (l.fp8) {
+        l.groups_t = moex_take(&k, ops->groups_ws(ctx, 1, m->T, NULL));
+        l.groups_r = moex_take(&k, ops->groups_ws(ctx, m->G, d->g.R, NULL));
+        moex_fp8_take_rows(&k, &a->fp8, false, 1, m->T, m->H, m->dt, true, false, &l.xq);
+        moex_fp8_take_rows(&k, &a->fp8, false, m->G, d->g.R, m->H, m->dt, true, false, &l.xrq);
+        const moex_group_dequantize_args dq = xr_dequantize_args(&l, &v);
+        sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->x, &absent_tensor, &l.xq));
+        sub = moex_sz_max(sub, ops->dequantize_ws(ctx, &dq, &l.xrq.d));
+    }
+    const moex_grouped_mlp_args mlp = fwd_mlp_of(a, d, &v, NULL);
+    const moex_mlp_dims md = mlp_dims(d);
+    sub = moex_sz_max(sub, moex_mlp_fwd_ws(ctx, &mlp, l.fp8 ? &l.xrq.row : NULL, &md));
     l.sub = moex_take(&k, sub);
     l.total = k.used;
     return l;
@@ -149,15 +188,29 @@ moex_status moex_op_ep_moe_layer_forward_run(moex_context *ctx, const moex_call 
     moex_ep_dims e;
     MOEX_TRY(run_begin(ctx, c, d, &v, &e));
     const fwd_layout l = fwd_layout_of(ctx, f, d, ws);
-    const moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.io.ids, .probs = v.io.probs,
-                                            .xr = v.r.x, .probs_r = v.r.probs, .splits = v.r.splits,
-                                            .dropped = a->dropped};
+    moex_ep_dispatch_args dispatch = {.ep = a->ep, .x = f->x, .ids = v.io.ids, .probs = v.io.probs,
+                                      .xr = v.r.x, .probs_r = v.r.probs, .splits = v.r.splits, .dropped = a->dropped};
+    if (l.fp8) {
+        dispatch.x = l.xq.row.data, dispatch.x_scales = l.xq.row.scales;
+        dispatch.xr = l.xrq.row.data, dispatch.xr_scales = l.xrq.row.scales;
+    }
     const moex_grouped_mlp_args mlp = fwd_mlp_of(f, d, &v, l.yr);
     const moex_mlp_dims md = mlp_dims(d);
 
     MOEX_TRY(moex_moe_router_forward(ctx, c, f, &d->moe, &v.io, l.sub));
+    if (l.fp8) {   /* the tokens' rowwise copy, the rows of one group */
+        moex_groups gt;
+        MOEX_TRY(moex_ops(ctx)->groups_prepare(ctx, c, NULL, 1, d->moe.T, NULL, l.groups_t, &gt));
+        MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &gt, &f->x, &absent_tensor, &l.xq, l.sub));
+    }
     MOEX_TRY(moex_ep_dispatch_run(ctx, c, &dispatch, &e));
-    MOEX_TRY(moex_op_grouped_mlp_forward_run(ctx, c, &mlp, &md, l.sub));
+    if (l.fp8) {   /* the received rows in the activation dtype, for the backward */
+        moex_groups gr;
+        MOEX_TRY(moex_prepare_groups(ctx, c, &v.r.splits, d->g.R, NULL, l.groups_r, &gr));
+        const moex_group_dequantize_args dq = xr_dequantize_args(&l, &v);
+        MOEX_TRY(moex_ops(ctx)->dequantize(ctx, c, &gr, &dq, &l.xrq.d, l.sub));
+    }
+    MOEX_TRY(moex_mlp_fwd_run(ctx, c, &mlp, l.fp8 ? &l.xrq.row : NULL, &md, l.sub));
     return moex_ep_combine_run(ctx, c, a->ep, &e, l.yr, NULL, f->y.data, d->moe.dt, NULL);
 }
 

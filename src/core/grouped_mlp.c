@@ -181,6 +181,7 @@ typedef struct fwd_plan {
     void *groups, *sub;
     moex_fp8_operand x, w1, zq, w2;
     bool fp8;
+    bool x_given;                      /* FP8: x's rowwise copy is the caller's (not quantized here) */
     bool fused_fp8;                    /* FP8: fc1_glu_fp8 runs FC1 and the GLU (its ws query says) */
     moex_gl_fwd fc1, fc2;
     moex_scaled_glu_args glu;
@@ -190,7 +191,8 @@ typedef struct fwd_plan {
     size_t total;
 } fwd_plan;
 
-static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d, void *ws) {
+static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_quant_tensor *xq,
+                            const moex_mlp_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_fp8_recipe *r = &a->fp8;
     const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
@@ -199,7 +201,9 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
     memset(&l, 0, sizeof l);
     l.fp8 = r->mode != MOEX_FP8_OFF;
     l.groups = moex_take(&c, ops->groups_ws(ctx, d->G, d->T, NULL));
-    moex_fp8_take_rows(&c, r, false, d->G, d->T, d->H, d->dt, true, false, &l.x);
+    l.x_given = l.fp8 && xq != NULL;
+    moex_fp8_take_rows(&c, r, false, d->G, d->T, d->H, d->dt, !l.x_given, false, &l.x);
+    if (l.x_given) l.x.row = *xq;
     moex_fp8_take_weight(&c, r, d->G, 2 * d->F, d->H, d->dt, true, false, &l.w1);
     moex_fp8_take_rows(&c, r, false, d->G, d->T, d->F, d->dt, true, false, &l.zq);
     moex_fp8_take_weight(&c, r, d->G, d->H, d->F, d->dt, true, false, &l.w2);
@@ -222,7 +226,7 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
         .probs = a->b2_mode == MOEX_BIAS_SCALED ? a->probs : absent_tensor, .splits = a->splits, .y = a->y};
     l.fc2 = moex_gl_fwd_of(&fc2, &d2, l.fp8 ? &l.zq : NULL, l.fp8 ? &l.w2 : NULL);
 
-    size_t sub = moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x);
+    size_t sub = l.x_given ? 0 : moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x);
     sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w1, &l.w1));
     if (l.fused_fp8) {
         sub = moex_sz_max(sub, fused);
@@ -240,19 +244,29 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
 
 /* ws and run: the plan without and with the workspace, as every op's (op.h): same shape by design. */
 size_t moex_op_grouped_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d) {
-    return fwd_plan_of(ctx, a, d, NULL).total;
+    return moex_mlp_fwd_ws(ctx, a, NULL, d);
 }
 
 moex_status moex_op_grouped_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
                                             const moex_mlp_dims *d, void *ws) {
+    return moex_mlp_fwd_run(ctx, c, a, NULL, d, ws);
+}
+
+size_t moex_mlp_fwd_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_quant_tensor *xq,
+                       const moex_mlp_dims *d) {
+    return fwd_plan_of(ctx, a, xq, d, NULL).total;
+}
+
+moex_status moex_mlp_fwd_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
+                             const moex_quant_tensor *xq, const moex_mlp_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
-    const fwd_plan l = fwd_plan_of(ctx, a, d, ws);
+    const fwd_plan l = fwd_plan_of(ctx, a, xq, d, ws);
     moex_groups g;
     MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     const moex_gl_dims d1 = fc1_dims(d);
     /* FC1 and the GLU: x's and W1's copies; h and z (FP8: z's copy) by one fused launch where
      * the backend has one, else FC1, then the GLU */
-    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
+    if (!l.x_given) MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
     MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w1, &l.w1, l.sub));
     bool fused = false;
     if (l.fused_fp8) {

@@ -220,6 +220,14 @@ size_t moex_op_ep_moe_layer_backward_ws(moex_context *ctx, const moex_ep_moe_lay
 moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call *c,
                                               const moex_ep_moe_layer_grad_args *a, const moex_ep_dims *d, void *ws);
 
+/* The grouped MLP's forward (grouped_mlp.c; the op's ws and run with xq NULL), in FP8 given
+ * xq, x's rowwise copy as the recipe's quantize writes it (an FP8 dispatch's rows and scales,
+ * ep_layer.c): FC1 reads it, and x is not quantized. Plain precision ignores xq. */
+size_t moex_mlp_fwd_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_quant_tensor *xq,
+                       const moex_mlp_dims *d);
+moex_status moex_mlp_fwd_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
+                             const moex_quant_tensor *xq, const moex_mlp_dims *d, void *ws);
+
 /* moex_<name>_workspace_size: validate, then *bytes = the op's size plus alignment slack. */
 moex_status moex_op_workspace_size(moex_context *ctx, moex_op_id id, const void *args, size_t *bytes);
 

@@ -25,7 +25,8 @@ def _have_mpi():
 
 @pytest.mark.skipif(not _have_mpi(), reason="needs mpirun and mpi4py")
 @pytest.mark.parametrize("ranks,extra", [(1, []), (2, []), (2, ["--dtype", "bf16"]), (2, ["--empty-rank"]),
-                                         (3, []), (3, ["--empty-rank", "--dtype", "bf16"]), (2, ["--compile"])])
+                                         (3, []), (3, ["--empty-rank", "--dtype", "bf16"]), (2, ["--compile"]),
+                                         (2, ["--fp8", "--dtype", "bf16", "--empty-rank"]), (3, ["--fp8"])])
 def test_ep_layer_matches_the_whole_layer(ranks, extra):
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -50,6 +51,7 @@ def gpus(n):
     pytest.param(2, ["--transfer", "capacity", "--tokens", "300", "--empty-rank"], True, marks=gpus(2)),
     pytest.param(2, ["--graph"], False, marks=gpus(2)),
     pytest.param(2, ["--graph", "--transfer", "capacity", "--dtype", "bf16"], False, marks=gpus(2)),
+    pytest.param(2, ["--fp8", "--dtype", "bf16", "--tokens", "300"], False, marks=gpus(2)),
     pytest.param(4, [], False, marks=gpus(4)),
     pytest.param(4, ["--transfer", "capacity", "--dtype", "bf16", "--empty-rank", "--tokens", "300"], False,
                  marks=gpus(4)),
@@ -77,8 +79,8 @@ def test_ep_group_arguments_refused():
         mt.EPContext(object(), 4, 2, 8, max_tokens=4, device="cuda")
     with pytest.raises(ValueError, match="transfer must be one of"):
         mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, ep_transfer="nvlink")
-    with pytest.raises(ValueError, match="fp8_recipe"):
-        mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, fp8_recipe="block")
+    with pytest.raises(ValueError, match="weight-gradient"):
+        mt.MoELayer(4, 8, 4, 2, ep_group=object(), ep_max_tokens=4, fuse_wgrad_accumulation=True)
     with pytest.raises(ValueError, match="mpi4py MPI.Comm"):
         mt.EPContext(object(), 4, 2, 8, max_tokens=4)
     x, ids, probs = torch.randn(3, 8), torch.zeros(3, 2, dtype=torch.int64), torch.rand(3, 2)
@@ -89,7 +91,8 @@ def test_ep_group_arguments_refused():
     from moex.torch import _ep   # the layer's operator names its context by id: a dead one is refused
     w1, w2 = torch.zeros(2, 8, 8), torch.zeros(2, 8, 4)
     with pytest.raises(ValueError, match="no live EPContext has id -1"):
-        _ep._ep_moe_forward(x, torch.zeros(4, 8), w1, None, w2, None, -1, 2, 0, 1, 0, 0, 0, 7.0, 1.702, 1.0)
+        _ep._ep_moe_forward(x, torch.zeros(4, 8), w1, None, w2, None, -1, 2, 0, 1, 0, 0, 0, 7.0, 1.702, 1.0, 0, 0, False,
+                            0.0)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not available")

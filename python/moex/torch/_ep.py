@@ -23,7 +23,6 @@ from torch import Tensor
 
 from .. import _capi
 from .._capi import GRAD_WRITE
-from ._fp8 import _FP8_OFF
 from ._moe import _moe_args, _moe_backward_outputs, _moe_needs, _shape_view
 from ._operators import _DTYPES, _args, _once_differentiable, _operator, _run, _view, _zero_tail
 
@@ -235,10 +234,10 @@ class EPContext:
 
 
 def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, dropped=None, view=_view):
-    """The EP MoE layer's arguments (options: MoELayer.options; no FP8 recipe)."""
-    topk, score, norm, b2_mode, *glu = options
-    layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(glu), saved, y, _FP8_OFF,
-                      view=view)
+    """The EP MoE layer's arguments (options: MoELayer.options, then its FP8 recipe's four)."""
+    topk, score, norm, b2_mode, *rest = options
+    layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(rest[:5]), saved, y,
+                      tuple(rest[5:]), view=view)
     return _capi.EpMoeLayerArgs(ep=ep.handle, layer=layer, dropped=view(dropped))
 
 
@@ -258,11 +257,13 @@ def _ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options) -> int:
 @_operator("ep_moe_layer_forward", mutates_args=())
 def _ep_moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
                     b2: Optional[Tensor], ep_id: int, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
-                    glu_layout: int, glu_limit: float, glu_alpha: float,
-                    glu_offset: float) -> Tuple[Tensor, Tensor, Tensor]:
+                    glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float, fp8_mode: int,
+                    fp8_dtypes: int, fp8_pow2_scales: bool,
+                    fp8_amax_epsilon: float) -> Tuple[Tensor, Tensor, Tensor]:
     """(y, saved, dropped: [1] int64, the expert rows this rank received past max_recv_rows)."""
     ep = _ep_of(ep_id)
-    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode,
+               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
     if x.shape[0] > ep.max_tokens:
         raise ValueError(f"moex.torch.MoELayer: {x.shape[0]} tokens, more than the layer's ep_max_tokens "
                          f"{ep.max_tokens}")
@@ -283,10 +284,12 @@ def _(x, router_w, w1, b1, w2, b2, ep_id, *options):
 def _ep_moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor,
                      b2: Optional[Tensor], saved: Tensor, dy: Tensor, ep_id: int, topk: int, score: int, norm: int,
                      b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float, glu_alpha: float,
-                     glu_offset: float, needs: List[bool]) -> List[Tensor]:
+                     glu_offset: float, fp8_mode: int, fp8_dtypes: int, fp8_pow2_scales: bool,
+                     fp8_amax_epsilon: float, needs: List[bool]) -> List[Tensor]:
     """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
     ep = _ep_of(ep_id)
-    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
+    options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode,
+               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
     outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
     fwd = _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, None).layer
@@ -312,7 +315,7 @@ def _ep_moe_grads(ctx, dy, _dsaved, _ddropped):
     needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _ep_moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), ctx.ep_id, *ctx.options, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
-    return (dx, drw, dw1, db1, dw2, db2) + (None,) * 10
+    return (dx, drw, dw1, db1, dw2, db2) + (None,) * (1 + len(ctx.options))
 
 
 _ep_moe_forward.register_autograd(_ep_moe_grads, setup_context=_ep_moe_setup)
@@ -439,7 +442,7 @@ def ep_moe_forward(layer, x: Tensor) -> Tensor:
                          f"{layer._ep.device}")
     ep = layer._ep
     y, _, layer.ep_dropped = _ep_moe_forward(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, ep.id,
-                                             *layer.options)
+                                             *layer.options, *layer._fp8)
     return y
 
 

@@ -168,8 +168,9 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     parallelism does); ep_transfer: EPContext's transfer ("auto", "capacity", "peer").
     ep_dropped: after each forward, a [1] int64 tensor on the layer's device, the expert rows this
     rank received past ep_max_recv_rows and dropped (their tokens got nothing from those
-    experts; always 0 with the default). Every rank constructs the layer alike and makes the
-    same calls (collective); eager or under torch.compile, with neither FP8 nor the
+    experts; always 0 with the default). With fp8_recipe "block" the tokens travel as their FP8
+    rowwise copy, which FC1 reads as it arrives (docs/ops.md 10.4). Every rank constructs the
+    layer alike and makes the same calls (collective); eager or under torch.compile, without the
     weight-gradient options, for now."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
@@ -193,9 +194,8 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         E, H, F = num_experts, hidden_size, ffn_size
         self._ep, El = None, E   # El: this rank's experts
         if ep_group is not None:
-            if fp8_recipe is not None or fuse_wgrad_accumulation or delay_wgrad_compute:
-                raise ValueError("moex.torch.MoELayer: ep_group takes neither fp8_recipe nor the weight-gradient "
-                                 "options, for now")
+            if fuse_wgrad_accumulation or delay_wgrad_compute:
+                raise ValueError("moex.torch.MoELayer: ep_group does not take the weight-gradient options, for now")
             from ._ep import ep_setup   # (here: _ep builds on this module)
             self._ep, El = ep_setup("torch.MoELayer", ep_group, E, topk, H, dtype, device, ep_max_tokens,
                                     ep_max_recv_rows, ep_transfer)
