@@ -162,7 +162,7 @@ class EPContext:
     alike: moex refuses differing ranks on every rank), kept with what uses it, freed with it.
     ep_dispatch and ep_combine take it; so does MoELayer (ep_group). Attributes: rank, world,
     local_experts, max_tokens, max_recv_rows, device, transfer (AUTO's choice), id (the
-    operators' name for it).
+    operators' name for it), captured (a call of it ran inside a CUDA graph capture).
 
     CUDA graphs: its calls can be captured. NCCL destroys a communicator only once every graph
     that captured work on it is freed (it waits for them), so a context whose calls were
