@@ -36,6 +36,13 @@ the seeds): near 0 when the curve has flattened. Exit status 1 when a check fail
     python3 examples/moe_lm/compare.py --device cuda --out-dir DIR [--gpus 4]
     python3 examples/moe_lm/compare.py --device cpu --out-dir DIR --hidden 128 --ffn 256 --seq 128 --batch 16
     python3 examples/moe_lm/compare.py --read --out-dir DIR
+    python3 examples/moe_lm/compare.py --device cuda --out-dir DIR --variants moex,torch,ep_moex,ep_torch \
+        --ep-ranks 2 --dtypes bf16
+
+Expert parallelism: the variants ep_moex and ep_torch train the same model with train_ep.py on
+--ep-ranks ranks (moex's EP layer, or the all-to-all EP layer), each judged as above against the
+one-process run of its layer (moex, torch), whose losses it must give: f32 parity, and the final
+losses within the seed spread; the report adds the EP step's time of ep_moex against ep_torch.
 
 Options it does not know go to train.py. DIR gets <variant>_<dtype>_seed<S>.json (train.py
 --out), summary.json (what the table and the checks show) and loss.svg.
@@ -51,12 +58,17 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = ("moex", "torch", "torch_gmm")
+VARIANTS = ("moex", "torch", "torch_gmm", "ep_moex", "ep_torch")
 DTYPES = ("f32", "bf16")
-REFERENCE = "torch"
+# (variant, its reference): the checks below judge each variant against its reference where
+# both ran; an EP variant (train_ep.py on --ep-ranks ranks) against the one-process run of the
+# same layer, whose losses it must give
+PAIRS = (("moex", "torch"), ("ep_moex", "moex"), ("ep_torch", "torch"))
 # (variant, dtype) -> colour of its curves
 COLOURS = {("moex", "f32"): "#d62728", ("moex", "bf16"): "#ff9896", ("torch", "f32"): "#1f77b4",
-           ("torch", "bf16"): "#aec7e8", ("torch_gmm", "f32"): "#2ca02c", ("torch_gmm", "bf16"): "#98df8a"}
+           ("torch", "bf16"): "#aec7e8", ("torch_gmm", "f32"): "#2ca02c", ("torch_gmm", "bf16"): "#98df8a",
+           ("ep_moex", "f32"): "#9467bd", ("ep_moex", "bf16"): "#c5b0d5", ("ep_torch", "f32"): "#8c564b",
+           ("ep_torch", "bf16"): "#c49c94"}
 # the two-sided 99% quantile of Student's t by degrees of freedom (beyond 30: the normal's)
 T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
        11: 3.106, 12: 3.055, 13: 3.012, 14: 2.977, 15: 2.947, 16: 2.921, 17: 2.898, 18: 2.878, 19: 2.861,
@@ -143,18 +155,22 @@ def against_spread(a, b):
 
 
 def judge(runs, window, parity_steps, parity_rtol):
-    """The summary: groups, the f32 parity of every seed that both moex and torch ran, and
-    moex's final losses against torch's spread in every dtype both ran."""
+    """The summary: groups, and for each pair of PAIRS that ran (a variant and its reference) the
+    f32 parity of every seed both ran and the variant's final losses against the reference's
+    spread in every dtype both ran."""
     g = groups(runs, window)
     checks = {"parity": [], "spread": []}
-    for (v, d, seed), r in sorted(runs.items()):
-        if v == "moex" and d == "f32" and (REFERENCE, d, seed) in runs:
-            checks["parity"].append({"seed": seed, **parity(r, runs[(REFERENCE, d, seed)], parity_steps, parity_rtol)})
-    for d in DTYPES:
-        if ("moex", d) in g and (REFERENCE, d) in g:
-            for metric in ("train", "val"):
-                res = against_spread(g[("moex", d)][metric]["per_seed"], g[(REFERENCE, d)][metric]["per_seed"])
-                checks["spread"].append({"dtype": d, "metric": metric, "judged": res is not None, **(res or {})})
+    for v, ref in PAIRS:
+        for (w, d, seed), r in sorted(runs.items()):
+            if w == v and d == "f32" and (ref, d, seed) in runs:
+                checks["parity"].append({"variant": v, "reference": ref, "seed": seed,
+                                         **parity(r, runs[(ref, d, seed)], parity_steps, parity_rtol)})
+        for d in DTYPES:
+            if (v, d) in g and (ref, d) in g:
+                for metric in ("train", "val"):
+                    res = against_spread(g[(v, d)][metric]["per_seed"], g[(ref, d)][metric]["per_seed"])
+                    checks["spread"].append({"variant": v, "reference": ref, "dtype": d, "metric": metric,
+                                             "judged": res is not None, **(res or {})})
     failed = [c for c in checks["parity"] + checks["spread"] if c.get("ok") is False]
     return {"groups": list(g.values()), "checks": checks, "ok": not failed}
 
@@ -174,21 +190,30 @@ def print_report(summary, window, meta):
           f"and max over the seeds); dtrain@end: the mean train loss of the last {TAIL:.0%} of the steps minus "
           f"that of the {TAIL:.0%} before (mean over the seeds; near 0: the curve has flattened).")
     c = summary["checks"]
-    if c["parity"]:
-        p0 = c["parity"][0]
-        print(f"f32 parity (moex and {REFERENCE}, same seed: same start, same batches; the first {p0['steps']} steps "
-              f"within {p0['rtol']:g} relative):")
-        for p in c["parity"]:
-            print(f"  seed {p['seed']}: max {p['max_rel_diff']:.1e} (step {p['at_step']})  {'ok' if p['ok'] else 'FAIL'}")
-    if c["spread"]:
-        print(f"final losses, moex against {REFERENCE}'s seed spread: |mean difference| <= t99 * s * "
-              "sqrt(1/n_moex + 1/n_torch), s pooled over the seeds:")
-        for s in c["spread"]:
+    for v, ref in PAIRS:
+        par = [p for p in c["parity"] if p["variant"] == v]
+        if par:
+            print(f"f32 parity ({v} and {ref}, same seed: same start, same batches; the first {par[0]['steps']} "
+                  f"steps within {par[0]['rtol']:g} relative):")
+            for p in par:
+                print(f"  seed {p['seed']}: max {p['max_rel_diff']:.1e} (step {p['at_step']})  "
+                      f"{'ok' if p['ok'] else 'FAIL'}")
+        spr = [s for s in c["spread"] if s["variant"] == v]
+        if spr:
+            print(f"final losses, {v} against {ref}'s seed spread: |mean difference| <= t99 * s * "
+                  f"sqrt(1/n_{v} + 1/n_{ref}), s pooled over the seeds:")
+        for s in spr:
             if not s["judged"]:
                 print(f"  {s['dtype']:<4} {s['metric']:<5}: not judged (fewer than 2 seeds on a side)")
             else:
-                print(f"  {s['dtype']:<4} {s['metric']:<5}: moex - {REFERENCE} = {s['diff']:+.4f}, allowed "
+                print(f"  {s['dtype']:<4} {s['metric']:<5}: {v} - {ref} = {s['diff']:+.4f}, allowed "
                       f"+-{s['allowed']:.4f} (t {s['t']:.2f}, s {s['pooled_std']:.4f})  {'ok' if s['ok'] else 'FAIL'}")
+    speed = {(g["variant"], g["dtype"]): g["ms_per_step"] for g in summary["groups"]}
+    for d in DTYPES:
+        a, b = speed.get(("ep_moex", d)), speed.get(("ep_torch", d))
+        if a and b:
+            print(f"expert parallelism, {d}: a step of ep_moex takes {a:.2f} ms, of ep_torch {b:.2f} ms: "
+                  f"{b / a:.2f}x the tokens per second")
     print(f"{meta['device_name']}, torch {meta['torch']}; {meta['params'] / 1e6:.1f}M parameters, {meta['config']}")
     print("all checks passed" if summary["ok"] else "A CHECK FAILED")
 
@@ -270,11 +295,23 @@ def visible_gpus(n):
     return names[:n]
 
 
+def ep_command(args, variant):
+    """The launcher of train_ep.py for an EP variant: torchrun on --ep-ranks GPUs (CUDA), or
+    mpirun on --ep-ranks processes (the CPU: moex's EP over MPI)."""
+    script = [os.path.join(HERE, "train_ep.py"), "--moe", variant[len("ep_"):]]
+    if args.device.startswith("cuda"):
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                str(args.ep_ranks)] + script
+    return ["mpirun", "-np", str(args.ep_ranks), sys.executable] + script
+
+
 def train_all(args, seeds, dtypes, variants, train_args):
-    """Every run of train.py, each in its own process: seed by seed (an interrupted comparison
-    leaves whole seeds), on --gpus GPUs at once (seed i on GPU i mod N, one run per GPU at a
+    """Every run, each in its own process (group): seed by seed (an interrupted comparison leaves
+    whole seeds). train.py's on --gpus GPUs at once (seed i on GPU i mod N, one run per GPU at a
     time, so that every run's ms per step is that of a GPU of its own; GPU i is the i-th of
-    CUDA_VISIBLE_DEVICES when that is set)."""
+    CUDA_VISIBLE_DEVICES when that is set); then the EP variants' (train_ep.py on --ep-ranks
+    GPUs or processes), one at a time."""
+    plain, ep = [v for v in variants if not v.startswith("ep_")], [v for v in variants if v.startswith("ep_")]
     workers = max(1, min(args.gpus, len(seeds)))
     gpus = visible_gpus(args.gpus)
     errors = []
@@ -284,7 +321,7 @@ def train_all(args, seeds, dtypes, variants, train_args):
         try:
             for seed in seeds[gpu::workers]:
                 for d in dtypes:
-                    for v in variants:
+                    for v in plain:
                         path = os.path.join(args.out_dir, run_name(v, d, seed) + ".json")
                         subprocess.run([sys.executable, os.path.join(HERE, "train.py"), "--moe", v, "--dtype", d,
                                         "--seed", str(seed), "--device", args.device, "--out", path] + train_args,
@@ -292,13 +329,19 @@ def train_all(args, seeds, dtypes, variants, train_args):
         except subprocess.CalledProcessError as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=work, args=(g,)) for g in range(workers)]
+    threads = [threading.Thread(target=work, args=(g,)) for g in range(workers)] if plain else []
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise errors[0]
+    for seed in seeds:
+        for d in dtypes:
+            for v in ep:
+                path = os.path.join(args.out_dir, run_name(v, d, seed) + ".json")
+                subprocess.run(ep_command(args, v) + ["--dtype", d, "--seed", str(seed), "--device", args.device,
+                                                      "--out", path] + train_args, check=True, env=None)
 
 
 def main():
@@ -313,6 +356,8 @@ def main():
                    "(default 0,1,2,3)")
     p.add_argument("--gpus", type=int, default=1, help="run the seeds on this many GPUs at once (CUDA_VISIBLE_DEVICES "
                    "per run; default 1)")
+    p.add_argument("--ep-ranks", type=int, default=2, help="the ranks of the EP variants (ep_moex, ep_torch: "
+                   "train_ep.py under torchrun, one GPU a rank, or on the CPU under mpirun; default 2)")
     p.add_argument("--read", action="store_true", help="read the runs' JSON in --out-dir instead of training")
     p.add_argument("--smooth", type=int, default=21, help="moving-average window in steps (odd; default 21)")
     p.add_argument("--parity-steps", type=int, default=10, help="f32 parity: the first steps compared (default 10)")
@@ -323,6 +368,8 @@ def main():
     variants = args.variants.split(",")
     if args.gpus < 1:
         p.error("--gpus: at least 1")
+    if args.ep_ranks < 1:
+        p.error("--ep-ranks: at least 1")
     try:
         visible_gpus(args.gpus)
     except ValueError as e:

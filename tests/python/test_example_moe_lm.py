@@ -133,6 +133,31 @@ def test_expert_parallel_training_matches_one_process(variant, tmp_path):
 
 
 @needs_text
+@pytest.mark.skipif(not _have_mpi(), reason="needs mpirun and mpi4py")
+def test_compare_trains_and_judges_expert_parallelism(tmp_path):
+    """compare.py --variants moex,ep_moex on the CPU: ep_moex (train_ep.py on 2 ranks under
+    mpirun) judged against moex's one-process runs: f32 parity for each seed (the same losses to
+    rounding), the final losses within the spread, all checks passed."""
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               OMPI_MCA_btl_vader_single_copy_mechanism="none", OMPI_MCA_rmaps_base_oversubscribe="1",
+               MOEX_EP_PORT=str(29300 + os.getpid() % 200))
+    res = subprocess.run([sys.executable, os.path.join(EXAMPLE, "compare.py"), "--out-dir", str(tmp_path),
+                          "--variants", "moex,ep_moex", "--seeds", "0,1", "--ep-ranks", "2"] + TINY,
+                         env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    parity = summary["checks"]["parity"]
+    assert [(p["variant"], p["reference"], p["seed"]) for p in parity] == [("ep_moex", "moex", 0),
+                                                                            ("ep_moex", "moex", 1)], parity
+    assert all(p["ok"] and p["max_rel_diff"] <= 1e-5 for p in parity), parity
+    spread = summary["checks"]["spread"]
+    assert {(c["variant"], c["metric"]) for c in spread} == {("ep_moex", "train"), ("ep_moex", "val")}
+    assert all(c["judged"] and c["ok"] for c in spread), spread
+    assert json.loads((tmp_path / "ep_moex_f32_seed1.json").read_text())["world"] == 2
+    assert "f32 parity (ep_moex and moex" in res.stdout and "all checks passed" in res.stdout
+
+
+@needs_text
 def test_loss_goes_down():
     r = run("moex")
     loss, uniform = r["train_loss"], math.log(256)
