@@ -6,14 +6,17 @@
 #           and shared-memory transports off, its network path), each with its full log in $OUT;
 #   bench   bench/torch_ep_layer.py (the EP layer's step through moex.torch against the
 #           all-to-all EP layer of examples/moe_lm/train_ep.py) for each W of $BENCH_W and each
-#           config of $BENCH_CONFIGS (torch_ep_layer.py's arguments, ';'-separated).
+#           config of $BENCH_CONFIGS (torch_ep_layer.py's arguments, ';'-separated);
+#   example examples/moe_lm/compare.py with $EXAMPLE_ARGS (default: moex, torch, ep_moex and
+#           ep_torch in bf16 from 3 seeds, 600 steps, EP on 2 GPUs): the EP runs' losses against
+#           the one-GPU runs' seed spread, and the two EP layers' step time.
 # Last, one line per worker case (ok or FAILED) and the bench tables.
-# Usage: BUILD=/tmp/b1 OUT=/tmp/out [CASES=...] [BENCH_W="2 4"] [BENCH_CONFIGS=...] \
-#            [STAGES="worker bench"] bash scripts/gpu_ep_torch.sh
+# Usage: BUILD=/tmp/b1 OUT=/tmp/out [CASES=...] [BENCH_W="2 4"] [BENCH_CONFIGS=...] [EXAMPLE_ARGS=...] \
+#            [STAGES="worker bench example"] bash scripts/gpu_ep_torch.sh
 set -u
 cd "$(dirname "$0")/.." || exit 2
 BUILD=${BUILD:-/tmp/b1} OUT=${OUT:-/tmp/gpu_ep_torch}
-STAGES=" ${STAGES:-worker bench} "
+STAGES=" ${STAGES:-worker bench} "   # (example: on request)
 NGPU=$(nvidia-smi -L | wc -l)
 CASES=${CASES:-"2: --graph
 2: --graph --transfer capacity
@@ -67,6 +70,14 @@ if [[ $STAGES == *" bench "* ]]; then
         done
     done
     rm -f "$OUT"/bench_w*.log.tmp
+fi
+if [[ $STAGES == *" example "* ]]; then
+    # shellcheck disable=SC2086
+    timeout 560 python3 examples/moe_lm/compare.py --device cuda --out-dir "$OUT/moe_lm_ep" \
+        ${EXAMPLE_ARGS:---variants moex,torch,ep_moex,ep_torch --ep-ranks 2 --dtypes bf16 --seeds 0,1,2 --steps 600 --gpus 2} \
+        > "$OUT/example.log" 2>&1
+    summary+=("example: rc=$?")
+    sed -n '/^variant/,$p' "$OUT/example.log" | tail -30
 fi
 printf '%s\n' "${summary[@]}"
 [ -f "$OUT/bench.log" ] && grep -v "^\[\|NCCL INFO\|^W1128\|warn" "$OUT/bench.log" | tail -60
