@@ -247,6 +247,12 @@ def main():
         full.router_w.zero_()
     full(x.detach())
     layer_dropped = (int(full.ep_dropped), max(k * sum(tokens) - 3, 0) if r == 0 else 0)
+    full._ep.close()   # (every rank: closing is not collective, using it again is refused on each)
+    try:
+        full(x.detach())
+        closed_layer = "MoELayer ran on a closed EPContext"
+    except ValueError as e:
+        closed_layer = None if "closed" in str(e) else f"MoELayer on a closed EPContext raised {e}"
     small.close(), small.close()   # (a second close does nothing)
     try:
         mt.ep_dispatch(small, x.detach(), ids, probs.detach())
@@ -282,8 +288,8 @@ def main():
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
         if double:
             raise AssertionError(double)
-        if closed:
-            raise AssertionError(closed)
+        if closed or closed_layer:
+            raise AssertionError(closed or closed_layer)
         if layer_dropped[0] != layer_dropped[1]:
             raise AssertionError(f"MoELayer's ep_dropped {layer_dropped[0]}, want {layer_dropped[1]}")
         if graph:

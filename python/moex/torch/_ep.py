@@ -132,6 +132,8 @@ def _ep_of(ep_id: int) -> "EPContext":
     ep = _EP_CONTEXTS.get(ep_id)
     if ep is None:
         raise ValueError(f"moex.ep_moe_layer: no live EPContext has id {ep_id}")
+    if ep.handle is None:   # (before its saved-size query, which would name only a NULL ep)
+        raise ValueError(f"moex.ep_moe_layer: the EPContext (id {ep_id}) is closed")
     return ep
 
 
