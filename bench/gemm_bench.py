@@ -33,6 +33,11 @@ Usage (GPU machine, repository root, libmoex.so built with CUDA):
     python3 bench/gemm_bench.py --lib build-gpu/libmoex.so --out $OUT
         [--configs dsv3-fc1,...] [--ops fwd,dgrad,wgrad,fwd_bias,fwd_sbias] [--iters N] [--json PATH]
         [--lib-baseline OLD/libmoex.so]
+--torch-path adds the same op through moex.torch (the user's path: the extension's operator,
+its outputs and workspace from torch's allocator, the rows past sum(splits) zeroed) as the
+columns "mt TF" and "mt/moex" (its speed over the ctypes call with a kept workspace; JSON mt_ms,
+mt_tflops, mt_over_moex, relerr_mt). --profile prints, per row, the GPU kernels and the CUDA
+runtime calls of one moex call and (with --torch-path) one moex.torch call (torch.profiler).
 --lib-baseline adds a fifth function to every rotation: the same moex call through another
 build of the library (loaded beside --lib in the same process, writing its own output), as
 the columns "base TF" and "moex/base" (speed of --lib over the baseline) and the JSON fields
@@ -479,6 +484,39 @@ def wgrad_fns(torch, mx, d, sp):
             "dense": lambda: torch.mm(dyt, x, out=dw_d)}
 
 
+def torch_path_fn(torch, op, d, sp):
+    """The op through moex.torch's operators (python/moex/torch/_linear.py), as autograd calls
+    them: fwd* the forward, dgrad the backward data (dx only), wgrad the backward weight (bf16)."""
+    from moex.torch import _linear
+    x, dy, w, bias, probs = d["x"], d["dy"], d["w"], d["bias"], d["probs"]
+    if op == "dgrad":
+        return lambda: _linear._backward_data(dy, w, sp.sd, None, None, capi.BIAS_NONE, True, False, False)[0]
+    if op == "wgrad":
+        return lambda: _linear._backward_weight(x, dy, sp.sd, capi.DTYPE_BF16)
+    mode = {"fwd": capi.BIAS_NONE, "fwd_bias": capi.BIAS_ADD, "fwd_sbias": capi.BIAS_SCALED}[op]
+    return lambda: _linear._forward(x, w, sp.sd, bias if mode != capi.BIAS_NONE else None,
+                                    probs if mode == capi.BIAS_SCALED else None, mode)
+
+
+def profile_row(torch, fns, names):
+    """Prints the GPU kernels (name, us) and the CUDA runtime calls of one call of each of
+    fns[names] (after the warm-up the timing did), by torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    for n in names:
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            fns[n]()
+            torch.cuda.synchronize()
+        kern, api = [], {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                kern.append(f"{e.name[:60]} {e.device_time:.1f}")
+            elif e.name.startswith("cuda") and e.name != "cudaDeviceSynchronize":
+                api[e.name] = api.get(e.name, 0) + 1
+        print(f"  profile {n}: kernels (us): {' | '.join(kern)}", flush=True)
+        print(f"  profile {n}: runtime calls: {', '.join(f'{k} x{v}' for k, v in sorted(api.items()))}", flush=True)
+
+
 def op_fns(torch, mx, op, d, sp):
     if op == "fwd":
         return forward_fns(torch, mx, d, sp, capi.BIAS_NONE)
@@ -505,18 +543,24 @@ def check_outputs(torch, mx, fns):
             fns[f].out.fill_(float("nan"))
     got, ref, loop = fns["moex"](), fns["torch"](), fns["loop"]()
     got_base = base() if base else None
+    got_mt = fns["mt"]() if "mt" in fns else None
     torch.cuda.synchronize()
     mx.check_splits()
-    return relerr(got, ref), relerr(loop, ref), relerr(got_base, ref) if base else None
+    return (relerr(got, ref), relerr(loop, ref), relerr(got_base, ref) if base else None,
+            relerr(got_mt, ref) if got_mt is not None else None)
 
 
 def is_bad(r):
-    return not (r["relerr"] <= RELERR_BAD and r.get("relerr_base", 0.0) <= RELERR_BAD)
+    return not (r["relerr"] <= RELERR_BAD and r.get("relerr_base", 0.0) <= RELERR_BAD
+                and r.get("relerr_mt", 0.0) <= RELERR_BAD)
 
 
 def row_line(r):
-    """A table row; with a baseline, its TF and moex/base after the relerr."""
+    """A table row; with a baseline, its TF and moex/base after the relerr; with --torch-path,
+    mt TF and mt/moex."""
     base = f" {r['moex_base_tflops']:>8.0f} {r['moex_over_base']:>9.3f}" if "moex_base_ms" in r else ""
+    if "mt_ms" in r:
+        base += f" {r['mt_tflops']:>8.0f} {r['mt_over_moex']:>8.3f}"
     bad = "  BAD" if is_bad(r) else ""
     return (f"{r['config']:<14} {r['splits']:<8} {r['op']:<9} {r['moex_tflops']:>8.0f} {r['torch_tflops']:>8.0f} "
             f"{r['loop_tflops']:>8.0f} {r['dense_tflops']:>8.0f} {r['moex_over_torch']:>10.3f} "
@@ -526,6 +570,7 @@ def row_line(r):
 HEADER = (f"{'config':<14} {'splits':<8} {'op':<9} {'moex TF':>8} {'torch TF':>8} {'loop TF':>8} {'dense TF':>8} "
           f"{'moex/torch':>10} {'relerr':>8}")
 BASE_HEADER = f" {'base TF':>8} {'moex/base':>9}"   # with --lib-baseline
+MT_HEADER = f" {'mt TF':>8} {'mt/moex':>8}"          # with --torch-path
 
 
 def add_times(r, ms, flops, hus=None):
@@ -538,9 +583,11 @@ def add_times(r, ms, flops, hus=None):
             r[f + "_host_us"] = hus[f]
     if "moex_base" in ms:
         r["moex_over_base"] = ms["moex_base"] / ms["moex"]
+    if "mt" in ms:
+        r["mt_over_moex"] = ms["moex"] / ms["mt"]
 
 
-def bench_config(torch, mx, mxb, spinner, name, ops, iters_opt, jf, rows):
+def bench_config(torch, mx, mxb, spinner, name, args, jf, rows):
     G, T, K, N = CONFIGS[name]
     bf = torch.bfloat16
     d = {"x": torch.randn(T, K, device="cuda", dtype=bf),
@@ -548,19 +595,21 @@ def bench_config(torch, mx, mxb, spinner, name, ops, iters_opt, jf, rows):
          "w": torch.randn(G, N, K, device="cuda", dtype=bf) * 0.02,
          "bias": torch.randn(G, N, device="cuda", dtype=bf),
          "probs": torch.rand(T, device="cuda", dtype=torch.float32)}
-    iters = iters_opt or (30 if K * N >= 2 ** 24 else 60)
+    iters = args.iters or (30 if K * N >= 2 ** 24 else 60)
     flops = 2.0 * T * K * N
     for kind in KINDS:
         s = make_splits(G, T, kind)
         assert sum(s) == T, "the eager bias compositions assume sum(splits) == T"
         sp = Splits(torch, s)
-        for op in ops:
+        for op in args.ops:
             fns = op_fns(torch, mx, op, d, sp)
             if mxb is not None:
                 fns["moex_base"] = baseline_fn(torch, mxb, fns["moex"])
+            if args.torch_path:
+                fns["mt"] = torch_path_fn(torch, op, d, sp)
             hus = {}
             ms = bench_interleaved(torch, spinner, fns, iters, host=hus)
-            err, err_loop, err_base = check_outputs(torch, mx, fns)
+            err, err_loop, err_base, err_mt = check_outputs(torch, mx, fns)
             r = {"config": name, "splits": kind, "op": op, "G": G, "T": T, "K": K, "N": N, "iters": iters,
                  "empty_groups": s.count(0), "max_split": max(s), "min_split": min(s)}
             add_times(r, ms, flops, hus)
@@ -568,10 +617,14 @@ def bench_config(torch, mx, mxb, spinner, name, ops, iters_opt, jf, rows):
             r["relerr"], r["relerr_loop_vs_torch"] = err, err_loop
             if err_base is not None:
                 r["relerr_base"] = err_base
+            if err_mt is not None:
+                r["relerr_mt"] = err_mt
             jf.write(json.dumps(r) + "\n")
             jf.flush()
             rows.append(r)
             print(row_line(r), flush=True)
+            if args.profile:
+                profile_row(torch, fns, [n for n in ("moex", "mt") if n in fns])
             del fns
             torch.cuda.empty_cache()
     del d
@@ -606,12 +659,16 @@ def run_gpu(args):
         print(f"baseline: moex {mxb.version()} ({args.lib_baseline}), timed in the same rotation", flush=True)
         header += BASE_HEADER
         meta.update({"lib": args.lib, "lib_baseline": args.lib_baseline, "moex_base": mxb.version()})
+    if args.torch_path:
+        import moex.torch   # the extension is loaded here, before any timing
+        header += MT_HEADER
+        meta["torch_path"] = True
     print(header, flush=True)
     rows = []
     with open(json_path, "w") as jf:
         jf.write(json.dumps(meta) + "\n")
         for name in args.configs:
-            bench_config(torch, mx, mxb, spinner, name, args.ops, args.iters, jf, rows)
+            bench_config(torch, mx, mxb, spinner, name, args, jf, rows)
     mx.close()
     if mxb is not None:
         mxb.close()
@@ -621,6 +678,9 @@ def run_gpu(args):
     if mxb is not None:
         print(f"base = the same moex call through {args.lib_baseline}, in the same rotation; moex/base = speed "
               f"ratio (BAD also when the baseline's relerr is above {RELERR_BAD:g})")
+    if args.torch_path:
+        print("mt = the same op through moex.torch (its operator: outputs and workspace from torch's allocator), "
+              "in the same rotation; mt/moex = its speed over the ctypes call (target >= 0.98)")
     print(header)
     for r in rows:
         print(row_line(r))
@@ -766,6 +826,10 @@ def main():
     ap.add_argument("--selftest-cpu", action="store_true", help="run all ops through the CPU backend and exit")
     ap.add_argument("--lib-baseline", default=None, metavar="PATH",
                     help="another libmoex.so, timed in the same rotation (columns base TF, moex/base)")
+    ap.add_argument("--torch-path", action="store_true",
+                    help="add the op through moex.torch (columns mt TF, mt/moex)")
+    ap.add_argument("--profile", action="store_true",
+                    help="print the kernels and runtime calls of one moex (and moex.torch) call per row")
     ap.add_argument("--cpu", action="store_true",
                     help="time moex (and the baseline) on the CPU backend, CPU configs, no torch")
     args = ap.parse_args()

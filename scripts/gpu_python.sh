@@ -14,8 +14,10 @@
 # tree against this one with scripts/compare_builds.sh (COMPARE_ARGS): OLD_TAR, a tarball of the
 # old tree (git archive), is built as $BUILD-old (the library and the CLI, during this tree's
 # build), and this tree's CLI is built in $BUILD/libmoex.
+# The gemm stage runs bench/gemm_bench.py with --torch-path (each grouped GEMM through the C API
+# and through moex.torch in one rotation; GEMM_ARGS), the mlp stage bench/mlp_bench.py (MLP_ARGS).
 # Usage: scripts/gpu_python.sh [stage ...]   stages: build ctest test stress host separate
-# compare example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
+# gemm mlp compare example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), MEMCHECK_R (the tests of those run
 # under memcheck; default CTEST_R), PYTEST_K (a pytest -k
@@ -122,6 +124,20 @@ if has separate; then
     (cd bench && python3 torch_separate_weights.py ${SEPARATE_ARGS:-}) > "$OUT/separate.log" 2>&1
     note "separate weights bench: rc=$?"
     tee -a "$SUMMARY" < "$OUT/separate.log"
+fi
+
+if has gemm; then
+    # shellcheck disable=SC2086
+    python3 bench/gemm_bench.py --lib "$MOEX_LIBRARY" --out "$OUT" --torch-path ${GEMM_ARGS:-} > "$OUT/gemm.log" 2>&1
+    note "gemm bench: rc=$?"
+    sed -n '/^TF = /,$p' "$OUT/gemm.log" | tee -a "$SUMMARY"
+fi
+
+if has mlp; then
+    # shellcheck disable=SC2086
+    (cd bench && python3 mlp_bench.py ${MLP_ARGS:-}) > "$OUT/mlp.log" 2>&1
+    note "mlp bench: rc=$?"
+    tail -40 "$OUT/mlp.log" | tee -a "$SUMMARY"
 fi
 
 if has compare; then
