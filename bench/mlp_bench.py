@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 import moex.torch as mt
 from moex import _capi
+from moex.torch._linear import _backward_data, _backward_weight, _forward
 from configs import select
 from torch_baseline import median_ms, splits_of
 
@@ -128,12 +129,12 @@ def gemm_fns(d):
     dh = torch.randn(T, 2 * FF, device=x.device, dtype=BF)
     none = _capi.BIAS_NONE
     return {
-        "fc1_fwd": lambda: mt._forward(x, w1, s, None, None, none),
-        "fc2_fwd": lambda: mt._forward(z, w2, s, None, None, none),
-        "fc2_dgrad": lambda: mt._backward_data(dy, w2, s, None, None, none, True, False, False),
-        "fc1_dgrad": lambda: mt._backward_data(dh, w1, s, None, None, none, True, False, False),
-        "fc2_wgrad": lambda: mt._backward_weight(z, dy, s, _capi.DTYPE_BF16),
-        "fc1_wgrad": lambda: mt._backward_weight(x, dh, s, _capi.DTYPE_BF16),
+        "fc1_fwd": lambda: _forward(x, w1, s, None, None, none),
+        "fc2_fwd": lambda: _forward(z, w2, s, None, None, none),
+        "fc2_dgrad": lambda: _backward_data(dy, w2, s, None, None, none, True, False, False),
+        "fc1_dgrad": lambda: _backward_data(dh, w1, s, None, None, none, True, False, False),
+        "fc2_wgrad": lambda: _backward_weight(z, dy, s, _capi.DTYPE_BF16),
+        "fc1_wgrad": lambda: _backward_weight(x, dh, s, _capi.DTYPE_BF16),
     }
 
 
