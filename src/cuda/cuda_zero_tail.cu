@@ -3,13 +3,15 @@
  * E = min(sum(splits), T) the clamped end of the groups. One launch, no schedule: each block
  * sums the G split values itself (block_groups_end, the schedule's rule), then the grid
  * strides over the T rows' bytes, so one launch covers every split value; a thread writes
- * only bytes past E * row_bytes: the work is the tail's. Bad splits set the call's flag.
+ * only bytes past E * row_bytes: the work is the tail's. The grid is two blocks per SM at
+ * most: every block pays the sum, and a call whose tail is empty (the common case) costs
+ * one wave of it. Bad splits set the call's flag.
  */
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
 #define TAIL_THREADS 256
-#define TAIL_MAX_BLOCKS 2048
+#define TAIL_BLOCKS_PER_SM 2
 
 /* p[i] = 0 for i in [E * row_units, T * row_units), units of type U; block 0 flags bad splits. */
 template <typename U>
@@ -34,7 +36,8 @@ moex_status moex_cuda_zero_tail(moex_context *ctx, const moex_call *c, const moe
     const bool wide = ((uintptr_t)a->x.data % 16 == 0) && d->row_bytes % 16 == 0;
     const int64_t unit = wide ? 16 : 1, units = d->T * (d->row_bytes / unit);   /* < 2^63: a validated x */
     const int64_t want = (units + TAIL_THREADS - 1) / TAIL_THREADS;
-    const unsigned blocks = (unsigned)(want < TAIL_MAX_BLOCKS ? want : TAIL_MAX_BLOCKS);
+    const int64_t most = (int64_t)TAIL_BLOCKS_PER_SM * moex_cuda_st(ctx)->num_sms;
+    const unsigned blocks = (unsigned)(want < most ? want : most);
     const cudaStream_t s = (cudaStream_t)c->stream;
     const int64_t *splits = (const int64_t *)a->splits.data;
     if (wide)
