@@ -54,7 +54,7 @@ moex_status moex_cuda_colsum_reduce(moex_context *ctx, const char *op, const int
 #define RG_THREADS 256
 #define RG_WARPS (RG_THREADS / 32)
 #define RG_COLS (RG_THREADS * 8)   /* the columns of one CTA: 8 per thread */
-#define RG_UNROLL 8                /* rows loaded before any is summed */
+#define RG_UNROLL 4                /* rows loaded before any is summed */
 
 static int64_t row_grads_chunks(int64_t N) { return (N + RG_COLS - 1) / RG_COLS; }
 
@@ -123,32 +123,25 @@ row_grads_kernel(const int64_t *off, const int32_t *tiles, int G, row_grads_para
         cs[j] = 0.0f;
     }
     for (int i0 = 0; i0 < rows; i0 += RG_UNROLL) {
-        const int nr = min(RG_UNROLL, rows - i0);   /* uniform: rows [i0, i0 + nr) are loaded */
-        float v[RG_UNROLL][8], d[RG_UNROLL];
+        float v[RG_UNROLL][8];
 #pragma unroll
         for (int u = 0; u < RG_UNROLL; u++)
-            if (u < nr) rg_load<T, VEC>(src + (int64_t)(i0 + u) * p.N, base, p.N, v[u]);
+            if (i0 + u < rows) rg_load<T, VEC>(src + (int64_t)(i0 + u) * p.N, base, p.N, v[u]);
 #pragma unroll
         for (int u = 0; u < RG_UNROLL; u++) {
-            if (u >= nr) continue;
+            if (i0 + u >= rows) break;   /* uniform */
             if (p.partial) {
                 const float pr = p.probs ? p.probs[r0 + i0 + u] : 1.0f;
 #pragma unroll
                 for (int j = 0; j < 8; j++) cs[j] += p.probs ? pr * v[u][j] : v[u][j];
             }
-            d[u] = 0.0f;
-            if (p.dots)
+            if (p.dots) {
+                float d = 0.0f;
 #pragma unroll
-                for (int j = 0; j < 8; j++) d[u] += v[u][j] * b[j];
-        }
-        if (p.dots) {   /* the rows' warp sums side by side (independent chains) */
-#pragma unroll
-            for (int u = 0; u < RG_UNROLL; u++)
-                if (u < nr) d[u] = warp_sum(d[u]);
-            if (lane == 0)
-#pragma unroll
-                for (int u = 0; u < RG_UNROLL; u++)
-                    if (u < nr) dot[i0 + u][warp] = d[u];
+                for (int j = 0; j < 8; j++) d += v[u][j] * b[j];
+                d = warp_sum(d);
+                if (lane == 0) dot[i0 + u][warp] = d;
+            }
         }
     }
     if (p.partial)

@@ -296,29 +296,6 @@ template <int EPI> static __device__ __forceinline__ int sm90_dglu_col(int zc) {
     return EPI == MOEX_SM90_EPI_DGLU_CONTIG ? zc : 64 * (zc / 32) + zc % 32;
 }
 
-/* Starts bringing the h this block's DGLU epilogue will read into L2 (see sm90_epi_dglu),
- * issued while the tile is computed so that the epilogue's loads find it there: rows ra and
- * rb, the h columns of the block's dz columns [ob, ob + NC) (CONTIGUOUS: two segments, F
- * apart; INTERLEAVED_32: one of twice the length); the 4 lanes of a row take every 4th line. */
-template <int EPI, int NC>
-static __device__ __forceinline__ void sm90_epi_dglu_prefetch(const sm90_epi &epi, int ob, const sm90_block &k) {
-    const int F = epi.F, zn = min(NC, F - ob);   /* the block's dz columns inside [0, F) */
-    if (zn <= 0) return;
-    const bool contig = EPI == MOEX_SM90_EPI_DGLU_CONTIG;
-    const int nseg = contig ? 2 : 1, seg0 = contig ? ob : 2 * ob, seg_cols = contig ? zn : 2 * zn;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (!(r ? k.okb : k.oka)) continue;
-        const uint16_t *row = epi.h + (r ? k.rb : k.ra) * 2 * (int64_t)F;
-        for (int s = 0; s < nseg; s++) {
-            const uintptr_t a = (uintptr_t)(row + seg0 + s * F), a0 = a & ~(uintptr_t)127;
-            const int lines = (int)((a + 2 * (uintptr_t)seg_cols - a0 + 127) / 128);
-            for (int l = k.lane % 4; l < lines; l += 4)   /* an address of the segment in line l */
-                sm90_prefetch_l2((const void *)max(a, a0 + 128 * (uintptr_t)l));
-        }
-    }
-}
-
 /* The DGLU epilogue of one block (see the top of this file): acc is dz of the block's rows
  * and the dz columns [ob, ob + NC); pa, pb: p of the thread's rows. dh rows past the group's
  * end and columns past F are neither read nor written. In chunks of 8 fragment columns, every

@@ -243,8 +243,6 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 sm90_wgmma_commit();
                 if (has_bias && kq == 0 && kb0 == 0)   /* only the owner runs the epilogue */
                     sm90_epi_bias_fetch(epi, cols, cur.g, N, stage, k);
-                if (DGLU && kq == 0)
-                    sm90_epi_dglu_prefetch<EPI, NC>(epi, cols.ob, k);
                 if (kq > 0) {
                     /* the previous stage's wgmmas are done: hand it back to the producer */
                     sm90_wgmma_wait<1>();

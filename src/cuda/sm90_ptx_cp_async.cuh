@@ -1,7 +1,7 @@
 /*
  * sm90_ptx_cp_async.cuh - private: small asynchronous copies global -> shared (cp.async, 4 or
- * 8 bytes a thread) for the Hopper forward's epilogue inputs, the bias row, and the L2
- * prefetch of the DGLU epilogue's h (sm_90a device pass only, see sm90_ptx.cuh). A copy is complete for its own thread after
+ * 8 bytes a thread) for the Hopper forward's epilogue inputs, the bias row (sm_90a device
+ * pass only, see sm90_ptx.cuh). A copy is complete for its own thread after
  * sm90_cp_async_wait_all; the other threads see it after a barrier that follows. One function
  * per instruction form: PTX takes the form only as text, so they look alike by construction.
  */
@@ -22,11 +22,6 @@ static __device__ __forceinline__ void sm90_cp_async_commit(void) {
 }
 static __device__ __forceinline__ void sm90_cp_async_wait_all(void) {
     asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
-/* A hint: bring the 128-byte line holding global `p` into L2 (nothing waits for it). */
-static __device__ __forceinline__ void sm90_prefetch_l2(const void *p) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
 
 #endif /* MOEX_SM90_DEVICE */
