@@ -247,7 +247,7 @@ def main():
         full.router_w.zero_()
     full(x.detach())
     layer_dropped = (int(full.ep_dropped), max(k * sum(tokens) - 3, 0) if r == 0 else 0)
-    full._ep.close()   # (every rank: closing is not collective, using it again is refused on each)
+    full.close(), full.close()   # (every rank: not collective, a second close does nothing, a later call is refused)
     try:
         full(x.detach())
         closed_layer = "MoELayer ran on a closed EPContext"

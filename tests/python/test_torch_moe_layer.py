@@ -110,6 +110,14 @@ def test_errors():
         layer(torch.randn(3, 8).bfloat16())
 
 
+def test_close_without_ep_does_nothing():
+    layer = mt.MoELayer(4, 8, 8, topk=2)
+    x = torch.randn(5, 8)
+    y = layer(x)
+    layer.close(), layer.close()
+    torch.testing.assert_close(layer(x), y, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fuse,delay", [(True, False), (False, True), (True, True)])
 def test_module_te_weight_gradients(device, fuse, delay, te_weight_grads):

@@ -170,8 +170,10 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
     rank received past ep_max_recv_rows and dropped (their tokens got nothing from those
     experts; always 0 with the default). With fp8_recipe "block" the tokens travel as their FP8
     rowwise copy, which FC1 reads as it arrives (docs/ops.md 10.4). Every rank constructs the
-    layer alike and makes the same calls (collective); eager or under torch.compile, without the
-    weight-gradient options, for now."""
+    layer alike and makes the same calls (collective); eager, under torch.compile or captured in
+    a CUDA graph, without the weight-gradient options, for now. close() frees the layer's EP
+    context (its NCCL communicator) at once, which a CUDA graph that captured the layer's step
+    otherwise keeps until the process ends: call it after the graph is freed."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_size: int, topk: int, score: str = "softmax",
                  renorm: bool = True, glu: str = "swiglu", layout: str = "contiguous", bias1: bool = False,
@@ -229,6 +231,12 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         else:
             y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)
         return y if len(shape) == 2 else y.reshape(shape)
+
+    def close(self) -> None:
+        """Frees the EP context and its communicator now (EPContext.close; nothing without
+        ep_group). Not collective; a later forward is refused. A second close does nothing."""
+        if self._ep is not None:
+            self._ep.close()
 
     def _forward_parts(self, x: Tensor, first_microbatch: bool) -> Tensor:
         """docs/ops.md 8.1 step by step, the experts through _experts."""
