@@ -268,6 +268,18 @@ def main():
     except RuntimeError as e:
         double = None if "differentiate twice" in str(e) else f"double backward raised {e}"
 
+    # a layer made in f32 and converted (.to(dtype), as a model is): its EP context follows
+    conv = mt.MoELayer(E, H, F, k, ep_group=g.group, ep_max_tokens=T, device=dev, ep_transfer=args.transfer,
+                       **{**opts, "params_dtype": torch.float32})
+    with torch.no_grad():
+        for (name, a), b in zip(conv.named_parameters(), ep.parameters()):
+            a.copy_(b)
+    conv.to(dt)
+    with torch.no_grad():
+        converted = None if torch.equal(conv(x.detach()), ep(x.detach())) else \
+            f"a layer converted to {args.dtype} after its construction differs from one made in it"
+    del conv
+
     drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
     refused = refusals(g, ep, ctx, x.detach(), ids, probs.detach(), handle, T, (E, H, k))
     compiled = compiled_step(ep, x.detach(), dyg[first:first + tokens[r]]) if args.compile else None
@@ -288,6 +300,8 @@ def main():
         close("ep_dispatch + ep_combine: dprobs", probs.grad, pw.grad, rtol)
         if double:
             raise AssertionError(double)
+        if converted:
+            raise AssertionError(converted)
         if closed or closed_layer:
             raise AssertionError(closed or closed_layer)
         if layer_dropped[0] != layer_dropped[1]:

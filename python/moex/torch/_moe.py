@@ -232,6 +232,19 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)
         return y if len(shape) == 2 else y.reshape(shape)
 
+    def _apply(self, fn, *args, **kwargs):
+        """torch.nn.Module's (.to(), .bfloat16(), ...), then, with ep_group, a new EP context when
+        the parameters' dtype changed (the tokens travel in the layer's dtype): collective, as
+        the layer's other calls (every rank converts its layer alike). The old context is freed
+        with its last reference (kept while a CUDA graph captured its calls: EPContext)."""
+        out = super()._apply(fn, *args, **kwargs)
+        ep = getattr(self, "_ep", None)
+        if ep is not None and self.w1.dtype != ep.dtype:
+            from ._ep import ep_setup
+            self._ep, _ = ep_setup("torch.MoELayer", ep.group, ep.num_experts, ep.topk, ep.hidden, self.w1.dtype,
+                                   ep.device, ep.max_tokens, ep.max_recv_rows, ep.transfer)
+        return out
+
     def close(self) -> None:
         """Frees the EP context and its communicator now (EPContext.close; nothing without
         ep_group). Not collective; a later forward is refused. A second close does nothing."""
