@@ -10,7 +10,8 @@
  *   - the quantization types: moex_quant_params and moex_quant_tensor, also the scaled
  *     GLU's optional quantized output (its zq_* fields)
  *   - the layers' FP8 recipe: moex_fp8_recipe, the `fp8` field of the grouped linear,
- *     grouped MLP and MoE layer arguments
+ *     grouped MLP and MoE layer arguments, with the weights' FP8 copies a caller keeps
+ *     (moex_fp8_weight, moex_fp8_weight_params)
  *   - grouped quantize and dequantize; weight quantize and dequantize
  *   - the FP8 grouped linear: forward (and backward data through it) and backward weight
  * moex.h's conventions hold here too: tensors and the alignment rule, the "=" / "+="
@@ -77,8 +78,14 @@ typedef struct moex_quant_tensor {
  * MOEX_H_OVERWRITE and the memory reuse of the plain backward do not apply). Discrete weights
  * (and discrete bf16/f16 dW) are handled one expert at a time through their pointer array,
  * which must then be host memory: on CUDA they are MOEX_ERR_UNSUPPORTED. Every field is
- * validated, also with MOEX_FP8_OFF (which then ignores them: the plain path, bitwise).
- * docs/ops.md 9.11 says which operand gets which recipe and orientation.
+ * validated, also with MOEX_FP8_OFF (which then ignores them: the plain path, bitwise; the
+ * weights' copies are then not read). docs/ops.md 9.11 says which operand gets which recipe
+ * and orientation.
+ * Weights quantized once: `weights` points to the FP8 copies of the layer's weights that the
+ * caller keeps between calls (moex_fp8_weight, below), refreshed when the caller says (once
+ * per optimizer step, say); a call reads a present copy instead of quantizing that weight. On
+ * CUDA the array itself is host memory read during the call, the copies device memory read
+ * by the kernels: a call captured in a CUDA graph reads the copies' current values at replay.
  *   BLOCK    DeepSeek-V3's: 1x128 activations and gradients, 128x128 weight blocks (the
  *            recipe to pick on Hopper)
  *   CURRENT  current scaling, one scale per group (activations, gradients) or expert (weights)
@@ -95,13 +102,34 @@ typedef enum moex_fp8_dtypes {
     MOEX_FP8_HYBRID = 1         /* activations and weights E4M3, gradients E5M2             */
 } moex_fp8_dtypes;
 
+/* A weight's FP8 copies kept by the caller: what moex_weight_quantize writes from the weight
+ * [G, N, K] with the params moex_fp8_weight_params gives for the layer's recipe. A layer
+ * reads the rowwise copy in its forward, the columnwise one in its backward data; an absent
+ * copy (data with ndim 0) is quantized in the call, as without this struct. The call checks
+ * the copies' shapes and dtypes, not their values: copies of another weight give the result
+ * of that weight. */
+typedef struct moex_fp8_weight {
+    moex_quant_tensor rowwise;  /* data [G, N, K], scales                   in (optional)  */
+    moex_quant_tensor columnwise; /* data [G, K, N], scales                 in (optional)  */
+} moex_fp8_weight;
+
 typedef struct moex_fp8_recipe {
     moex_fp8_mode mode;
     moex_fp8_dtypes dtypes;
     int32_t pow2_scales;        /* nonzero: scales rounded down to powers of 2 (MOEX_SCALE_POW2);
                                    BLOCK and CURRENT only                                  */
     float amax_epsilon;         /* >= 0, as moex_quant_params.amax_epsilon (not MXFP8)      */
+    const moex_fp8_weight *weights; /* optional (NULL: every weight quantized in the call): one
+                                   entry per weight of the layer, in the order of its
+                                   arguments (grouped linear: w; grouped MLP, MoE layer and
+                                   EP MoE layer: w1, w2); see moex_fp8_weight               */
 } moex_fp8_recipe;
+
+/* The quantization of a layer's weights under `recipe` (mode not OFF): BLOCK -> BLOCK 128x128,
+ * CURRENT -> GROUP, MXFP8 -> MXFP8; E4M3; the recipe's amax_epsilon (MXFP8: 0) and pow2_scales
+ * (MOEX_SCALE_POW2); plain scale layout. Give it to moex_weight_quantize to make the copies of
+ * moex_fp8_weight. */
+MOEX_API moex_quant_params moex_fp8_weight_params(const moex_fp8_recipe *recipe);
 
 /* ---- Grouped quantization (experimental) -------------------------------------------- *
  * FP8 quantization of the rows of G groups (x [T, K], the rows of group g after those of

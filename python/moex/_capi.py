@@ -37,9 +37,10 @@ FP8_E4M3_ALL, FP8_HYBRID = 0, 1
 
 class Fp8Recipe(ctypes.Structure):
     """moex_fp8_recipe (experimental): mode (FP8_*), dtypes (FP8_E4M3_ALL, FP8_HYBRID),
-    pow2_scales, amax_epsilon; zero: off."""
+    pow2_scales, amax_epsilon, weights (the address of the layer's Fp8Weight array, or None:
+    quantized in the call); zero: off."""
     _fields_ = [("mode", ctypes.c_int), ("dtypes", ctypes.c_int), ("pow2_scales", ctypes.c_int32),
-                ("amax_epsilon", ctypes.c_float)]
+                ("amax_epsilon", ctypes.c_float), ("weights", ctypes.c_void_p)]
 
 
 class ZeroTailArgs(ctypes.Structure):
@@ -156,6 +157,11 @@ class QuantParams(ctypes.Structure):
 
 class QuantTensor(ctypes.Structure):
     _fields_ = [("data", Tensor), ("scales", Tensor)]
+
+
+class Fp8Weight(ctypes.Structure):
+    """moex_fp8_weight (experimental): a weight's FP8 copies a caller keeps (rowwise, columnwise)."""
+    _fields_ = [("rowwise", QuantTensor), ("columnwise", QuantTensor)]
 
 
 class ScaledGluArgs(ctypes.Structure):
@@ -293,6 +299,7 @@ def _load():
         "moex_ep_destroy": (None, [p]),
         "moex_ep_get_info": (i, [p, ctypes.POINTER(EpInfo)]),
         "moex_ep_moe_layer_saved_size": (i, [p, ctypes.POINTER(EpMoeLayerArgs), ctypes.POINTER(sz)]),
+        "moex_fp8_weight_params": (QuantParams, [ctypes.POINTER(Fp8Recipe)]),
     }
     for stem, args_t in OPS.items():
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])

@@ -165,6 +165,13 @@ static moex_quant_params params_of(const moex_fp8_recipe *r, bool grad) {
     return p;
 }
 
+moex_quant_params moex_fp8_weight_params(const moex_fp8_recipe *recipe) {
+    if (recipe) return params_of(recipe, false);
+    moex_quant_params p;
+    memset(&p, 0, sizeof p);
+    return p;
+}
+
 /* The dims of a quantize (dt: the source's dtype) or of an FP8 GEMM operand (dt f32): grouped
  * rows [T, K] in G groups, or weights [G, N, K] (T = N; no block columns). */
 static moex_quant_dims qdims(int64_t G, int64_t T, int64_t K, moex_dtype dt, const moex_quant_params *p, bool weight) {
@@ -215,25 +222,56 @@ void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int
 /* Weights (docs/ops.md 9.7): rowwise data [G, N, K], columnwise [G, K, N]; GROUP scales [G];
  * BLOCK [G, ceil(rows/128), ceil(cols/128)]; MXFP8 [G, rows, ceil(cols/32)] (rows, cols: those
  * of the copy). */
-void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int64_t G, int64_t N, int64_t K, moex_dtype dt,
-                          bool row, bool col, moex_fp8_operand *q) {
+void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int which, int64_t G, int64_t N, int64_t K,
+                          moex_dtype dt, bool row, bool col, moex_fp8_operand *q) {
     memset(q, 0, sizeof *q);
     if (r->mode == MOEX_FP8_OFF) return;
     q->p = params_of(r, false);
     q->d = qdims(G, N, K, dt, &q->p, true);
+    const moex_fp8_weight *kept = r->weights ? &r->weights[which] : NULL;
     const int64_t B = q->d.block;
     for (int k = 0; k < 2; k++) {
         if (!(k == 0 ? row : col)) continue;
-        const int64_t rows = k == 0 ? N : K, cols = k == 0 ? K : N;
-        const int64_t ds[3] = {G, rows, cols};
-        const int64_t ss[3] = {G, B == 128 ? moex_i64_cdiv(rows, 128) : rows, B ? moex_i64_cdiv(cols, B) : 1};
-        const moex_quant_tensor t = take_copy(c, &q->p, 3, ds, B ? 3 : 1, ss);
-        if (k == 0) q->row = t;
-        else q->col = t;
+        const moex_quant_tensor *kept_copy = kept ? (k == 0 ? &kept->rowwise : &kept->columnwise) : NULL;
+        const bool given = kept_copy && kept_copy->data.ndim != 0;
+        moex_quant_tensor t;
+        if (given) {
+            t = *kept_copy;
+        } else {
+            const int64_t rows = k == 0 ? N : K, cols = k == 0 ? K : N;
+            const int64_t ds[3] = {G, rows, cols};
+            const int64_t ss[3] = {G, B == 128 ? moex_i64_cdiv(rows, 128) : rows, B ? moex_i64_cdiv(cols, B) : 1};
+            t = take_copy(c, &q->p, 3, ds, B ? 3 : 1, ss);
+        }
+        if (k == 0) q->row = t, q->row_given = given;
+        else q->col = t, q->col_given = given;
     }
 }
 
+moex_status moex_fp8_check_weight_copies(moex_context *ctx, const char *op, const moex_fp8_recipe *r, int which,
+                                         const char *name, int64_t G, int64_t N, int64_t K) {
+    if (r->mode == MOEX_FP8_OFF || r->weights == NULL) return MOEX_OK;
+    const moex_fp8_weight *kept = &r->weights[which];
+    const moex_quant_params p = params_of(r, false);
+    for (int k = 0; k < 2; k++) {
+        const moex_quant_tensor *copy = k == 0 ? &kept->rowwise : &kept->columnwise;
+        if (copy->data.ndim == 0) continue;
+        char dn[64], sn[64];
+        snprintf(dn, sizeof dn, "fp8.weights[%d].%s.data (%s)", which, k == 0 ? "rowwise" : "columnwise", name);
+        snprintf(sn, sizeof sn, "fp8.weights[%d].%s.scales (%s)", which, k == 0 ? "rowwise" : "columnwise", name);
+        /* a columnwise copy of W [G, N, K] is laid out as a rowwise copy of W^T [G, K, N] */
+        moex_quant_dims d = {G, k == 0 ? N : K, k == 0 ? K : N, MOEX_DTYPE_F32, 0, 0, 0};
+        MOEX_TRY(moex_quant_check_weight_input(ctx, op, dn, sn, &p, copy, &d));
+    }
+    return MOEX_OK;
+}
+
 static bool has_copies(const moex_fp8_operand *q) { return q->row.data.ndim != 0 || q->col.data.ndim != 0; }
+
+/* A weight operand's copies to write: those the caller does not keep. */
+static bool has_weight_copies(const moex_fp8_operand *q) {
+    return (q->row.data.ndim != 0 && !q->row_given) || (q->col.data.ndim != 0 && !q->col_given);
+}
 
 static moex_group_quantize_args rows_quantize_args(const moex_tensor *x, const moex_tensor *splits,
                                                    const moex_fp8_operand *q) {
@@ -268,19 +306,21 @@ static size_t packed_bytes(const moex_weight *w) {
 static moex_weight_quantize_args weight_quantize_args(const moex_weight *packed, const moex_fp8_operand *q) {
     moex_weight_quantize_args a;
     memset(&a, 0, sizeof a);
-    a.params = q->p, a.w = packed->t, a.rowwise = q->row, a.columnwise = q->col;
+    a.params = q->p, a.w = packed->t;
+    if (!q->row_given) a.rowwise = q->row;
+    if (!q->col_given) a.columnwise = q->col;
     return a;
 }
 
 size_t moex_fp8_weight_ws(moex_context *ctx, const moex_weight *w, const moex_fp8_operand *q) {
-    if (!has_copies(q)) return 0;
+    if (!has_weight_copies(q)) return 0;
     const moex_weight_quantize_args a = weight_quantize_args(w, q);
     return moex_sz_add(moex_sz_align(packed_bytes(w), MOEX_WS_ALIGN), moex_ops(ctx)->weight_quantize_ws(ctx, &a, &q->d));
 }
 
 moex_status moex_fp8_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight *w,
                                      const moex_fp8_operand *q, void *sub) {
-    if (!has_copies(q)) return MOEX_OK;
+    if (!has_weight_copies(q)) return MOEX_OK;
     const moex_backend_ops *ops = moex_ops(ctx);
     moex_weight packed = *w;
     if (w->ptrs) {
@@ -462,7 +502,7 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_linear_args *a
     fwd_plan l;
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, fp8 ? NULL : a));
     moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, true, false, &l.x);
-    moex_fp8_take_weight(&c, &a->fp8, d->G, d->N, d->K, d->dt, true, false, &l.w);
+    moex_fp8_take_weight(&c, &a->fp8, 0, d->G, d->N, d->K, d->dt, true, false, &l.w);
     l.gemm = moex_gl_fwd_of(a, d, fp8 ? &l.x : NULL, fp8 ? &l.w : NULL);
     size_t sub = moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x);
     sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w, &l.w));
@@ -484,6 +524,7 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
     MOEX_TRY(moex_check_probs_scaled(ctx, op, a->bias_mode, &a->probs));
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt, true));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_weight_copies(ctx, op, &a->fp8, 0, "w", d->G, d->N, d->K));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
 }
 
@@ -517,7 +558,7 @@ static dgrad_plan dgrad_plan_of(moex_context *ctx, const moex_grouped_linear_dgr
     dgrad_plan l;
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, dx, false, &l.dy);
-    moex_fp8_take_weight(&c, &a->fp8, d->G, d->N, d->K, d->dt, false, dx, &l.w);
+    moex_fp8_take_weight(&c, &a->fp8, 0, d->G, d->N, d->K, d->dt, false, dx, &l.w);
     l.gemm = moex_gl_dgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.w : NULL);
     size_t sub = moex_gl_dgrad_ws(ctx, &l.gemm);
     sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy));
@@ -549,6 +590,7 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
     MOEX_TRY(moex_check_bias(ctx, op, a->bias_mode, &a->bias, "bias", &a->probs, d->G, d->T, d->N, d->dt,
                              bias_needed));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_weight_copies(ctx, op, &a->fp8, 0, "w", d->G, d->N, d->K));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data);
 }
 

@@ -68,6 +68,12 @@ static moex_status validate_mlp_common(moex_context *ctx, const char *op, const 
     return moex_check_glu(ctx, op, glu, d->F);
 }
 
+moex_status moex_fp8_check_mlp_weight_copies(moex_context *ctx, const char *op, const moex_fp8_recipe *r, int64_t G,
+                                             int64_t H, int64_t F) {
+    MOEX_TRY(moex_fp8_check_weight_copies(ctx, op, r, 0, "w1", G, 2 * F, H));
+    return moex_fp8_check_weight_copies(ctx, op, r, 1, "w2", G, H, F);
+}
+
 moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *op, const moex_grouped_mlp_args *a,
                                                  moex_purpose p, moex_mlp_dims *d) {
     MOEX_TRY(validate_mlp_common(ctx, op, &a->x, &a->w1, &a->w2, &a->probs, &a->glu, &a->splits, d));
@@ -79,6 +85,7 @@ moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *
     MOEX_TRY(moex_check_optional_output(ctx, op, "z", &a->z, 2, zshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_mlp_weight_copies(ctx, op, &a->fp8, d->G, d->H, d->F));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "h", a->h.data));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "z", a->z.data));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "y", a->y.data);
@@ -112,6 +119,7 @@ moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char 
     bool b2_needed = a->b2_mode == MOEX_BIAS_SCALED && moex_present(&a->dprobs);
     MOEX_TRY(moex_check_bias(ctx, op, a->b2_mode, &a->b2, "b2", &a->probs, d->G, d->T, d->H, d->dt, b2_needed));
     MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    MOEX_TRY(moex_fp8_check_mlp_weight_copies(ctx, op, &a->fp8, d->G, d->H, d->F));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dx", a->dx.data));
     MOEX_TRY(moex_fp8_check_out(ctx, op, &a->fp8, p, "dw1", a->dw1.t.data));
     return moex_fp8_check_out(ctx, op, &a->fp8, p, "dw2", a->dw2.t.data);
@@ -204,9 +212,9 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
     l.x_given = l.fp8 && xq != NULL;
     moex_fp8_take_rows(&c, r, false, d->G, d->T, d->H, d->dt, !l.x_given, false, &l.x);
     if (l.x_given) l.x.row = *xq;
-    moex_fp8_take_weight(&c, r, d->G, 2 * d->F, d->H, d->dt, true, false, &l.w1);
+    moex_fp8_take_weight(&c, r, 0, d->G, 2 * d->F, d->H, d->dt, true, false, &l.w1);
     moex_fp8_take_rows(&c, r, false, d->G, d->T, d->F, d->dt, true, false, &l.zq);
-    moex_fp8_take_weight(&c, r, d->G, d->H, d->F, d->dt, true, false, &l.w2);
+    moex_fp8_take_weight(&c, r, 1, d->G, d->H, d->F, d->dt, true, false, &l.w2);
 
     const moex_grouped_linear_args fc1 = {
         .x = a->x, .w = a->w1, .bias_mode = moex_present(&a->b1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE, .bias = a->b1,
@@ -414,9 +422,9 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_grouped_mlp_grad_a
     l.groups = moex_take(&c, ops->groups_ws(ctx, G, T, NULL));
     moex_fp8_take_rows(&c, r, true, G, T, H, d->dt, p.need_dz, dw2, &l.q.dy);
     moex_fp8_take_rows(&c, r, false, G, T, F, d->dt, false, dw2, &l.q.z);
-    moex_fp8_take_weight(&c, r, G, H, F, d->dt, false, p.need_dz, &l.q.w2);
+    moex_fp8_take_weight(&c, r, 1, G, H, F, d->dt, false, p.need_dz, &l.q.w2);
     moex_fp8_take_rows(&c, r, true, G, T, 2 * F, d->dt, dx, dw1, &l.q.dh);
-    moex_fp8_take_weight(&c, r, G, 2 * F, H, d->dt, false, dx, &l.q.w1);
+    moex_fp8_take_weight(&c, r, 0, G, 2 * F, H, d->dt, false, dx, &l.q.w1);
     moex_fp8_take_rows(&c, r, false, G, T, H, d->dt, false, dw1, &l.q.x);
     /* the dW steps share one f32 scratch (they run one after the other) */
     l.dwf = (float *)moex_take(&c, moex_sz_max(moex_gl_wgrad_scratch(&a->dw2, &d2, p.fp8),

@@ -166,7 +166,8 @@ moex_status moex_moe_layer_check(moex_context *ctx, const char *op, const moex_m
     }
     MOEX_TRY(moex_check_glu(ctx, op, &a->glu, d->F));
     if (need_y) MOEX_TRY(moex_check_output(ctx, op, "y", &a->y, 2, yshape, MOEX_DT(d->dt)));
-    return moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8);
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "fp8", &a->fp8));
+    return moex_fp8_check_mlp_weight_copies(ctx, op, &a->fp8, d->G, d->H, d->F);
 }
 
 moex_status moex_moe_layer_saved_size(moex_context *ctx, const moex_moe_layer_args *args, size_t *bytes) {

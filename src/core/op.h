@@ -314,19 +314,31 @@ typedef struct moex_fp8_operand {
     moex_quant_params p;
     moex_quant_dims d;
     moex_quant_tensor row, col;
+    bool row_given, col_given;  /* a weight's copy the caller keeps (recipe.weights): read, not
+                                   quantized */
 } moex_fp8_operand;
 
 /* The copies of grouped rows [T, K] of dtype dt in G groups (grad: a gradient's quantization),
- * or of weights [G, N, K], carved from c where row / col are asked; with r->mode OFF nothing
- * is carved and *q is all zero. */
+ * or of the layer's weight `which` [G, N, K] (its index in recipe.weights), carved from c
+ * where row / col are asked; a weight's copy the caller keeps is taken instead of carved.
+ * With r->mode OFF nothing is carved and *q is all zero. */
 void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int64_t G, int64_t T, int64_t K,
                         moex_dtype dt, bool row, bool col, moex_fp8_operand *q);
-void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int64_t G, int64_t N, int64_t K, moex_dtype dt,
-                          bool row, bool col, moex_fp8_operand *q);
+void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int which, int64_t G, int64_t N, int64_t K,
+                          moex_dtype dt, bool row, bool col, moex_fp8_operand *q);
+
+/* The copies the caller keeps of the layer's weight `which` [G, N, K] (recipe.weights, named
+ * `name` in messages): each present copy checked as moex_weight_quantize writes it under
+ * moex_fp8_weight_params, as an input. Nothing with MOEX_FP8_OFF or no weights. */
+moex_status moex_fp8_check_weight_copies(moex_context *ctx, const char *op, const moex_fp8_recipe *r, int which,
+                                         const char *name, int64_t G, int64_t N, int64_t K);
+/* The same for an MLP's two weights: w1 [G, 2F, H] (weights[0]) and w2 [G, H, F] (weights[1]). */
+moex_status moex_fp8_check_mlp_weight_copies(moex_context *ctx, const char *op, const moex_fp8_recipe *r, int64_t G,
+                                             int64_t H, int64_t F);
 
 /* The copy steps: q's copies (=) quantized from rows x [T, K] (splits: x's) on the groups of g,
  * or from weights w (a discrete w first packed at the start of sub); their bytes of the shared
- * region. Nothing (0, MOEX_OK) when q has no copies. */
+ * region. Nothing (0, MOEX_OK) when q has no copies to write (a weight's given ones are not). */
 size_t moex_fp8_rows_ws(moex_context *ctx, const moex_tensor *x, const moex_tensor *splits, const moex_fp8_operand *q);
 moex_status moex_fp8_rows_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_tensor *x,
                                    const moex_tensor *splits, const moex_fp8_operand *q, void *sub);

@@ -228,11 +228,16 @@ int main(void) {
     FIELD(moex_quant_tensor, data);
     FIELD(moex_quant_tensor, scales);
 
+    STRUCT(moex_fp8_weight);
+    FIELD(moex_fp8_weight, rowwise);
+    FIELD(moex_fp8_weight, columnwise);
+
     STRUCT(moex_fp8_recipe);
     FIELD(moex_fp8_recipe, mode);
     FIELD(moex_fp8_recipe, dtypes);
     FIELD(moex_fp8_recipe, pow2_scales);
     FIELD(moex_fp8_recipe, amax_epsilon);
+    FIELD(moex_fp8_recipe, weights);
 
     STRUCT(moex_group_quantize_args);
     FIELD(moex_group_quantize_args, x);
