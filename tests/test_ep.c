@@ -357,6 +357,36 @@ static double check_near(const char *what, moex_dtype dt, const void *got, const
     return worst;
 }
 
+/* The FP8 copies of a weight w [G, N, K] that a caller keeps (moex_fp8_recipe.weights): both
+ * orientations, quantized with moex_fp8_weight_params(r); bufs[4] holds their memory. */
+static moex_fp8_weight kept_copies(const moex_fp8_recipe *r, moex_tensor w, void *bufs[4]) {
+    const moex_quant_params p = moex_fp8_weight_params(r);
+    const int64_t Gw = w.shape[0], N = w.shape[1], K = w.shape[2];
+    const int64_t B = p.recipe == MOEX_QUANT_BLOCK ? 128 : p.recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
+    moex_fp8_weight kw;
+    memset(&kw, 0, sizeof kw);
+    for (int o = 0; o < 2; o++) {
+        const int64_t rows = o ? K : N, cols = o ? N : K;
+        const int64_t sr = B == 128 ? (rows + 127) / 128 : rows, sc = B ? (cols + B - 1) / B : 1;
+        bufs[2 * o] = tu_zalloc((size_t)(Gw * rows * cols) + 16);
+        bufs[2 * o + 1] = tu_zalloc((size_t)(Gw * sr * sc) * 4 + 16);
+        moex_quant_tensor q = {moex_tensor_3d(bufs[2 * o], p.fp8, Gw, rows, cols),
+                               B ? moex_tensor_3d(bufs[2 * o + 1], p.recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0
+                                                                                                : MOEX_DTYPE_F32,
+                                                  Gw, sr, sc)
+                                 : moex_tensor_1d(bufs[2 * o + 1], MOEX_DTYPE_F32, Gw)};
+        if (o) kw.columnwise = q;
+        else kw.rowwise = q;
+    }
+    moex_weight_quantize_args a = {.w = w, .params = p, .rowwise = kw.rowwise, .columnwise = kw.columnwise};
+    size_t bytes = 0;
+    CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_weight_quantize(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    return kw;
+}
+
 /* fp8: the layers' recipe (mode OFF: none). With BLOCK the EP layer dispatches x's rowwise FP8
  * copy, which FC1 reads as it comes (the single-process layer quantizes the same rows alike: the
  * same forward), and keeps the dequantized rows for the backward, whose dW1 then reads their
@@ -449,6 +479,36 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
     ws = tu_workspace(wb);
     CHECK_STATUS(ctx, moex_ep_moe_layer_backward(ctx, &eg, ws, wb, NULL), MOEX_OK);
     free(ws);
+    if (fp8 != MOEX_FP8_OFF) {   /* the local experts' kept FP8 copies: bitwise the same step */
+        void *bufs[8];
+        const moex_fp8_weight kw[2] = {kept_copies(&l->fp8, l->w1.t, bufs), kept_copies(&l->fp8, l->w2.t, bufs + 4)};
+        moex_ep_moe_layer_args ka = ea;
+        ka.layer.fp8.weights = kw;
+        void *y2 = tu_poisoned(dt, T * H), *dx2 = tu_poisoned(dt, T * H);
+        ka.layer.y = moex_tensor_2d(y2, dt, T, H);
+        ka.layer.saved = tu_alloc(l->saved_bytes);
+        CHECK_STATUS(ctx, moex_ep_moe_layer_forward_workspace_size(ctx, &ka, &wb), MOEX_OK);
+        ws = tu_workspace(wb);
+        CHECK_STATUS(ctx, moex_ep_moe_layer_forward(ctx, &ka, ws, wb, NULL), MOEX_OK);
+        free(ws);
+        moex_ep_moe_layer_grad_args kg = eg;
+        kg.layer.fwd = ka.layer, kg.layer.dx = moex_tensor_2d(dx2, dt, T, H);
+        float *o2[5];
+        const int64_t on[5] = {E * H, El * 2 * F * H, El * H * F, El * 2 * F, El * H};
+        moex_tensor *ot[5] = {&kg.layer.drouter_w, &kg.layer.dw1.t, &kg.layer.dw2.t, &kg.layer.db1, &kg.layer.db2};
+        const float *o1[5] = {drw, dw1, dw2, db1, db2};
+        for (int i = 0; i < 5; i++) o2[i] = tu_poisoned(MOEX_DTYPE_F32, on[i]), ot[i]->data = o2[i];
+        CHECK_STATUS(ctx, moex_ep_moe_layer_backward_workspace_size(ctx, &kg, &wb), MOEX_OK);
+        ws = tu_workspace(wb);
+        CHECK_STATUS(ctx, moex_ep_moe_layer_backward(ctx, &kg, ws, wb, NULL), MOEX_OK);
+        free(ws);
+        int same = memcmp(y2, y, (size_t)(T * H) * es) == 0 && memcmp(dx2, dx, (size_t)(T * H) * es) == 0;
+        for (int i = 0; i < 5; i++) same = same && memcmp(o2[i], o1[i], (size_t)on[i] * 4) == 0, free(o2[i]);
+        CHECK_MSG(same, "ep layer with the experts' kept FP8 copies: y, dx or a gradient is not bitwise the step "
+                  "that quantizes them");
+        free(y2), free(dx2), free(ka.layer.saved);
+        for (int i = 0; i < 8; i++) free(bufs[i]);
+    }
     check_near("ep layer dx", dt, dx, (char *)dxg + (size_t)(t0 * H) * es, T * H, rtol);
     double dw1_diff =
         check_near("ep layer dw1", MOEX_DTYPE_F32, dw1, dw1g + e0 * 2 * F * H, El * 2 * F * H, rtol_dw1);
