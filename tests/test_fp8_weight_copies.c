@@ -162,7 +162,7 @@ static void check_linear(moex_context *ctx, tu_rng *rng, moex_fp8_mode mode) {
     for (int bad = 0; bad < 3; bad++) {
         moex_fp8_weight fw = kw.fw;
         const char *field = "fp8.weights[0].rowwise.data (w)";
-        if (bad == 0) fw.rowwise.data.shape[1] = N + 1;                        /* wrong shape */
+        if (bad == 0) fw.rowwise.data.shape[1] = N - 1;                        /* wrong shape */
         if (bad == 1) fw.columnwise.data.dtype = MOEX_DTYPE_E5M2, field = "fp8.weights[0].columnwise.data (w)";
         if (bad == 2) fw.rowwise.scales.shape[0] = G + 1, field = "fp8.weights[0].rowwise.scales (w)";
         moex_fp8_recipe rk = r;

@@ -38,6 +38,7 @@ typedef struct cm_mirror {
     int n;
     void *extra[CM_MAX];    /* device pointer arrays, workspace */
     int nextra;
+    moex_fp8_weight fw[2];  /* an FP8 recipe's kept weight copies, on the device (cm_fp8_weights) */
 } cm_mirror;
 
 static void cm_die(cudaError_t e, const char *what) {
@@ -121,6 +122,18 @@ static void cm_weight(cm_mirror *m, moex_weight *w, int out) {
     free(dptrs);
     m->extra[m->nextra++] = darr;
     w->ptrs = (void *const *)darr;
+}
+
+/* An FP8 recipe's kept weight copies (r->weights, n entries: the layer's weights) mirrored as
+ * inputs; the host array becomes the mirror's, pointing at the device copies. */
+static void cm_fp8_weights(cm_mirror *m, moex_fp8_recipe *r, int n) {
+    if (!r->weights) return;
+    for (int i = 0; i < n; i++) {
+        m->fw[i] = r->weights[i];
+        cm_tensor(m, &m->fw[i].rowwise.data, 0), cm_tensor(m, &m->fw[i].rowwise.scales, 0);
+        cm_tensor(m, &m->fw[i].columnwise.data, 0), cm_tensor(m, &m->fw[i].columnwise.scales, 0);
+    }
+    r->weights = m->fw;
 }
 
 /* A device workspace of `bytes`, every byte 0xFF. */
@@ -272,6 +285,7 @@ static moex_status gpu_gl_forward(moex_context *ctx, const moex_grouped_linear_a
     moex_grouped_linear_args a = *h;
     cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w, 0), cm_tensor(&m, &a.bias, 0), cm_tensor(&m, &a.probs, 0);
     cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.y, 1);
+    cm_fp8_weights(&m, &a.fp8, 1);
     CM_RUN(ctx, &m, moex_grouped_linear_forward, &a);
 }
 
@@ -280,6 +294,7 @@ static moex_status gpu_gl_dgrad(moex_context *ctx, const moex_grouped_linear_dgr
     moex_grouped_linear_dgrad_args a = *h;
     cm_tensor(&m, &a.dy, 0), cm_weight(&m, &a.w, 0), cm_tensor(&m, &a.bias, 0), cm_tensor(&m, &a.probs, 0);
     cm_tensor(&m, &a.splits, 0), cm_tensor(&m, &a.dx, 1), cm_tensor(&m, &a.dbias, 1), cm_tensor(&m, &a.dprobs, 1);
+    cm_fp8_weights(&m, &a.fp8, 1);
     CM_RUN(ctx, &m, moex_grouped_linear_backward_data, &a);
 }
 
@@ -313,6 +328,7 @@ static moex_status gpu_mlp_forward(moex_context *ctx, const moex_grouped_mlp_arg
     cm_tensor(&m, &a.x, 0), cm_weight(&m, &a.w1, 0), cm_tensor(&m, &a.b1, 0), cm_weight(&m, &a.w2, 0);
     cm_tensor(&m, &a.b2, 0), cm_tensor(&m, &a.probs, 0), cm_tensor(&m, &a.splits, 0);
     cm_tensor(&m, &a.h, 1), cm_tensor(&m, &a.z, 1), cm_tensor(&m, &a.y, 1);
+    cm_fp8_weights(&m, &a.fp8, 2);
     CM_RUN(ctx, &m, moex_grouped_mlp_forward, &a);
 }
 
@@ -324,6 +340,7 @@ static moex_status gpu_mlp_backward(moex_context *ctx, const moex_grouped_mlp_gr
     cm_tensor(&m, &a.h, a.h_mode == MOEX_H_OVERWRITE);   /* an h overwritten comes back as the CPU's does */
     cm_tensor(&m, &a.dy, 0), cm_tensor(&m, &a.dx, 1), cm_weight(&m, &a.dw1, 1), cm_weight(&m, &a.dw2, 1);
     cm_tensor(&m, &a.db1, 1), cm_tensor(&m, &a.db2, 1), cm_tensor(&m, &a.dprobs, 1);
+    cm_fp8_weights(&m, &a.fp8, 2);
     CM_RUN(ctx, &m, moex_grouped_mlp_backward, &a);
 }
 
@@ -449,6 +466,7 @@ static void *cm_saved_dev(const void *host, size_t bytes, int upload) {
 static void cm_moe_args(cm_mirror *m, moex_moe_layer_args *a, int fwd) {
     cm_tensor(m, &a->x, 0), cm_tensor(m, &a->router_w, 0), cm_weight(m, &a->w1, 0), cm_tensor(m, &a->b1, 0);
     cm_weight(m, &a->w2, 0), cm_tensor(m, &a->b2, 0);
+    cm_fp8_weights(m, &a->fp8, 2);
     if (fwd) cm_tensor(m, &a->y, 1);
     if (a->saved) a->saved = cm_saved_dev(a->saved, a->saved_bytes, !fwd);
 }
