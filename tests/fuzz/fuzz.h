@@ -395,6 +395,7 @@ struct fz_case {
     size_t ws_at;
     unsigned want_deferred;   /* a valid run's moex_context_check_splits statuses (FZ_BIT),
                                  0: MOEX_OK (an EP dispatch that drops rows: BAD_SPLITS)    */
+    const moex_weight *fp8_w[2]; /* the layer's weights, for the "kept copies" oracle (NULL: none) */
     void *heap[64];           /* case-owned host arrays                                    */
     int nheap;
     jmp_buf *jb;              /* keep-going: where fz_fail returns                          */
@@ -562,8 +563,11 @@ void fz_check_rerun(fz_case *c, const fz_opfns *f, const void *args);
  * NaN / infinite amax_epsilon (whatever the mode), pow2_scales with MXFP8 (STRUCT).
  * fz_layer_flow: fz_flow, then fz_fp8_after_run. fz_fp8_after_run (after a run without faults
  * in run mode): a valid recipe on the CPU must give MOEX_OK ("fp8"); with a recipe on,
- * the "workspace" oracle (fz_check_rerun); with OFF and other fields set, "fp8 off": the call
- * with the recipe zeroed (its own size query, a fresh workspace) writes bitwise the same. */
+ * the "workspace" oracle (fz_check_rerun), then on the CPU "kept copies": the call with the
+ * layer's packed weights (c->fp8_w, set by the builder) quantized here with
+ * moex_fp8_weight_params and given as fp8.weights writes bitwise the same; with OFF and other
+ * fields set, "fp8 off": the call with the recipe zeroed (its own size query, a fresh
+ * workspace) writes bitwise the same. */
 moex_fp8_recipe fz_fp8_recipe(fz_case *c);
 bool fz_fp8_on(const moex_fp8_recipe *r);
 void fz_fp8_cap(fz_case *c, const moex_fp8_recipe *r, int64_t *const dims[], const int64_t lo[], int n, int64_t mul);

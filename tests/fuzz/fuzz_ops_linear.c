@@ -286,6 +286,64 @@ static void outputs_same(fz_case *c, const outputs_copy *k, const char *oracle, 
     }
 }
 
+/* The FP8 copies (both orientations) of a packed weight w [G, N, K] under params p, written
+ * by moex_weight_quantize into case-owned memory; false when that call did not return OK. */
+static bool quantize_kept(fz_case *c, const moex_weight *w, const moex_quant_params *p, moex_fp8_weight *kw) {
+    const int64_t G = w->t.shape[0], N = w->t.shape[1], K = w->t.shape[2];
+    const int64_t B = p->recipe == MOEX_QUANT_BLOCK ? 128 : p->recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
+    const moex_dtype sdt = p->recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0 : F32;
+    int64_t sr[2], sc[2];
+    size_t at[5] = {0};   /* the offsets of row data, row scales, column data, column scales; the end */
+    for (int o = 0; o < 2; o++) {
+        const int64_t rows = o ? K : N, cols = o ? N : K;
+        sr[o] = B == 128 ? (rows + 127) / 128 : rows, sc[o] = B ? (cols + B - 1) / B : 1;
+        const size_t sbytes = (size_t)(B ? G * sr[o] * sc[o] : G) * moex_dtype_size(sdt);
+        at[2 * o + 1] = at[2 * o] + ((size_t)(G * rows * cols) + 15) / 16 * 16;
+        at[2 * o + 2] = at[2 * o + 1] + (sbytes + 15) / 16 * 16;
+    }
+    unsigned char *mem = (unsigned char *)fz_alloc(c, at[4]);   /* one block for both copies */
+    for (int o = 0; o < 2; o++) {
+        moex_quant_tensor q;
+        q.data = moex_tensor_3d(mem + at[2 * o], p->fp8, G, o ? K : N, o ? N : K);
+        q.scales = B ? moex_tensor_3d(mem + at[2 * o + 1], sdt, G, sr[o], sc[o])
+                     : moex_tensor_1d(mem + at[2 * o + 1], F32, G);
+        if (o) kw->columnwise = q;
+        else kw->rowwise = q;
+    }
+    moex_weight_quantize_args a = {.w = w->t, .params = *p, .rowwise = kw->rowwise, .columnwise = kw->columnwise};
+    size_t bytes = 0;
+    if (moex_weight_quantize_workspace_size(fz_g.ctx, &a, &bytes) != MOEX_OK) return false;
+    void *ws = bytes ? fz_alloc(c, bytes) : NULL;
+    return moex_weight_quantize(fz_g.ctx, &a, ws, bytes, NULL) == MOEX_OK;
+}
+
+/* "kept copies" (see fuzz.h): on the CPU, packed weights only. */
+static void kept_copies_check(fz_case *c, const fz_opfns *f, void *args, moex_fp8_recipe *r,
+                              const outputs_copy *keep) {
+    if (c->cuda || !c->fp8_w[0]) return;
+    moex_fp8_weight *kw = (moex_fp8_weight *)fz_alloc(c, 2 * sizeof *kw);
+    const moex_quant_params p = moex_fp8_weight_params(r);
+    for (int i = 0; i < 2 && c->fp8_w[i]; i++) {
+        const moex_weight *w = c->fp8_w[i];
+        if (w->ptrs || w->t.ndim != 3) return;
+        if (!quantize_kept(c, w, &p, &kw[i])) {
+            fz_fail(c, "kept copies", "moex_weight_quantize refused weight %d of a valid %s: %s", i, f->rname,
+                    moex_last_error(fz_g.ctx));
+            return;
+        }
+    }
+    r->weights = kw;
+    size_t need = 0;
+    if (fz_query(c, f->qname, f->query, args, &need) == MOEX_OK) {
+        c->ws_need = need;
+        fz_workspace(c);
+        if (fz_run(c, f->rname, f->run, args) == MOEX_OK)
+            outputs_same(c, keep, "kept copies", "the call with its weights' FP8 copies kept (fp8.weights: "
+                         "docs/ops.md 9.11)");
+    }
+    r->weights = NULL;
+}
+
 void fz_fp8_after_run(fz_case *c, const fz_opfns *f, void *args, moex_fp8_recipe *r, moex_status st) {
     if (c->nfaults || c->huge) return;
     if (fz_fp8_on(r) && !c->cuda && st != MOEX_OK)
@@ -301,6 +359,7 @@ void fz_fp8_after_run(fz_case *c, const fz_opfns *f, void *args, moex_fp8_recipe
         fz_workspace(c);
         if (fz_run(c, f->rname, f->run, args) != MOEX_OK) return;   /* judged there */
         outputs_same(c, &keep, "workspace", "a second run with another workspace (results depend on its contents)");
+        kept_copies_check(c, f, args, r, &keep);
         return;
     }
     /* "fp8 off": OFF ignores the other fields: the zeroed recipe writes bitwise the same */
@@ -420,6 +479,7 @@ void fz_op_gl_fwd(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "x", &a->x, FZ_IN, FZ_REQUIRED, DT(dt)), S);
     a->w = moex_weight_packed(moex_tensor_3d(NULL, dt, G, N, K));
     fz_weight_reg(c, "w", &a->w, FZ_IN, FZ_REQUIRED | FZ_DISCRETE_OK, DT(dt));
+    c->fp8_w[0] = &a->w;
     a->y = moex_tensor_2d(NULL, dt, T, N);
     fz_tail(c, fz_tensor_reg(c, "y", &a->y, FZ_OUT, FZ_REQUIRED, DT(dt)), S);
     a->bias = moex_tensor_2d(NULL, bdt, G, N);
@@ -454,6 +514,7 @@ void fz_op_gl_dgrad(fz_case *c) {
     fz_tail(c, fz_tensor_reg(c, "dy", &a->dy, FZ_IN, FZ_REQUIRED | (t_tied ? 0 : FZ_FREE0), DT(dt)), S);
     a->w = moex_weight_packed(moex_tensor_3d(NULL, dt, G, N, K));
     fz_weight_reg(c, "w", &a->w, FZ_IN, FZ_REQUIRED | FZ_DISCRETE_OK | (dx ? 0 : FZ_FREE2), DT(dt));
+    c->fp8_w[0] = &a->w;
     a->bias = moex_tensor_2d(NULL, bdt, G, N);
     unsigned bflags = mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : dprobs ? FZ_REQUIRED : 0;
     if (!bias && !(bflags & FZ_FORBIDDEN)) bflags = 0, a->bias.ndim = 0;

@@ -252,6 +252,7 @@ static void mlp_weights(fz_case *c, const mlp_cfg *m, moex_tensor *x, moex_weigh
     fz_weight_reg(c, "w1", w1, FZ_IN, FZ_REQUIRED | FZ_DISCRETE_OK, DT(m->dt));
     *w2 = moex_weight_packed(moex_tensor_3d(NULL, m->dt, m->G, m->H, m->F));
     fz_weight_reg(c, "w2", w2, FZ_IN, FZ_REQUIRED | FZ_DISCRETE_OK, DT(m->dt));
+    c->fp8_w[0] = w1, c->fp8_w[1] = w2;
 }
 
 void fz_op_mlp_fwd(fz_case *c) {

@@ -206,6 +206,7 @@ void fz_op_moe(fz_case *c) {
     fz_tensor_reg(c, "b1", &f->b1, FZ_IN, 0, DT(dt) | DT(F32));
     f->w2 = moex_weight_packed(moex_tensor_3d(NULL, dt, E, H, F));
     fz_weight_reg(c, "w2", &f->w2, FZ_IN, FZ_REQUIRED | FZ_DISCRETE_OK, DT(dt));
+    c->fp8_w[0] = &f->w1, c->fp8_w[1] = &f->w2;
     f->b2 = moex_tensor_2d(NULL, b2dt, E, H);
     fz_tensor_reg(c, "b2", &f->b2, FZ_IN, f->b2_mode == MOEX_BIAS_NONE ? FZ_FORBIDDEN : FZ_REQUIRED, DT(dt) | DT(F32));
     f->y = moex_tensor_2d(NULL, dt, T, H);
