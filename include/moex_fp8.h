@@ -131,6 +131,14 @@ typedef struct moex_fp8_recipe {
  * moex_fp8_weight. */
 MOEX_API moex_quant_params moex_fp8_weight_params(const moex_fp8_recipe *recipe);
 
+/* One buffer for a weight's two copies: w describes the weight [G, N, K] (its data is not
+ * read), recipe a mode not OFF. *bytes = the buffer's size; with base non-NULL (aligned to
+ * 256 bytes, *bytes of it) and copies non-NULL, *copies = the rowwise and columnwise copies
+ * (data and scales, each piece 256-byte aligned) laid out in it, ready for
+ * moex_weight_quantize to write and a layer to read. */
+MOEX_API moex_status moex_fp8_weight_layout(moex_context *ctx, const moex_fp8_recipe *recipe, const moex_weight *w,
+        void *base, moex_fp8_weight *copies, size_t *bytes);
+
 /* ---- Grouped quantization (experimental) -------------------------------------------- *
  * FP8 quantization of the rows of G groups (x [T, K], the rows of group g after those of
  * g - 1, rows >= sum(splits) neither read nor written), computed on the device from the data

@@ -1,7 +1,7 @@
 /*
  * test_fp8_weight_copies.c - the layers' FP8 recipe with the weights' copies a caller keeps
- * (moex_fp8_recipe.weights, moex_fp8_weight, moex_fp8_weight_params; docs/ops.md 9.11), on
- * the CPU backend.
+ * (moex_fp8_recipe.weights, moex_fp8_weight, moex_fp8_weight_params, moex_fp8_weight_layout;
+ * docs/ops.md 9.11), on the CPU backend.
  *
  * How results are judged. A kept copy is what moex_weight_quantize writes with
  * moex_fp8_weight_params, so a call that reads it must give, bitwise, what the same call gives
@@ -13,7 +13,9 @@
  * MLP's forward and backward and the MoE layer's (BLOCK, CURRENT); G = 3 with an empty group,
  * sizes not multiples of 128. Refused, naming the field, with the output untouched: a copy
  * of the wrong shape, data of the wrong FP8 dtype, scales of the wrong shape. With
- * MOEX_FP8_OFF the copies are not read (bitwise the plain call).
+ * MOEX_FP8_OFF the copies are not read (bitwise the plain call). The copies live in one
+ * buffer laid out by moex_fp8_weight_layout (its refusals: OFF, a zero dimension, a base
+ * not 256-byte aligned).
  */
 #include "test_util.h"
 
@@ -34,43 +36,25 @@ static const char *mode_name(moex_fp8_mode m) {
     return m == MOEX_FP8_BLOCK ? "BLOCK" : m == MOEX_FP8_CURRENT ? "CURRENT" : "MXFP8";
 }
 
-/* A weight's copies kept by the caller: a rowwise and a columnwise one of w [G, N, K] (bf16
- * values wv), quantized with moex_fp8_weight_params(r). */
+/* A weight's copies kept by the caller: a rowwise and a columnwise one of w [G, N, K] (bf16),
+ * in one buffer laid out by moex_fp8_weight_layout, quantized with moex_fp8_weight_params(r). */
 typedef struct kept {
     moex_fp8_weight fw;
-    void *buf[4];
+    void *buf;
 } kept;
 
-static moex_tensor copy_tensor(kept *k, int slot, moex_dtype dt, int nd, const int64_t *shape) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= shape[i];
-    k->buf[slot] = tu_zalloc((size_t)n * moex_dtype_size(dt) + 16);
-    moex_tensor t;
-    memset(&t, 0, sizeof t);
-    t.data = k->buf[slot], t.dtype = dt, t.ndim = nd;
-    for (int i = 0; i < nd; i++) t.shape[i] = shape[i];
-    return t;
-}
-
 static kept kept_make(moex_context *ctx, const moex_fp8_recipe *r, const void *wb, int64_t N, int64_t K) {
-    const moex_quant_params p = moex_fp8_weight_params(r);
-    const int64_t B = p.recipe == MOEX_QUANT_BLOCK ? 128 : p.recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
-    const moex_dtype sdt = p.recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0 : MOEX_DTYPE_F32;
+    const moex_weight w = moex_weight_packed(moex_tensor_3d((void *)wb, DT, G, N, K));
     kept k;
     memset(&k, 0, sizeof k);
-    for (int o = 0; o < 2; o++) {
-        const int64_t rows = o ? K : N, cols = o ? N : K;
-        const int64_t ds[3] = {G, rows, cols};
-        const int64_t ss[3] = {G, B == 128 ? (rows + 127) / 128 : rows, B ? (cols + B - 1) / B : 1};
-        moex_quant_tensor q = {copy_tensor(&k, 2 * o, p.fp8, 3, ds), copy_tensor(&k, 2 * o + 1, sdt, B ? 3 : 1, ss)};
-        if (o) k.fw.columnwise = q;
-        else k.fw.rowwise = q;
-    }
+    size_t bytes = 0, again = 0;
+    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, &w, NULL, NULL, &bytes), MOEX_OK);
+    k.buf = aligned_alloc(256, (bytes + 255) / 256 * 256);
+    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, &w, k.buf, &k.fw, &again), MOEX_OK);
+    CHECK(again == bytes && k.fw.rowwise.data.ndim == 3 && k.fw.columnwise.data.shape[1] == K);
     moex_weight_quantize_args a;
     memset(&a, 0, sizeof a);
-    a.w = moex_tensor_3d((void *)wb, DT, G, N, K), a.params = p, a.rowwise = k.fw.rowwise,
-    a.columnwise = k.fw.columnwise;
-    size_t bytes = 0;
+    a.w = w.t, a.params = moex_fp8_weight_params(r), a.rowwise = k.fw.rowwise, a.columnwise = k.fw.columnwise;
     CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &a, &bytes), MOEX_OK);
     void *ws = tu_workspace(bytes);
     CHECK_STATUS(ctx, moex_weight_quantize(ctx, &a, ws, bytes, NULL), MOEX_OK);
@@ -78,8 +62,25 @@ static kept kept_make(moex_context *ctx, const moex_fp8_recipe *r, const void *w
     return k;
 }
 
-static void kept_free(kept *k) {
-    for (int i = 0; i < 4; i++) free(k->buf[i]);
+static void kept_free(kept *k) { free(k->buf); }
+
+/* moex_fp8_weight_layout's refusals: a recipe OFF, a weight shape with a zero, a base not
+ * 256-byte aligned; nothing written. */
+static void check_layout_refusals(moex_context *ctx) {
+    const moex_fp8_recipe on = recipe_of(MOEX_FP8_BLOCK), off = {0};
+    moex_weight w = moex_weight_packed(moex_tensor_3d(NULL, DT, G, 8, 8));
+    size_t bytes = 7;
+    CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &off, &w, NULL, NULL, &bytes), "OFF", NULL);
+    CHECK(bytes == 7);
+    w.t.shape[1] = 0;
+    CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &on, &w, NULL, NULL, &bytes), "[G, N, K]", NULL);
+    w.t.shape[1] = 8;
+    static unsigned char room[4096 + 512];
+    unsigned char *misaligned = room + (256 - (uintptr_t)room % 256) % 256 + 16;
+    moex_fp8_weight fw;
+    memset(&fw, 0, sizeof fw);
+    CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &on, &w, misaligned, &fw, &bytes), "aligned", NULL);
+    CHECK(fw.rowwise.data.data == NULL);
 }
 
 static void *random_buffer(tu_rng *rng, int64_t n, double lo, double hi) {
@@ -307,6 +308,7 @@ int main(void) {
     moex_context *ctx = tu_cpu_context();
     tu_rng rng = tu_rng_seed(3407);
     static const moex_fp8_mode modes[3] = {MOEX_FP8_BLOCK, MOEX_FP8_CURRENT, MOEX_FP8_MXFP8};
+    check_layout_refusals(ctx);
     for (int m = 0; m < 3; m++) check_linear(ctx, &rng, modes[m]);
     for (int layer = 0; layer < 2; layer++)
         for (int m = 0; m < 2; m++) check_layer(ctx, &rng, layer, modes[m]);

@@ -300,6 +300,8 @@ def _load():
         "moex_ep_get_info": (i, [p, ctypes.POINTER(EpInfo)]),
         "moex_ep_moe_layer_saved_size": (i, [p, ctypes.POINTER(EpMoeLayerArgs), ctypes.POINTER(sz)]),
         "moex_fp8_weight_params": (QuantParams, [ctypes.POINTER(Fp8Recipe)]),
+        "moex_fp8_weight_layout": (i, [p, ctypes.POINTER(Fp8Recipe), ctypes.POINTER(Weight), p,
+                                       ctypes.POINTER(Fp8Weight), ctypes.POINTER(sz)]),
     }
     for stem, args_t in OPS.items():
         sigs[f"moex_{stem}_workspace_size"] = (i, [p, ctypes.POINTER(args_t), ctypes.POINTER(sz)])

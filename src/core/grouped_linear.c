@@ -669,6 +669,33 @@ moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const 
 
 /* ---- moex_weight_maps_size (moex.h): the one public call that is not an op ----------- */
 
+moex_status moex_fp8_weight_layout(moex_context *ctx, const moex_fp8_recipe *recipe, const moex_weight *w,
+                                   void *base, moex_fp8_weight *copies, size_t *bytes) {
+    const char *op = "moex_fp8_weight_layout";
+    MOEX_TRY(moex_enter(ctx, op, recipe));
+    if (!w || !bytes) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: %s is NULL", op, w ? "bytes" : "w");
+    MOEX_TRY(moex_check_fp8_recipe(ctx, op, "recipe", recipe));
+    if (recipe->mode == MOEX_FP8_OFF) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: recipe.mode is OFF", op);
+    const moex_tensor *t = &w->t;   /* a description only */
+    if (t->ndim != 3 || t->shape[0] < 1 || t->shape[1] < 1 || t->shape[2] < 1)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: w.t must describe a [G, N, K] weight with G, N, K >= 1, got "
+                         "ndim %d", op, (int)t->ndim);
+    MOEX_TRY(moex_check_internal(ctx, op, "w", t->shape[0], t->shape[1]));
+    MOEX_TRY(moex_check_internal(ctx, op, "w", t->shape[0] * t->shape[1], t->shape[2]));
+    if ((uintptr_t)base % MOEX_WS_ALIGN != 0)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: base must be aligned to %d bytes", op, MOEX_WS_ALIGN);
+    moex_fp8_recipe r = *recipe;
+    r.weights = NULL;   /* the layout of new copies */
+    moex_carver c = {(char *)base, 0};
+    moex_fp8_operand q;
+    moex_fp8_take_weight(&c, &r, 0, t->shape[0], t->shape[1], t->shape[2], t->dtype, true, true, &q);
+    if (c.used > (size_t)PTRDIFF_MAX)
+        return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: the copies would need more than PTRDIFF_MAX bytes", op);
+    *bytes = c.used;
+    if (base && copies) copies->rowwise = q.row, copies->columnwise = q.col;
+    return MOEX_OK;
+}
+
 moex_status moex_weight_maps_size(moex_context *ctx, const moex_weight *w, size_t *bytes) {
     const char *op = "moex_weight_maps_size";
     MOEX_TRY(moex_enter(ctx, op, w));
