@@ -61,15 +61,17 @@ struct Fp8Args {
     int64_t mode, dtypes;
     bool pow2_scales;
     double amax_epsilon;
+    OptTensor weights;   // the kept FP8 copies of the weights (fp8_weights), not differentiated
     void save(AutogradContext* ctx) const {
         auto& d = ctx->saved_data;
         d["fp8_mode"] = mode, d["fp8_dtypes"] = dtypes, d["fp8_pow2_scales"] = pow2_scales;
         d["fp8_amax_epsilon"] = amax_epsilon;
+        d["fp8_weights"] = weights;
     }
     static Fp8Args load(AutogradContext* ctx) {
         auto& d = ctx->saved_data;
         return {d["fp8_mode"].toInt(), d["fp8_dtypes"].toInt(), d["fp8_pow2_scales"].toBool(),
-                d["fp8_amax_epsilon"].toDouble()};
+                d["fp8_amax_epsilon"].toDouble(), d["fp8_weights"].toOptional<at::Tensor>()};
     }
 };
 struct GluArgs {
@@ -115,23 +117,23 @@ variable_list once_differentiable(variable_list grads) {
 // ---- grouped linear ----------------------------------------------------------------------------
 
 using ForwardSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
-                              const OptTensor&, int64_t, int64_t, int64_t, bool, double);
+                              const OptTensor&, int64_t, int64_t, int64_t, bool, double, const OptTensor&);
 using DataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                                const OptTensor&, const OptTensor&, int64_t, bool, bool,
-                                                               bool, int64_t, int64_t, bool, double);
+                                                               bool, int64_t, int64_t, bool, double, const OptTensor&);
 using WeightSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, bool,
-                             double);
+                             double, const OptTensor&);
 
 // y = grouped_linear_forward(x, w, splits, bias, probs, bias_mode, fp8...); differentiable in x,
 // w, bias (ADD, SCALED) and probs (SCALED).
 struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunction> {
     static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
                               const OptTensor& bias, const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode,
-                              int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                              int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
         static const auto op = op_handle<ForwardSig>("moex::grouped_linear_forward");
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
         at::Tensor y = op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                               fp8_amax_epsilon);
+                               fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, w, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())});
         Edges e;
         ctx->saved_data["edge_x"] = e.add(x);
@@ -140,7 +142,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         ctx->saved_data["edge_bias"] = e.add(bias);
         ctx->saved_data["edge_probs"] = e.add(probs);
         ctx->saved_data["bias_mode"] = bias_mode;
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
         return y;
     }
 
@@ -160,17 +162,17 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
 
-        variable_list out(10);   // one per forward argument: x, w, splits, bias, probs, then non-tensors
+        variable_list out(11);   // one per forward argument: x, w, splits, bias, probs, then the rest
         if (need_x || need_dbias || need_dprobs) {
             auto [dx, dbias, dprobs] = data_op.call(dy, w, splits, bias, probs, bias_mode, need_x, need_dbias,
-                                                    need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon);
+                                                    need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon, f.weights);
             if (need_x) out[0] = dx;
             if (need_dbias) out[3] = dbias;
             if (need_dprobs) out[4] = dprobs;
         }
         if (need_w)
             out[1] = weight_op.call(x, dy, splits, dtype_code(w.scalar_type()), f.mode, f.dtypes, f.pow2_scales,
-                                    f.amax_epsilon);
+                                    f.amax_epsilon, f.weights);
         at::AutoGradMode restore(create_graph);
         return once_differentiable(std::move(out));
     }
@@ -179,24 +181,24 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
 at::Tensor grouped_linear_forward_autograd(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
                                            const OptTensor& bias, const OptTensor& probs, int64_t bias_mode,
                                            int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                           double fp8_amax_epsilon) {
+                                           double fp8_amax_epsilon, const OptTensor& fp8_weights) {
     if (records_nothing({&x, &w}, {}, {&bias, &probs})) {
         static const auto op = op_handle<ForwardSig>("moex::grouped_linear_forward");
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
-        return op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+        return op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
     }
     return GroupedLinearFunction::apply(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                                        fp8_amax_epsilon);
+                                        fp8_amax_epsilon, fp8_weights);
 }
 
 // ---- grouped linear on separate weights --------------------------------------------------------
 
 using DiscreteForwardSig = at::Tensor(const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&,
                                       const at::Tensor&, const OptTensor&, const OptTensor&, int64_t, int64_t, int64_t,
-                                      bool, double);
+                                      bool, double, const OptTensor&);
 using DiscreteDataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
         const at::Tensor&, at::TensorList, const at::Tensor&, const at::Tensor&, const at::Tensor&, const OptTensor&,
-        const OptTensor&, int64_t, bool, bool, bool, int64_t, int64_t, bool, double);
+        const OptTensor&, int64_t, bool, bool, bool, int64_t, int64_t, bool, double, const OptTensor&);
 
 // y = grouped_linear_discrete_forward(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8...);
 // Alike in shape with GroupedLinearFunction above by design: the same steps over G weight
@@ -206,11 +208,11 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
     static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
                               const at::Tensor& ptrs_host, const at::Tensor& splits, const OptTensor& bias,
                               const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes,
-                              bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                              bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
         static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         at::Tensor y = op.call(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
-                               fp8_pow2_scales, fp8_amax_epsilon);
+                               fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
         variable_list saved = {x, ptrs, ptrs_host, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())};
         saved.insert(saved.end(), weights.begin(), weights.end());
         ctx->save_for_backward(saved);
@@ -225,7 +227,7 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         d["edge_bias"] = e.add(bias);
         d["edge_probs"] = e.add(probs);
         d["bias_mode"] = bias_mode;
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
         return y;
     }
 
@@ -250,17 +252,17 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
         at::NoGradGuard no_grad;
 
         // one per forward argument: x, weights[0..G), ptrs, ptrs_host, splits, bias, probs, then non-tensors
-        variable_list out(G + 11);
+        variable_list out(G + 12);
         if (need_x || need_dbias || need_dprobs) {
             auto [dx, dbias, dprobs] = data_op.call(dy, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, need_x,
-                                                    need_dbias, need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon);
+                                                    need_dbias, need_dprobs, f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon, f.weights);
             if (need_x) out[0] = dx;
             if (need_dbias) out[G + 4] = dbias;
             if (need_dprobs) out[G + 5] = dprobs;
         }
         if (need_w) {
             const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), f.mode,
-                                                 f.dtypes, f.pow2_scales, f.amax_epsilon);
+                                                 f.dtypes, f.pow2_scales, f.amax_epsilon, f.weights);
             for (int64_t g = 0; g < G; ++g) out[1 + g] = dw[g];
         }
         at::AutoGradMode restore(create_graph);
@@ -272,26 +274,27 @@ at::Tensor grouped_linear_discrete_forward_autograd(const at::Tensor& x, at::Ten
                                                     const at::Tensor& ptrs, const at::Tensor& ptrs_host,
                                                     const at::Tensor& splits, const OptTensor& bias,
                                                     const OptTensor& probs, int64_t bias_mode, int64_t fp8_mode,
-                                                    int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                                                    int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
     if (records_nothing({&x}, weights, {&bias, &probs})) {
         static const auto op = op_handle<DiscreteForwardSig>("moex::grouped_linear_discrete_forward");
         const at::AutoDispatchBelowADInplaceOrView below_autograd;
         return op.call(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes,
-                       fp8_pow2_scales, fp8_amax_epsilon);
+                       fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
     }
     return GroupedLinearDiscreteFunction::apply(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8_mode,
-                                                fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+                                                fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
 }
 
 // ---- grouped MLP -----------------------------------------------------------------------------
 
 using MlpForwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
         const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
-        const at::Tensor&, int64_t, int64_t, int64_t, double, double, double, bool, int64_t, int64_t, bool, double);
+        const at::Tensor&, int64_t, int64_t, int64_t, double, double, double, bool, int64_t, int64_t, bool, double,
+        const OptTensor&);
 using MlpBackwardSig = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
         const at::Tensor&, const at::Tensor&, const OptTensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
         const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, double,
-        double, double, const c10::List<bool>&, int64_t, int64_t, bool, double);
+        double, double, const c10::List<bool>&, int64_t, int64_t, bool, double, const OptTensor&);
 
 // (y, h, z) = grouped_mlp_forward(x, w1, b1, w2, b2, probs, splits, b2_mode, glu..., save_z, fp8...);
 // differentiable in x, the weights, the biases and probs through y. h and z are outputs for
@@ -301,12 +304,12 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
                                  const at::Tensor& w2, const OptTensor& b2, const OptTensor& probs,
                                  const at::Tensor& splits, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
                                  double glu_limit, double glu_alpha, double glu_offset, bool save_z, int64_t fp8_mode,
-                                 int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                                 int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
         static const auto op = op_handle<MlpForwardSig>("moex::grouped_mlp_forward");
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         auto [y, h, z] = op.call(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout, glu_limit,
                                  glu_alpha, glu_offset, save_z, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                                 fp8_amax_epsilon);
+                                 fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()),
                                 probs.value_or(at::Tensor()), splits, h, z});
         ctx->set_materialize_grads(false);
@@ -320,13 +323,13 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         d["edge_probs"] = e.add(probs);
         d["b2_mode"] = b2_mode;
         GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
         return {y, h, z};
     }
 
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
         static const auto op = op_handle<MlpBackwardSig>("moex::grouped_mlp_backward");
-        variable_list out(18);   // one per forward argument: x, w1, b1, w2, b2, probs, then non-tensors
+        variable_list out(19);   // one per forward argument: x, w1, b1, w2, b2, probs, then the rest
         if (!grads[0].defined()) return out;   // y does not reach the loss
         const variable_list saved = ctx->get_saved_variables();
         const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[3], &splits = saved[6], &h = saved[7],
@@ -346,7 +349,7 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         auto [dx, dw1, dw2, db1, db2, dprobs] =
                 op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu.kind, glu.layout, glu.limit,
                         glu.alpha, glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes,
-                        f.pow2_scales, f.amax_epsilon);
+                        f.pow2_scales, f.amax_epsilon, f.weights);
         const at::Tensor grads_by_arg[6] = {dx, dw1, db1, dw2, db2, dprobs};   // x, w1, b1, w2, b2, probs
         const int need_index[6] = {0, 1, 3, 2, 4, 5};                          // their entries in needs
         for (int i = 0; i < 6; ++i)
@@ -360,10 +363,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward_autograd(
         const at::Tensor& x, const at::Tensor& w1, const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
         const OptTensor& probs, const at::Tensor& splits, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
         double glu_limit, double glu_alpha, double glu_offset, bool save_z, int64_t fp8_mode, int64_t fp8_dtypes,
-        bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
     variable_list out = GroupedMlpFunction::apply(x, w1, b1, w2, b2, probs, splits, b2_mode, glu_kind, glu_layout,
                                                   glu_limit, glu_alpha, glu_offset, save_z, fp8_mode, fp8_dtypes,
-                                                  fp8_pow2_scales, fp8_amax_epsilon);
+                                                  fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
     return {out[0], out[1], out[2]};
 }
 
@@ -372,12 +375,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward_autograd(
 using MoeForwardSig = std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                          const OptTensor&, const at::Tensor&, const OptTensor&, int64_t,
                                                          int64_t, int64_t, int64_t, int64_t, int64_t, double, double,
-                                                         double, int64_t, int64_t, bool, double);
+                                                         double, int64_t, int64_t, bool, double, const OptTensor&);
 using MoeBackwardSig = std::vector<at::Tensor>(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                                const OptTensor&, const at::Tensor&, const OptTensor&, const at::Tensor&,
                                                const at::Tensor&, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                                                double, double, double, const c10::List<bool>&, int64_t, int64_t, bool,
-                                               double);
+                                               double, const OptTensor&);
 
 // (y, saved) = moe_layer_forward(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu...,
 // fp8...); differentiable in x, router_w, the weights and the biases through y (saved, bytes for
@@ -387,12 +390,12 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
                                  const at::Tensor& w1, const OptTensor& b1, const at::Tensor& w2, const OptTensor& b2,
                                  int64_t topk, int64_t score, int64_t norm, int64_t b2_mode, int64_t glu_kind,
                                  int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
-                                 int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                                 int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
         static const auto op = op_handle<MoeForwardSig>("moex::moe_layer_forward");
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         auto [y, saved] = op.call(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout,
                                   glu_limit, glu_alpha, glu_offset, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                                  fp8_amax_epsilon);
+                                  fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, router_w, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()), saved});
         ctx->mark_non_differentiable({saved});
         Edges e;
@@ -408,7 +411,7 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
         d["norm"] = norm;
         d["b2_mode"] = b2_mode;
         GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon}.save(ctx);
+        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
         return {y, saved};
     }
 
@@ -431,10 +434,10 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
                 op.call(saved[0], saved[1], saved[2], b1, saved[4], b2, saved[6], dy, d["topk"].toInt(),
                         d["score"].toInt(), d["norm"].toInt(), b2_mode, glu.kind, glu.layout, glu.limit, glu.alpha,
                         glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes, f.pow2_scales,
-                        f.amax_epsilon);
+                        f.amax_epsilon, f.weights);
         // g: dx, drouter_w, dw1, dw2, db1, db2; out: one per forward argument (x, router_w, w1, b1,
-        // w2, b2, then non-tensors)
-        variable_list out(19);
+        // w2, b2, then the rest)
+        variable_list out(20);
         const int arg_of[6] = {0, 1, 2, 4, 3, 5};
         for (int i = 0; i < 6; ++i)
             if (needs[i]) out[arg_of[i]] = g[i];
@@ -447,10 +450,10 @@ std::tuple<at::Tensor, at::Tensor> moe_layer_forward_autograd(
         const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1, const OptTensor& b1,
         const at::Tensor& w2, const OptTensor& b2, int64_t topk, int64_t score, int64_t norm, int64_t b2_mode,
         int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset, int64_t fp8_mode,
-        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const OptTensor& fp8_weights) {
     variable_list out = MoeLayerFunction::apply(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind,
                                                 glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode, fp8_dtypes,
-                                                fp8_pow2_scales, fp8_amax_epsilon);
+                                                fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
     return {out[0], out[1]};
 }
 

@@ -37,7 +37,7 @@ void zero_tail(Call& call, const at::Tensor& t, const at::Tensor& splits) {
 at::Tensor run_linear_forward(const char* op, const at::Tensor& x, const moex_weight& w, const at::Tensor& splits,
                               const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
                               int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                              double fp8_amax_epsilon) {
+                              double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     at::Tensor y = at::empty({x.size(0), w.t.shape[1]}, x.options());
     moex_grouped_linear_args a{};
     a.x = view(x);
@@ -49,6 +49,8 @@ at::Tensor run_linear_forward(const char* op, const at::Tensor& x, const moex_we
     a.y = view(y);
     a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
     Call call(x.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.w}, &a.fp8);
     call.run(moex_grouped_linear_forward_workspace_size, moex_grouped_linear_forward, a);
     zero_tail(call, y, splits);
     return y;
@@ -57,12 +59,12 @@ at::Tensor run_linear_forward(const char* op, const at::Tensor& x, const moex_we
 at::Tensor grouped_linear_forward(const at::Tensor& x, const at::Tensor& w, const at::Tensor& splits,
                                   const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
                                   int64_t bias_mode, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                  double fp8_amax_epsilon) {
+                                  double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_forward";
     check_group_inputs(op, x, "x", w, splits, "w");
     check_bias(op, bias_mode, bias, probs, x);
     return run_linear_forward(op, x, weight(w), splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                              fp8_amax_epsilon);
+                              fp8_amax_epsilon, fp8_weights);
 }
 
 // dx [T, K] (rows past sum(splits) zero), dbias [G, N] (bias's dtype, f32 without one), dprobs
@@ -73,7 +75,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_linear_backward_data(
         const char* op, const at::Tensor& dy, const moex_weight& w, const at::Tensor& splits,
         const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs, int64_t bias_mode,
         bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-        double fp8_amax_epsilon) {
+        double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const int64_t T = dy.size(0), G = w.t.shape[0], N = w.t.shape[1], K = w.t.shape[2];
     at::Tensor dx = at::empty({need_dx ? T : 0, K}, dy.options());
     at::Tensor dbias = at::empty({need_dbias ? G : 0, N}, dy.options().dtype(bias ? bias->scalar_type() : at::kFloat));
@@ -92,6 +94,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_linear_backward_data(
     if (need_dprobs) a.dprobs = view(dprobs);
     a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
     Call call(dy.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.w}, &a.fp8);
     call.run(moex_grouped_linear_backward_data_workspace_size, moex_grouped_linear_backward_data, a);
     zero_tail(call, dx, splits);   // dprobs: zeros, += on the groups' rows only
     return {dx, dbias, dprobs};
@@ -100,12 +104,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> run_linear_backward_data(
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_backward_data(
         const at::Tensor& dy, const at::Tensor& w, const at::Tensor& splits, const std::optional<at::Tensor>& bias,
         const std::optional<at::Tensor>& probs, int64_t bias_mode, bool need_dx, bool need_dbias, bool need_dprobs,
-        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon,
+        const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_backward_data";
     check_group_inputs(op, dy, "dy", w, splits, "w");
     check_bias(op, bias_mode, bias, probs, dy);
     return run_linear_backward_data(op, dy, weight(w), splits, bias, probs, bias_mode, need_dx, need_dbias,
-                                    need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+                                    need_dprobs, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
 }
 
 // _linear.py's _check_wgrad: x [T, K] (a float dtype), dy [T, N] of x's dtype, splits int64 [G].
@@ -135,7 +140,7 @@ moex_grouped_linear_wgrad_args wgrad_args(const char* op, const at::Tensor& x, c
 // dw [G, N, K] of the moex dtype code dw_dtype, written.
 at::Tensor grouped_linear_backward_weight(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& splits,
                                           int64_t dw_dtype, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                          double fp8_amax_epsilon) {
+                                          double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_backward_weight";
     check_wgrad(op, x, dy, splits);
     TORCH_CHECK_VALUE(dw_dtype == MOEX_DTYPE_F32 || dw_dtype == MOEX_DTYPE_BF16 || dw_dtype == MOEX_DTYPE_F16,
@@ -150,7 +155,7 @@ at::Tensor grouped_linear_backward_weight(const at::Tensor& x, const at::Tensor&
 // main_grad [G, N, K] f32 += dy_g^T x_g.
 void grouped_linear_backward_weight_accumulate(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& splits,
                                                const at::Tensor& main_grad, int64_t fp8_mode, int64_t fp8_dtypes,
-                                               bool fp8_pow2_scales, double fp8_amax_epsilon) {
+                                               bool fp8_pow2_scales, double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_backward_weight_accumulate";
     check_wgrad(op, x, dy, splits);
     static const at::ScalarType kF32 = at::kFloat;
@@ -288,13 +293,13 @@ at::Tensor grouped_linear_discrete_forward(const at::Tensor& x, at::TensorList w
                                            const std::optional<at::Tensor>& bias,
                                            const std::optional<at::Tensor>& probs, int64_t bias_mode,
                                            int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
-                                           double fp8_amax_epsilon) {
+                                           double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_discrete_forward";
     check(op, "x", x, x.device(), kFloats, 2);
     const DiscreteWeight d = discrete_weight(op, x, weights, ptrs, ptrs_host, splits);
     check_bias(op, bias_mode, bias, probs, x);
     return run_linear_forward(op, x, d.w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
-                              fp8_amax_epsilon);
+                              fp8_amax_epsilon, fp8_weights);
 }
 
 // (dx, dbias, dprobs) = grouped_linear_backward_data with the weights `weights`.
@@ -302,13 +307,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_linear_discrete_backward_
         const at::Tensor& dy, at::TensorList weights, const at::Tensor& ptrs, const at::Tensor& ptrs_host,
         const at::Tensor& splits, const std::optional<at::Tensor>& bias, const std::optional<at::Tensor>& probs,
         int64_t bias_mode, bool need_dx, bool need_dbias, bool need_dprobs, int64_t fp8_mode, int64_t fp8_dtypes,
-        bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        bool fp8_pow2_scales, double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_linear_discrete_backward_data";
     check(op, "dy", dy, dy.device(), kFloats, 2);
     const DiscreteWeight d = discrete_weight(op, dy, weights, ptrs, ptrs_host, splits);
     check_bias(op, bias_mode, bias, probs, dy);
     return run_linear_backward_data(op, dy, d.w, splits, bias, probs, bias_mode, need_dx, need_dbias, need_dprobs,
-                                    fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
+                                    fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights);
 }
 
 // ---- grouped MLP (docs/ops.md section 4) ------------------------------------------------------
@@ -354,7 +359,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward(
         const at::Tensor& x, const at::Tensor& w1, const std::optional<at::Tensor>& b1, const at::Tensor& w2,
         const std::optional<at::Tensor>& b2, const std::optional<at::Tensor>& probs, const at::Tensor& splits,
         int64_t b2_mode, int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
-        bool save_z, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        bool save_z, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon,
+        const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_mlp_forward";
     check_mlp(op, x, w1, w2, splits, probs, b1, b2, b2_mode);
     const int64_t T = x.size(0), H = x.size(1), F2 = w1.size(1);
@@ -369,6 +375,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_mlp_forward(
     a.y = view(y);
     a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
     Call call(x.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.w1, &a.w2}, &a.fp8);
     call.run(moex_grouped_mlp_forward_workspace_size, moex_grouped_mlp_forward, a);
     zero_tail(call, y, splits);
     return {y, h, z};
@@ -383,7 +391,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
         const std::optional<at::Tensor>& b2, const std::optional<at::Tensor>& probs, const at::Tensor& splits,
         const at::Tensor& h, const at::Tensor& z, const at::Tensor& dy, int64_t b2_mode, int64_t glu_kind,
         int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset, const c10::List<bool>& needs,
-        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon,
+        const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "grouped_mlp_backward";
     check_mlp(op, x, w1, w2, splits, probs, b1, b2, b2_mode);
     const at::ScalarType x_type = x.scalar_type();
@@ -422,6 +431,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
     a.h_mode = MOEX_H_OVERWRITE;
     a.fp8 = fp8_recipe(op, fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon);
     Call call(x.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.w1, &a.w2}, &a.fp8);
     call.run(moex_grouped_mlp_backward_workspace_size, moex_grouped_mlp_backward, a);
     if (!h.is_inference()) h.unsafeGetTensorImpl()->bump_version();
     zero_tail(call, dx, splits);   // dprobs: zeros, += on the groups' rows only
@@ -476,7 +487,8 @@ std::tuple<at::Tensor, at::Tensor> moe_layer_forward(
         const at::Tensor& x, const at::Tensor& router_w, const at::Tensor& w1, const std::optional<at::Tensor>& b1,
         const at::Tensor& w2, const std::optional<at::Tensor>& b2, int64_t topk, int64_t score, int64_t norm,
         int64_t b2_mode, int64_t glu_kind, int64_t glu_layout, double glu_limit, double glu_alpha, double glu_offset,
-        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon,
+        const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "moe_layer_forward";
     check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode);
     moex_moe_layer_args a = moe_args(op, x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_layout,
@@ -485,6 +497,8 @@ std::tuple<at::Tensor, at::Tensor> moe_layer_forward(
     at::Tensor y = at::empty(x.sizes(), x.options());
     a.y = view(y);
     Call call(x.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.w1, &a.w2}, &a.fp8);
     size_t saved_bytes = 0;
     call.check_status(moex_moe_layer_saved_size(call.context(), &a, &saved_bytes));
     at::Tensor saved = at::empty({static_cast<int64_t>(saved_bytes)}, x.options().dtype(at::kByte));
@@ -501,7 +515,7 @@ std::vector<at::Tensor> moe_layer_backward(
         const at::Tensor& w2, const std::optional<at::Tensor>& b2, const at::Tensor& saved, const at::Tensor& dy,
         int64_t topk, int64_t score, int64_t norm, int64_t b2_mode, int64_t glu_kind, int64_t glu_layout,
         double glu_limit, double glu_alpha, double glu_offset, const c10::List<bool>& needs, int64_t fp8_mode,
-        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon) {
+        int64_t fp8_dtypes, bool fp8_pow2_scales, double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {
     const char* op = "moe_layer_backward";
     check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode);
     const at::ScalarType x_type = x.scalar_type();
@@ -535,7 +549,10 @@ std::vector<at::Tensor> moe_layer_backward(
     if (need[3]) a.dw2 = weight(outs[3]);
     if (need[4]) a.db1 = view(outs[4]);
     if (need[5]) a.db2 = view(outs[5]);
-    run(x.device(), moex_moe_layer_backward_workspace_size, moex_moe_layer_backward, a);
+    Call call(x.device());
+    Fp8Kept kept;
+    kept.attach(call, op, fp8_weights, {&a.fwd.w1, &a.fwd.w2}, &a.fwd.fp8);
+    call.run(moex_moe_layer_backward_workspace_size, moex_moe_layer_backward, a);
     return outs;
 }
 

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -136,6 +137,7 @@ public:
     }
 
     moex_context* context() const { return ctx_; }
+    const c10::Device& device() const { return device_; }
     void check_status(moex_status status) const;
 
 private:
@@ -148,6 +150,22 @@ private:
     moex_context* ctx_;
     std::unique_lock<std::mutex> lock_;
     at::Tensor workspace_;              // kept until the call has been enqueued (stream-ordered reuse)
+};
+
+// The FP8 copies a module keeps of its layer's weights: an operator's fp8_weights, one uint8
+// buffer on the weights' device in which each weight's two copies lie as moex_fp8_weight_layout
+// lays them out, the first weight's from the buffer's first 256-byte boundary, each next one's
+// from the first 256-byte boundary after the previous one's end (moex/torch/_fp8.py,
+// _kept_layout, makes such buffers). attach() points r->weights at them for the weights
+// `weights` (in the layer's order); nothing for an absent buffer or a recipe that is off.
+// Keep the object alive until the call has run.
+class Fp8Kept {
+public:
+    void attach(Call& call, const char* op, const std::optional<at::Tensor>& buffer,
+                std::initializer_list<const moex_weight*> weights, moex_fp8_recipe* r);
+
+private:
+    moex_fp8_weight copies_[2]{};
 };
 
 // Runs moex_<op> with `args` on the backend of `device` (Call above).

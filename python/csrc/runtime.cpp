@@ -255,6 +255,32 @@ void Call::check_status(moex_status status) const {
     if (status != MOEX_OK) throw_moex_error(status, moex_last_error(ctx_));
 }
 
+void Fp8Kept::attach(Call& call, const char* op, const std::optional<at::Tensor>& buffer,
+                     std::initializer_list<const moex_weight*> weights, moex_fp8_recipe* r) {
+    if (!buffer.has_value() || r->mode == MOEX_FP8_OFF) return;
+    const at::Tensor& b = *buffer;
+    TORCH_CHECK_VALUE(b.scalar_type() == at::kByte && b.dim() == 1 && b.is_contiguous(), "moex.", op,
+                      ": fp8_weights must be a contiguous 1-D torch.uint8 tensor, got ", dtype_name(b.scalar_type()),
+                      " ", shape_tuple(b));
+    TORCH_CHECK_VALUE(b.device() == call.device(), "moex.", op, ": fp8_weights is on ", b.device().str(),
+                      ", the weights on ", call.device().str());
+    const uintptr_t base = reinterpret_cast<uintptr_t>(b.data_ptr());
+    const uintptr_t end = base + static_cast<uintptr_t>(b.numel());
+    uintptr_t at = (base + 255) / 256 * 256;
+    size_t i = 0;
+    for (const moex_weight* w : weights) {
+        size_t bytes = 0;
+        call.check_status(moex_fp8_weight_layout(call.context(), r, w, nullptr, nullptr, &bytes));
+        TORCH_CHECK_VALUE(at + bytes <= end, "moex.", op, ": fp8_weights has ", b.numel(),
+                          " bytes, too few for the FP8 copies of the layer's weights (moex.torch keeps them)");
+        call.check_status(moex_fp8_weight_layout(call.context(), r, w, reinterpret_cast<void*>(at), &copies_[i],
+                                                 &bytes));
+        at = (at + bytes + 255) / 256 * 256;
+        ++i;
+    }
+    r->weights = copies_;
+}
+
 // The calls of one Call run one after the other on one stream (the CPU backend's synchronously),
 // so a later call may reuse an earlier call's workspace: it starts after that call has finished.
 void* Call::workspace(size_t bytes) {

@@ -5,7 +5,9 @@
 #include <torch/library.h>
 
 #define MOEX_GLU_ARGS "SymInt glu_kind, SymInt glu_layout, float glu_limit, float glu_alpha, float glu_offset"
-#define MOEX_FP8_ARGS "SymInt fp8_mode=0, SymInt fp8_dtypes=0, bool fp8_pow2_scales=False, float fp8_amax_epsilon=0."
+#define MOEX_FP8_ARGS                                                                                       \
+    "SymInt fp8_mode=0, SymInt fp8_dtypes=0, bool fp8_pow2_scales=False, float fp8_amax_epsilon=0., "        \
+    "Tensor? fp8_weights=None"
 
 TORCH_LIBRARY(moex, m) {
     // ---- grouped linear (docs/ops.md section 2)

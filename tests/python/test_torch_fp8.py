@@ -384,3 +384,76 @@ def test_cuda_graph_replays_with_new_splits(recipe):
         out_e = step()
         for a, e in zip(out_g, out_e):
             torch.testing.assert_close(a, e)
+
+
+# ---- weights quantized once (is_first_microbatch; docs/ops.md 9.11) ------------------------------
+
+def step(m, x, dy, leaves, *args, **kwargs):
+    """One forward and backward of m: y and the gradients of `leaves`."""
+    y = m(x, *args, **kwargs)
+    return [y, *torch.autograd.grad(y, leaves, dy)]
+
+
+def same(got, want, what):
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), f"{what}: output {i} differs"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["linear", "mlp", "moe"])
+@pytest.mark.parametrize("recipe", ["block", "current", "mxfp8"])
+def test_kept_weight_copies(device, kind, recipe):
+    """is_first_microbatch True / False: the module quantizes its weights once and keeps the
+    copies; every step is bitwise the step that quantizes them in the call (None). The copies are
+    read: kept copies of stale weights give the stale weights' result until a weight's version
+    moves (an optimizer's in-place step), which makes them anew; first_microbatch=True always
+    does. The operators check the buffer."""
+    dtype = torch.bfloat16
+    if kind == "linear":
+        m, x, probs, dy = linear_case(device, dtype, recipe, "e4m3")
+        leaves, args, weights = [x, m.weight, m.bias, probs], (SPLITS, probs), ("weight",)
+    elif kind == "mlp":
+        m, x, probs, dy = mlp_case(device, dtype, recipe, "e4m3")
+        leaves, args, weights = [x, m.w1, m.w2, m.b1, m.b2, probs], (SPLITS, probs), ("w1", "w2")
+    else:
+        m, x, dy = moe_case(device, dtype, recipe, "e4m3")
+        leaves, args, weights = [x, m.router_w, m.w1, m.w2, m.b1, m.b2], (), ("w1", "w2")
+    want = step(m, x, dy, leaves, *args)
+    first = step(m, x, dy, leaves, *args, is_first_microbatch=True)
+    buffer = m._fp8_kept_buffer
+    later = step(m, x, dy, leaves, *args, is_first_microbatch=False)
+    same(first, want, "first microbatch")
+    same(later, want, "a later microbatch")
+    assert m._fp8_kept_buffer is buffer, "the copies were made again for unchanged weights"
+
+    # stale copies are read: change the weights without a version bump (through .data)
+    old = [getattr(m, n).detach().clone() for n in weights]
+    for n in weights:
+        getattr(m, n).data.mul_(1.5)
+    stale = step(m, x, dy, leaves, *args, is_first_microbatch=False)
+    assert torch.equal(stale[0], want[0]), "the forward did not read the kept copies"
+    fresh = step(m, x, dy, leaves, *args, is_first_microbatch=True)
+    plain = step(m, x, dy, leaves, *args)
+    same(fresh, plain, "after first_microbatch=True")
+    assert not torch.equal(fresh[0], want[0])
+    # an optimizer-like in-place update moves the version: made anew without being asked
+    with torch.no_grad():
+        for n, o in zip(weights, old):
+            getattr(m, n).copy_(o)
+    same(step(m, x, dy, leaves, *args, is_first_microbatch=False), want, "after an in-place update")
+
+
+def test_kept_copies_buffer_checked():
+    _, x, probs, dy = linear_case("cpu", torch.float32, None, "e4m3")
+    w = 0.2 * torch.randn(4, FF, H)
+    splits = torch.tensor(SPLITS)
+    buf = _fp8._kept_quantize(fp8_args("block"), [w])
+    y = torch.ops.moex.grouped_linear_forward(x.detach(), w, splits, None, None, 0, *fp8_args("block"), buf)
+    torch.testing.assert_close(y, torch.ops.moex.grouped_linear_forward(x.detach(), w, splits, None, None, 0,
+                                                                        *fp8_args("block")), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="too few"):
+        torch.ops.moex.grouped_linear_forward(x.detach(), w, splits, None, None, 0, *fp8_args("block"), buf[:64])
+    with pytest.raises(ValueError, match="uint8"):
+        torch.ops.moex.grouped_linear_forward(x.detach(), w, splits, None, None, 0, *fp8_args("block"), buf.float())
+    # off: not read
+    torch.ops.moex.grouped_linear_forward(x.detach(), w, splits, None, None, 0, 0, 0, False, 0.0, buf[:1])

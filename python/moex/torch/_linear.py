@@ -11,7 +11,7 @@ from torch import Tensor
 from .. import _capi
 from .._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_ACCUMULATE, GRAD_WRITE
 from ._checks import _check, _check_bias, _check_group_inputs, _contiguous, _row_probs, _rows
-from ._fp8 import _FP8_OFF, Fp8, _fp8_code, _fp8_recipe
+from ._fp8 import _FP8_ARGS, _FP8_OFF, Fp8, _fp8_code, _fp8_recipe
 from ._operators import _DTYPES, _FLOATS, _TORCH_DTYPES, _args, _operator, _run, _zero_tail
 from ._splits import Splits, _splits_tensor
 
@@ -20,13 +20,13 @@ from ._splits import Splits, _splits_tensor
 
 @_operator("grouped_linear_forward", mutates_args=())
 def _forward(x: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
-             bias_mode: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
+             bias_mode: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tensor:
     _check_group_inputs("grouped_linear_forward", x, "x", w, splits)
     _check_bias("grouped_linear_forward", bias_mode, bias, probs, x, w)
     y = x.new_empty(x.shape[0], w.shape[1])
     args = _args(_capi.GroupedLinearArgs, x=x, w=w, bias_mode=bias_mode, bias=bias if bias_mode != BIAS_NONE else None,
                  probs=probs if bias_mode == BIAS_SCALED else None, splits=splits, y=y,
-                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights, (w,)))
     _run("grouped_linear_forward", args, x.device)
     return _zero_tail(y, splits)
 
@@ -39,7 +39,7 @@ def _(x, w, splits, bias, probs, bias_mode, *fp8):
 @_operator("grouped_linear_backward_data", mutates_args=())
 def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor], probs: Optional[Tensor],
                    bias_mode: int, need_dx: bool, need_dbias: bool, need_dprobs: bool,
-                   fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
+                   fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     op = "grouped_linear_backward_data"
     _check_group_inputs(op, dy, "dy", w, splits)
     _check_bias(op, bias_mode, bias, probs, dy, w)
@@ -51,7 +51,7 @@ def _backward_data(dy: Tensor, w: Tensor, splits: Tensor, bias: Optional[Tensor]
                  bias=bias if scaled and need_dprobs else None, probs=probs if scaled else None, splits=splits,
                  dx=dx if need_dx else None, dbias=dbias if need_dbias else None,
                  dprobs=dprobs if need_dprobs else None,
-                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights, (w,)))
     _run("grouped_linear_backward_data", args, dy.device)
     return _zero_tail(dx, splits), dbias, dprobs   # dprobs: zeroed above, += on the groups' rows only
 
@@ -87,7 +87,7 @@ def _wgrad_args(x, dy, splits, mode, dw, fp8: Fp8):
 
 
 @_operator("grouped_linear_backward_weight", mutates_args=())
-def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tensor:
+def _backward_weight(x: Tensor, dy: Tensor, splits: Tensor, dw_dtype: int, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tensor:
     _check_wgrad("grouped_linear_backward_weight", x, dy, splits)
     if _TORCH_DTYPES.get(dw_dtype) not in _FLOATS:
         raise ValueError(f"moex.grouped_linear_backward_weight: dw_dtype {dw_dtype} is not a float dtype code")
@@ -104,7 +104,7 @@ def _(x, dy, splits, dw_dtype, *fp8):
 
 @_operator("grouped_linear_backward_weight_accumulate", mutates_args=("main_grad",))
 def _backward_weight_accumulate(x: Tensor, dy: Tensor, splits: Tensor, main_grad: Tensor,
-                                fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> None:
+                                fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> None:
     op = "grouped_linear_backward_weight_accumulate"
     _check_wgrad(op, x, dy, splits)
     _check(op, "main_grad", main_grad, x.device, (torch.float32,), 3)
@@ -138,7 +138,7 @@ def _forward_backward(ctx, dy):
         dprobs = dprobs if need_dprobs else None
     if need_w:
         dw = _backward_weight(x, dy, splits, _DTYPES[w.dtype], *ctx.fp8)
-    return (dx, dw, None, dbias, dprobs, None) + (None,) * len(_FP8_OFF)
+    return (dx, dw, None, dbias, dprobs, None) + (None,) * _FP8_ARGS
 
 
 _forward.register_autograd(_forward_backward, setup_context=_forward_setup)

@@ -301,7 +301,11 @@ class GroupedLinear(_WeightGradOptions, _Fp8Options, torch.nn.Module):
                 if y is not None:
                     return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
             w = torch.stack(params)
-        y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad) if te else _forward(x, w, splits, b, p, mode, *self._fp8)
+        if te:
+            y = _GroupedLinearTE.apply(x, w, splits, b, p, wgrad)
+        else:
+            kept = self._fp8_kept((w,), is_first_microbatch) if self.packed else None
+            y = _forward(x, w, splits, b, p, mode, *self._fp8, kept)
         return y if inp.dim() == 2 else y.view(*inp.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

@@ -12,7 +12,7 @@ from torch import Tensor
 from .. import _capi
 from .._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_WRITE
 from ._checks import _check, _check_bias_mode, _check_group_inputs, _check_sizes, _contiguous, _row_probs, _rows
-from ._fp8 import _FP8_OFF, _Fp8Options, _fp8_code, _fp8_recipe
+from ._fp8 import _FP8_ARGS, _FP8_OFF, _Fp8Options, _fp8_code, _fp8_recipe
 from ._glu import _glu, _glu_backward, _glu_code
 from ._linear import _backward_data, _bias_grad_dtype
 from ._operators import _args, _once_differentiable, _operator, _run, _zero_tail
@@ -42,14 +42,14 @@ def _check_mlp(op: str, x: Tensor, w1: Tensor, w2: Tensor, splits: Tensor, probs
 def _mlp_forward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  probs: Optional[Tensor], splits: Tensor, b2_mode: int, glu_kind: int, glu_layout: int,
                  glu_limit: float, glu_alpha: float, glu_offset: float,
-                 save_z: bool, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor]:
+                 save_z: bool, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     _check_mlp("grouped_mlp_forward", x, w1, w2, splits, probs, b1, b2, b2_mode)
     y, h, z = _mlp_forward_outputs(x, w1, save_z)
     args = _args(_capi.GroupedMlpArgs, x=x, w1=w1, b1=b1, w2=w2, b2_mode=b2_mode,
                  b2=b2 if b2_mode != BIAS_NONE else None, probs=probs,
                  glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
                  z=z if save_z else None, y=y,
-                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights, (w1, w2)))
     _run("grouped_mlp_forward", args, x.device)
     return _zero_tail(y, splits), h, z
 
@@ -72,7 +72,7 @@ def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: O
                   probs: Optional[Tensor], splits: Tensor,
                   h: Tensor, z: Tensor, dy: Tensor, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
                   glu_alpha: float, glu_offset: float, needs: List[bool],
-                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """needs: (dx, dw1, dw2, db1, db2, dprobs); the outputs in that order, 0 rows when not needed.
     h is consumed: dh is written over it (MOEX_H_OVERWRITE), and its version counter moves, so
     that a second backward through the same graph (retain_graph) fails in autograd's check
@@ -94,7 +94,7 @@ def _mlp_backward(x: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: O
                  glu=_glu(glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset), splits=splits, h=h,
                  z=_absent_if_empty(z), dy=dy, dx=dx, dw_mode=GRAD_WRITE, dw1=dw1, dw2=dw2, db1=db1, db2=db2,
                  dprobs=dprobs, h_mode=_capi.H_OVERWRITE,
-                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon))
+                 fp8=_fp8_recipe(fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights, (w1, w2)))
     _run("grouped_mlp_backward", args, x.device)
     torch.autograd.graph.increment_version(h)
     _zero_tail(outs[0], splits)   # dx; dprobs was zeroed before moex's +=
@@ -126,14 +126,14 @@ def _mlp_setup(ctx, inputs, output):
 
 def _mlp_grads(ctx, dy, dh_unused, dz_unused):
     if dy is None:
-        return (None,) * (14 + len(_FP8_OFF))
+        return (None,) * (14 + _FP8_ARGS)
     x, w1, b1, w2, b2, probs, splits, h, z = ctx.saved_tensors
     n = ctx.needs_input_grad
     needs = [n[0], n[1], n[3], n[2] and b1 is not None, n[4] and ctx.b2_mode != BIAS_NONE, n[5] and probs is not None]
     outs = _mlp_backward(x, w1, b1, w2, b2, probs, splits, h, z, dy.contiguous(), ctx.b2_mode, *ctx.glu, needs,
                          *ctx.fp8)
     dx, dw1, dw2, db1, db2, dprobs = (o if k else None for o, k in zip(outs, needs))
-    return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * (8 + len(_FP8_OFF))
+    return (dx, dw1, db1, dw2, db2, dprobs) + (None,) * (8 + _FP8_ARGS)
 
 
 _mlp_forward.register_autograd(_mlp_grads, setup_context=_mlp_setup)
@@ -263,17 +263,18 @@ class GroupedMLP(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         x2 = _rows(owner, "x", x)
         y = _experts(self, x2, _splits_tensor(m_splits, x2.device, owner, x2.shape[0]),
                      _row_probs(owner, probs, x), self.b2_mode, self._glu, self.save_z,
-                     bool(is_first_microbatch))
+                     is_first_microbatch)
         return y if x.dim() == 2 else y.view(x.shape)
 
 
 def _experts(module, x: Tensor, splits: Tensor, probs: Optional[Tensor], b2_mode: int, glu: Tuple, save_z: bool,
-             first_microbatch: bool) -> Tensor:
+             first_microbatch: Optional[bool]) -> Tensor:
     """The grouped MLP of module's w1, b1, w2, b2 (GroupedMLP, MoELayer): moex's fused forward
     and backward, or _GroupedMLPTE with the weight-gradient options."""
     if module.fuse_wgrad_accumulation or module.delay_wgrad_compute:
         return _GroupedMLPTE.apply(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, glu,
-                                   module._wgrad_args(first_microbatch))
+                                   module._wgrad_args(bool(first_microbatch)))
+    kept = module._fp8_kept((module.w1, module.w2), first_microbatch)
     y, _, _ = _mlp_forward(x, module.w1, module.b1, module.w2, module.b2, probs, splits, b2_mode, *glu, save_z,
-                           *module._fp8)
+                           *module._fp8, kept)
     return y

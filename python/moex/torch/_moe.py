@@ -11,7 +11,7 @@ from torch import Tensor
 from .. import _capi
 from .._capi import BIAS_ADD, BIAS_NONE, BIAS_SCALED, GRAD_WRITE
 from ._checks import _check, _check_bias_mode, _check_sizes, _rows
-from ._fp8 import _FP8_OFF, Fp8, _Fp8Options, _fp8_recipe
+from ._fp8 import _FP8_ARGS, _FP8_OFF, Fp8, _Fp8Options, _fp8_recipe
 from ._glu import _glu, _glu_code
 from ._linear import _bias_grad_dtype
 from ._mlp import _experts
@@ -28,7 +28,7 @@ def _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, save
         b1=view(b1), w2=_capi.Weight(view(w2), None), b2_mode=b2_mode,
         b2=view(b2 if b2_mode != BIAS_NONE else None), glu=_glu(*glu),
         saved=None if saved is None else saved.data_ptr(), saved_bytes=0 if saved is None else saved.numel(),
-        y=view(y), fp8=_fp8_recipe(*fp8) or _capi.Fp8Recipe())
+        y=view(y), fp8=_fp8_recipe(*fp8, weights=(w1, w2)) or _capi.Fp8Recipe())
 
 
 def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
@@ -43,7 +43,7 @@ def _shape_view(t: Optional[Tensor]) -> _capi.Tensor:
 def _moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8: Fp8) -> int:
     """moex_moe_layer_saved_size from the shapes (its layout is the same on every backend, and
     the same with an FP8 recipe)."""
-    args = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, None, None, fp8,
+    args = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, None, None, fp8[:len(_FP8_OFF)],
                      view=_shape_view)
     return _capi.moe_layer_saved_size(_capi.context(_capi.BACKEND_CPU, 0), args)
 
@@ -62,10 +62,10 @@ def _check_moe(op, x, router_w, w1, b1, w2, b2, topk, b2_mode):
 @_operator("moe_layer_forward", mutates_args=())
 def _moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                  topk: int, score: int, norm: int, b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float,
-                 glu_alpha: float, glu_offset: float, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> Tuple[Tensor, Tensor]:
+                 glu_alpha: float, glu_offset: float, fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     _check_moe("moe_layer_forward", x, router_w, w1, b1, w2, b2, topk, b2_mode)
     glu = (glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset)
-    fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+    fp8 = (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights)
     saved = x.new_empty(_moe_saved_bytes(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, fp8),
                         dtype=torch.uint8)
     y = x.new_empty(x.shape)
@@ -87,7 +87,7 @@ def _(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu_kind, glu_lay
 def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor], w2: Tensor, b2: Optional[Tensor],
                   saved: Tensor, dy: Tensor, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
                   glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float, needs: List[bool],
-                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0) -> List[Tensor]:
+                  fp8_mode: int = 0, fp8_dtypes: int = 0, fp8_pow2_scales: bool = False, fp8_amax_epsilon: float = 0.0, fp8_weights: Optional[Tensor] = None) -> List[Tensor]:
     """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
     _check_moe("moe_layer_backward", x, router_w, w1, b1, w2, b2, topk, b2_mode)
     _check("moe_layer_backward", "dy", dy, x.device, (x.dtype,), 2)
@@ -99,7 +99,7 @@ def _moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor],
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
     args = _args(_capi.MoeLayerGradArgs,
                  fwd=_moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, glu, saved, None,
-                               (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)), dy=dy,
+                               (fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights)), dy=dy,
                  dx=dx, dw_mode=GRAD_WRITE, drouter_w=drw, dw1=dw1, dw2=dw2, db1=db1, db2=db2)
     _run("moe_layer_backward", args, x.device)
     return outs
@@ -135,7 +135,7 @@ def _moe_grads(ctx, dy, dsaved_unused):
     needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs, *ctx.fp8)
     dx, drw, dw1, dw2, db1, db2 = (o if k else None for o, k in zip(outs, needs))
-    return (dx, drw, dw1, db1, dw2, db2) + (None,) * (9 + len(_FP8_OFF))
+    return (dx, drw, dw1, db1, dw2, db2) + (None,) * (9 + _FP8_ARGS)
 
 
 _moe_forward.register_autograd(_moe_grads, setup_context=_moe_setup)
@@ -227,9 +227,10 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
             from ._ep import ep_moe_forward
             y = ep_moe_forward(self, x)
         elif self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
-            y = self._forward_parts(x, bool(is_first_microbatch))
+            y = self._forward_parts(x, is_first_microbatch)
         else:
-            y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8)
+            kept = self._fp8_kept((self.w1, self.w2), is_first_microbatch)
+            y, _ = _moe_forward(x, self.router_w, self.w1, self.b1, self.w2, self.b2, *self.options, *self._fp8, kept)
         return y if len(shape) == 2 else y.reshape(shape)
 
     def _apply(self, fn, *args, **kwargs):
@@ -251,7 +252,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         if self._ep is not None:
             self._ep.close()
 
-    def _forward_parts(self, x: Tensor, first_microbatch: bool) -> Tensor:
+    def _forward_parts(self, x: Tensor, first_microbatch: Optional[bool]) -> Tensor:
         """docs/ops.md 8.1 step by step, the experts through _experts."""
         topk, score, norm, b2_mode, *glu = self.options
         logits = F.linear(x.float(), self.router_w.float())   # f32 logits of the rounded inputs, as moex's

@@ -23,8 +23,11 @@ Operators (namespace moex; the math: docs/ops.md section 2):
 fp8... are the FP8 training recipe (experimental; docs/ops.md 9.11), the fields of
 moex_fp8_recipe: fp8_mode: int = 0 (0 off, 1 BLOCK, 2 CURRENT, 3 MXFP8), fp8_dtypes: int = 0
 (0 E4M3, 1 HYBRID: E5M2 gradients), fp8_pow2_scales: bool = False, fp8_amax_epsilon: float =
-0.0; the defaults are off, the plain path. With a recipe, every GEMM of the call runs on FP8
-operands, quantized inside the call; inputs, outputs and their dtypes are the plain call's.
+0.0, then fp8_weights: Optional[Tensor] = None; the defaults are off, the plain path. With a
+recipe, every GEMM of the call runs on FP8 operands, quantized inside the call, but for the
+weights' copies fp8_weights holds (a uint8 buffer of the layer's weights' copies in their order,
+as moex.torch._fp8._kept_quantize makes it: the modules' kept copies; the operators that read
+no weight ignore it); inputs, outputs and their dtypes are the plain call's.
 The modules and functions take it as fp8_recipe="block" | "current" | "mxfp8" and
 fp8_format="e4m3" | "hybrid".
 splits is an int64 [G] tensor on the data's device (rows of group g follow those of g - 1);
