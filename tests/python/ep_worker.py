@@ -280,6 +280,15 @@ def main():
             f"a layer converted to {args.dtype} after its construction differs from one made in it"
     del conv
 
+    # FP8: the local experts' kept weight copies (is_first_microbatch) give the per-call forward
+    kept = None
+    if args.fp8:
+        with torch.no_grad():
+            y0 = ep(x.detach())
+            y1, y2 = ep(x.detach(), is_first_microbatch=True), ep(x.detach(), is_first_microbatch=False)
+        if not (torch.equal(y1, y0) and torch.equal(y2, y0)):
+            kept = "the EP layer with its experts' kept FP8 weight copies differs from the per-call quantization"
+
     drw = sum(g.allgather(ep.router_w.grad.double().cpu())).to(dev)   # (pickled tensors: no numpy needed)
     refused = refusals(g, ep, ctx, x.detach(), ids, probs.detach(), handle, T, (E, H, k))
     compiled = compiled_step(ep, x.detach(), dyg[first:first + tokens[r]]) if args.compile else None
@@ -302,6 +311,8 @@ def main():
             raise AssertionError(double)
         if converted:
             raise AssertionError(converted)
+        if kept:
+            raise AssertionError(kept)
         if closed or closed_layer:
             raise AssertionError(closed or closed_layer)
         if layer_dropped[0] != layer_dropped[1]:

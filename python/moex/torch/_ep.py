@@ -236,7 +236,8 @@ class EPContext:
 
 
 def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, dropped=None, view=_view):
-    """The EP MoE layer's arguments (options: MoELayer.options, then its FP8 recipe's four)."""
+    """The EP MoE layer's arguments (options: MoELayer.options, then its FP8 recipe's four and
+    the kept copies of its weights, fp8_weights, or None)."""
     topk, score, norm, b2_mode, *rest = options
     layer = _moe_args(x, router_w, w1, b1, w2, b2, topk, score, norm, b2_mode, tuple(rest[:5]), saved, y,
                       tuple(rest[5:]), view=view)
@@ -252,7 +253,8 @@ def _ep_args(ep: EPContext, x, router_w, w1, b1, w2, b2, options, saved, y, drop
 # experts' gradients.
 
 def _ep_saved_bytes(ep, x, router_w, w1, b1, w2, b2, options) -> int:
-    return _capi.ep_moe_layer_saved_size(ep.ctx, _ep_args(ep, x, router_w, w1, b1, w2, b2, options, None, None,
+    """moex_ep_moe_layer_saved_size from the shapes (without fp8_weights: a size query reads no copy)."""
+    return _capi.ep_moe_layer_saved_size(ep.ctx, _ep_args(ep, x, router_w, w1, b1, w2, b2, options[:13], None, None,
                                                           view=_shape_view))
 
 
@@ -261,11 +263,11 @@ def _ep_moe_forward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tensor
                     b2: Optional[Tensor], ep_id: int, topk: int, score: int, norm: int, b2_mode: int, glu_kind: int,
                     glu_layout: int, glu_limit: float, glu_alpha: float, glu_offset: float, fp8_mode: int,
                     fp8_dtypes: int, fp8_pow2_scales: bool,
-                    fp8_amax_epsilon: float) -> Tuple[Tensor, Tensor, Tensor]:
+                    fp8_amax_epsilon: float, fp8_weights: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """(y, saved, dropped: [1] int64, the expert rows this rank received past max_recv_rows)."""
     ep = _ep_of(ep_id)
     options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode,
-               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights)
     if x.shape[0] > ep.max_tokens:
         raise ValueError(f"moex.torch.MoELayer: {x.shape[0]} tokens, more than the layer's ep_max_tokens "
                          f"{ep.max_tokens}")
@@ -287,11 +289,11 @@ def _ep_moe_backward(x: Tensor, router_w: Tensor, w1: Tensor, b1: Optional[Tenso
                      b2: Optional[Tensor], saved: Tensor, dy: Tensor, ep_id: int, topk: int, score: int, norm: int,
                      b2_mode: int, glu_kind: int, glu_layout: int, glu_limit: float, glu_alpha: float,
                      glu_offset: float, fp8_mode: int, fp8_dtypes: int, fp8_pow2_scales: bool,
-                     fp8_amax_epsilon: float, needs: List[bool]) -> List[Tensor]:
+                     fp8_amax_epsilon: float, fp8_weights: Optional[Tensor], needs: List[bool]) -> List[Tensor]:
     """needs: (dx, drouter_w, dw1, dw2, db1, db2); the outputs in that order, 0 rows when not needed."""
     ep = _ep_of(ep_id)
     options = (topk, score, norm, b2_mode, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset, fp8_mode,
-               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon)
+               fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights)
     outs = _moe_backward_outputs(x, router_w, w1, b1, w2, b2, needs)
     dx, drw, dw1, dw2, db1, db2 = (o if n else None for o, n in zip(outs, needs))
     fwd = _ep_args(ep, x, router_w, w1, b1, w2, b2, options, saved, None).layer
@@ -437,14 +439,16 @@ def ep_combine(ep: EPContext, yr: Tensor, handle: Tensor, tokens: int) -> Tensor
     return _EPCombine.apply(ep, yr.contiguous(), _handle_of(op, ep, handle), int(tokens))
 
 
-def ep_moe_forward(layer, x: Tensor) -> Tensor:
-    """MoELayer.forward's EP path: x [T, H] (contiguous rows) of this rank."""
+def ep_moe_forward(layer, x: Tensor, first_microbatch: Optional[bool] = None) -> Tensor:
+    """MoELayer.forward's EP path: x [T, H] (contiguous rows) of this rank; first_microbatch as
+    the layer's is_first_microbatch (its kept FP8 weight copies, _Fp8Options)."""
     if x.device != layer._ep.device:
         raise ValueError(f"moex.torch.MoELayer: x is on {x.device}, the layer's expert parallelism on "
                          f"{layer._ep.device}")
     ep = layer._ep
+    kept = layer._fp8_kept((layer.w1, layer.w2), first_microbatch)
     y, _, layer.ep_dropped = _ep_moe_forward(x, layer.router_w, layer.w1, layer.b1, layer.w2, layer.b2, ep.id,
-                                             *layer.options, *layer._fp8)
+                                             *layer.options, *layer._fp8, kept)
     return y
 
 

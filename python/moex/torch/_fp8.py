@@ -133,8 +133,8 @@ class _Fp8Options:
     caching does (the copies are made anew when a weight changed since: another tensor, shape,
     dtype or version, as an optimizer step leaves it, or another recipe); None, the default,
     quantizes them in every call. In a CUDA graph capture and under torch.compile, with the
-    weight-gradient options, for a GroupedLinear of separate weights and for an EP MoELayer, the
-    weights are quantized in the call. Outputs, gradients and main_grad keep their dtypes. The router of
+    weight-gradient options and for a GroupedLinear of separate weights, the weights are
+    quantized in the call. Outputs, gradients and main_grad keep their dtypes. The router of
     MoELayer, the GLU, the bias gradients and the routing run as without FP8. The four are
     attributes: assigning one checks it (ValueError naming the allowed values) and takes effect
     on the next forward."""

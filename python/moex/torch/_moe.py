@@ -225,7 +225,7 @@ class MoELayer(_WeightGradOptions, _Fp8Options, torch.nn.Module):
         x = _rows("torch.MoELayer", "x", x)
         if self._ep is not None:
             from ._ep import ep_moe_forward
-            y = ep_moe_forward(self, x)
+            y = ep_moe_forward(self, x, is_first_microbatch)
         elif self.fuse_wgrad_accumulation or self.delay_wgrad_compute:
             y = self._forward_parts(x, is_first_microbatch)
         else:
