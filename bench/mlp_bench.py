@@ -28,7 +28,9 @@ Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \
 --fp8 block,current,mxfp8 adds moex with that FP8 recipe (fp8_recipe=, docs/ops.md 9.11: every
 GEMM of the step on FP8 operands quantized in the step, bf16 master weights) and a table of
 its rate against moex bf16's and the relative (Frobenius) difference of its y and gradients
-from moex bf16's; --fp8-only times only moex bf16 and the FP8 recipes.
+from moex bf16's; --fp8-only times only moex bf16 and the FP8 recipes; --fp8-kept adds each
+recipe with the weights' FP8 copies kept between steps (<recipe>-kept: a GroupedMLP called with
+is_first_microbatch=False after a first call made them; docs/ops.md 9.11).
 """
 import argparse
 import json
@@ -101,8 +103,10 @@ def step_fns(d, compiled):
     return fns
 
 
-def fp8_fns(d, recipes):
-    """{fp8_<recipe>: fn} of moex's step with each FP8 recipe, and {recipe: fn} of its y."""
+def fp8_fns(d, recipes, kept=False):
+    """{fp8_<recipe>: fn} of moex's step with each FP8 recipe, and {recipe: fn} of its y; with
+    kept, also <recipe>-kept: a GroupedMLP of the same weights that keeps their FP8 copies
+    (made by a first call with is_first_microbatch=True, then reused: False)."""
     leaves = [d[k] for k in LEAVES]
 
     def run(rec):
@@ -110,7 +114,21 @@ def fp8_fns(d, recipes):
                               fp8_recipe=rec)
 
     steps = {f"fp8_{rec}": (lambda rec=rec: torch.autograd.grad(run(rec), leaves, d["dy"])) for rec in recipes}
-    return steps, {rec: (lambda rec=rec: run(rec)) for rec in recipes}
+    ys = {rec: (lambda rec=rec: run(rec)) for rec in recipes}
+    for rec in recipes if kept else ():
+        G, F2, H = d["w1"].shape
+        m = mt.GroupedMLP(G, H, F2 // 2, bias2=True, scale_b2=True, params_dtype=BF, device=d["x"].device,
+                          fp8_recipe=rec)
+        with torch.no_grad():
+            m.w1.copy_(d["w1"]), m.w2.copy_(d["w2"]), m.b2.copy_(d["b2"])
+        m(d["x"], d["splits"], d["p"], is_first_microbatch=True)   # the copies, made once
+        mleaves = [d["x"], m.w1, m.w2, m.b2, d["p"]]
+
+        def run_kept(m=m):
+            return m(d["x"], d["splits"], d["p"], is_first_microbatch=False)
+        steps[f"fp8_{rec}-kept"] = lambda f=run_kept, ml=mleaves: torch.autograd.grad(f(), ml, d["dy"])
+        ys[f"{rec}-kept"] = run_kept
+    return steps, ys
 
 
 def ys_bf16(d):
@@ -186,8 +204,11 @@ def main():
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--fp8", default="", help="FP8 recipes to time too, e.g. block,current")
     ap.add_argument("--fp8-only", action="store_true", help="time only moex bf16 and the --fp8 recipes")
+    ap.add_argument("--fp8-kept", action="store_true", help="also each --fp8 recipe with the weights' FP8 copies "
+                    "kept between steps (GroupedMLP, is_first_microbatch=False)")
     args = ap.parse_args()
     recipes = [r for r in args.fp8.split(",") if r]
+    labels = recipes + ([f"{r}-kept" for r in recipes] if args.fp8_kept else [])
     torch.manual_seed(0)
     print(json.dumps({"torch": torch.__version__, "device": torch.cuda.get_device_name()}), flush=True)
     compiled = None if args.no_compile or args.fp8_only else torch.compile(torch_mlp)
@@ -203,14 +224,14 @@ def main():
                 fns = {"moex": fns["moex"]}
             else:
                 r["rel_diff_moex_eager"] = check_same(fns)
-            steps, ys = fp8_fns(d, recipes)
+            steps, ys = fp8_fns(d, recipes, args.fp8_kept)
             fns.update(steps)
             for fname, fn in fns.items():
                 r[fname + "_peak_mb"] = round(peak_bytes(fn) / 1e6, 1)
                 r[fname] = round(flops / median_ms(fn, args.iters, SPIN) / 1e9, 1)
             if recipes:
                 y16, g16 = ys_bf16(d), fns["moex"]()
-                for rec in recipes:
+                for rec in labels:
                     r[f"fp8_{rec}_vs_bf16"] = round(r[f"fp8_{rec}"] / r["moex"], 3)
                     r[f"fp8_{rec}_diff"] = dict(y=rel_diff(ys[rec](), y16),
                                                 **{k: rel_diff(a, b) for k, a, b in zip(LEAVES, steps[f"fp8_{rec}"](),
@@ -236,12 +257,12 @@ def main():
     if recipes:
         print("\ngrouped MLP fwd+bwd in FP8 (fp8_recipe=) against moex bf16, TFLOP/s (median; 18 T H F flops); "
               "diff: relative difference of y and dx from moex bf16's; peak MB beyond inputs")
-        print(f"{'config':<11}{'splits':<9}{'recipe':<9}{'bf16':>7}{'fp8':>7}{'fp8/bf16':>9}{'diff y':>8}{'diff dx':>8}"
+        print(f"{'config':<11}{'splits':<9}{'recipe':<13}{'bf16':>7}{'fp8':>7}{'fp8/bf16':>9}{'diff y':>8}{'diff dx':>8}"
               f"{'peak bf16':>10}{'peak fp8':>9}")
         for r in rows:
-            for rec in recipes:
+            for rec in labels:
                 k = f"fp8_{rec}"
-                print(f"{r['config']:<11}{r['splits']:<9}{rec:<9}{r['moex']:>7.0f}{r[k]:>7.0f}{r[k + '_vs_bf16']:>9.3f}"
+                print(f"{r['config']:<11}{r['splits']:<9}{rec:<13}{r['moex']:>7.0f}{r[k]:>7.0f}{r[k + '_vs_bf16']:>9.3f}"
                       f"{r[k + '_diff']['y']:>8.4f}{r[k + '_diff']['x']:>8.4f}{r['moex_peak_mb']:>10.1f}"
                       f"{r[k + '_peak_mb']:>9.1f}")
     if args.fp8_only:

@@ -19,3 +19,12 @@ def test_mlp_bench_moex_functions_run_on_cpu():
         out = fn()
         out = out[0] if isinstance(out, tuple) else out
         assert torch.isfinite(out).all(), name
+
+
+def test_mlp_bench_fp8_functions_run_on_cpu():
+    """--fp8 block with --fp8-kept: the per-call and the kept-copies steps compute the same."""
+    d = mlp_bench.make_inputs(4, 64, 32, 16, "skewed", dev="cpu")
+    steps, ys = mlp_bench.fp8_fns(d, ["block"], kept=True)
+    torch.testing.assert_close(ys["block-kept"](), ys["block"](), rtol=0, atol=0)
+    for a, b in zip(steps["fp8_block-kept"](), steps["fp8_block"]()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
