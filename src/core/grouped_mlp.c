@@ -210,11 +210,15 @@ static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_mlp_args *a, c
     l.fp8 = r->mode != MOEX_FP8_OFF;
     l.groups = moex_take(&c, ops->groups_ws(ctx, d->G, d->T, NULL));
     l.x_given = l.fp8 && xq != NULL;
-    moex_fp8_take_rows(&c, r, false, d->G, d->T, d->H, d->dt, !l.x_given, false, &l.x);
+    /* FC1's copies (x, W1) are dead before FC2's (z, W2) are written (z's copy comes from z,
+     * after FC1): one region holds either set */
+    moex_carver c1 = c, c2 = c;
+    moex_fp8_take_rows(&c1, r, false, d->G, d->T, d->H, d->dt, !l.x_given, false, &l.x);
     if (l.x_given) l.x.row = *xq;
-    moex_fp8_take_weight(&c, r, 0, d->G, 2 * d->F, d->H, d->dt, true, false, &l.w1);
-    moex_fp8_take_rows(&c, r, false, d->G, d->T, d->F, d->dt, true, false, &l.zq);
-    moex_fp8_take_weight(&c, r, 1, d->G, d->H, d->F, d->dt, true, false, &l.w2);
+    moex_fp8_take_weight(&c1, r, 0, d->G, 2 * d->F, d->H, d->dt, true, false, &l.w1);
+    moex_fp8_take_rows(&c2, r, false, d->G, d->T, d->F, d->dt, true, false, &l.zq);
+    moex_fp8_take_weight(&c2, r, 1, d->G, d->H, d->F, d->dt, true, false, &l.w2);
+    c.used = moex_sz_max(c1.used, c2.used);
 
     const moex_grouped_linear_args fc1 = {
         .x = a->x, .w = a->w1, .bias_mode = moex_present(&a->b1) ? MOEX_BIAS_ADD : MOEX_BIAS_NONE, .bias = a->b1,
@@ -420,12 +424,16 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_grouped_mlp_grad_a
     bwd_layout l;
     memset(&l, 0, sizeof l);
     l.groups = moex_take(&c, ops->groups_ws(ctx, G, T, NULL));
-    moex_fp8_take_rows(&c, r, true, G, T, H, d->dt, p.need_dz, dw2, &l.q.dy);
-    moex_fp8_take_rows(&c, r, false, G, T, F, d->dt, false, dw2, &l.q.z);
-    moex_fp8_take_weight(&c, r, 1, G, H, F, d->dt, false, p.need_dz, &l.q.w2);
-    moex_fp8_take_rows(&c, r, true, G, T, 2 * F, d->dt, dx, dw1, &l.q.dh);
-    moex_fp8_take_weight(&c, r, 0, G, 2 * F, H, d->dt, false, dx, &l.q.w1);
-    moex_fp8_take_rows(&c, r, false, G, T, H, d->dt, false, dw1, &l.q.x);
+    /* the copies FC2's steps read (dy, z, W2) are dead before FC1's (dh, W1, x) are written
+     * (the GLU's backward runs between them): one region holds either set */
+    moex_carver c2 = c, c1 = c;
+    moex_fp8_take_rows(&c2, r, true, G, T, H, d->dt, p.need_dz, dw2, &l.q.dy);
+    moex_fp8_take_rows(&c2, r, false, G, T, F, d->dt, false, dw2, &l.q.z);
+    moex_fp8_take_weight(&c2, r, 1, G, H, F, d->dt, false, p.need_dz, &l.q.w2);
+    moex_fp8_take_rows(&c1, r, true, G, T, 2 * F, d->dt, dx, dw1, &l.q.dh);
+    moex_fp8_take_weight(&c1, r, 0, G, 2 * F, H, d->dt, false, dx, &l.q.w1);
+    moex_fp8_take_rows(&c1, r, false, G, T, H, d->dt, false, dw1, &l.q.x);
+    c.used = moex_sz_max(c2.used, c1.used);
     /* the dW steps share one f32 scratch (they run one after the other) */
     l.dwf = (float *)moex_take(&c, moex_sz_max(moex_gl_wgrad_scratch(&a->dw2, &d2, p.fp8),
                                                moex_gl_wgrad_scratch(&a->dw1, &d1, p.fp8)));
