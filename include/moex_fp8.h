@@ -71,7 +71,7 @@ typedef struct moex_quant_tensor {
  * grouped linear, grouped MLP and MoE layer arguments (zero-initialised: off, the GEMMs run
  * in the activation dtype). With a recipe, each GEMM quantizes its operands as it needs them
  * (moex_group_quantize, moex_weight_quantize; weights from their bf16/f16/f32 master copy on
- * every call) and runs moex_grouped_linear_fp8_*; the outputs and the gradients keep the
+ * every call, unless the caller keeps their copies: below) and runs moex_grouped_linear_fp8_*; the outputs and the gradients keep the
  * dtypes and the "=" / "+=" contracts of the plain call, and the main grads stay f32. Bias
  * gradients and dprobs are the plain call's sums; the MLP keeps h, z, dz and dh in the
  * activation dtype as the plain path does (its workspace holds dz, dh and the FP8 copies:
@@ -80,16 +80,17 @@ typedef struct moex_quant_tensor {
  * which must then be host memory: on CUDA they are MOEX_ERR_UNSUPPORTED. Every field is
  * validated, also with MOEX_FP8_OFF (which then ignores them: the plain path, bitwise; the
  * weights' copies are then not read). docs/ops.md 9.11 says which operand gets which recipe
- * and orientation.
+ * and orientation. The modes:
+ *   BLOCK    DeepSeek-V3's: 1x128 activations and gradients, 128x128 weight blocks (the
+ *            recipe to pick on Hopper)
+ *   CURRENT  current scaling, one scale per group (activations, gradients) or expert (weights)
+ *   MXFP8    1x32 blocks with E8M0 scales (correct on Hopper, not its fast recipe)
  * Weights quantized once: `weights` points to the FP8 copies of the layer's weights that the
  * caller keeps between calls (moex_fp8_weight, below), refreshed when the caller says (once
  * per optimizer step, say); a call reads a present copy instead of quantizing that weight. On
  * CUDA the array itself is host memory read during the call, the copies device memory read
  * by the kernels: a call captured in a CUDA graph reads the copies' current values at replay.
- *   BLOCK    DeepSeek-V3's: 1x128 activations and gradients, 128x128 weight blocks (the
- *            recipe to pick on Hopper)
- *   CURRENT  current scaling, one scale per group (activations, gradients) or expert (weights)
- *   MXFP8    1x32 blocks with E8M0 scales (correct on Hopper, not its fast recipe)        */
+ * The copies of a call are not in its workspace.                                            */
 typedef enum moex_fp8_mode {
     MOEX_FP8_OFF = 0,
     MOEX_FP8_BLOCK = 1,
