@@ -44,6 +44,10 @@ Expert parallelism: the variants ep_moex and ep_torch train the same model with 
 one-process run of its layer (moex, torch), whose losses it must give: f32 parity, and the final
 losses within the seed spread; the report adds the EP step's time of ep_moex against ep_torch.
 
+FP8: the variant moex_fp8 (moex's layer with fp8_recipe="block") is judged against moex's runs
+on the seed spread alone (FP8 rounds the GEMMs' operands, so no f32 parity), as issue 34's
+accuracy gate asks: FP8 training within the bf16 runs' spread.
+
 Options it does not know go to train.py. DIR gets <variant>_<dtype>_seed<S>.json (train.py
 --out), summary.json (what the table and the checks show) and loss.svg.
 """
@@ -58,17 +62,18 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-VARIANTS = ("moex", "torch", "torch_gmm", "ep_moex", "ep_torch")
+VARIANTS = ("moex", "moex_fp8", "torch", "torch_gmm", "ep_moex", "ep_torch")
 DTYPES = ("f32", "bf16")
 # (variant, its reference): the checks below judge each variant against its reference where
 # both ran; an EP variant (train_ep.py on --ep-ranks ranks) against the one-process run of the
 # same layer, whose losses it must give
-PAIRS = (("moex", "torch"), ("ep_moex", "moex"), ("ep_torch", "torch"))
+PAIRS = (("moex", "torch"), ("moex_fp8", "moex"), ("ep_moex", "moex"), ("ep_torch", "torch"))
+NO_PARITY = {"moex_fp8"}   # variants judged on the seed spread only (not the same function in f32)
 # (variant, dtype) -> colour of its curves
 COLOURS = {("moex", "f32"): "#d62728", ("moex", "bf16"): "#ff9896", ("torch", "f32"): "#1f77b4",
            ("torch", "bf16"): "#aec7e8", ("torch_gmm", "f32"): "#2ca02c", ("torch_gmm", "bf16"): "#98df8a",
            ("ep_moex", "f32"): "#9467bd", ("ep_moex", "bf16"): "#c5b0d5", ("ep_torch", "f32"): "#8c564b",
-           ("ep_torch", "bf16"): "#c49c94"}
+           ("ep_torch", "bf16"): "#c49c94", ("moex_fp8", "f32"): "#e377c2", ("moex_fp8", "bf16"): "#f7b6d2"}
 # the two-sided 99% quantile of Student's t by degrees of freedom (beyond 30: the normal's)
 T99 = {1: 63.657, 2: 9.925, 3: 5.841, 4: 4.604, 5: 4.032, 6: 3.707, 7: 3.499, 8: 3.355, 9: 3.250, 10: 3.169,
        11: 3.106, 12: 3.055, 13: 3.012, 14: 2.977, 15: 2.947, 16: 2.921, 17: 2.898, 18: 2.878, 19: 2.861,
@@ -162,7 +167,7 @@ def judge(runs, window, parity_steps, parity_rtol):
     checks = {"parity": [], "spread": []}
     for v, ref in PAIRS:
         for (w, d, seed), r in sorted(runs.items()):
-            if w == v and d == "f32" and (ref, d, seed) in runs:
+            if w == v and d == "f32" and (ref, d, seed) in runs and v not in NO_PARITY:
                 checks["parity"].append({"variant": v, "reference": ref, "seed": seed,
                                          **parity(r, runs[(ref, d, seed)], parity_steps, parity_rtol)})
         for d in DTYPES:

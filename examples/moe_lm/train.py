@@ -1,14 +1,17 @@
 """examples/moe_lm/train.py - a small Mixture-of-Experts transformer language model trained on real
-text, with one of three expert layers (--moe):
+text, with one of four expert layers (--moe):
 
   moex       moex.torch.MoELayer (router, top-k, permute, grouped SwiGLU MLP, unpermute; moex's
              operators forward and backward)
+  moex_fp8   the same with fp8_recipe="block" (docs/ops.md 9.11: the expert GEMMs, forward and
+             backward, on FP8 operands in DeepSeek-V3's 1x128 / 128x128 blocks; the weights'
+             copies quantized once per step, is_first_microbatch=True)
   torch      the same layer in plain PyTorch, written as PyTorch users write it (Megatron's
              SequentialMLP, Hugging Face Mixtral): the tokens sorted by expert, then a loop of
              F.linear over the experts
   torch_gmm  the same, with the loop replaced by torch._grouped_mm (on CUDA: bf16 on Hopper)
 
-All three compute the same function with the same parameters (router_w [E, H], w1 [E, 2F, H],
+All compute the same function (moex_fp8 up to FP8's rounding of the GEMMs' operands) with the same parameters (router_w [E, H], w1 [E, 2F, H],
 w2 [E, H, F]; docs/ops.md section 8): f32 logits x Wr^T, softmax, top-k, the k probabilities
 renormalised to sum 1; per chosen expert z = p * silu(a) * b with [a | b] = x W1^T (the
 contiguous layout of docs/ops.md section 3: a, the activated half, first), y = sum of z W2^T.
@@ -44,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 TEXT_DIR = "/usr/share/common-licenses"
-VARIANTS = ("moex", "torch", "torch_gmm")
+VARIANTS = ("moex", "moex_fp8", "torch", "torch_gmm")
 
 
 # ---- the text ----------------------------------------------------------------------------------
@@ -113,9 +116,10 @@ class TorchMoE(nn.Module):
 
 
 def make_moe(variant, num_experts, hidden, ffn, topk):
-    if variant == "moex":
-        import moex.torch as mt  # only this variant needs moex
-        return mt.MoELayer(num_experts, hidden, ffn, topk, score="softmax", renorm=True)
+    if variant in ("moex", "moex_fp8"):
+        import moex.torch as mt  # only these variants need moex
+        return mt.MoELayer(num_experts, hidden, ffn, topk, score="softmax", renorm=True,
+                           fp8_recipe="block" if variant == "moex_fp8" else None)
     return TorchMoE(num_experts, hidden, ffn, topk, grouped=variant == "torch_gmm")
 
 
@@ -145,6 +149,8 @@ class Block(nn.Module):
         self.qkv = nn.Linear(H, 3 * H, bias=False)
         self.proj = nn.Linear(H, H, bias=False)
         self.moe = make_moe(args.moe, args.experts, H, args.ffn, args.topk)
+        # FP8: the weights' copies made once per forward (docs/ops.md 9.11), read by its backward too
+        self.moe_kwargs = {"is_first_microbatch": True} if args.moe == "moex_fp8" else {}
         self.mean_fraction = None   # (train_ep.py's, over its ranks)
 
     def forward(self, x):
@@ -153,7 +159,8 @@ class Block(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(B, S, H))
         h = self.norm2(x)
-        return x + self.moe(h), load_balancing_loss(h, self.moe.router_w, self.topk, self.mean_fraction)
+        return x + self.moe(h, **self.moe_kwargs), load_balancing_loss(h, self.moe.router_w, self.topk,
+                                                                       self.mean_fraction)
 
 
 class MoELM(nn.Module):

@@ -100,6 +100,18 @@ def test_training_matches_plain_pytorch(variant):
         assert abs(a - b) <= 1e-5 * b, f"validation at step {step}: {variant} {a}, torch {b}"
 
 
+@needs_text
+def test_fp8_variant_trains_near_moex():
+    """moex_fp8 (fp8_recipe="block", the weights' copies made once per forward): the loss goes
+    down as moex's does, within FP8's rounding of it (a few percent at this size) and not equal
+    to it (the recipe ran)."""
+    got, want = run("moex_fp8"), run("moex")
+    assert len(got["train_loss"]) == 12 and got["train_loss"][-1] < got["train_loss"][0]
+    rel = [abs(a - b) / b for a, b in zip(got["train_loss"], want["train_loss"])]
+    assert max(rel) < 0.05, f"moex_fp8's loss {max(rel):.3g} from moex's (relative)"
+    assert max(rel[1:]) > 1e-6, "moex_fp8 trains exactly as moex: the FP8 recipe did not take effect"
+
+
 def _have_mpi():
     import shutil
     if shutil.which("mpirun") is None:
