@@ -137,7 +137,8 @@ moex_grouped_linear_wgrad_args wgrad_args(const char* op, const at::Tensor& x, c
     return a;
 }
 
-// dw [G, N, K] of the moex dtype code dw_dtype, written.
+// dw [G, N, K] of the moex dtype code dw_dtype, written (fp8_weights: not read, the weight
+// gradient reads no weight; here and in the accumulating form for the operators' one schema).
 at::Tensor grouped_linear_backward_weight(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& splits,
                                           int64_t dw_dtype, int64_t fp8_mode, int64_t fp8_dtypes, bool fp8_pow2_scales,
                                           double fp8_amax_epsilon, const std::optional<at::Tensor>& fp8_weights) {

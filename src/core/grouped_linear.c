@@ -2,7 +2,8 @@
  * grouped_linear.c - moex_splits_to_offsets, moex_zero_tail, a discrete weight's maps
  * (moex_weight_maps_size, moex_weight_maps_write) and the grouped linear layer:
  * validation and composition (the math: docs/ops.md 1, 2; the FP8 recipe 9.11), and the
- * grouped linear's GEMMs in either precision, which the grouped MLP's plan runs too (op.h).
+ * grouped linear's GEMMs in either precision, which the grouped MLP's plan runs too (op.h),
+ * with the FP8 weight copies a caller keeps (moex_fp8_weight_params, moex_fp8_weight_layout).
  *
  *   splits_to_offsets:  the backend's splits_to_offsets primitive
  *   zero_tail:          prepare the groups, zero_tail
@@ -667,7 +668,8 @@ moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const 
     return moex_gl_wgrad_run(ctx, c, &g, &l.gemm, l.sub);
 }
 
-/* ---- moex_weight_maps_size (moex.h): the one public call that is not an op ----------- */
+/* ---- the public calls that are not ops: moex_fp8_weight_layout (moex_fp8.h; its sibling
+ * moex_fp8_weight_params is beside params_of above) and moex_weight_maps_size (moex.h) ---- */
 
 moex_status moex_fp8_weight_layout(moex_context *ctx, const moex_fp8_recipe *recipe, const moex_weight *w,
                                    void *base, moex_fp8_weight *copies, size_t *bytes) {
