@@ -19,7 +19,7 @@
 #ifndef EP_COMM_KIND   /* (this test, not its GPU mirror: the handle's layout, to change one rank's counts) */
 #include "ep.h"
 #endif
-#include "test_util.h"
+#include "test_quant.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -357,36 +357,6 @@ static double check_near(const char *what, moex_dtype dt, const void *got, const
     return worst;
 }
 
-/* The FP8 copies of a weight w [G, N, K] that a caller keeps (moex_fp8_recipe.weights): both
- * orientations, quantized with moex_fp8_weight_params(r); bufs[4] holds their memory. */
-static moex_fp8_weight kept_copies(const moex_fp8_recipe *r, moex_tensor w, void *bufs[4]) {
-    const moex_quant_params p = moex_fp8_weight_params(r);
-    const int64_t Gw = w.shape[0], N = w.shape[1], K = w.shape[2];
-    const int64_t B = p.recipe == MOEX_QUANT_BLOCK ? 128 : p.recipe == MOEX_QUANT_MXFP8 ? 32 : 0;
-    moex_fp8_weight kw;
-    memset(&kw, 0, sizeof kw);
-    for (int o = 0; o < 2; o++) {
-        const int64_t rows = o ? K : N, cols = o ? N : K;
-        const int64_t sr = B == 128 ? (rows + 127) / 128 : rows, sc = B ? (cols + B - 1) / B : 1;
-        bufs[2 * o] = tu_zalloc((size_t)(Gw * rows * cols) + 16);
-        bufs[2 * o + 1] = tu_zalloc((size_t)(Gw * sr * sc) * 4 + 16);
-        moex_quant_tensor q = {moex_tensor_3d(bufs[2 * o], p.fp8, Gw, rows, cols),
-                               B ? moex_tensor_3d(bufs[2 * o + 1], p.recipe == MOEX_QUANT_MXFP8 ? MOEX_DTYPE_E8M0
-                                                                                                : MOEX_DTYPE_F32,
-                                                  Gw, sr, sc)
-                                 : moex_tensor_1d(bufs[2 * o + 1], MOEX_DTYPE_F32, Gw)};
-        if (o) kw.columnwise = q;
-        else kw.rowwise = q;
-    }
-    moex_weight_quantize_args a = {.w = w, .params = p, .rowwise = kw.rowwise, .columnwise = kw.columnwise};
-    size_t bytes = 0;
-    CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &a, &bytes), MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    CHECK_STATUS(ctx, moex_weight_quantize(ctx, &a, ws, bytes, NULL), MOEX_OK);
-    free(ws);
-    return kw;
-}
-
 /* fp8: the layers' recipe (mode OFF: none). With BLOCK the EP layer dispatches x's rowwise FP8
  * copy, which FC1 reads as it comes (the single-process layer quantizes the same rows alike: the
  * same forward), and keeps the dequantized rows for the backward, whose dW1 then reads their
@@ -480,8 +450,9 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
     CHECK_STATUS(ctx, moex_ep_moe_layer_backward(ctx, &eg, ws, wb, NULL), MOEX_OK);
     free(ws);
     if (fp8 != MOEX_FP8_OFF) {   /* the local experts' kept FP8 copies: bitwise the same step */
-        void *bufs[8];
-        const moex_fp8_weight kw[2] = {kept_copies(&l->fp8, l->w1.t, bufs), kept_copies(&l->fp8, l->w2.t, bufs + 4)};
+        void *bufs[2];
+        const moex_fp8_weight kw[2] = {tq_kept_copies(ctx, &l->fp8, &l->w1, bufs),
+                                       tq_kept_copies(ctx, &l->fp8, &l->w2, bufs + 1)};
         moex_ep_moe_layer_args ka = ea;
         ka.layer.fp8.weights = kw;
         void *y2 = tu_poisoned(dt, T * H), *dx2 = tu_poisoned(dt, T * H);
@@ -507,7 +478,7 @@ static void run_layer_case(int64_t Tm, int64_t H, int64_t F, int64_t E, int64_t 
         CHECK_MSG(same, "ep layer with the experts' kept FP8 copies: y, dx or a gradient is not bitwise the step "
                   "that quantizes them");
         free(y2), free(dx2), free(ka.layer.saved);
-        for (int i = 0; i < 8; i++) free(bufs[i]);
+        free(bufs[0]), free(bufs[1]);
     }
     check_near("ep layer dx", dt, dx, (char *)dxg + (size_t)(t0 * H) * es, T * H, rtol);
     double dw1_diff =

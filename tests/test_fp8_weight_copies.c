@@ -15,9 +15,9 @@
  * of the wrong shape, data of the wrong FP8 dtype, scales of the wrong shape. With
  * MOEX_FP8_OFF the copies are not read (bitwise the plain call). The copies live in one
  * buffer laid out by moex_fp8_weight_layout (its refusals: OFF, a zero dimension, a base
- * not 256-byte aligned).
+ * not 256-byte aligned, w or bytes NULL).
  */
-#include "test_util.h"
+#include "test_quant.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +36,7 @@ static const char *mode_name(moex_fp8_mode m) {
     return m == MOEX_FP8_BLOCK ? "BLOCK" : m == MOEX_FP8_CURRENT ? "CURRENT" : "MXFP8";
 }
 
-/* A weight's copies kept by the caller: a rowwise and a columnwise one of w [G, N, K] (bf16),
- * in one buffer laid out by moex_fp8_weight_layout, quantized with moex_fp8_weight_params(r). */
+/* A weight's copies kept by the caller (tq_kept_copies) of w [G, N, K] (bf16 values wb). */
 typedef struct kept {
     moex_fp8_weight fw;
     void *buf;
@@ -46,31 +45,22 @@ typedef struct kept {
 static kept kept_make(moex_context *ctx, const moex_fp8_recipe *r, const void *wb, int64_t N, int64_t K) {
     const moex_weight w = moex_weight_packed(moex_tensor_3d((void *)wb, DT, G, N, K));
     kept k;
-    memset(&k, 0, sizeof k);
-    size_t bytes = 0, again = 0;
-    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, &w, NULL, NULL, &bytes), MOEX_OK);
-    k.buf = aligned_alloc(256, (bytes + 255) / 256 * 256);
-    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, &w, k.buf, &k.fw, &again), MOEX_OK);
-    CHECK(again == bytes && k.fw.rowwise.data.ndim == 3 && k.fw.columnwise.data.shape[1] == K);
-    moex_weight_quantize_args a;
-    memset(&a, 0, sizeof a);
-    a.w = w.t, a.params = moex_fp8_weight_params(r), a.rowwise = k.fw.rowwise, a.columnwise = k.fw.columnwise;
-    CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &a, &bytes), MOEX_OK);
-    void *ws = tu_workspace(bytes);
-    CHECK_STATUS(ctx, moex_weight_quantize(ctx, &a, ws, bytes, NULL), MOEX_OK);
-    free(ws);
+    k.fw = tq_kept_copies(ctx, r, &w, &k.buf);
     return k;
 }
 
 static void kept_free(kept *k) { free(k->buf); }
 
-/* moex_fp8_weight_layout's refusals: a recipe OFF, a weight shape with a zero, a base not
- * 256-byte aligned; nothing written. */
+/* moex_fp8_weight_layout's refusals: a recipe OFF, w or bytes NULL, a weight shape with a zero,
+ * a base not 256-byte aligned; nothing written. */
 static void check_layout_refusals(moex_context *ctx) {
     const moex_fp8_recipe on = recipe_of(MOEX_FP8_BLOCK), off = {0};
     moex_weight w = moex_weight_packed(moex_tensor_3d(NULL, DT, G, 8, 8));
     size_t bytes = 7;
     CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &off, &w, NULL, NULL, &bytes), "OFF", NULL);
+    CHECK(bytes == 7);
+    CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &on, &w, NULL, NULL, NULL), "bytes is NULL", NULL);
+    CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &on, NULL, NULL, NULL, &bytes), "w is NULL", NULL);
     CHECK(bytes == 7);
     w.t.shape[1] = 0;
     CHECK_REFUSED(ctx, moex_fp8_weight_layout(ctx, &on, &w, NULL, NULL, &bytes), "[G, N, K]", NULL);

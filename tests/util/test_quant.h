@@ -1,7 +1,8 @@
 /*
  * test_quant.h - what the FP8 quantization tests share (tests/test_quantize.c,
- * tests/test_weight_quantize.c, and through them their GPU mirrors): names, bit views,
- * dtype limits, the tie and subnormal values the input flavours draw from, the epsilons.
+ * tests/test_weight_quantize.c, tests/test_fp8_weight_copies.c, tests/test_ep.c, and through
+ * them their GPU mirrors): names, bit views, dtype limits, the tie and subnormal values the
+ * input flavours draw from, the epsilons, a weight's kept FP8 copies.
  */
 #ifndef MOEX_TEST_QUANT_H
 #define MOEX_TEST_QUANT_H
@@ -11,6 +12,7 @@
 
 #include <float.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -93,6 +95,30 @@ static inline int tie_values(moex_dtype fmt, double *v) {
 static inline float pick_eps(tu_rng *r) {
     static const float e[4] = {0.3f, 0.125f, 1e-30f, 3e4f};
     return e[tu_randint(r, 4)];
+}
+
+/* A weight's FP8 copies as a caller keeps them (moex_fp8_recipe.weights): both orientations of
+ * the packed weight w [G, N, K] in one buffer laid out by moex_fp8_weight_layout (checked: the
+ * size query and the layout agree), quantized by moex_weight_quantize on ctx (a GPU mirror's
+ * where the including file redefines it) with moex_fp8_weight_params(r). *buf: the buffer, to
+ * free. */
+static inline moex_fp8_weight tq_kept_copies(moex_context *ctx, const moex_fp8_recipe *r, const moex_weight *w,
+                                             void **buf) {
+    moex_fp8_weight kw;
+    memset(&kw, 0, sizeof kw);
+    size_t bytes = 0, again = 0;
+    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, w, NULL, NULL, &bytes), MOEX_OK);
+    *buf = aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+    CHECK_STATUS(ctx, moex_fp8_weight_layout(ctx, r, w, *buf, &kw, &again), MOEX_OK);
+    CHECK(again == bytes && kw.rowwise.data.ndim == 3 && kw.columnwise.data.shape[1] == w->t.shape[2]);
+    moex_weight_quantize_args a;
+    memset(&a, 0, sizeof a);
+    a.w = w->t, a.params = moex_fp8_weight_params(r), a.rowwise = kw.rowwise, a.columnwise = kw.columnwise;
+    CHECK_STATUS(ctx, moex_weight_quantize_workspace_size(ctx, &a, &bytes), MOEX_OK);
+    void *ws = tu_workspace(bytes);
+    CHECK_STATUS(ctx, moex_weight_quantize(ctx, &a, ws, bytes, NULL), MOEX_OK);
+    free(ws);
+    return kw;
 }
 
 #endif /* MOEX_TEST_QUANT_H */
