@@ -269,12 +269,11 @@ void Fp8Kept::attach(Call& call, const char* op, const std::optional<at::Tensor>
     uintptr_t at = (base + 255) / 256 * 256;
     size_t i = 0;
     for (const moex_weight* w : weights) {
-        size_t bytes = 0;
-        call.check_status(moex_fp8_weight_layout(call.context(), r, w, nullptr, nullptr, &bytes));
-        TORCH_CHECK_VALUE(at + bytes <= end, "moex.", op, ": fp8_weights has ", b.numel(),
-                          " bytes, too few for the FP8 copies of the layer's weights (moex.torch keeps them)");
+        size_t bytes = 0;   // (the layout writes the views only: checked against the buffer after)
         call.check_status(moex_fp8_weight_layout(call.context(), r, w, reinterpret_cast<void*>(at), &copies_[i],
                                                  &bytes));
+        TORCH_CHECK_VALUE(at + bytes <= end, "moex.", op, ": fp8_weights has ", b.numel(),
+                          " bytes, too few for the FP8 copies of the layer's weights (moex.torch keeps them)");
         at = (at + bytes + 255) / 256 * 256;
         ++i;
     }

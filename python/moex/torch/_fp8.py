@@ -85,9 +85,7 @@ def _kept_layout(r: _capi.Fp8Recipe, weights: Sequence[Tensor], base: int):
         desc.t.dtype, desc.t.ndim = _DTYPES[w.dtype], 3
         for d in range(3):
             desc.t.shape[d] = w.shape[d]
-        nbytes = ctypes.c_size_t()
-        _capi.check(ctx, _capi.LIB.moex_fp8_weight_layout(ctx, ctypes.byref(r), ctypes.byref(desc), None, None,
-                                                          ctypes.byref(nbytes)))
+        nbytes = ctypes.c_size_t()   # (the layout writes the views only: the caller checks the end)
         _capi.check(ctx, _capi.LIB.moex_fp8_weight_layout(ctx, ctypes.byref(r), ctypes.byref(desc), at,
                                                           ctypes.byref(copies[i]), ctypes.byref(nbytes)))
         at = -(-(at + nbytes.value) // _KEPT_ALIGN) * _KEPT_ALIGN
