@@ -20,7 +20,7 @@
 # gemm mlp compare example c_example (default build test host example). Logs go to $OUT (the device tool's output folder) or
 # $BUILD/py_out: build.log ctest.log memcheck.log pytest.log host.log example.log summary.txt.
 # Env: BUILD (default build-py), CTEST_R (default gpu_splits), MEMCHECK_R (the tests of those run
-# under memcheck; default CTEST_R), PYTEST_K (a pytest -k
+# under memcheck, SAN_TIMEOUT seconds each at most, default 300; default CTEST_R), PYTEST_K (a pytest -k
 # expression), STRESS_PROCS (default 4) and STRESS_CALLS (default 1000), HOST_ARGS (default
 # --compare-ctypes), EXAMPLE_ARGS (extra compare.py arguments, e.g. --gpus 4 --steps 1200). The
 # example's runs stay in $BUILD/moe_lm; its summary.json, loss.svg and a tarball of the runs'
@@ -84,7 +84,7 @@ if has ctest; then
     note "ctest -L cuda -R ${CTEST_R:-gpu_splits}: rc=$? in $((SECONDS - t0)) s: $(grep -E 'tests passed' "$OUT/ctest.log")"
     : > "$OUT/memcheck.log"
     for t in $(ls "$BUILD"/libmoex/tests/cuda_test_* | grep -E "${MEMCHECK_R:-${CTEST_R:-gpu_splits}}"); do
-        compute-sanitizer --tool memcheck --error-exitcode 9 "$t" >> "$OUT/memcheck.log" 2>&1
+        timeout "${SAN_TIMEOUT:-300}" compute-sanitizer --tool memcheck --error-exitcode 9 "$t" >> "$OUT/memcheck.log" 2>&1
         note "memcheck $(basename "$t"): rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
     done
 fi

@@ -22,15 +22,16 @@
  *           four 64-row boxes so that each block is [NC / 2 rows of the first half (rows
  *           zb ...)][NC / 2 rows of the second half (F + zb ...)], one segment of length NC / 2.
  *   DGLU_*  (dgrad) FC2's backward-data of the grouped MLP with the GLU's backward: the block
- *           is dz = dy W2 [T, F], rounded to the input dtype as if stored, never stored; the
- *           thread reads h [T, 2F] at the two halves of its dz columns and writes
+ *           is dz = dy W2 [T, F], rounded to the input dtype as if stored, never stored in
+ *           global memory; it passes through the staging buffer so that each thread reads
+ *           h [T, 2F] at the two halves of 8 consecutive dz columns (16 bytes each) and writes
  *           dh = glu'(h) dz there (dh may be h itself: each element is read, then written, by
  *           one thread), and the GLU's dprobs term of its rows, summed over each 128 dz
  *           columns, to a partial [T, ceil(F / 128)] (no atomics: one writer per element).
  * Full blocks (all rows inside the group, all columns inside the output) leave through the
  * swizzled staging buffer and TMA stores, a 64-column box at a time (sm90_stage_pass); other
- * blocks through masked stores from registers (DGLU: every block, from registers). Rows past
- * the group's end are never written, nor their h read.
+ * blocks through masked stores from registers (DGLU: every block through masked 16-byte
+ * stores, sm90_epi_dglu). Rows past the group's end are never written, nor their h read.
  *
  * K-grouped (wgrad; sm90_grouped_wgrad.cu). A consumer's block is 64 dW rows by 256 columns,
  * the same fragment layout. Blocks inside [N, K] go registers -> 128-byte-swizzled staging ->
@@ -171,12 +172,12 @@ typedef struct sm90_block {
 } sm90_block;
 
 /* p of the block's two rows (1 unless the epilogue scales by probs), loaded in registers
- * while the tile is computed. */
+ * while the tile is computed (the DGLU epilogue reads its own rows' p). */
 template <int EPI>
 static __device__ __forceinline__ void sm90_epi_probs(const sm90_epi &epi, const sm90_block &k, float *pa, float *pb) {
     *pa = 1.0f;
     *pb = 1.0f;
-    if (epi.probs != NULL && (MOEX_SM90_EPI_IS_GLU(EPI) || MOEX_SM90_EPI_IS_DGLU(EPI) || epi.bias_scaled)) {
+    if (epi.probs != NULL && (MOEX_SM90_EPI_IS_GLU(EPI) || epi.bias_scaled)) {
         *pa = k.oka ? __ldg(epi.probs + k.ra) : 0.0f;
         *pb = k.okb ? __ldg(epi.probs + k.rb) : 0.0f;
     }
@@ -297,73 +298,83 @@ template <int EPI> static __device__ __forceinline__ int sm90_dglu_col(int zc) {
 }
 
 /* The DGLU epilogue of one block (see the top of this file): acc is dz of the block's rows
- * and the dz columns [ob, ob + NC); pa, pb: p of the thread's rows. dh rows past the group's
- * end and columns past F are neither read nor written. In chunks of 8 fragment columns, every
- * h pair of the chunk is loaded before any dh pair is stored (dh may be h). With epi.z, z =
- * p glu(h) of the same pairs is written too, as the forward's epilogue computes it. */
+ * and the dz columns [ob, ob + NC); p: the probs (NULL: 1). dh rows past the group's end and
+ * columns past F are neither read nor written. The block goes in passes of 128 dz columns
+ * (the 128 columns of one dprobs partial): dz, rounded to the input dtype, is written into
+ * the consumer's staging buffer (two swizzled boxes of 64 rows by 64 columns, as the TMA
+ * epilogue's), then each thread takes 8 consecutive dz columns (16 bytes) of 8 rows, so that
+ * h, dh and z move in 16-byte accesses, 16 lanes along a row. A thread's h is loaded in
+ * batches of 4 rows (what the registers hold beside the accumulators without spilling),
+ * each read before dh is written there (dh may be h:
+ * every element is read, then written, by one thread). With epi.z, z = p glu(h) of the same
+ * elements is written too, as the forward's epilogue computes it. A row's dprobs term of a
+ * pass is the sum of its 16 lanes' sums (a fixed order: deterministic). */
 template <int IS_F16, int EPI, int NC>
 static __device__ __forceinline__ void sm90_epi_dglu(const float (&acc)[NC / 2], const sm90_epi &epi, int ob,
-                                                     float pa, float pb, const sm90_block &k) {
-    constexpr int NA = NC / 2, NJ = NA / 4, CH = 8;
-    const int F = epi.F, lc0 = 2 * (k.lane % 4);
+                                                     uint8_t *stage, const sm90_block &k) {
+    constexpr int R = 4;   /* rows of a batch: a thread's rows are r0 + 8 i, i < 8, in 2 batches */
+    const int F = epi.F, cc = k.tid % 16, r0 = k.tid / 16;
     const int bstep = EPI == MOEX_SM90_EPI_DGLU_CONTIG ? F : 32;
     const int64_t ld = 2 * (int64_t)F;
-    const uint16_t *ha = epi.h + k.ra * ld, *hb = epi.h + k.rb * ld;
-    uint16_t *da = epi.dh + k.ra * ld, *db = epi.dh + k.rb * ld;
-    uint16_t *za = epi.z ? epi.z + k.ra * (int64_t)F : NULL, *zb = epi.z ? epi.z + k.rb * (int64_t)F : NULL;
-    float sa[NC / 128], sb[NC / 128];   /* the dprobs terms per 128 dz columns */
 #pragma unroll
-    for (int q = 0; q < NC / 128; q++) sa[q] = sb[q] = 0.0f;
+    for (int q = 0; q < NC / 128; q++) {
+        const int zc = ob + 128 * q + 8 * cc, c = sm90_dglu_col<EPI>(zc);
+        const bool col_in = zc < F;   /* F % 8 == 0: a chunk is all in or all out */
+        sm90_named_barrier(1 + k.c, 128);   /* the last pass's dz reads are done */
+        sm90_stage_write<IS_F16, 16>(stage, acc, [&](int jj) { return 16 * q + jj; }, k.rl, k.lane);
+        sm90_named_barrier(1 + k.c, 128);   /* the pass's dz is staged */
+#pragma unroll 1
+        for (int bt = 0; bt < 8 / R; bt++) {
+            uint4 va[R], vb[R];
+            float p[R];
 #pragma unroll
-    for (int j0 = 0; j0 < NJ; j0 += CH) {
-        uint32_t v[CH][4];   /* h pairs: row a first half, row a second, row b first, row b second */
-#pragma unroll
-        for (int jj = 0; jj < CH; jj++) {
-            const int zc = ob + 8 * (j0 + jj) + lc0, c = sm90_dglu_col<EPI>(zc);
-            const bool in = zc < F;
-            v[jj][0] = in && k.oka ? *(const uint32_t *)(ha + c) : 0u;
-            v[jj][1] = in && k.oka ? *(const uint32_t *)(ha + c + bstep) : 0u;
-            v[jj][2] = in && k.okb ? *(const uint32_t *)(hb + c) : 0u;
-            v[jj][3] = in && k.okb ? *(const uint32_t *)(hb + c + bstep) : 0u;
-        }
-#pragma unroll
-        for (int jj = 0; jj < CH; jj++) {
-            const int j = j0 + jj, zc = ob + 8 * j + lc0, c = sm90_dglu_col<EPI>(zc);
-            if (zc >= F) continue;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {   /* r = 0: row a (acc 4j, 4j+1), 1: row b */
-                const float2 a = sm90_unpack<IS_F16>(v[jj][2 * r]), b = sm90_unpack<IS_F16>(v[jj][2 * r + 1]);
-                const float p = r ? pb : pa;
-                float d_a0, d_a1, d_b0, d_b1, t0, t1;
-                moex_glu_backward(epi.glu, a.x, b.x, p, sm90_round<IS_F16>(acc[4 * j + 2 * r]), &d_a0, &d_b0, &t0);
-                moex_glu_backward(epi.glu, a.y, b.y, p, sm90_round<IS_F16>(acc[4 * j + 2 * r + 1]), &d_a1, &d_b1,
-                                  &t1);
-                if (r ? k.okb : k.oka) {
-                    uint16_t *d = r ? db : da;
-                    *(uint32_t *)(d + c) = sm90_io<IS_F16>::pack(d_a0, d_a1);
-                    *(uint32_t *)(d + c + bstep) = sm90_io<IS_F16>::pack(d_b0, d_b1);
-                    if (epi.z)
-                        *(uint32_t *)((r ? zb : za) + zc) = sm90_io<IS_F16>::pack(
-                            moex_glu_forward(epi.glu, a.x, b.x, p), moex_glu_forward(epi.glu, a.y, b.y, p));
-                }
-                if (r)
-                    sb[j / 16] += t0 + t1;
-                else
-                    sa[j / 16] += t0 + t1;
+            for (int i = 0; i < R; i++) {   /* the batch's h, all loaded before any is used */
+                const int64_t row = k.mr + r0 + 8 * (R * bt + i);
+                const bool in = col_in && row < k.row1;
+                const uint16_t *hr = epi.h + row * ld + c;
+                va[i] = in ? *(const uint4 *)hr : make_uint4(0u, 0u, 0u, 0u);
+                vb[i] = in ? *(const uint4 *)(hr + bstep) : make_uint4(0u, 0u, 0u, 0u);
+                p[i] = in && epi.probs != NULL ? __ldg(epi.probs + row) : 1.0f;
             }
-        }
-    }
-    if (epi.dp_part == NULL) return;
 #pragma unroll
-    for (int q = 0; q < NC / 128; q++) {   /* the 4 lanes of a row hold its 128 columns' terms */
-        sa[q] += __shfl_xor_sync(0xffffffffu, sa[q], 1);
-        sa[q] += __shfl_xor_sync(0xffffffffu, sa[q], 2);
-        sb[q] += __shfl_xor_sync(0xffffffffu, sb[q], 1);
-        sb[q] += __shfl_xor_sync(0xffffffffu, sb[q], 2);
-        const int slot = ob / 128 + q;
-        if (k.lane % 4 == 0 && ob + 128 * q < F) {
-            if (k.oka) epi.dp_part[k.ra * epi.dp_ld + slot] = sa[q];
-            if (k.okb) epi.dp_part[k.rb * epi.dp_ld + slot] = sb[q];
+            for (int i = 0; i < R; i++) {
+                const int r = r0 + 8 * (R * bt + i);
+                const int64_t row = k.mr + r;
+                const bool in = col_in && row < k.row1;
+                const uint4 dzv = *(const uint4 *)(stage + (cc / 8) * SM90_STAGE_HALF_BYTES + r * 128 +
+                                                   (((cc % 8) ^ (r % 8)) << 4));
+                const uint32_t *dzw = &dzv.x, *aw = &va[i].x, *bw = &vb[i].x;
+                uint4 da, db, zo;
+                uint32_t *daw = &da.x, *dbw = &db.x, *zw = &zo.x;
+                float t = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {   /* element pairs 2e, 2e + 1 */
+                    const float2 a = sm90_unpack<IS_F16>(aw[e]), b = sm90_unpack<IS_F16>(bw[e]);
+                    const float2 d = sm90_unpack<IS_F16>(dzw[e]);
+                    float da0, da1, db0, db1, t0, t1;
+                    moex_glu_backward(epi.glu, a.x, b.x, p[i], d.x, &da0, &db0, &t0);
+                    moex_glu_backward(epi.glu, a.y, b.y, p[i], d.y, &da1, &db1, &t1);
+                    daw[e] = sm90_io<IS_F16>::pack(da0, da1);
+                    dbw[e] = sm90_io<IS_F16>::pack(db0, db1);
+                    if (epi.z)
+                        zw[e] = sm90_io<IS_F16>::pack(moex_glu_forward(epi.glu, a.x, b.x, p[i]),
+                                                      moex_glu_forward(epi.glu, a.y, b.y, p[i]));
+                    t += t0 + t1;
+                }
+                t = in ? t : 0.0f;
+                if (in) {
+                    uint16_t *dr = epi.dh + row * ld + c;
+                    *(uint4 *)dr = da;
+                    *(uint4 *)(dr + bstep) = db;
+                    if (epi.z) *(uint4 *)(epi.z + row * (int64_t)F + zc) = zo;
+                }
+                if (epi.dp_part != NULL) {   /* the 16 lanes of the row (lanes 0-15 or 16-31) */
+#pragma unroll
+                    for (int o = 1; o < 16; o <<= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                    if (cc == 0 && row < k.row1 && ob + 128 * q < F)
+                        epi.dp_part[row * epi.dp_ld + ob / 128 + q] = t;
+                }
+            }
         }
     }
 }

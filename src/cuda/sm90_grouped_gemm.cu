@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             if (kb0 + steps < nk)   /* the next worker's CTA of the same rank has the rest */
                 sm90_sk_add(acc, sk_part, sk_flag, 2 * (blockIdx.x + CM) + c, c, tid);
             if (DGLU)
-                sm90_epi_dglu<IS_F16, EPI, NC>(acc, epi, cols.ob, pa, pb, k);
+                sm90_epi_dglu<IS_F16, EPI, NC>(acc, epi, cols.ob, stage, k);
             else
                 sm90_epi_rows<IS_F16, EPI_TMA, EPI, NC>(acc, epi, cols, has_bias, pa, pb, stage, &m.y, &m.z, p.y,
                                                         N, k);
