@@ -108,12 +108,17 @@ template <typename T, bool VEC>
 static __global__ void __launch_bounds__(RG_THREADS)
 row_grads_kernel(const int64_t *off, const int32_t *tiles, int G, row_grads_params p) {
     __shared__ float dot[MOEX_CUDA_BM][RG_WARPS];
+    __shared__ float prob[MOEX_CUDA_BM];   /* p of the tile's rows, loaded before the rows */
     const int64_t tile = blockIdx.x, base = (int64_t)blockIdx.y * RG_COLS;
-    if (tile >= tiles[G]) return;
+    if (tile >= tiles[G]) return;   /* uniform in the CTA */
     const int g = find_group_i32(tiles, G, tile);
     const int64_t r0 = off[g] + (tile - tiles[g]) * MOEX_CUDA_BM;
     const int rows = (int)(min(r0 + MOEX_CUDA_BM, off[g + 1]) - r0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (p.partial && p.probs) {   /* not a load per row behind the row's own loads */
+        for (int i = threadIdx.x; i < rows; i += RG_THREADS) prob[i] = p.probs[r0 + i];
+        __syncthreads();
+    }
     const T *src = (const T *)p.src + r0 * p.N;
     float b[8], cs[8];
 #pragma unroll
@@ -131,7 +136,7 @@ row_grads_kernel(const int64_t *off, const int32_t *tiles, int G, row_grads_para
         for (int u = 0; u < RG_UNROLL; u++) {
             if (i0 + u >= rows) break;   /* uniform */
             if (p.partial) {
-                const float pr = p.probs ? p.probs[r0 + i0 + u] : 1.0f;
+                const float pr = p.probs ? prob[i0 + u] : 1.0f;
 #pragma unroll
                 for (int j = 0; j < 8; j++) cs[j] += p.probs ? pr * v[u][j] : v[u][j];
             }
