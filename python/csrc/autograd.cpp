@@ -56,6 +56,20 @@ struct Edges {
 };
 bool needs_grad(AutogradContext* ctx, int64_t edge) { return edge >= 0 && ctx->needs_input_grad(edge); }
 
+// A forward keeps the edges of its leading tensor arguments, in order, in saved_data["edges"]
+// (save_edges(ctx, x, w, ...): every tensor argument up to the last differentiable one); its
+// backward's needs_grads(ctx)[i] then says whether it must compute the i-th one's gradient.
+template <class... Ts>
+void save_edges(AutogradContext* ctx, const Ts&... args) {
+    Edges e;
+    ctx->saved_data["edges"] = std::vector<int64_t>{e.add(args)...};   // in order: list-initialization
+}
+std::vector<bool> needs_grads(AutogradContext* ctx) {
+    std::vector<bool> needs;
+    for (const int64_t edge : ctx->saved_data["edges"].toIntVector()) needs.push_back(needs_grad(ctx, edge));
+    return needs;
+}
+
 // The fp8... and glu_... arguments of a forward operator, kept in saved_data for its backward.
 struct Fp8Args {
     int64_t mode, dtypes;
@@ -86,6 +100,22 @@ struct GluArgs {
         auto& d = ctx->saved_data;
         return {d["glu_kind"].toInt(), d["glu_layout"].toInt(), d["glu_limit"].toDouble(), d["glu_alpha"].toDouble(),
                 d["glu_offset"].toDouble()};
+    }
+};
+
+// The options the grouped MLP's and the MoE layer's forwards keep for their backwards: b2_mode,
+// the glu... and the fp8... arguments.
+struct MlpArgs {
+    int64_t b2_mode;
+    GluArgs glu;
+    Fp8Args fp8;
+    void save(AutogradContext* ctx) const {
+        ctx->saved_data["b2_mode"] = b2_mode;
+        glu.save(ctx);
+        fp8.save(ctx);
+    }
+    static MlpArgs load(AutogradContext* ctx) {
+        return {ctx->saved_data["b2_mode"].toInt(), GluArgs::load(ctx), Fp8Args::load(ctx)};
     }
 };
 
@@ -124,6 +154,14 @@ using DataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(const at::Tensor&
 using WeightSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t, bool,
                              double, const OptTensor&);
 
+// dW [G, N, K] of dtype w_type by moex::grouped_linear_backward_weight: the weight gradient of
+// both grouped linears below (the discrete one splits it into its G weights' gradients).
+at::Tensor weight_grad(const at::Tensor& x, const at::Tensor& dy, const at::Tensor& splits, at::ScalarType w_type,
+                       const Fp8Args& f) {
+    static const auto op = op_handle<WeightSig>("moex::grouped_linear_backward_weight");
+    return op.call(x, dy, splits, dtype_code(w_type), f.mode, f.dtypes, f.pow2_scales, f.amax_epsilon, f.weights);
+}
+
 // y = grouped_linear_forward(x, w, splits, bias, probs, bias_mode, fp8...); differentiable in x,
 // w, bias (ADD, SCALED) and probs (SCALED).
 struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFunction> {
@@ -135,12 +173,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
         at::Tensor y = op.call(x, w, splits, bias, probs, bias_mode, fp8_mode, fp8_dtypes, fp8_pow2_scales,
                                fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, w, splits, bias.value_or(at::Tensor()), probs.value_or(at::Tensor())});
-        Edges e;
-        ctx->saved_data["edge_x"] = e.add(x);
-        ctx->saved_data["edge_w"] = e.add(w);
-        e.add(splits);
-        ctx->saved_data["edge_bias"] = e.add(bias);
-        ctx->saved_data["edge_probs"] = e.add(probs);
+        save_edges(ctx, x, w, splits, bias, probs);
         ctx->saved_data["bias_mode"] = bias_mode;
         Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
         return y;
@@ -148,16 +181,16 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
 
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
         static const auto data_op = op_handle<DataSig>("moex::grouped_linear_backward_data");
-        static const auto weight_op = op_handle<WeightSig>("moex::grouped_linear_backward_weight");
         const variable_list saved = ctx->get_saved_variables();
         const at::Tensor &x = saved[0], &w = saved[1], &splits = saved[2];
         const OptTensor bias = optional(saved[3]), probs = optional(saved[4]);
         auto& d = ctx->saved_data;
         const int64_t bias_mode = d["bias_mode"].toInt();
         const Fp8Args f = Fp8Args::load(ctx);
-        const bool need_x = needs_grad(ctx, d["edge_x"].toInt()), need_w = needs_grad(ctx, d["edge_w"].toInt());
-        const bool need_dbias = needs_grad(ctx, d["edge_bias"].toInt()) && bias_mode != MOEX_BIAS_NONE;
-        const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt()) && bias_mode == MOEX_BIAS_SCALED;
+        const std::vector<bool> needs = needs_grads(ctx);   // x, w, splits, bias, probs
+        const bool need_x = needs[0], need_w = needs[1];
+        const bool need_dbias = needs[3] && bias_mode != MOEX_BIAS_NONE;
+        const bool need_dprobs = needs[4] && bias_mode == MOEX_BIAS_SCALED;
         const at::Tensor dy = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
@@ -170,9 +203,7 @@ struct GroupedLinearFunction : public torch::autograd::Function<GroupedLinearFun
             if (need_dbias) out[3] = dbias;
             if (need_dprobs) out[4] = dprobs;
         }
-        if (need_w)
-            out[1] = weight_op.call(x, dy, splits, dtype_code(w.scalar_type()), f.mode, f.dtypes, f.pow2_scales,
-                                    f.amax_epsilon, f.weights);
+        if (need_w) out[1] = weight_grad(x, dy, splits, w.scalar_type(), f);
         at::AutoGradMode restore(create_graph);
         return once_differentiable(std::move(out));
     }
@@ -202,7 +233,8 @@ using DiscreteDataSig = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
 
 // y = grouped_linear_discrete_forward(x, weights, ptrs, ptrs_host, splits, bias, probs, bias_mode, fp8...);
 // Alike in shape with GroupedLinearFunction above by design: the same steps over G weight
-// tensors instead of one (their edges, their saved copies, dW split into G gradients).
+// tensors instead of one (their edges, kept here by hand: the G weights' are a range, which
+// save_edges does not keep; their saved copies; dW split into G gradients).
 // differentiable in x, each weight (its slice of one [G, N, K] dW), bias and probs.
 struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedLinearDiscreteFunction> {
     static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, at::TensorList weights, const at::Tensor& ptrs,
@@ -233,7 +265,6 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
 
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
         static const auto data_op = op_handle<DiscreteDataSig>("moex::grouped_linear_discrete_backward_data");
-        static const auto weight_op = op_handle<WeightSig>("moex::grouped_linear_backward_weight");
         const variable_list saved = ctx->get_saved_variables();
         const at::Tensor &x = saved[0], &ptrs = saved[1], &ptrs_host = saved[2], &splits = saved[3];
         const OptTensor bias = optional(saved[4]), probs = optional(saved[5]);
@@ -261,8 +292,7 @@ struct GroupedLinearDiscreteFunction : public torch::autograd::Function<GroupedL
             if (need_dprobs) out[G + 5] = dprobs;
         }
         if (need_w) {
-            const at::Tensor dw = weight_op.call(x, dy, splits, dtype_code(weights[0].scalar_type()), f.mode,
-                                                 f.dtypes, f.pow2_scales, f.amax_epsilon, f.weights);
+            const at::Tensor dw = weight_grad(x, dy, splits, weights[0].scalar_type(), f);
             for (int64_t g = 0; g < G; ++g) out[1 + g] = dw[g];
         }
         at::AutoGradMode restore(create_graph);
@@ -313,17 +343,9 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         ctx->save_for_backward({x, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()),
                                 probs.value_or(at::Tensor()), splits, h, z});
         ctx->set_materialize_grads(false);
-        Edges e;
-        auto& d = ctx->saved_data;
-        d["edge_x"] = e.add(x);
-        d["edge_w1"] = e.add(w1);
-        d["edge_b1"] = e.add(b1);
-        d["edge_w2"] = e.add(w2);
-        d["edge_b2"] = e.add(b2);
-        d["edge_probs"] = e.add(probs);
-        d["b2_mode"] = b2_mode;
-        GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
+        save_edges(ctx, x, w1, b1, w2, b2, probs);
+        MlpArgs{b2_mode, {glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset},
+                {fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}}.save(ctx);
         return {y, h, z};
     }
 
@@ -335,25 +357,21 @@ struct GroupedMlpFunction : public torch::autograd::Function<GroupedMlpFunction>
         const at::Tensor &x = saved[0], &w1 = saved[1], &w2 = saved[3], &splits = saved[6], &h = saved[7],
                          &z = saved[8];
         const OptTensor b1 = optional(saved[2]), b2 = optional(saved[4]), probs = optional(saved[5]);
-        auto& d = ctx->saved_data;
-        const int64_t b2_mode = d["b2_mode"].toInt();
-        const GluArgs glu = GluArgs::load(ctx);
-        const Fp8Args f = Fp8Args::load(ctx);
-        const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_w1"].toInt()),
-                               needs_grad(ctx, d["edge_w2"].toInt()), needs_grad(ctx, d["edge_b1"].toInt()),
-                               needs_grad(ctx, d["edge_b2"].toInt()) && b2_mode != MOEX_BIAS_NONE,
-                               needs_grad(ctx, d["edge_probs"].toInt())};
+        const MlpArgs m = MlpArgs::load(ctx);
+        std::vector<bool> by_arg = needs_grads(ctx);   // x, w1, b1, w2, b2, probs
+        by_arg[4] = by_arg[4] && m.b2_mode != MOEX_BIAS_NONE;
+        // the operator's order: x, w1, w2, b1, b2, probs
+        const bool needs[6] = {by_arg[0], by_arg[1], by_arg[3], by_arg[2], by_arg[4], by_arg[5]};
         const at::Tensor dy = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
         auto [dx, dw1, dw2, db1, db2, dprobs] =
-                op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, b2_mode, glu.kind, glu.layout, glu.limit,
-                        glu.alpha, glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes,
-                        f.pow2_scales, f.amax_epsilon, f.weights);
+                op.call(x, w1, b1, w2, b2, probs, splits, h, z, dy, m.b2_mode, m.glu.kind, m.glu.layout,
+                        m.glu.limit, m.glu.alpha, m.glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)),
+                        m.fp8.mode, m.fp8.dtypes, m.fp8.pow2_scales, m.fp8.amax_epsilon, m.fp8.weights);
         const at::Tensor grads_by_arg[6] = {dx, dw1, db1, dw2, db2, dprobs};   // x, w1, b1, w2, b2, probs
-        const int need_index[6] = {0, 1, 3, 2, 4, 5};                          // their entries in needs
         for (int i = 0; i < 6; ++i)
-            if (needs[need_index[i]]) out[i] = grads_by_arg[i];
+            if (by_arg[i]) out[i] = grads_by_arg[i];
         at::AutoGradMode restore(create_graph);
         return once_differentiable(std::move(out));
     }
@@ -398,20 +416,13 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
                                   fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, router_w, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()), saved});
         ctx->mark_non_differentiable({saved});
-        Edges e;
+        save_edges(ctx, x, router_w, w1, b1, w2, b2);
         auto& d = ctx->saved_data;
-        d["edge_x"] = e.add(x);
-        d["edge_router_w"] = e.add(router_w);
-        d["edge_w1"] = e.add(w1);
-        d["edge_b1"] = e.add(b1);
-        d["edge_w2"] = e.add(w2);
-        d["edge_b2"] = e.add(b2);
         d["topk"] = topk;
         d["score"] = score;
         d["norm"] = norm;
-        d["b2_mode"] = b2_mode;
-        GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
-        Fp8Args{fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}.save(ctx);
+        MlpArgs{b2_mode, {glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset},
+                {fp8_mode, fp8_dtypes, fp8_pow2_scales, fp8_amax_epsilon, fp8_weights}}.save(ctx);
         return {y, saved};
     }
 
@@ -420,25 +431,24 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
         const variable_list saved = ctx->get_saved_variables();
         const OptTensor b1 = optional(saved[3]), b2 = optional(saved[5]);
         auto& d = ctx->saved_data;
-        const int64_t b2_mode = d["b2_mode"].toInt();
-        const GluArgs glu = GluArgs::load(ctx);
-        const Fp8Args f = Fp8Args::load(ctx);
-        const bool needs[6] = {needs_grad(ctx, d["edge_x"].toInt()), needs_grad(ctx, d["edge_router_w"].toInt()),
-                               needs_grad(ctx, d["edge_w1"].toInt()), needs_grad(ctx, d["edge_w2"].toInt()),
-                               needs_grad(ctx, d["edge_b1"].toInt()),
-                               needs_grad(ctx, d["edge_b2"].toInt()) && b2_mode != MOEX_BIAS_NONE};
+        const MlpArgs m = MlpArgs::load(ctx);
+        std::vector<bool> by_arg = needs_grads(ctx);   // x, router_w, w1, b1, w2, b2
+        by_arg[5] = by_arg[5] && m.b2_mode != MOEX_BIAS_NONE;
+        // the operator's order (x, router_w, w1, w2, b1, b2, as its gradients g come back): each one's argument
+        const int arg_of[6] = {0, 1, 2, 4, 3, 5};
+        bool needs[6];
+        for (int i = 0; i < 6; ++i) needs[i] = by_arg[arg_of[i]];
         const at::Tensor dy = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;
         std::vector<at::Tensor> g =
                 op.call(saved[0], saved[1], saved[2], b1, saved[4], b2, saved[6], dy, d["topk"].toInt(),
-                        d["score"].toInt(), d["norm"].toInt(), b2_mode, glu.kind, glu.layout, glu.limit, glu.alpha,
-                        glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), f.mode, f.dtypes, f.pow2_scales,
-                        f.amax_epsilon, f.weights);
+                        d["score"].toInt(), d["norm"].toInt(), m.b2_mode, m.glu.kind, m.glu.layout, m.glu.limit,
+                        m.glu.alpha, m.glu.offset, c10::List<bool>(c10::ArrayRef<bool>(needs, 6)), m.fp8.mode,
+                        m.fp8.dtypes, m.fp8.pow2_scales, m.fp8.amax_epsilon, m.fp8.weights);
         // g: dx, drouter_w, dw1, dw2, db1, db2; out: one per forward argument (x, router_w, w1, b1,
         // w2, b2, then the rest)
         variable_list out(20);
-        const int arg_of[6] = {0, 1, 2, 4, 3, 5};
         for (int i = 0; i < 6; ++i)
             if (needs[i]) out[arg_of[i]] = g[i];
         at::AutoGradMode restore(create_graph);
@@ -474,10 +484,7 @@ struct ScaledGluFunction : public torch::autograd::Function<ScaledGluFunction> {
         at::AutoDispatchBelowADInplaceOrView below_autograd;
         at::Tensor z = op.call(h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
         ctx->save_for_backward({h, probs.value_or(at::Tensor()), splits.value_or(at::Tensor())});
-        Edges e;
-        auto& d = ctx->saved_data;
-        e.add(h);
-        d["edge_probs"] = e.add(probs);
+        save_edges(ctx, h, probs);
         GluArgs{glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset}.save(ctx);
         return z;
     }
@@ -486,8 +493,7 @@ struct ScaledGluFunction : public torch::autograd::Function<ScaledGluFunction> {
         static const auto op = op_handle<GluBackwardSig>("moex::scaled_glu_backward");
         const variable_list saved = ctx->get_saved_variables();
         const OptTensor probs = optional(saved[1]), splits = optional(saved[2]);
-        auto& d = ctx->saved_data;
-        const bool need_dprobs = needs_grad(ctx, d["edge_probs"].toInt());
+        const bool need_dprobs = needs_grads(ctx)[1];   // h, probs
         const at::Tensor dz = grads[0].contiguous();
         const bool create_graph = at::GradMode::is_enabled();
         at::NoGradGuard no_grad;

@@ -568,6 +568,18 @@ void check_glu(const char* op, const at::Tensor& h, const std::optional<at::Tens
     check(op, "splits", splits, h.device(), only(kLong), 1, true);
 }
 
+// The fields the scaled GLU's forward and backward args share (A: moex_scaled_glu_args or
+// moex_scaled_glu_grad_args): the GLU's parameters, h, probs and splits.
+template <class A>
+void glu_inputs(A& a, const char* op, const at::Tensor& h, const std::optional<at::Tensor>& probs,
+                const std::optional<at::Tensor>& splits, int64_t glu_kind, int64_t glu_layout, double glu_limit,
+                double glu_alpha, double glu_offset) {
+    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
+    a.h = view(h);
+    a.probs = view(probs);
+    a.splits = view(splits);
+}
+
 // z [T, F] = p * glu(h); with splits, rows past sum(splits) zero.
 at::Tensor scaled_glu_forward(const at::Tensor& h, const std::optional<at::Tensor>& probs,
                               const std::optional<at::Tensor>& splits, int64_t glu_kind, int64_t glu_layout,
@@ -576,10 +588,7 @@ at::Tensor scaled_glu_forward(const at::Tensor& h, const std::optional<at::Tenso
     check_glu(op, h, probs, splits);
     at::Tensor z = at::empty({h.size(0), h.size(1) / 2}, h.options());
     moex_scaled_glu_args a{};
-    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
-    a.h = view(h);
-    a.probs = view(probs);
-    a.splits = view(splits);
+    glu_inputs(a, op, h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
     a.z = view(z);
     Call call(h.device());
     call.run(moex_scaled_glu_forward_workspace_size, moex_scaled_glu_forward, a);
@@ -599,10 +608,7 @@ std::tuple<at::Tensor, at::Tensor> scaled_glu_backward(const at::Tensor& h, cons
     at::Tensor dh = at::empty(h.sizes(), h.options());
     at::Tensor dprobs = at::zeros({need_dprobs ? h.size(0) : 0}, h.options().dtype(at::kFloat));   // moex adds to it
     moex_scaled_glu_grad_args a{};
-    a.glu = glu_params(op, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
-    a.h = view(h);
-    a.probs = view(probs);
-    a.splits = view(splits);
+    glu_inputs(a, op, h, probs, splits, glu_kind, glu_layout, glu_limit, glu_alpha, glu_offset);
     a.dz = view(dz);
     a.dh = view(dh);
     if (need_dprobs) a.dprobs = view(dprobs);
@@ -747,7 +753,8 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(const at::Tensor& row_map, c
     return {dx, dprobs};
 }
 
-// y [T, H]: y[t] = sum_j yp[row_map[t*k + j]].
+// y [T, H]: y[t] = sum_j yp[row_map[t*k + j]]. Alike in shape with unpermute_backward below by
+// design: one kernel per operator, each filling its own argument struct (no field in common but row_map).
 at::Tensor unpermute_forward(const at::Tensor& yp, const at::Tensor& row_map, int64_t k) {
     const char* op = "unpermute_forward";
     check(op, "yp", yp, yp.device(), kFloats, 2);

@@ -201,14 +201,23 @@ static moex_quant_tensor take_copy(moex_carver *c, const moex_quant_params *p, i
     return q;
 }
 
+/* What the two take functions below open with: *q zeroed, then its quantization (by its role)
+ * and the dims of its quantize (qdims); false with r->mode OFF (q stays all zero, nothing is
+ * carved). */
+static bool operand_of(const moex_fp8_recipe *r, bool grad, int64_t G, int64_t T, int64_t K, moex_dtype dt,
+                       bool weight, moex_fp8_operand *q) {
+    memset(q, 0, sizeof *q);
+    if (r->mode == MOEX_FP8_OFF) return false;
+    q->p = params_of(r, grad);
+    q->d = qdims(G, T, K, dt, &q->p, weight);
+    return true;
+}
+
 /* Grouped rows (docs/ops.md 9.4): rowwise data [T, K], columnwise [K, T]; GROUP scales [G],
  * block scales [T, ceil(K/B)] and [K, ceil(T/B) + G]. */
 void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int64_t G, int64_t T, int64_t K,
                         moex_dtype dt, bool row, bool col, moex_fp8_operand *q) {
-    memset(q, 0, sizeof *q);
-    if (r->mode == MOEX_FP8_OFF) return;
-    q->p = params_of(r, grad);
-    q->d = qdims(G, T, K, dt, &q->p, false);
+    if (!operand_of(r, grad, G, T, K, dt, false, q)) return;
     const bool blocks = q->d.block != 0;
     if (row) {
         const int64_t ds[2] = {T, K}, ss[2] = {blocks ? T : G, q->d.row_blocks};
@@ -225,10 +234,7 @@ void moex_fp8_take_rows(moex_carver *c, const moex_fp8_recipe *r, bool grad, int
  * of the copy). */
 void moex_fp8_take_weight(moex_carver *c, const moex_fp8_recipe *r, int which, int64_t G, int64_t N, int64_t K,
                           moex_dtype dt, bool row, bool col, moex_fp8_operand *q) {
-    memset(q, 0, sizeof *q);
-    if (r->mode == MOEX_FP8_OFF) return;
-    q->p = params_of(r, false);
-    q->d = qdims(G, N, K, dt, &q->p, true);
+    if (!operand_of(r, false, G, N, K, dt, true, q)) return;
     const moex_fp8_weight *kept = r->weights ? &r->weights[which] : NULL;
     const int64_t B = q->d.block;
     for (int k = 0; k < 2; k++) {
@@ -484,7 +490,8 @@ moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8
  * Workspace: the prepared handle (the forward's, in plain precision, carrying its GEMM's own
  * scratch where the backend wants one: groups_ws), the FP8 copies (and the f32 dW scratch)
  * the precision needs, then one region shared by the steps (they run one after the other).
- * A run: the backend's limits, the groups, then the steps. */
+ * A run: the backend's limits, the groups, then the steps. Each op's plan, validate, ws and run
+ * are its own plain definitions (op.h), on its own operands: alike in shape by design. */
 
 static bool is_fp8(const moex_fp8_recipe *r) { return r->mode != MOEX_FP8_OFF; }
 

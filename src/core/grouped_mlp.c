@@ -411,7 +411,9 @@ typedef struct bwd_layout {
 /* Plain precision: z and dz, and every step's region but dW1's, are dead before dW1 is written
  * (its step runs last). With dw_mode WRITE and a packed dW1 of enough bytes, they live in dW1's
  * memory (from its first MOEX_WS_ALIGN-aligned byte): the workspace keeps the handle, dh and
- * dW1's region. Decided from sizes, modes and presence only, as the workspace size must be. */
+ * dW1's region. Decided from sizes, modes and presence only, as the workspace size must be.
+ * It opens as fwd_plan_of does (the handle, then two sets of copies in one region): alike in
+ * shape only, each carving its own pass's operands. */
 static bwd_layout bwd_layout_of(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d,
                                 const bwd_plan *plan, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);

@@ -86,7 +86,8 @@ static saved_header header_of(const moex_moe_layer_args *a, const moex_moe_dims 
 
 /* Checks (host memory only) that `saved` holds a forward of this layer: the header, then
  * the routing it stored (ids, row_map and splits), so that no primitive can fail after a
- * write. */
+ * write. The header's two steps are alike in shape with ep.c's check_handle by design: each
+ * on its own record, with its own messages. */
 static moex_status check_saved(moex_context *ctx, const char *op, const moex_moe_layer_args *f,
                                const moex_moe_dims *d, const saved_views *v) {
     saved_header want = header_of(f, d), got;

@@ -54,6 +54,8 @@ static void *global_of(void *lib, const char *name, char *why, size_t why_len, b
 
 #define RESOLVE(field, name) MOEX_EP_RESOLVE(*t, field, name, lib, ok, sym_why, sizeof sym_why)
 
+/* The table, one RESOLVE a function: a plain list (grep finds each MPI name), alike in shape
+ * with cuda/ep_nccl_lib.c's fill by design (the loading both share is ep_dl.c's). */
 static bool fill(void *lib, const char *name, void *table_, char *why, size_t why_len) {
     moex_mpi_api *t = table_;
     memset(t, 0, sizeof *t);
