@@ -24,7 +24,8 @@ every row alike); random data.
 Usage (GPU machine): PYTHONPATH=python:bench MOEX_LIBRARY=build/libmoex.so \
     python3 bench/mlp_bench.py [--configs dsv3,...] [--splits balanced,skewed] [--iters N]
     [--no-compile] [--profile]
---profile prints, per config, the GPU time of each kernel of one moex fwd+bwd (torch.profiler).
+--profile prints, per config, the GPU time of each kernel of one moex fwd+bwd (torch.profiler);
+with --fp8-only, of each recipe's step too.
 --fp8 block,current,mxfp8 adds moex with that FP8 recipe (fp8_recipe=, docs/ops.md 9.11: every
 GEMM of the step on FP8 operands quantized in the step, bf16 master weights) and a table of
 its rate against moex bf16's and the relative (Frobenius) difference of its y and gradients
@@ -176,7 +177,7 @@ def check_same(fns):
             for k, a, b in zip(LEAVES, got, want)}
 
 
-def profile(fn, top=14):
+def profile(fn, label="moex", top=14):
     from torch.profiler import ProfilerActivity, profile as tprofile
     fn()
     torch.cuda.synchronize()
@@ -190,7 +191,7 @@ def profile(fn, top=14):
             rows.append((t, e.count, e.key))
     rows.sort(reverse=True)
     total = sum(r[0] for r in rows)
-    print(f"  kernels of one moex fwd+bwd: {total / 1e3:.3f} ms GPU")
+    print(f"  kernels of one {label} fwd+bwd: {total / 1e3:.3f} ms GPU")
     for t, n, key in rows[:top]:
         print(f"    {t / 1e3:8.3f} ms {n:>3}x  {key[:100]}")
 
@@ -238,6 +239,9 @@ def main():
                                                                                         g16)})
             if args.fp8_only:
                 print(json.dumps(r), flush=True)
+                if args.profile:
+                    for fname, fn in fns.items():
+                        profile(fn, fname)
                 rows.append(r)
                 del d, fns
                 torch.cuda.empty_cache()
