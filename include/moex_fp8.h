@@ -248,7 +248,9 @@ MOEX_API moex_status moex_weight_dequantize(moex_context *ctx, const moex_weight
  * does the backward weight of such copies with K and N multiples of 8 and T of 16 (dy.data,
  * x.data and dw 16-byte aligned); everything else (MXFP8 included: Hopper has no MX
  * instruction) runs through the dequantized operands in f32 (workspace: f32 copies of both
- * operands and, unless y is f32, of y). docs/ops.md 9.10. */
+ * operands and, unless y (dw) is f32, of y (dw)). The backward weight's sums are f32: a bf16
+ * or f16 dw (MOEX_GRAD_WRITE) gets them rounded once; empty groups give zeros (=) or leave
+ * dW_g as it was (+=). docs/ops.md 9.10. */
 typedef struct moex_grouped_linear_fp8_args {
     moex_quant_params x_params;
     moex_quant_tensor x;        /* rowwise: data [T, K], scales             in            */
@@ -268,7 +270,7 @@ typedef struct moex_grouped_linear_fp8_wgrad_args {
     moex_quant_tensor x;        /* columnwise: data [K, T], scales          in            */
     moex_tensor splits;         /* [G] I64                                  in            */
     moex_grad_mode dw_mode;
-    moex_weight dw;             /* [G, N, K] f32 (empty groups: WRITE 0)    = or +=       */
+    moex_weight dw;             /* [G, N, K] f32 (= or +=) or bf16/f16 (=)  = or +=       */
 } moex_grouped_linear_fp8_wgrad_args;
 
 MOEX_API moex_status moex_grouped_linear_fp8_forward_workspace_size(moex_context *ctx,

@@ -12,11 +12,12 @@
  * multiples of 128 or 32; rows past sum(splits) (FP8 NaN codes in the inputs; y's and dx's
  * tails poisoned and checked untouched); the backward data as the forward with dy's rowwise
  * copy and the weights' columnwise copy; the backward weight written (empty groups 0) and
- * accumulated into f32 main grads; current and block scaling at K and N multiples of 16
+ * accumulated into f32 main grads, and written into bf16 / f16 (bitwise the f32 dW rounded
+ * once); current and block scaling at K and N multiples of 16
  * with and without a bias (on Hopper: the FP8 kernels, the forward's and, with T a multiple
  * of 16, the weight gradient's, each checked to run by its workspace; several 128-deep
  * stages and tails). Refusals: recipes that do not pair, TENSOR weights, an FP8 tensor of another dtype,
- * shapes that disagree, a non-f32 dW.
+ * shapes that disagree, a 16-bit dW accumulated, a dW of another dtype.
  * tests/cuda/test_gpu_fp8_linear.c runs this file on the GPU.
  */
 #include "ref_quant.h"
@@ -150,6 +151,7 @@ typedef struct fp8_case {
     moex_dtype ydt;
     moex_bias_mode mode;
     moex_grad_mode dw_mode;
+    moex_dtype dwdt;            /* dW's dtype: f32 (the default), or bf16 / f16 (WRITE) */
 } fp8_case;
 
 static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
@@ -160,9 +162,9 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     int64_t S = 0;
     for (int64_t g = 0; g < G; g++) S += splits[g];
     char label[200];
-    snprintf(label, sizeof label, "G=%lld T=%lld S=%lld K=%lld N=%lld recipes %d/%d y %s bias %d dw %s", (long long)G,
-             (long long)T, (long long)S, (long long)K, (long long)N, (int)c->xr, (int)c->wr, dt_name(c->ydt),
-             (int)c->mode, c->dw_mode == MOEX_GRAD_ACCUMULATE ? "acc" : "write");
+    snprintf(label, sizeof label, "G=%lld T=%lld S=%lld K=%lld N=%lld recipes %d/%d y %s bias %d dw %s %s",
+             (long long)G, (long long)T, (long long)S, (long long)K, (long long)N, (int)c->xr, (int)c->wr,
+             dt_name(c->ydt), (int)c->mode, c->dw_mode == MOEX_GRAD_ACCUMULATE ? "acc" : "write", dt_name(c->dwdt));
     tu_log("case %s\n", label);
     const int failures_before = tu_failures();
 
@@ -259,6 +261,26 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     m = fp8_tol(MOEX_DTYPE_F32, S);
     snprintf(what, sizeof what, "fp8 backward weight dW [%s]", label);
     note(CHECK_CLOSE(what, MOEX_DTYPE_F32, dwb, dw, dwd, G * N * K, K, &m));
+    if (c->dwdt != MOEX_DTYPE_F32) {
+        /* a 16-bit dW (WRITE): the f32 dW above rounded once, bit for bit, and no f32 copy of
+         * dW in the workspace where the FP8 kernel runs */
+        void *dwh = tu_poisoned(c->dwdt, G * N * K);
+        wa.dw = moex_weight_packed(moex_tensor_3d(dwh, c->dwdt, G, N, K));
+        CHECK_STATUS(ctx, moex_grouped_linear_fp8_backward_weight_workspace_size(ctx, &wa, &bytes), MOEX_OK);
+#ifdef TFP8_GPU
+        CHECK_MSG(!hopper_w || bytes < (size_t)(G * N * K * 4),
+                  "fp8 backward weight into %s: %zu bytes of workspace: an f32 dW copy [%s]", dt_name(c->dwdt), bytes,
+                  label);
+#endif
+        ws = tu_workspace(bytes);
+        CHECK_STATUS(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, bytes, NULL), MOEX_OK);
+        free(ws);
+        double *f = tu_read(MOEX_DTYPE_F32, dwb, G * N * K);
+        void *want = tu_buffer(c->dwdt, f, G * N * K);
+        CHECK_MSG(memcmp(dwh, want, (size_t)(G * N * K) * 2) == 0,
+                  "fp8 backward weight into %s: not the f32 dW rounded once [%s]", dt_name(c->dwdt), label);
+        free(f), free(want), free(dwh);
+    }
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
 
     qrows_free(&xq), qrows_free(&dyq), qrows_free(&wq);
@@ -315,8 +337,12 @@ static void check_refusals(moex_context *ctx, tu_rng *r) {
     qrows dyb = quantize_rows(&bp, G, T, N, splits, w);   /* any values of T x N */
     wa.dy = qtensor(&dyb.col, &bp), wa.x = qtensor(&xb.col, &bp);
     wa.splits = base.splits;
-    wa.dw = moex_weight_packed(moex_tensor_3d(dwb, MOEX_DTYPE_BF16, G, N, K));   /* not f32 */
+    wa.dw = moex_weight_packed(moex_tensor_3d(dwb, MOEX_DTYPE_BF16, G, N, K));
+    wa.dw_mode = MOEX_GRAD_ACCUMULATE;   /* += into 16 bits */
+    CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "dw", "f32");
+    wa.dw_mode = MOEX_GRAD_WRITE, wa.dw.t.dtype = MOEX_DTYPE_I32;
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "dw", NULL);
+    wa.dw.t.dtype = MOEX_DTYPE_BF16;
     const moex_weight dw_given = wa.dw;
     memset(&wa.dw, 0, sizeof wa.dw);   /* absent */
     CHECK_REFUSED(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, sizeof ws, NULL), "dw is required", NULL);
@@ -346,7 +372,8 @@ int main(void) {
         /* one group, small odd sizes */
         const fp8_case b = {.G = 1, .T = 77, .K = 33, .N = 40, .kind = TU_SPLITS_BALANCED, .rows = 70, .xr = xr[i],
                             .wr = wr[i], .ydt = ydts[(i + 1) % 3], .mode = (moex_bias_mode)((i + 1) % 3),
-                            .dw_mode = (moex_grad_mode)!acc};
+                            .dw_mode = (moex_grad_mode)!acc,
+                            .dwdt = !acc ? MOEX_DTYPE_F32 : i < 2 ? MOEX_DTYPE_BF16 : MOEX_DTYPE_F16};
         /* G = 256, most groups empty or tiny */
         const fp8_case e = {.G = 256, .T = 304, .K = 64, .N = 48, .kind = TU_SPLITS_SKEWED, .rows = 290, .xr = xr[i],
                             .wr = wr[i], .ydt = ydts[(i + 2) % 3], .mode = (moex_bias_mode)((i + 2) % 3),
@@ -360,13 +387,13 @@ int main(void) {
     {
         const fp8_case a = {.G = 6, .T = 336, .K = 272, .N = 208, .splits = classes, .xr = MOEX_QUANT_GROUP,
                             .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16, .mode = MOEX_BIAS_ADD,
-                            .dw_mode = MOEX_GRAD_WRITE};
+                            .dw_mode = MOEX_GRAD_WRITE, .dwdt = MOEX_DTYPE_BF16};
         const fp8_case b = {.G = 6, .T = 336, .K = 1040, .N = 400, .splits = classes, .xr = MOEX_QUANT_TENSOR,
                             .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_F16, .mode = MOEX_BIAS_SCALED,
                             .dw_mode = MOEX_GRAD_ACCUMULATE};
         const fp8_case e = {.G = 3, .T = 1008, .K = 512, .N = 256, .kind = TU_SPLITS_RANDOM, .rows = 990,
                             .xr = MOEX_QUANT_GROUP, .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16,
-                            .mode = MOEX_BIAS_NONE, .dw_mode = MOEX_GRAD_WRITE};
+                            .mode = MOEX_BIAS_NONE, .dw_mode = MOEX_GRAD_WRITE, .dwdt = MOEX_DTYPE_F16};
         /* K >= 2560: 2-CTA clusters (row pairs; odd last row tiles as column pairs) */
         const fp8_case f = {.G = 3, .T = 704, .K = 2704, .N = 264, .kind = TU_SPLITS_RANDOM, .rows = 690,
                             .xr = MOEX_QUANT_GROUP, .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16,

@@ -10,13 +10,17 @@
  * backward weight:  the backend's FP8 kernels where it has them for the args
  *                   (linear_fp8_wgrad: on Hopper, current or block scaling), else
  *                   dyf [T, N], xf [T, K] = the columnwise copies dequantized (back to rows),
- *                   dW = dyf_g^T xf_g by linear_wgrad in f32
+ *                   dW = dyf_g^T xf_g by linear_wgrad in f32, into dW when it is f32, else
+ *                   into dwf [G, N, K] f32 and then weight_copy into dW (WRITE); a dW the
+ *                   FP8 kernels cannot write (discrete, 16-bit where they write f32 only)
+ *                   takes their f32 sums through dwf too (wgrad_layout)
  * Every operand value is its dequantization, so the result is the product of those values
  * up to f32 rounding: the reference the FP8 GEMM kernels keep. The groups are prepared once;
  * rows >= sum(splits) are neither read nor written (the dequantize writes rows < S only, and
  * nothing reads past them).
  *
- * Workspace: the prepared handle, the f32 operands (and yf), one region shared by the steps.
+ * Workspace: the prepared handle, the f32 operands (and yf, dwf), one region shared by the
+ * steps.
  * The two runs open alike (their layout, the groups, the backend's FP8 kernels where it has
  * them), each a plain definition of its op (op.h): their shapes repeat by design.
  *
@@ -107,12 +111,14 @@ static void fwd_calls_of(const moex_grouped_linear_fp8_args *a, const moex_fp8_d
 }
 
 /* The workspace: the handle, the f32 operands where the composition dequantizes (forward:
- * xf, wf, and yf when y is not f32; backward weight: dyf, xf; bytes 0: none), the steps'
- * region; fast: the backend's FP8 kernels run the op (no buffers). */
+ * xf, wf, and yf when y is not f32; backward weight: dyf, xf, and dwf when dW is not f32;
+ * bytes 0: none), the steps' region; fast: the backend's FP8 kernels run the op (no
+ * buffers). */
 typedef struct fp8_layout {
     void *groups, *buf[3], *sub;
     size_t total;
     bool fast;
+    bool copy;   /* backward weight: the sums go to buf[2] (dwf), then weight_copy into dW */
 } fp8_layout;
 
 static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, bool fast, const size_t bytes[3], size_t sub,
@@ -124,6 +130,7 @@ static fp8_layout layout_of(moex_context *ctx, int64_t G, int64_t T, bool fast, 
     l.sub = moex_take(&c, sub);
     l.total = c.used;
     l.fast = fast;
+    l.copy = false;
     return l;
 }
 
@@ -186,44 +193,77 @@ moex_status moex_op_grouped_linear_fp8_backward_weight_validate(moex_context *ct
     MOEX_TRY(check_pairing(ctx, op, "dy_params", a->dy_params.recipe, "x_params", a->x_params.recipe));
     MOEX_TRY(moex_check_grad_mode(ctx, op, a->dw_mode));
     if (!moex_weight_present(&a->dw)) return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dw is required", op);
-    MOEX_TRY(moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, G, N, K, MOEX_DTYPE_F32));
+    /* f32 (= or +=), or bf16 / f16 written (moex_check_dw refuses += into 16 bits) */
+    const moex_dtype half = a->dw.t.dtype == MOEX_DTYPE_F16 ? MOEX_DTYPE_F16 : MOEX_DTYPE_BF16;
+    MOEX_TRY(moex_check_dw(ctx, op, "dw", a->dw_mode, &a->dw, G, N, K, half));
     const moex_gl_dims gl = {G, T, K, N, MOEX_DTYPE_F32};
     d->gl = gl;
     return MOEX_OK;
 }
 
-/* The steps' arguments, given the f32 buffers. */
+/* The steps' arguments, given the f32 buffers; dwf: a packed f32 copy of dW, where the sums go
+ * first (use_dwf) and weight_copy rounds (or copies) them into dW. */
 typedef struct wgrad_calls {
+    moex_grouped_linear_fp8_wgrad_args fast;   /* the backend's FP8 kernels into dwf */
     moex_group_dequantize_args dy, x;
     moex_grouped_linear_wgrad_args wgrad;
+    moex_weight_copy_args copy;                /* dwf into dW */
+    moex_gl_dims copy_dims;                    /* weight_copy's: G, T = N, K */
 } wgrad_calls;
 
 static void wgrad_calls_of(const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *dyf, void *xf,
-                           wgrad_calls *c) {
+                           void *dwf, bool use_dwf, wgrad_calls *c) {
     const moex_gl_dims *g = &d->gl;
     const moex_tensor dyt = moex_tensor_2d(dyf, MOEX_DTYPE_F32, g->T, g->N);
     const moex_tensor xt = moex_tensor_2d(xf, MOEX_DTYPE_F32, g->T, g->K);
+    const moex_weight dw = use_dwf ? moex_weight_packed(moex_tensor_3d(dwf, MOEX_DTYPE_F32, g->G, g->N, g->K)) : a->dw;
+    c->fast = *a;
+    c->fast.dw = dw;
     c->dy = (moex_group_dequantize_args){.params = a->dy_params, .orientation = MOEX_QUANT_COLUMNWISE, .src = a->dy,
                                          .splits = a->splits, .y = dyt};
     c->x = (moex_group_dequantize_args){.params = a->x_params, .orientation = MOEX_QUANT_COLUMNWISE, .src = a->x,
                                         .splits = a->splits, .y = xt};
     c->wgrad = (moex_grouped_linear_wgrad_args){.x = xt, .dy = dyt, .splits = a->splits, .dw_mode = a->dw_mode,
-                                                .dw = a->dw};
+                                                .dw = dw};
+    c->copy = (moex_weight_copy_args){dw, a->dw};
+    c->copy_dims = (moex_gl_dims){g->G, g->N, g->K, 0, a->dw.t.dtype};
 }
 
+/* The backward weight's route: the backend's FP8 kernels into dW (fast); else, for a dW they
+ * cannot write (discrete, or 16-bit where they write f32 only) and WRITE, those kernels into
+ * dwf, then weight_copy (fast and copy); else the dequantized operands' f32 product, into dW
+ * when it is f32, else into dwf, then weight_copy (copy). bytes: dyf, xf, dwf. */
 static fp8_layout wgrad_layout(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
                                const moex_fp8_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);
     const moex_gl_dims *g = &d->gl;
-    const size_t fast = ops->linear_fp8_wgrad_ws ? ops->linear_fp8_wgrad_ws(ctx, a, d) : SIZE_MAX;
-    if (fast != SIZE_MAX) return layout_of(ctx, g->G, g->T, true, no_buffers, fast, ws);   /* its own kernels */
+    const size_t dwf = moex_sz_mul(moex_sz_bytes(g->G, g->N, sizeof(float)), (size_t)g->K);
     wgrad_calls c;
-    wgrad_calls_of(a, d, NULL, NULL, &c);
+    size_t fast = ops->linear_fp8_wgrad_ws ? ops->linear_fp8_wgrad_ws(ctx, a, d) : SIZE_MAX;
+    if (fast != SIZE_MAX) return layout_of(ctx, g->G, g->T, true, no_buffers, fast, ws);   /* its own kernels */
+    const bool packed_f32 = a->dw.ptrs == NULL && a->dw.t.dtype == MOEX_DTYPE_F32;
+    if (!packed_f32 && a->dw_mode == MOEX_GRAD_WRITE && ops->linear_fp8_wgrad_ws) {
+        wgrad_calls_of(a, d, NULL, NULL, NULL, true, &c);
+        fast = ops->linear_fp8_wgrad_ws(ctx, &c.fast, d);
+        if (fast != SIZE_MAX) {
+            const size_t bytes[3] = {0, 0, dwf};
+            fp8_layout l = layout_of(ctx, g->G, g->T, true, bytes,
+                                     moex_sz_max(fast, ops->weight_copy_ws(ctx, &c.copy, &c.copy_dims)), ws);
+            l.copy = true;
+            return l;
+        }
+    }
+    const bool use_dwf = a->dw.t.dtype != MOEX_DTYPE_F32;
+    wgrad_calls_of(a, d, NULL, NULL, NULL, use_dwf, &c);
     size_t sub = ops->dequantize_ws(ctx, &c.dy, &d->a);
     sub = moex_sz_max(sub, ops->dequantize_ws(ctx, &c.x, &d->b));
     sub = moex_sz_max(sub, ops->linear_wgrad_ws(ctx, &c.wgrad, g));
-    const size_t bytes[3] = {moex_sz_bytes(g->T, g->N, sizeof(float)), moex_sz_bytes(g->T, g->K, sizeof(float)), 0};
-    return layout_of(ctx, g->G, g->T, false, bytes, sub, ws);
+    if (use_dwf) sub = moex_sz_max(sub, ops->weight_copy_ws(ctx, &c.copy, &c.copy_dims));
+    const size_t bytes[3] = {moex_sz_bytes(g->T, g->N, sizeof(float)), moex_sz_bytes(g->T, g->K, sizeof(float)),
+                             use_dwf ? dwf : 0};
+    fp8_layout l = layout_of(ctx, g->G, g->T, false, bytes, sub, ws);
+    l.copy = use_dwf;
+    return l;
 }
 
 size_t moex_op_grouped_linear_fp8_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
@@ -238,10 +278,15 @@ moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, co
     const fp8_layout l = wgrad_layout(ctx, a, d, ws);
     moex_groups g;
     MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->gl.T, NULL, l.groups, &g));
-    if (l.fast) return ops->linear_fp8_wgrad(ctx, c, &g, a, d, l.sub);
+    if (l.fast && !l.copy) return ops->linear_fp8_wgrad(ctx, c, &g, a, d, l.sub);
     wgrad_calls k;
-    wgrad_calls_of(a, d, l.buf[0], l.buf[1], &k);
-    MOEX_TRY(ops->dequantize(ctx, c, &g, &k.dy, &d->a, l.sub));
-    MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->b, l.sub));
-    return ops->linear_wgrad(ctx, c, &g, &k.wgrad, &d->gl, l.sub);
+    wgrad_calls_of(a, d, l.buf[0], l.buf[1], l.buf[2], l.copy, &k);
+    if (l.fast) {
+        MOEX_TRY(ops->linear_fp8_wgrad(ctx, c, &g, &k.fast, d, l.sub));
+    } else {
+        MOEX_TRY(ops->dequantize(ctx, c, &g, &k.dy, &d->a, l.sub));
+        MOEX_TRY(ops->dequantize(ctx, c, &g, &k.x, &d->b, l.sub));
+        MOEX_TRY(ops->linear_wgrad(ctx, c, &g, &k.wgrad, &d->gl, l.sub));
+    }
+    return l.copy ? ops->weight_copy(ctx, c, &k.copy, &k.copy_dims, l.sub) : MOEX_OK;
 }

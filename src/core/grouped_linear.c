@@ -420,24 +420,18 @@ moex_status moex_gl_dgrad_run(moex_context *ctx, const moex_call *c, const moex_
     return s->dx ? moex_op_grouped_linear_fp8_forward_run(ctx, c, &s->f, &s->fd, sub) : MOEX_OK;
 }
 
-size_t moex_gl_wgrad_scratch(const moex_weight *dw, const moex_gl_dims *d, bool fp8) {
-    if (!fp8 || dw->t.dtype == MOEX_DTYPE_F32) return 0;
-    return moex_sz_mul(moex_sz_bytes(d->G, d->N, sizeof(float)), (size_t)d->K);
-}
-
 moex_gl_wgrad moex_gl_wgrad_of(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                               const moex_fp8_operand *dy, const moex_fp8_operand *x, float *dwf) {
+                               const moex_fp8_operand *dy, const moex_fp8_operand *x) {
     moex_gl_wgrad s;
     memset(&s, 0, sizeof s);
     s.a = *a, s.d = *d;
     s.fp8 = dy != NULL;
     if (!s.fp8) return s;
-    s.cast = a->dw.t.dtype != MOEX_DTYPE_F32;   /* validated: WRITE */
     s.f.dy_params = dy->p, s.f.dy = dy->col;
     s.f.x_params = x->p, s.f.x = x->col;
     s.f.splits = a->splits;
-    s.f.dw_mode = s.cast ? MOEX_GRAD_WRITE : a->dw_mode;
-    s.f.dw = s.cast ? moex_weight_packed(moex_tensor_3d(dwf, MOEX_DTYPE_F32, d->G, d->N, d->K)) : a->dw;
+    s.f.dw_mode = a->dw_mode;
+    s.f.dw = a->dw;
     const moex_gl_dims gl = {d->G, d->T, d->K, d->N, MOEX_DTYPE_F32};
     s.fd.gl = gl;
     s.fd.a = qdims(d->G, d->T, d->N, MOEX_DTYPE_F32, &dy->p, false);
@@ -445,33 +439,15 @@ moex_gl_wgrad moex_gl_wgrad_of(const moex_grouped_linear_wgrad_args *a, const mo
     return s;
 }
 
-/* The rounding of the f32 scratch into dW: weight_copy's args and dims (G, T = N, K). */
-static moex_weight_copy_args wgrad_cast_of(const moex_gl_wgrad *s, moex_gl_dims *d) {
-    const moex_gl_dims wd = {s->d.G, s->d.N, s->d.K, 0, s->a.dw.t.dtype};
-    *d = wd;
-    const moex_weight_copy_args cp = {s->f.dw, s->a.dw};
-    return cp;
-}
-
 size_t moex_gl_wgrad_ws(moex_context *ctx, const moex_gl_wgrad *s) {
     if (!s->fp8) return moex_ops(ctx)->linear_wgrad_ws(ctx, &s->a, &s->d);
-    size_t ws = moex_op_grouped_linear_fp8_backward_weight_ws(ctx, &s->f, &s->fd);
-    if (s->cast) {
-        moex_gl_dims d;
-        const moex_weight_copy_args cp = wgrad_cast_of(s, &d);
-        ws = moex_sz_max(ws, moex_ops(ctx)->weight_copy_ws(ctx, &cp, &d));
-    }
-    return ws;
+    return moex_op_grouped_linear_fp8_backward_weight_ws(ctx, &s->f, &s->fd);
 }
 
 moex_status moex_gl_wgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_wgrad *s,
                               void *sub) {
     if (!s->fp8) return moex_ops(ctx)->linear_wgrad(ctx, c, g, &s->a, &s->d, sub);
-    MOEX_TRY(moex_op_grouped_linear_fp8_backward_weight_run(ctx, c, &s->f, &s->fd, sub));
-    if (!s->cast) return MOEX_OK;
-    moex_gl_dims d;
-    const moex_weight_copy_args cp = wgrad_cast_of(s, &d);
-    return moex_ops(ctx)->weight_copy(ctx, c, &cp, &d, sub);
+    return moex_op_grouped_linear_fp8_backward_weight_run(ctx, c, &s->f, &s->fd, sub);
 }
 
 /* ---- validation shared with the grouped MLP and the MoE layer --------------------------- */
@@ -636,8 +612,7 @@ static wgrad_plan wgrad_plan_of(moex_context *ctx, const moex_grouped_linear_wgr
     l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
     moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, false, true, &l.dy);
     moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, false, true, &l.x);
-    float *dwf = (float *)moex_take(&c, moex_gl_wgrad_scratch(&a->dw, d, fp8));
-    l.gemm = moex_gl_wgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.x : NULL, dwf);
+    l.gemm = moex_gl_wgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.x : NULL);
     size_t sub = moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy);
     sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x));
     sub = moex_sz_max(sub, moex_gl_wgrad_ws(ctx, &l.gemm));

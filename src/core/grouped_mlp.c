@@ -336,7 +336,7 @@ typedef struct bwd_calls {
 } bwd_calls;
 
 static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, const bwd_plan *p,
-                         const bwd_copies *q, void *z, void *dz, void *dh, float *dwf, bwd_calls *c) {
+                         const bwd_copies *q, void *z, void *dz, void *dh, bwd_calls *c) {
     const moex_tensor zt = moex_present(&a->z) ? a->z : act_2d(z, d, d->F);
     const moex_tensor dzt = p->need_dz ? act_2d(dz, d, d->F) : absent_tensor;
     const moex_tensor dht = p->need_dh ? act_2d(dh, d, 2 * d->F) : absent_tensor;
@@ -354,7 +354,7 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
     c->fc2_dgrad = moex_gl_dgrad_of(&fc2_dgrad, &d2, fp8 ? &q->dy : NULL, fp8 ? &q->w2 : NULL);
     const moex_grouped_linear_wgrad_args fc2_wgrad = {
         .x = zt, .dy = a->dy, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw2};
-    c->fc2_wgrad = moex_gl_wgrad_of(&fc2_wgrad, &d2, fp8 ? &q->dy : NULL, fp8 ? &q->z : NULL, dwf);
+    c->fc2_wgrad = moex_gl_wgrad_of(&fc2_wgrad, &d2, fp8 ? &q->dy : NULL, fp8 ? &q->z : NULL);
     c->glu_bwd = (moex_scaled_glu_grad_args){.glu = a->glu, .h = a->h, .probs = a->probs, .splits = a->splits,
                                              .dz = dzt, .dh = dht, .dprobs = a->dprobs};
     c->fc2_glu = (moex_fc2_glu_grad_args){.fc2 = fc2_dgrad, .glu = a->glu, .h = a->h, .probs = a->probs,
@@ -368,7 +368,7 @@ static void bwd_calls_of(const moex_grouped_mlp_grad_args *a, const moex_mlp_dim
     c->fc1_dgrad = moex_gl_dgrad_of(&fc1_dgrad, &d1, fp8 ? &q->dh : NULL, fp8 ? &q->w1 : NULL);
     const moex_grouped_linear_wgrad_args fc1_wgrad = {
         .x = a->x, .dy = dht, .splits = a->splits, .dw_mode = a->dw_mode, .dw = a->dw1};
-    c->fc1_wgrad = moex_gl_wgrad_of(&fc1_wgrad, &d1, fp8 ? &q->dh : NULL, fp8 ? &q->x : NULL, dwf);
+    c->fc1_wgrad = moex_gl_wgrad_of(&fc1_wgrad, &d1, fp8 ? &q->dh : NULL, fp8 ? &q->x : NULL);
 }
 
 static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d) {
@@ -388,21 +388,20 @@ static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args 
     const moex_backend_ops *ops = moex_ops(ctx);
     if (!p.fp8 && p.need_dh && ops->fc2_glu_grad) {
         bwd_calls c;
-        bwd_calls_of(a, d, &p, NULL, NULL, NULL, NULL, NULL, &c);
+        bwd_calls_of(a, d, &p, NULL, NULL, NULL, NULL, &c);
         const moex_gl_dims d2 = fc2_dims(d);
         p.fused = ops->fc2_glu_grad_ws(ctx, &c.fc2_glu, &d2) != SIZE_MAX;
     }
     return p;
 }
 
-/* The backward's workspace: the handle, the FP8 copies and the f32 dW scratch (FP8), z, dz and
+/* The backward's workspace: the handle, the FP8 copies (FP8), z, dz and
  * dh where they are needed and not elsewhere (bytes 0: not taken, NULL), the steps' shared
  * region (sub; the dW1 step has its own, sub_dw1, which is sub unless the others live in dW1's
  * memory: bwd_layout_of). */
 typedef struct bwd_layout {
     void *groups;
     bwd_copies q;
-    float *dwf;
     void *buf[3];               /* z, dz, dh */
     void *sub, *sub_dw1;
     size_t total;
@@ -421,7 +420,7 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_grouped_mlp_grad_a
     const bwd_plan p = *plan;
     const int64_t G = d->G, T = d->T, H = d->H, F = d->F;
     const bool dx = moex_present(&a->dx), dw1 = moex_weight_present(&a->dw1), dw2 = moex_weight_present(&a->dw2);
-    const moex_gl_dims d1 = fc1_dims(d), d2 = fc2_dims(d);
+    const moex_gl_dims d2 = fc2_dims(d);
     moex_carver c = {(char *)ws, 0};
     bwd_layout l;
     memset(&l, 0, sizeof l);
@@ -436,12 +435,9 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_grouped_mlp_grad_a
     moex_fp8_take_weight(&c1, r, 0, G, 2 * F, H, d->dt, false, dx, &l.q.w1);
     moex_fp8_take_rows(&c1, r, false, G, T, H, d->dt, false, dw1, &l.q.x);
     c.used = moex_sz_max(c2.used, c1.used);
-    /* the dW steps share one f32 scratch (they run one after the other) */
-    l.dwf = (float *)moex_take(&c, moex_sz_max(moex_gl_wgrad_scratch(&a->dw2, &d2, p.fp8),
-                                               moex_gl_wgrad_scratch(&a->dw1, &d1, p.fp8)));
 
     bwd_calls k;
-    bwd_calls_of(a, d, &p, &l.q, NULL, NULL, NULL, l.dwf, &k);
+    bwd_calls_of(a, d, &p, &l.q, NULL, NULL, NULL, &k);
     const moex_glu_dims dg = glu_dims(d);
     size_t sub = moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.q.dy), sub_dw1 = 0;
     if (p.recompute_z) sub = moex_sz_max(sub, glu_fwd_ws(ctx, &k.glu_fwd, &k.glu_fwd_dims));
@@ -504,7 +500,7 @@ moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call 
     MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
     bwd_calls k;
     bwd_calls_of(a, d, &p, &l.q, p.z_in_dx ? a->dx.data : l.buf[0], l.buf[1], p.dh_in_h ? a->h.data : l.buf[2],
-                 l.dwf, &k);
+                 &k);
     const moex_gl_dims d2 = fc2_dims(d);
     const moex_glu_dims dg = glu_dims(d);
 

@@ -385,19 +385,16 @@ moex_status moex_gl_dgrad_run(moex_context *ctx, const moex_call *c, const moex_
 
 /* The backward weight dW = dy_g^T x_g [G, N, K] (= or +=) of the args a (dims d). Plain (dy, x
  * NULL): linear_wgrad on a. FP8: the FP8 grouped linear's backward weight on dy's and x's
- * columnwise copies; it writes f32: an f32 dW directly, a bf16/f16 dW (WRITE) through the f32
- * scratch dwf [G, N, K] of wgrad_scratch(dW) bytes (0 otherwise), rounded into it by weight_copy. */
+ * columnwise copies, into dW as it is (f32 = or +=, bf16/f16 =: the f32 sums rounded once). */
 typedef struct moex_gl_wgrad {
     moex_grouped_linear_wgrad_args a;
     moex_gl_dims d;
     bool fp8;
-    bool cast;                            /* FP8: through dwf */
     moex_grouped_linear_fp8_wgrad_args f;
     moex_fp8_dims fd;
 } moex_gl_wgrad;
-size_t moex_gl_wgrad_scratch(const moex_weight *dw, const moex_gl_dims *d, bool fp8);
 moex_gl_wgrad moex_gl_wgrad_of(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                               const moex_fp8_operand *dy, const moex_fp8_operand *x, float *dwf);
+                               const moex_fp8_operand *dy, const moex_fp8_operand *x);
 size_t moex_gl_wgrad_ws(moex_context *ctx, const moex_gl_wgrad *s);
 moex_status moex_gl_wgrad_run(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_gl_wgrad *s,
                               void *sub);

@@ -374,7 +374,7 @@ static moex_sm90_fp8_wgrad_args linear_fp8_wgrad_args(const moex_groups *g, cons
                                                       const moex_fp8_dims *d) {
     const moex_gl_dims *l = &d->gl;
     const moex_sm90_fp8_wgrad_args s = {a->dy_params.fp8, a->x_params.fp8, l->G, l->T, l->K, l->N,
-                                        a->dy.data.data, a->x.data.data, (float *)a->dw.t.data,
+                                        a->dy.data.data, a->x.data.data, a->dw.t.data, a->dw.t.dtype,
                                         a->dw_mode == MOEX_GRAD_ACCUMULATE, g->splits,
                                         a->x_params.recipe == MOEX_QUANT_BLOCK, (const float *)a->dy.scales.data,
                                         a->dy_params.recipe == MOEX_QUANT_GROUP, (const float *)a->x.scales.data,

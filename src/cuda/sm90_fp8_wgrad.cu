@@ -2,7 +2,8 @@
  * sm90_fp8_wgrad.cu - the Hopper (sm_90a) K-grouped FP8 weight gradient (contract:
  * moex_sm90_fp8_wgrad_args in sm90_grouped_gemm.h): dW_g = dy_g^T x_g from the columnwise
  * FP8 copies of dy [N, T] and x [K, T], scaled per group (current scaling) or per 1x128 block
- * of each copy (BLOCK), dW f32 written or accumulated.
+ * of each copy (BLOCK), dW f32 written or accumulated, or written in bf16 / f16 (the f32 sums
+ * rounded once: no f32 copy of dW and no second pass).
  *
  * The FP8 forward's CTA (sm90_fp8_gemm.cu: one TMA producer warpgroup, two wgmma consumer
  * warpgroups, 128 x 128 tiles, stages of 128 k, each stage's product promoted to f32 once it
@@ -51,14 +52,15 @@
 #define F8W_BAND 8                              /* N tiles per band of the tile order       */
 
 typedef struct sm90_fp8_wgrad_params {
-    float *dw;                  /* [G, N, K] f32                                         */
+    void *dw;                   /* [G, N, K] in the output mode's dtype                  */
     const int64_t *splits;
     int G, N, K;
     int64_t T;
     const float *dys, *xs;      /* current: [1] or [G]; BLOCK: [N, ld], [K, ld]          */
     int dys_group, xs_group;
     int64_t ld;                 /* BLOCK: ceil(T / 128) + G                              */
-    int accumulate;
+    int mode;                   /* SM90W_OUT_*: f32 =, f32 +=, or 16-bit = (out_f16: f16)  */
+    int out_f16;
     int epi_tma;                /* full tiles through the TMA epilogue (else register stores) */
     int *bad_flag;
     int bad_value;
@@ -66,7 +68,7 @@ typedef struct sm90_fp8_wgrad_params {
 
 typedef struct sm90_fp8_wgrad_maps {
     CUtensorMap dy, x;          /* [N, T], [K, T]: boxes of 128 rows of 128 bytes        */
-    CUtensorMap dw;             /* [G, N, K] f32: boxes [1][64][32] (with epi_tma)        */
+    CUtensorMap dw;             /* [G, N, K]: boxes [1][64][32] f32, [1][64][64] 16-bit     */
 } sm90_fp8_wgrad_maps;
 
 #if MOEX_SM90_DEVICE
@@ -140,11 +142,12 @@ static __device__ __forceinline__ void f8w_promote(float (&acc)[64], const float
 }
 
 /* The register epilogue: rows n and n + 8 of dW_g, columns k0 + 8 j + 2 (lane % 4) (+1),
- * masked to N and K (K % 8 == 0: the pair's second column too), written (=) or added (+=);
- * live = false writes zeros. */
+ * masked to N and K (K % 8 == 0: the pair's second column too), in the output mode (IS_F16:
+ * the 16-bit format); live = false writes zeros. */
+template <int IS_F16>
 static __device__ __forceinline__ void f8w_store(const float (&acc)[64], bool live, const sm90_fp8_wgrad_params &p,
                                                  int g, int n, int k0, int lane) {
-    float *dwg = p.dw + (int64_t)g * p.N * p.K;
+    const int64_t base = (int64_t)g * p.N * p.K;
 #pragma unroll
     for (int j = 0; j < 16; j++) {
         const int k = k0 + 8 * j + 2 * (lane % 4);
@@ -152,13 +155,8 @@ static __device__ __forceinline__ void f8w_store(const float (&acc)[64], bool li
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             if (n + 8 * h >= p.N) continue;
-            float2 *o = (float2 *)(dwg + (int64_t)(n + 8 * h) * p.K + k);
-            float2 v = live ? make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]) : make_float2(0.0f, 0.0f);
-            if (p.accumulate) {
-                const float2 u = *o;
-                v.x += u.x, v.y += u.y;
-            }
-            *o = v;
+            sm90w_put_pair<IS_F16>(p.dw, base + (int64_t)(n + 8 * h) * p.K + k, live ? acc[4 * j + 2 * h] : 0.0f,
+                                   live ? acc[4 * j + 2 * h + 1] : 0.0f, p.mode);
         }
     }
 }
@@ -280,7 +278,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             const int o = (int)(wk.cur.row0 & 15);   /* the first window's head: the previous group's */
             const int64_t nks = rows > 0 ? (rows + o + F8W_BR - 1) / F8W_BR : 0;
             const int end = (int)((rows + o) - (nks - 1) * F8W_BR);   /* the last window's bytes in the group */
-            if (nks == 0 && p.accumulate) continue;   /* += an empty sum: dW_g unchanged */
+            if (nks == 0 && p.mode == SM90W_OUT_F32_ACC) continue;   /* += an empty sum: dW_g unchanged */
 #pragma unroll
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             float pa = 0.0f, pb = 0.0f;   /* BLOCK: block kb - 1's dy scales */
@@ -330,11 +328,19 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 for (int i = 0; i < 64; i++) acc[i] *= sc;
             }
             const int nc = n0 + 64 * c;   /* this consumer's first dW row */
+            uint8_t *const st = stg + c * 2 * SM90_STAGE_HALF_BYTES;
             if (p.epi_tma && nc + 64 <= p.N && k0 + F8W_BK <= p.K) {
-                sm90w_epilogue_tma<0, true, 16>(acc, live, stg + c * 2 * SM90_STAGE_HALF_BYTES, &m.dw, k0, nc, g,
-                                                p.accumulate != 0, 2 + c, tid);
+                if (p.mode != SM90W_OUT_HALF)
+                    sm90w_epilogue_tma<0, true, 16>(acc, live, st, &m.dw, k0, nc, g, p.mode == SM90W_OUT_F32_ACC,
+                                                    2 + c, tid);
+                else if (p.out_f16)
+                    sm90w_epilogue_tma<1, false, 16>(acc, live, st, &m.dw, k0, nc, g, false, 2 + c, tid);
+                else
+                    sm90w_epilogue_tma<0, false, 16>(acc, live, st, &m.dw, k0, nc, g, false, 2 + c, tid);
+            } else if (p.out_f16) {
+                f8w_store<1>(acc, live, p, g, nc + rl, k0, lane);
             } else {
-                f8w_store(acc, live, p, g, nc + rl, k0, lane);
+                f8w_store<0>(acc, live, p, g, nc + rl, k0, lane);
             }
         }
         if (tid == 0) sm90_bulk_wait<0>();   /* TMA stores done before the CTA ends (none: a no-op) */
@@ -369,6 +375,8 @@ static bool sm90_fp8_wgrad_format(moex_dtype f) { return f == MOEX_DTYPE_E4M3 ||
 extern "C" bool moex_sm90_fp8_wgrad_supported(const moex_sm90_context *c, const moex_sm90_fp8_wgrad_args *a) {
     if (c == NULL || a == NULL || !sm90_fp8_wgrad_format(a->dy_fmt) || !sm90_fp8_wgrad_format(a->x_fmt)) return false;
     if (!sm90_shape_ok(a->G, a->T, a->K, a->N, a->splits) || a->T % 16 != 0) return false;
+    const bool half = a->dw_dtype == MOEX_DTYPE_BF16 || a->dw_dtype == MOEX_DTYPE_F16;
+    if (!(a->dw_dtype == MOEX_DTYPE_F32 || (half && !a->accumulate))) return false;
     return sm90_aligned16(a->dy) && sm90_aligned16(a->x) && sm90_aligned16(a->dw) && a->dy_scales != NULL &&
            a->x_scales != NULL;
 }
@@ -378,7 +386,7 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     if (!moex_sm90_fp8_wgrad_supported(c, a))
         SM90_FAIL(MOEX_ERR_UNSUPPORTED, "sm90 FP8 wgrad: unsupported device, formats, shape or alignment");
     if (a->T == 0) {   /* every group is empty: dW = 0, or dW += nothing */
-        const size_t bytes = (size_t)a->G * (size_t)a->N * (size_t)a->K * sizeof(float);
+        const size_t bytes = (size_t)a->G * (size_t)a->N * (size_t)a->K * moex_dtype_size(a->dw_dtype);
         if (!a->accumulate && cudaMemsetAsync(a->dw, 0, bytes, (cudaStream_t)stream) != cudaSuccess) {
             cudaGetLastError();
             SM90_FAIL(MOEX_ERR_CUDA, "sm90 FP8 wgrad: cudaMemsetAsync failed");
@@ -402,10 +410,11 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     kp.dys_group = a->dy_scale_per_group;
     kp.xs_group = a->x_scale_per_group;
     kp.ld = (a->T + F8W_BR - 1) / F8W_BR + a->G;
-    kp.accumulate = a->accumulate;
+    kp.mode = a->accumulate ? SM90W_OUT_F32_ACC : a->dw_dtype == MOEX_DTYPE_F32 ? SM90W_OUT_F32 : SM90W_OUT_HALF;
+    kp.out_f16 = a->dw_dtype == MOEX_DTYPE_F16;
     /* dW through TMA stores (reduce-adds for +=); a shape the encoder refuses keeps the
      * register epilogue */
-    kp.epi_tma = sm90_make_dw_map(c, &km.dw, MOEX_DTYPE_F32, a->dw, a->G, a->N, a->K, promo, kname);
+    kp.epi_tma = sm90_make_dw_map(c, &km.dw, a->dw_dtype, a->dw, a->G, a->N, a->K, promo, kname);
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
     cudaLaunchConfig_t cfg;

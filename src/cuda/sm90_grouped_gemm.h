@@ -242,7 +242,8 @@ typedef struct moex_sm90_fp8_wgrad_args {
     moex_dtype dy_fmt, x_fmt;
     int64_t G, T, K, N;
     const void *dy, *x;
-    float *dw;
+    void *dw;                   /* [G, N, K] of dw_dtype                                 */
+    moex_dtype dw_dtype;        /* F32 (= or +=), or BF16 / F16 (=: the f32 sums rounded once) */
     int accumulate;
     const int64_t *splits;      /* [G] device                                            */
     int block;                  /* BLOCK scales (else current scaling)                   */

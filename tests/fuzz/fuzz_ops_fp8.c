@@ -8,8 +8,8 @@
  * weight; BLOCK with BLOCK; MXFP8 with MXFP8, each operand's scales plain or swizzled, ops.md
  * 9.8), E4M3 or E5M2 per operand, any rounding and epsilon (validated, unused by the call),
  * shapes around the 32 / 128 blocks with T = 0 and empty groups, sum(splits) < T, y f32 / bf16 /
- * f16, the three bias modes (bias f32 or y's dtype), dw WRITE or ACCUMULATE (f32, packed or
- * discrete). The FP8 operands are either arbitrary bytes (NaN and Inf codes, any scale values:
+ * f16, the three bias modes (bias f32 or y's dtype), dw WRITE (f32, bf16 or f16) or ACCUMULATE
+ * (f32; packed or discrete). The FP8 operands are either arbitrary bytes (NaN and Inf codes, any scale values:
  * negative, NaN, E8M0 0xFF) or, one case in three, what moex_group_quantize and
  * moex_weight_quantize write for random f32 values (the quantize's status is checked too).
  *
@@ -610,6 +610,8 @@ static void check_wgrad(fz_case *c, const moex_grouped_linear_fp8_wgrad_args *a)
     const int64_t K = fc.K, N = fc.N;
     const fz_tensor *D = &c->tens[fz_find(c, "dw")];
     const bool acc = a->dw_mode == MOEX_GRAD_ACCUMULATE;
+    const moex_dtype dt = a->dw.t.dtype;
+    const int64_t es = dt == F32 ? 4 : 2;
     int64_t off = 0;
     for (int64_t g = 0; g < fc.G; g++) {
         const int64_t m = fc.s[g];
@@ -620,13 +622,12 @@ static void check_wgrad(fz_case *c, const moex_grouped_linear_fp8_wgrad_args *a)
             now = b->now + b->lead, old = b->snap + b->lead;
         } else {
             now = bytes_of_tensor(c, fz_find(c, "dw"), false), old = bytes_of_tensor(c, fz_find(c, "dw"), true);
-            now += 4 * g * N * K, old += 4 * g * N * K;
+            now += es * g * N * K, old += es * g * N * K;
         }
         for (int64_t n = 0; n < N; n++)
             for (int64_t k = 0; k < K; k++) {
-                float got, prev = 0.0f;
-                memcpy(&got, now + 4 * (n * K + k), 4);
-                if (acc) memcpy(&prev, old + 4 * (n * K + k), 4);
+                const float got = fz_load_float(now, dt, n * K + k);
+                const float prev = acc ? fz_load_float(old, F32, n * K + k) : 0.0f;
                 if (m == 0) {
                     if (acc ? !(got == prev || (isnan(got) && isnan(prev))) : got != 0.0f)
                         fz_fail(c, "value", "dw[%lld, %lld, %lld] = %a of an empty group, want %a (%s)", (long long)g,
@@ -638,7 +639,13 @@ static void check_wgrad(fz_case *c, const moex_grouped_linear_fp8_wgrad_args *a)
                 for (int64_t i = 0; i < m; i++) add_term(&z, dyv[(off + i) * N + n], xv[(off + i) * K + k]);
                 add_term(&z, prev, 1.0f);
                 if (z.skip) continue;
-                const double tol = tolerance(c, &z, m);
+                double tol = tolerance(c, &z, m);
+                const double aw = fabs(z.sum) + tol;   /* a 16-bit dW: the f32 sum rounded once */
+                if (dt == BF16) tol += aw * 0x1p-8 + 0x1p-133;
+                if (dt == F16) {
+                    if (aw > 65000.0) continue;   /* may round to Inf */
+                    tol += aw * 0x1p-11 + 0x1p-25;
+                }
                 if (!(fabs((double)got - z.sum) <= tol))
                     fz_fail(c, "value", "dw[%lld, %lld, %lld] = %a, want %a within %g (%s the sum over the group's "
                             "%lld rows of dy[t, n] x[t, k] dequantized, ops.md 9.10)", (long long)g, (long long)n,
@@ -735,8 +742,10 @@ void fz_op_fp8_wgrad(fz_case *c) {
     opd_reg(c, &fc.a, "dy.data", "dy.scales");
     opd_reg(c, &fc.b, "x.data", "x.scales");
     const bool acc = a->dw_mode == MOEX_GRAD_ACCUMULATE;
-    a->dw = moex_weight_packed(moex_tensor_3d(NULL, F32, fc.G, fc.N, fc.K));
-    fz_weight_reg(c, "dw", &a->dw, acc ? FZ_ACC : FZ_OUT, FZ_REQUIRED | FZ_DISCRETE_OK, DT(F32));
+    static const moex_dtype dw_dts[3] = {F32, BF16, F16};   /* WRITE: f32 or 16-bit; += into f32 only */
+    a->dw = moex_weight_packed(moex_tensor_3d(NULL, acc ? F32 : dw_dts[fz_pick(c, 3)], fc.G, fc.N, fc.K));
+    fz_weight_reg(c, "dw", &a->dw, acc ? FZ_ACC : FZ_OUT, FZ_REQUIRED | FZ_DISCRETE_OK,
+                  acc ? DT(F32) : DT(F32) | DT(BF16) | DT(F16));
     fz_note(c, "G=%lld T=%lld K=%lld N=%lld S=%lld dw_mode=%d%s%s", (long long)fc.G, (long long)fc.T, (long long)fc.K,
             (long long)fc.N, (long long)S, (int)a->dw_mode, c->tens[fz_find(c, "dw")].discrete ? " discrete" : "",
             fc.real ? " quantized" : " random bytes");
