@@ -9,6 +9,9 @@
 # default: bench/mlp_bench.py, bf16 only, --profile, four configs, balanced), BENCH_TIMEOUT
 # (seconds per run, default 150). Logs go to $OUT (the device tool's output folder) or
 # build-ab/out: build.log, build_old.log, ab_old_1.log, ab_new_1.log, ...
+# Usage: scripts/gpu_ab_torch.sh [build] [run]   (default both: the builds can run in the
+# background while the machine does something else, then `run`). RUNS: the order of the runs
+# (default "old new new old").
 # After it, this tree's build stays in build-ab (MOEX_LIBRARY=build-ab/libmoex/libmoex.so,
 # MOEX_TORCH_EXTENSION=build-ab/libmoex_torch.so) for further commands.
 set -u
@@ -17,25 +20,29 @@ ROOT=$PWD
 OUT=${OUT:-$ROOT/build-ab/out}
 BENCH=${BENCH:-mlp_bench.py --configs qwen3-30b,dsv3,gptoss,mixtral --splits balanced --fp8-only --profile --iters 10}
 OLD=/tmp/moex-ab-old
+STAGES=${*:-build run}
 mkdir -p "$OUT"
-[ -f "${OLD_TAR:-}" ] || { echo "gpu_ab_torch: OLD_TAR (a tarball of the old tree) is required" >&2; exit 2; }
 
 build() {   # source tree, build directory, log
     { cmake -S "$1/python" -B "$2" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOEX_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a \
             -DMOEX_TESTS=OFF -DMOEX_TORCH=ON -DPython_EXECUTABLE="$(command -v python3)" &&
       ninja -C "$2" moex moex_torch; } > "$3" 2>&1
 }
-rm -rf "$OLD" && mkdir -p "$OLD" && tar -xf "$OLD_TAR" -C "$OLD"
-t0=$SECONDS
-build "$OLD" "$OLD/build-ab" "$OUT/build_old.log" &
-old_pid=$!
-build "$ROOT" "$ROOT/build-ab" "$OUT/build.log"
-rc_new=$?
-wait "$old_pid"
-rc_old=$?
-echo "builds: new rc=$rc_new, old rc=$rc_old, in $((SECONDS - t0)) s"
-[ $rc_new -eq 0 ] || { tail -20 "$OUT/build.log"; exit 1; }
-[ $rc_old -eq 0 ] || { tail -20 "$OUT/build_old.log"; exit 1; }
+if [[ " $STAGES " == *" build "* ]]; then
+    [ -f "${OLD_TAR:-}" ] || { echo "gpu_ab_torch: OLD_TAR (a tarball of the old tree) is required" >&2; exit 2; }
+    rm -rf "$OLD" && mkdir -p "$OLD" && tar -xf "$OLD_TAR" -C "$OLD"
+    t0=$SECONDS
+    build "$OLD" "$OLD/build-ab" "$OUT/build_old.log" &
+    old_pid=$!
+    build "$ROOT" "$ROOT/build-ab" "$OUT/build.log"
+    rc_new=$?
+    wait "$old_pid"
+    rc_old=$?
+    echo "builds: new rc=$rc_new, old rc=$rc_old, in $((SECONDS - t0)) s"
+    [ $rc_new -eq 0 ] || { tail -20 "$OUT/build.log"; exit 1; }
+    [ $rc_old -eq 0 ] || { tail -20 "$OUT/build_old.log"; exit 1; }
+fi
+[[ " $STAGES " == *" run "* ]] || exit 0
 
 run() {   # name, source tree, rep
     local log="$OUT/ab_$1_$3.log"
@@ -45,7 +52,7 @@ run() {   # name, source tree, rep
     echo "== $1 (run $3): rc=$?"
     grep -E "kernels of|^ +[0-9.]+ ms|^[a-z0-9-]+ +(balanced|skewed) " "$log"
 }
-run old "$OLD" 1
-run new "$ROOT" 1
-run new "$ROOT" 2
-run old "$OLD" 2
+n_old=0 n_new=0
+for w in ${RUNS:-old new new old}; do
+    if [ "$w" = old ]; then n_old=$((n_old + 1)); run old "$OLD" $n_old; else n_new=$((n_new + 1)); run new "$ROOT" $n_new; fi
+done
