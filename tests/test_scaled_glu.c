@@ -4,7 +4,9 @@
  *
  * Coverage: f32, bf16, f16; SwiGLU and clamped SwiGLU (default GPT-OSS constants and a
  * custom set), inputs spanning past the clamp limits but never exactly on a kink;
- * contiguous and interleaved-32 layouts; F not a power of two; probs present and absent;
+ * contiguous and interleaved-32 layouts; F not a power of two, a multiple of 8 or not (on
+ * the GPU, its 16-byte and scalar kernels; tests/cuda/test_gpu_scaled_glu.c runs this file
+ * there), up to 132 chunks of 8 columns a row; probs present and absent;
  * splits present (sum < T: input tail rows NaN, output tail rows poisoned and checked
  * untouched; G = 1, 5 with empty groups, 128) and absent (all T rows); dprobs present
  * (accumulating, +=) and absent.
@@ -408,7 +410,9 @@ int main(void) {
                         c.glu.alpha = 0.9f;
                         c.glu.offset = -0.25f;
                     }
-                    c.F = layout ? 96 : 45;
+                    /* F a multiple of 8 or not (the GPU's 16-byte path or its scalar one), past
+                     * 64 chunks of 8 (a lane of the 16-byte path takes several) */
+                    c.F = layout ? (v < 3 ? 96 : 1056) : (v % 2 ? 45 : 136);
                     c.T = 29;
                     static const int64_t Gs[6] = {0, 1, 5, 5, 128, 5};
                     static const tu_splits_kind kinds[6] = {TU_SPLITS_BALANCED, TU_SPLITS_BALANCED,

@@ -3,9 +3,16 @@
  * The element math is src/core/glu_math.h (shared with the CPU, __host__ __device__).
  *   forward:  z[r, j] = p_r act(a_rj) g(b_rj)                               (=)
  *   backward: dh = d z / d(a, b) * dz (=), dprobs[r] += sum_j dz act g      (+=)
- * One block per row (grid-stride over rows); the rows done are r < off[G] (read on the
- * device) when splits are given, else all T. The dprobs sum of a row is a fixed-order
- * block reduction, so it is bitwise reproducible.
+ * The rows done are r < off[G] (read on the device) when splits are given, else all T. Two
+ * shapes of each kernel:
+ *   - vector (16-bit data, F and the segment L multiples of 8, h, z / dz and dh 16-byte
+ *     aligned): a warp per row (grid-stride over rows), lane i takes the chunks of 8 z
+ *     columns i, i + 32, ..., two chunks' loads before any of their math or stores (dh may be
+ *     h: every element is read, then written, by one lane); a row's dprobs is the lanes'
+ *     sums (each in chunk order) added by the fixed butterfly of warp_sum;
+ *   - scalar (everything else): one block per row, elements strided over its threads; a
+ *     row's dprobs a fixed-order block reduction.
+ * Either way the dprobs of a row is bitwise reproducible.
  */
 #include "glu_math.h"
 #include "cuda_common.cuh"
@@ -58,9 +65,126 @@ glu_bwd_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t 
     }
 }
 
+/* ---- the vector kernels ---------------------------------------------------------------- */
+
+#define GLU_WARPS (GLU_THREADS / 32)
+#define GLU_UNROLL 2   /* chunks of a lane loaded before any is used */
+
+/* Eight 16-bit values of T as f32, and back (round to nearest even, as from_f32). */
+template <typename T> static __device__ __forceinline__ float glu_get(const uint4 &u, int e) {
+    return to_f32(((const T *)&u)[e]);
+}
+template <typename T> static __device__ __forceinline__ uint32_t glu_pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t glu_pack2<bf16>(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *(const uint32_t *)&v;
+}
+template <> __device__ __forceinline__ uint32_t glu_pack2<f16>(float a, float b) {
+    const __half2 v = __floats2half2_rn(a, b);
+    return *(const uint32_t *)&v;
+}
+
+/* The h column of the first half of z column j (chunks of 8 never straddle a segment). */
+static __device__ __forceinline__ int64_t glu_col(int64_t j, int64_t L) { return j + (j / L) * L; }
+
+template <typename T>
+static __global__ void __launch_bounds__(GLU_THREADS)
+glu_fwd_vec_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t T_rows, int64_t F,
+                   const T *h, const float *probs, T *z) {
+    const int64_t rows = total_rows ? min(*total_rows, T_rows) : T_rows, chunks = F / 8;
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = (int64_t)blockIdx.x * GLU_WARPS + threadIdx.x / 32; r < rows;
+         r += (int64_t)gridDim.x * GLU_WARPS) {
+        const T *hr = h + r * 2 * F;
+        const float p = probs ? probs[r] : 1.0f;
+        for (int64_t q0 = lane; q0 < chunks; q0 += 32 * GLU_UNROLL) {
+            uint4 va[GLU_UNROLL], vb[GLU_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GLU_UNROLL; u++) {
+                const int64_t q = q0 + 32 * u, ca = glu_col(8 * q, L);
+                va[u] = q < chunks ? *(const uint4 *)(hr + ca) : make_uint4(0u, 0u, 0u, 0u);
+                vb[u] = q < chunks ? *(const uint4 *)(hr + ca + L) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < GLU_UNROLL; u++) {
+                const int64_t q = q0 + 32 * u;
+                if (q >= chunks) break;
+                uint4 o;
+                uint32_t *w = &o.x;
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    w[e] = glu_pack2<T>(
+                        moex_glu_forward(c, glu_get<T>(va[u], 2 * e), glu_get<T>(vb[u], 2 * e), p),
+                        moex_glu_forward(c, glu_get<T>(va[u], 2 * e + 1), glu_get<T>(vb[u], 2 * e + 1), p));
+                *(uint4 *)(z + r * F + 8 * q) = o;
+            }
+        }
+    }
+}
+
+template <typename T>
+static __global__ void __launch_bounds__(GLU_THREADS)
+glu_bwd_vec_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t T_rows, int64_t F,
+                   const T *h, const float *probs, const T *dz, T *dh, float *dprobs) {
+    const int64_t rows = total_rows ? min(*total_rows, T_rows) : T_rows, chunks = F / 8;
+    const int lane = threadIdx.x & 31;
+    for (int64_t r = (int64_t)blockIdx.x * GLU_WARPS + threadIdx.x / 32; r < rows;
+         r += (int64_t)gridDim.x * GLU_WARPS) {
+        const T *hr = h + r * 2 * F, *dzr = dz + r * F;
+        const float p = probs ? probs[r] : 1.0f;
+        float dp = 0.0f;
+        for (int64_t q0 = lane; q0 < chunks; q0 += 32 * GLU_UNROLL) {
+            uint4 va[GLU_UNROLL], vb[GLU_UNROLL], vd[GLU_UNROLL];
+#pragma unroll
+            for (int u = 0; u < GLU_UNROLL; u++) {
+                const int64_t q = q0 + 32 * u, ca = glu_col(8 * q, L);
+                const bool in = q < chunks;
+                va[u] = in ? *(const uint4 *)(hr + ca) : make_uint4(0u, 0u, 0u, 0u);
+                vb[u] = in ? *(const uint4 *)(hr + ca + L) : make_uint4(0u, 0u, 0u, 0u);
+                vd[u] = in ? *(const uint4 *)(dzr + 8 * q) : make_uint4(0u, 0u, 0u, 0u);
+            }
+#pragma unroll
+            for (int u = 0; u < GLU_UNROLL; u++) {
+                const int64_t q = q0 + 32 * u, ca = glu_col(8 * q, L);
+                if (q >= chunks) break;
+                uint4 oa, ob;
+                uint32_t *wa = &oa.x, *wb = &ob.x;
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float da0, db0, t0, da1, db1, t1;
+                    moex_glu_backward(c, glu_get<T>(va[u], 2 * e), glu_get<T>(vb[u], 2 * e), p,
+                                      glu_get<T>(vd[u], 2 * e), &da0, &db0, &t0);
+                    moex_glu_backward(c, glu_get<T>(va[u], 2 * e + 1), glu_get<T>(vb[u], 2 * e + 1), p,
+                                      glu_get<T>(vd[u], 2 * e + 1), &da1, &db1, &t1);
+                    wa[e] = glu_pack2<T>(da0, da1);
+                    wb[e] = glu_pack2<T>(db0, db1);
+                    dp += t0;
+                    dp += t1;
+                }
+                if (dh) {
+                    *(uint4 *)(dh + r * 2 * F + ca) = oa;
+                    *(uint4 *)(dh + r * 2 * F + ca + L) = ob;
+                }
+            }
+        }
+        if (dprobs) {
+            dp = warp_sum(dp);
+            if (lane == 0) dprobs[r] += dp;
+        }
+    }
+}
+
 static unsigned glu_blocks(int64_t T) {
     return (unsigned)(T < GLU_MAX_BLOCKS ? T : GLU_MAX_BLOCKS);
 }
+
+/* Whether the vector kernels take these operands (16-bit, F and L multiples of 8, the
+ * pointers given 16-byte aligned), and their grid: a warp per row. */
+static bool glu_vec(moex_dtype dt, int64_t F, int64_t L, const void *a, const void *b, const void *c) {
+    const uintptr_t m = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
+    return dt != MOEX_DTYPE_F32 && F % 8 == 0 && L % 8 == 0 && m % 16 == 0;
+}
+static unsigned glu_vec_blocks(int64_t T) { return glu_blocks((T + GLU_WARPS - 1) / GLU_WARPS); }
 
 moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
@@ -68,6 +192,17 @@ moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_
     if (T == 0 || F == 0) return MOEX_OK;
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
+    if (glu_vec(dt, F, L, h, z, NULL)) {
+        const unsigned vb = glu_vec_blocks(T);
+        if (dt == MOEX_DTYPE_BF16)
+            glu_fwd_vec_kernel<bf16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs,
+                                                                    (bf16 *)z);
+        else
+            glu_fwd_vec_kernel<f16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs,
+                                                                   (f16 *)z);
+        CUDA_TRY_LAUNCH(ctx, op);
+        return MOEX_OK;
+    }
     unsigned nb = glu_blocks(T);
     if (dt == MOEX_DTYPE_F32)
         glu_fwd_kernel<float><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const float *)h, probs, (float *)z);
@@ -86,6 +221,17 @@ moex_status moex_cuda_glu_bwd_run(moex_context *ctx, const char *op, const moex_
     if (T == 0 || F == 0 || (!dh && !dprobs)) return MOEX_OK;
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
+    if (glu_vec(dt, F, L, h, dz, dh)) {
+        const unsigned vb = glu_vec_blocks(T);
+        if (dt == MOEX_DTYPE_BF16)
+            glu_bwd_vec_kernel<bf16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs,
+                                                                    (const bf16 *)dz, (bf16 *)dh, dprobs);
+        else
+            glu_bwd_vec_kernel<f16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs,
+                                                                   (const f16 *)dz, (f16 *)dh, dprobs);
+        CUDA_TRY_LAUNCH(ctx, op);
+        return MOEX_OK;
+    }
     unsigned nb = glu_blocks(T);
     if (dt == MOEX_DTYPE_F32)
         glu_bwd_kernel<float><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const float *)h, probs,
