@@ -4,7 +4,8 @@
 # with --system-site-packages so that a torch the system already has is used, not downloaded
 # again; nothing is installed into the system's python3. Installs into the venv what the tests
 # need when it is missing (pytest; torch: the CPU-only wheel from PyTorch's CPU index where
-# there is no GPU, the default wheel, with its CUDA libraries, where there is one; hypothesis
+# there is no GPU (PyPI's default wheel where that index cannot be reached), the default wheel,
+# with its CUDA libraries, where there is one; hypothesis
 # for tests/python/test_torch_property.py, which runs a seeded random driver without it; mpi4py
 # where there is an mpirun, for tests/python/test_torch_ep.py),
 # pip-installs ./python there (the CPU backend only, unless MOEX_PYTHON_CUDA=1: MOEX_CUDA=ON),
@@ -29,7 +30,10 @@ if ! "$VPY" -c "import torch" 2>/dev/null; then
   torch_index=()
   nvidia-smi -L 2>/dev/null | grep -q '^GPU' || torch_index=(--index-url https://download.pytorch.org/whl/cpu)
   echo "test_python: pip installing torch ${torch_index[*]}" >&2
+  # where PyTorch's CPU index cannot be reached, the PyPI wheel (it carries CUDA libraries it
+  # does not need here, and runs on the CPU all the same)
   pip_install torch "${torch_index[@]}" ||
+    { [ ${#torch_index[@]} -gt 0 ] && echo "test_python: pip installing torch from PyPI" >&2 && pip_install torch; } ||
     echo "test_python: could not install torch; the tests that need it report skipped" >&2
 fi
 "$VPY" -c "import hypothesis" 2>/dev/null || pip_install hypothesis ||

@@ -5,7 +5,8 @@ import os
 import sys
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
 mlp_bench = pytest.importorskip("mlp_bench")
