@@ -21,6 +21,10 @@
 #define GLU_THREADS 256
 #define GLU_MAX_BLOCKS (1 << 20)
 
+/* The h column of the first half of z column j, the segment length L apart from its second
+ * (a chunk of 8 columns from a multiple of 8 never straddles a segment when L % 8 == 0). */
+static __device__ __forceinline__ int64_t glu_col(int64_t j, int64_t L) { return j + (j / L) * L; }
+
 template <typename T>
 static __global__ void __launch_bounds__(GLU_THREADS)
 glu_fwd_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t T_rows, int64_t F,
@@ -31,7 +35,7 @@ glu_fwd_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t 
         T *zr = z + r * F;
         float p = probs ? probs[r] : 1.0f;
         for (int64_t j = threadIdx.x; j < F; j += GLU_THREADS) {
-            int64_t ca = j + (j / L) * L;          /* a column of z column j */
+            int64_t ca = glu_col(j, L);
             zr[j] = from_f32<T>(moex_glu_forward(c, to_f32(hr[ca]), to_f32(hr[ca + L]), p));
         }
     }
@@ -49,7 +53,7 @@ glu_bwd_kernel(moex_glu_consts c, int64_t L, const int64_t *total_rows, int64_t 
         float p = probs ? probs[r] : 1.0f;
         float dp = 0.0f;
         for (int64_t j = threadIdx.x; j < F; j += GLU_THREADS) {
-            int64_t ca = j + (j / L) * L;
+            int64_t ca = glu_col(j, L);
             float da, db, term;
             moex_glu_backward(c, to_f32(hr[ca]), to_f32(hr[ca + L]), p, to_f32(dzr[j]), &da, &db, &term);
             if (dh) {
@@ -83,9 +87,6 @@ template <> __device__ __forceinline__ uint32_t glu_pack2<f16>(float a, float b)
     const __half2 v = __floats2half2_rn(a, b);
     return *(const uint32_t *)&v;
 }
-
-/* The h column of the first half of z column j (chunks of 8 never straddle a segment). */
-static __device__ __forceinline__ int64_t glu_col(int64_t j, int64_t L) { return j + (j / L) * L; }
 
 template <typename T>
 static __global__ void __launch_bounds__(GLU_THREADS)
