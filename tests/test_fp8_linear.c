@@ -12,8 +12,8 @@
  * multiples of 128 or 32; rows past sum(splits) (FP8 NaN codes in the inputs; y's and dx's
  * tails poisoned and checked untouched); the backward data as the forward with dy's rowwise
  * copy and the weights' columnwise copy; the backward weight written (empty groups 0) and
- * accumulated into f32 main grads, and written into bf16 / f16 (bitwise the f32 dW rounded
- * once); current and block scaling at K and N multiples of 16
+ * accumulated into f32 main grads, and written into bf16 / f16, packed and discrete (bitwise
+ * the f32 dW rounded once); current and block scaling at K and N multiples of 16
  * with and without a bias (on Hopper: the FP8 kernels, the forward's and, with T a multiple
  * of 16, the weight gradient's, each checked to run by its workspace; several 128-deep
  * stages and tails). Refusals: recipes that do not pair, TENSOR weights, an FP8 tensor of another dtype,
@@ -279,7 +279,21 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
         void *want = tu_buffer(c->dwdt, f, G * N * K);
         CHECK_MSG(memcmp(dwh, want, (size_t)(G * N * K) * 2) == 0,
                   "fp8 backward weight into %s: not the f32 dW rounded once [%s]", dt_name(c->dwdt), label);
-        free(f), free(want), free(dwh);
+        /* the same into a discrete dW (G matrices; on Hopper the FP8 kernel's sums go through
+         * an f32 copy in the workspace, then the copy kernel) */
+        tu_weight dd = tu_weight_make(c->dwdt, G, N, K, NULL, 1);
+        wa.dw = dd.w;
+        CHECK_STATUS(ctx, moex_grouped_linear_fp8_backward_weight_workspace_size(ctx, &wa, &bytes), MOEX_OK);
+        ws = tu_workspace(bytes);
+        CHECK_STATUS(ctx, moex_grouped_linear_fp8_backward_weight(ctx, &wa, ws, bytes, NULL), MOEX_OK);
+        free(ws);
+        double *got = tu_doubles(G * N * K), *wantd = tu_read(c->dwdt, want, G * N * K);
+        tu_weight_read(&dd, got);
+        CHECK_MSG(memcmp(got, wantd, (size_t)(G * N * K) * sizeof(double)) == 0,
+                  "fp8 backward weight into a discrete %s dW: not the f32 dW rounded once [%s]", dt_name(c->dwdt),
+                  label);
+        tu_weight_free(&dd);
+        free(f), free(want), free(dwh), free(got), free(wantd);
     }
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
 
