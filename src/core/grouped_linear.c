@@ -464,8 +464,9 @@ moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8
 
 /* ---- the three ops' plans ----------------------------------------------------------------
  * Workspace: the prepared handle (the forward's, in plain precision, carrying its GEMM's own
- * scratch where the backend wants one: groups_ws), the FP8 copies (and the f32 dW scratch)
- * the precision needs, then one region shared by the steps (they run one after the other).
+ * scratch where the backend wants one: groups_ws), the FP8 copies the precision needs, then
+ * one region shared by the steps (they run one after the other; the FP8 backward weight's own
+ * f32 copy of a dW its kernels cannot write is in that region: fp8_linear.c).
  * A run: the backend's limits, the groups, then the steps. Each op's plan, validate, ws and run
  * are its own plain definitions (op.h), on its own operands: alike in shape by design. */
 

@@ -38,10 +38,9 @@
  * written last). The groups are prepared once (split values checked before anything is
  * written on the CPU) and every primitive runs on them.
  *
- * Workspace: the prepared handle, the FP8 copies and the f32 dW scratch (FP8), the
- * intermediates the call needs, and one region shared by the steps (they run one after the
- * other). Its size depends on shapes, dtypes, the recipe and which optional tensors are
- * present, never on split values.
+ * Workspace: the prepared handle, the FP8 copies (FP8), the intermediates the call needs,
+ * and one region shared by the steps (they run one after the other). Its size depends on
+ * shapes, dtypes, the recipe and which optional tensors are present, never on split values.
  *
  * The MoE layer (moe_layer.c) runs this composition on its permuted rows.
  */
@@ -322,7 +321,7 @@ typedef struct bwd_copies {
     moex_fp8_operand dy, z, w2, dh, w1, x;
 } bwd_copies;
 
-/* The steps' arguments, given where z, dz, dh and the f32 dW scratch are. */
+/* The steps' arguments, given where z, dz and dh are. */
 typedef struct bwd_calls {
     moex_scaled_glu_args glu_fwd;            /* recomputes z (FP8: into z's copy) */
     moex_glu_dims glu_fwd_dims;
