@@ -60,8 +60,12 @@ typedef struct sm90_epi {
     moex_glu_consts glu;
 } sm90_epi;
 
-/* The K-grouped output modes (kernel parameter). */
+/* The K-grouped output modes (kernel parameter), and the mode of a dW of dtype dt written
+ * (=) or accumulated (+=, f32 only). */
 enum { SM90W_OUT_F32 = 0, SM90W_OUT_F32_ACC = 1, SM90W_OUT_HALF = 2 };
+static inline int sm90w_out_mode(int accumulate, moex_dtype dt) {
+    return accumulate ? SM90W_OUT_F32_ACC : dt == MOEX_DTYPE_F32 ? SM90W_OUT_F32 : SM90W_OUT_HALF;
+}
 
 #define SM90_STAGE_HALF_BYTES 8192   /* one staging box: 64 rows of 128 bytes */
 

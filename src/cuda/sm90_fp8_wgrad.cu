@@ -410,7 +410,7 @@ extern "C" moex_status moex_sm90_fp8_wgrad(const moex_sm90_context *c, const moe
     kp.dys_group = a->dy_scale_per_group;
     kp.xs_group = a->x_scale_per_group;
     kp.ld = (a->T + F8W_BR - 1) / F8W_BR + a->G;
-    kp.mode = a->accumulate ? SM90W_OUT_F32_ACC : a->dw_dtype == MOEX_DTYPE_F32 ? SM90W_OUT_F32 : SM90W_OUT_HALF;
+    kp.mode = sm90w_out_mode(a->accumulate, a->dw_dtype);
     kp.out_f16 = a->dw_dtype == MOEX_DTYPE_F16;
     /* dW through TMA stores (reduce-adds for +=); a shape the encoder refuses keeps the
      * register epilogue */

@@ -273,7 +273,7 @@ static moex_status sm90w_run(const moex_sm90_context *ctx, const moex_sm90_wgrad
     kp.band_w = plan.band;
     kp.bad_flag = a->bad_flag;
     kp.bad_value = a->bad_value;
-    kp.mode = a->accumulate ? SM90W_OUT_F32_ACC : a->dw_dtype == MOEX_DTYPE_F32 ? SM90W_OUT_F32 : SM90W_OUT_HALF;
+    kp.mode = sm90w_out_mode(a->accumulate, a->dw_dtype);
 
     cudaLaunchConfig_t cfg;
     cudaLaunchAttribute attr[1];
