@@ -59,7 +59,7 @@ class Args(ctypes.Structure):
                 ("N", ctypes.c_int64), ("x", ctypes.c_void_p), ("w", ctypes.c_void_p), ("y", ctypes.c_void_p),
                 ("splits", ctypes.c_void_p), ("bad_flag", ctypes.c_void_p), ("bad_value", ctypes.c_int),
                 ("workspace", ctypes.c_void_p), ("w_ptrs", ctypes.c_void_p), ("w_maps", ctypes.c_void_p),
-                ("bad_align_value", ctypes.c_int)]
+                ("bad_align_value", ctypes.c_int), ("w_maps_kept", ctypes.c_void_p)]
 
 
 class WArgs(ctypes.Structure):

@@ -6,8 +6,8 @@
  * On the device facts of an H200 (132 SMs, 66 resident 2-CTA clusters) it checks the
  * documented rules (docs/hopper.md, "Variants and the heuristic") on every CUDA and STUDY
  * configuration of tools/bench_configs.h, for the forward (plain, bias, GLU), the dgrad and
- * the wgrad: tile rows (64 exactly when T < 128 G), clusters (the plain 128-row forward and
- * dgrad only), the grid (the resident CTAs, at most one unit each, whole clusters), the tile
+ * the wgrad: tile rows (64 exactly when T < 128 G), clusters (every 128-row forward and
+ * dgrad), the grid (the resident CTAs, at most one unit each, whole clusters), the tile
  * order's bands, and stream-K (only the plain or bias forward, with a workspace, where groups
  * of T / G rows leave a last round saving >= 40 k steps per cluster); its workspace is
  * nonzero exactly where stream-K runs. A table pins the expected plan of the benchmark
@@ -44,7 +44,7 @@ static void check_rows_rules(const char *name, moex_sm90_product product, int ep
     for (int ws = 0; ws < 2; ws++) {
         const moex_sm90_plan p = plan(product, epi, G, T, K, N, ws, NULL);
         const bool dgrad = product == MOEX_SM90_DGRAD, glu = epi >= MOEX_SM90_EPI_GLU_CONTIG;
-        const int bm = T < 128 * G ? 64 : 128, cm = epi == MOEX_SM90_EPI_PLAIN && bm == 128 ? 2 : 1;
+        const int bm = T < 128 * G ? 64 : 128, cm = bm == 128 ? 2 : 1;
         const int64_t red = dgrad ? N : K, out_w = dgrad ? K : N;
         const int64_t nt = glu ? cdiv(N / 2, 128) : cdiv(out_w, 256);
         const int64_t max_units = (cdiv(cdiv(T, bm), cm) + G) * nt;

@@ -168,12 +168,18 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                                                      kb * SM90_BK, wz);
                             }
                         } else if (EPI == MOEX_SM90_EPI_GLU_CONTIG) {
-                            /* box i: 64 rows of the first (h = 0) or second (h = 1) half (sm90_epilogue.cuh) */
-#pragma unroll
-                            for (int i = 0; i < 4; i++) {
+                            /* box i: 64 rows of the first (h = 0) or second (h = 1) half (sm90_epilogue.cuh);
+                             * a row pair loads one half each, into both CTAs */
+                            const bool split = CM > 1 && !colpair;
+                            const int i0 = split ? rank * 2 : 0, i1 = split ? i0 + 2 : 4;
+                            for (int i = i0; i < i1; i++) {
                                 const int h = BM == 128 ? i / 2 : i % 2, q = BM == 128 ? i % 2 : i / 2;
-                                sm90_tma_load_3d(b + i * 64 * SM90_BK, mwb, &full[s], kb * SM90_BK,
-                                                 h * epi.F + n0 / 2 + q * 64, wz);
+                                const int32_t wr = h * epi.F + n0 / 2 + q * 64;
+                                if (split)
+                                    sm90_tma_load_3d_multicast(b + i * 64 * SM90_BK, mwb, &full[s], kb * SM90_BK, wr,
+                                                               wz, both);
+                                else
+                                    sm90_tma_load_3d(b + i * 64 * SM90_BK, mwb, &full[s], kb * SM90_BK, wr, wz);
                             }
                         } else if (CM > 1 && !colpair) {   /* half of the shared weight tile each */
                             sm90_tma_load_3d_multicast(b + rank * (SM90_BN / 2) * SM90_BK, mwb, &full[s],
@@ -274,11 +280,10 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
 
 typedef void (*sm90_rows_fn)(sm90_rows_maps, sm90_epi, sm90_rows_params);
 
-/* The instance for (dtype, product, plan). Instantiated: every forward epilogue kind with both
- * tile heights (TMA epilogue, no cluster); the plain forward and the dgrad with both tile
- * heights, at 128 rows also with 2-CTA clusters (their default) and with the register
- * epilogue; each of these also as its stream-K instance; the DGLU dgrad with both tile
- * heights, at 128 rows with and without clusters, no stream-K instance. */
+/* The instance for (dtype, product, plan). Instantiated: every product with both tile heights
+ * and the TMA epilogue, at 128 rows with and without 2-CTA clusters (clusters are the
+ * default); the plain forward and dgrad at 128 rows also with the register epilogue; each
+ * also as its stream-K instance but the DGLU dgrad, which has none. */
 template <int F16, int SK> static sm90_rows_fn sm90_rows_pick_t(int op, int bm, int cm, bool epi_tma) {
     constexpr int DC = SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_CONTIG, DI = SM90_OP_DGRAD + MOEX_SM90_EPI_DGLU_INTERLEAVED;
     switch (op) {
@@ -289,11 +294,14 @@ template <int F16, int SK> static sm90_rows_fn sm90_rows_pick_t(int op, int bm, 
         if (bm == 64) return sm90_rows_kernel<F16, 64, 1, DI, 0, 1>;
         return cm > 1 ? sm90_rows_kernel<F16, 128, 2, DI, 0, 1> : sm90_rows_kernel<F16, 128, 1, DI, 0, 1>;
     case MOEX_SM90_EPI_BIAS:
-        return bm == 64 ? sm90_rows_kernel<F16, 64, 1, 1, SK, 1> : sm90_rows_kernel<F16, 128, 1, 1, SK, 1>;
+        if (bm == 64) return sm90_rows_kernel<F16, 64, 1, 1, SK, 1>;
+        return cm > 1 ? sm90_rows_kernel<F16, 128, 2, 1, SK, 1> : sm90_rows_kernel<F16, 128, 1, 1, SK, 1>;
     case MOEX_SM90_EPI_GLU_CONTIG:
-        return bm == 64 ? sm90_rows_kernel<F16, 64, 1, 2, SK, 1> : sm90_rows_kernel<F16, 128, 1, 2, SK, 1>;
+        if (bm == 64) return sm90_rows_kernel<F16, 64, 1, 2, SK, 1>;
+        return cm > 1 ? sm90_rows_kernel<F16, 128, 2, 2, SK, 1> : sm90_rows_kernel<F16, 128, 1, 2, SK, 1>;
     case MOEX_SM90_EPI_GLU_INTERLEAVED:
-        return bm == 64 ? sm90_rows_kernel<F16, 64, 1, 3, SK, 1> : sm90_rows_kernel<F16, 128, 1, 3, SK, 1>;
+        if (bm == 64) return sm90_rows_kernel<F16, 64, 1, 3, SK, 1>;
+        return cm > 1 ? sm90_rows_kernel<F16, 128, 2, 3, SK, 1> : sm90_rows_kernel<F16, 128, 1, 3, SK, 1>;
     case SM90_OP_DGRAD:
         if (bm == 64) return sm90_rows_kernel<F16, 64, 1, SM90_OP_DGRAD, SK, 1>;
         if (cm > 1) return sm90_rows_kernel<F16, 128, 2, SM90_OP_DGRAD, SK, 1>;
@@ -328,11 +336,9 @@ cudaError_t sm90_rows_prepare(int sms, int *slots, const char **why) {
         for (int sk = 0; sk < 2; sk++)
             for (int o = 0; o < nops; o++)
                 for (int v = 0; v < 4; v++) {
-                    /* the plain kernels have all four shapes, the DGLU dgrad three, the others two
-                     * (the rest fall back to one of them) */
-                    const bool dglu = ops[o] > SM90_OP_DGRAD;
-                    const bool own = ops[o] == MOEX_SM90_EPI_PLAIN || ops[o] == SM90_OP_DGRAD || v < 2 ||
-                                     (dglu && v < 3);
+                    /* the plain kernels have all four shapes, the fused epilogues three (the
+                     * register epilogue falls back to a plain kernel's) */
+                    const bool own = ops[o] == MOEX_SM90_EPI_PLAIN || ops[o] == SM90_OP_DGRAD || v < 3;
                     if (!own) continue;
                     const sm90_rows_fn fn = sm90_rows_pick(f16, sk, ops[o], shapes[v].bm, shapes[v].cm,
                                                            shapes[v].epi_tma);
@@ -450,7 +456,8 @@ static moex_status sm90_rows_run(const moex_sm90_context *ctx, const moex_sm90_g
      * templates of one matrix whose address the device sets per group (sm90_weight_maps.cu;
      * any 16-byte aligned address stands in meanwhile) */
     const bool discrete = a->w_ptrs != NULL, kept = a->w_maps_kept != NULL;
-    const cuuint32_t w_rows = dgrad ? 64u : (cuuint32_t)SM90_BN, wb_rows = cm > 1 ? SM90_BN / 2u : 64u;
+    const cuuint32_t w_rows = dgrad ? 64u : (cuuint32_t)SM90_BN;
+    const cuuint32_t wb_rows = cm > 1 && epi != MOEX_SM90_EPI_GLU_CONTIG ? SM90_BN / 2u : 64u;
     const void *wbase = discrete ? a->w_maps : a->w;
     const int64_t wG = discrete ? 1 : a->G;
     const cuuint64_t ydims[2] = {(cuuint64_t)out_w, (cuuint64_t)a->T};

@@ -59,10 +59,9 @@ void moex_sm90_plan_make(const moex_sm90_device *d, const moex_sm90_shape *s, co
     const int bm = tune != NULL && (tune->tile_rows == 64 || tune->tile_rows == 128)
                        ? tune->tile_rows
                        : moex_sm90_tile_rows(s->T, s->G, s->N, s->K);
-    /* 2-CTA clusters for the plain 128-row forward and dgrad and the DGLU dgrad, with the TMA
-     * epilogue: the other kernels are built without */
-    const bool cluster_ok = (s->epi == MOEX_SM90_EPI_PLAIN || MOEX_SM90_EPI_IS_DGLU(s->epi)) && bm == 128 &&
-                            p->epilogue_tma;
+    /* 2-CTA clusters for every 128-row product with the TMA epilogue: the register epilogue
+     * is built without */
+    const bool cluster_ok = bm == 128 && p->epilogue_tma;
     const int cm = cluster_ok && (tune == NULL || tune->cluster != 1) ? 2 : 1;
     const int band_rows = tune != NULL && tune->band_rows > 0 ? tune->band_rows : MOEX_SM90_BAND_ROWS;
     p->tile_rows = bm;
