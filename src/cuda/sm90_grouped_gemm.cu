@@ -18,9 +18,10 @@
  *   - input tiles are loaded from the global row offset of the group, so a tile can
  *     straddle the next group (or the rows past off[G]; TMA zero-fills past T); those rows
  *     are computed but never stored;
- *   - the plain 128-row forward and dgrad run in 2-CTA clusters: the two CTAs take two
- *     tiles that share the weight tile (or, on a group's odd last row tile, the input tile)
- *     and load half of it each, multicast into both, which halves that operand's L2 traffic;
+ *   - the 128-row forward and dgrad (every epilogue kind) run in 2-CTA clusters: the two
+ *     CTAs take two tiles that share the weight tile (or, on a group's odd last row tile,
+ *     the input tile) and load half of it each, multicast into both, which halves that
+ *     operand's L2 traffic;
  *   - discrete weights (G separate matrices) are read through per-group copies of the weight
  *     maps written on the device before the launch (sm90_weight_maps.cu); the producer
  *     acquires a group's maps when its walk reaches the group.

@@ -21,9 +21,10 @@ extern "C" {
  *   epilogue_tma  1: TMA stores for full blocks (the default); 0: masked register stores
  *                 everywhere (the forward and dgrad: the plain 128-row kernels without
  *                 clusters only);
- *   cluster       0: 2-CTA clusters sharing an operand through TMA multicast for the plain
- *                 128-row forward and dgrad, none elsewhere; 1: none; 2: clusters wherever
- *                 the kernel has them (those two, the wgrad);
+ *   cluster       0: 2-CTA clusters sharing an operand through TMA multicast for the
+ *                 128-row forward and dgrad with the TMA epilogue (any epilogue kind), none
+ *                 elsewhere; 1: none; 2: clusters wherever the kernel has them (those, the
+ *                 wgrad);
  *   grid_used     out: the CTAs launched (0 when nothing was launched);
  *   tile_rows     0: the heuristic (64 when T < 128 G, else 128); 64 or 128;
  *   band_rows     input rows per block of a band of the tile order (0: 2048; forward and
