@@ -120,10 +120,10 @@ int moex_sm90_tile_rows(int64_t T, int64_t G, int64_t N, int64_t K);
  * sm90_tuning.h for what each knob overrides). The rules:
  *   forward, dgrad: tile rows by moex_sm90_tile_rows; 2-CTA clusters for every 128-row
  *     product with the TMA epilogue (any epilogue kind); bands of MOEX_SM90_BAND column
- *     tiles in blocks of MOEX_SM90_BAND_ROWS input rows; the grid is the resident CTAs (clusters), at most one
- *     unit each for groups of T / G rows; stream-K when a workspace is given, for the plain
- *     or bias forward only, and only when groups of T / G rows would leave a last round that
- *     saves at least MOEX_SM90_SK_MIN_STEPS k steps per cluster;
+ *     tiles in blocks of MOEX_SM90_BAND_ROWS input rows; the grid is the resident CTAs
+ *     (clusters), at most one unit each for groups of T / G rows; stream-K when a workspace
+ *     is given, for the plain or bias forward only, and only when groups of T / G rows would
+ *     leave a last round that saves at least MOEX_SM90_SK_MIN_STEPS k steps per cluster;
  *   wgrad: no clusters, bands of MOEX_SM90_WGRAD_BAND N tiles, one CTA per SM at most one per
  *     output tile; never stream-K. */
 void moex_sm90_plan_make(const moex_sm90_device *d, const moex_sm90_shape *s, const moex_sm90_tuning *tune,
