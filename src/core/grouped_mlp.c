@@ -395,8 +395,9 @@ static bwd_plan bwd_plan_of(moex_context *ctx, const moex_grouped_mlp_grad_args 
 }
 
 /* The backward's workspace: the handle, the FP8 copies (FP8), z, dz and dh where they are
- * needed and not elsewhere (bytes 0: not taken, NULL), the steps' shared region (sub; the dW1 step has its own, sub_dw1, which is sub unless the others live in dW1's
- * memory: bwd_layout_of). */
+ * needed and not elsewhere (bytes 0: not taken, NULL), the steps' shared region (sub; the dW1
+ * step has its own, sub_dw1, which is sub unless the others live in dW1's memory:
+ * bwd_layout_of). */
 typedef struct bwd_layout {
     void *groups;
     bwd_copies q;
