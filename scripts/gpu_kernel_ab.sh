@@ -19,10 +19,11 @@ wait $ab
 cat "$OUT/ab_build.log"
 OUT=$OUT/ab bash scripts/gpu_ab_torch.sh run
 echo "gpu_kernel_ab done at $((SECONDS - t0)) s"
-# then, where asked, one CUDA test under compute-sanitizer (SAN_TEST: its build-gpu/tests name,
-# SAN_TOOL: memcheck by default, SAN_TIMEOUT seconds at most, default 120)
+# then, where asked, one CUDA test under compute-sanitizer (SAN_TEST: its build-gpu/tests name
+# with its arguments, e.g. "cuda_test_sm90_epilogue 2"; SAN_TOOL: memcheck by default,
+# SAN_TIMEOUT seconds at most, default 120)
 if [ -n "${SAN_TEST:-}" ]; then
     timeout "${SAN_TIMEOUT:-120}" compute-sanitizer --tool "${SAN_TOOL:-memcheck}" --error-exitcode 9 \
-        "build-gpu/tests/$SAN_TEST" > "$OUT/sanitizer.log" 2>&1
+        build-gpu/tests/$SAN_TEST > "$OUT/sanitizer.log" 2>&1   # unquoted: the test's arguments
     echo "compute-sanitizer ${SAN_TOOL:-memcheck} $SAN_TEST: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/sanitizer.log" | tail -1)"
 fi
