@@ -7,7 +7,7 @@
  * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX): a persistent
  * grid, one CTA per SM, one TMA producer warpgroup and two wgmma consumer warpgroups; tiles of
  * 128 rows x 128 columns (each consumer 64 x 128); a stage is 128 k of both operands (one
- * 128-byte swizzle row, 16 KB each). In 2-CTA clusters (CM = 2, on long reductions) the two
+ * 128-byte swizzle row, 16 KB each), F8_STAGES of them. In 2-CTA clusters (CM = 2, on long reductions) the two
  * CTAs take two tiles that share an operand, as the bf16 kernel's do: a pair of row tiles (the
  * weight tile) or, on a group's odd last row tile, a pair of column tiles (the input tile);
  * each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
@@ -15,12 +15,16 @@
  * product of their own that is added to the f32 sums once the stage is done (DeepSeek-V3's
  * promotion every 128 k); with BLOCK the product is scaled there by the row's x scale and the
  * weight block's (a tile's 128 columns are one weight block). The epilogue scales by xs ws_g
- * (current scaling), adds the bias term and stores pairs of columns from registers, masked to
- * the group's rows and the output width; with GLU (FC1 of the grouped MLP) it stores h and then
- * z = p glu(h) of the rounded h (f8_epi_glu; the contiguous layout's tile is two 64-row weight
- * boxes, rows zb and F + zb, as the bf16 kernel's GLU tile). No stream-K: the caller falls back.
+ * (current scaling), then is the bf16 kernels' (sm90_epilogue.cuh) on each consumer's 64 x 128
+ * block: the bias row (b_g, or p_r b_g) fetched into the consumer's staging buffer while the
+ * tile is computed, full blocks through that buffer and TMA stores, the others through masked
+ * stores to the group's rows and the output width; with GLU (FC1 of the grouped MLP) h rounded
+ * and stored, then z = p glu(h) of the rounded h (the contiguous layout's tile is two 64-row
+ * weight boxes, rows zb and F + zb, as the bf16 kernel's GLU tile). No stream-K: the caller
+ * falls back.
  */
 #include "glu_math.h"
+#include "sm90_epilogue.cuh"
 #include "sm90_grouped_gemm.h"
 #include "sm90_pipeline.cuh"
 #include "sm90_scheduler.cuh"
@@ -29,7 +33,10 @@
 #define F8_BN 128                               /* columns per tile                   */
 #define F8_BK 128                               /* k per stage (bytes of one row)     */
 #define F8_STAGE_BYTES ((F8_BM + F8_BN) * F8_BK)
-#define F8_SMEM_BYTES ((size_t)SM90_STAGES * F8_STAGE_BYTES + 2 * SM90_STAGES * 8 + 1024)
+#define F8_STAGES 6                             /* 32 KB stages: six fit beside the staging */
+#define F8_STAGING_BYTES (2 * 2 * SM90_STAGE_HALF_BYTES)   /* each consumer's two output boxes */
+#define F8_SMEM_BYTES ((size_t)F8_STAGES * F8_STAGE_BYTES + F8_STAGING_BYTES + 2 * F8_STAGES * 8 + 1024)
+static_assert(F8_SMEM_BYTES <= 227 * 1024, "sm90 FP8 forward: shared memory past the 227 KB a Hopper CTA may have");
 #define F8_CLUSTER_MIN_K 2560                   /* clusters from this reduction length on */
 
 typedef struct sm90_fp8_params {
@@ -72,23 +79,6 @@ static __device__ __forceinline__ int f8_tile(const sm90_cursor *c, int64_t t, i
     return 1;
 }
 
-/* The bias of group g at columns n and n + 1 (when < N), as f32; f32 or y's dtype. */
-template <int YF16>
-static __device__ __forceinline__ void f8_bias(const sm90_fp8_params &p, int g, int n, float *b0, float *b1) {
-    const int64_t i = (int64_t)g * p.N + n;
-    const bool two = n + 1 < p.N;
-    if (p.bias_f32) {
-        const float *b = (const float *)p.bias + i;
-        *b0 = __ldg(b), *b1 = two ? __ldg(b + 1) : 0.0f;
-    } else if (YF16) {
-        const __half *b = (const __half *)p.bias + i;
-        *b0 = __half2float(b[0]), *b1 = two ? __half2float(b[1]) : 0.0f;
-    } else {
-        const __nv_bfloat16 *b = (const __nv_bfloat16 *)p.bias + i;
-        *b0 = __bfloat162float(b[0]), *b1 = two ? __bfloat162float(b[1]) : 0.0f;
-    }
-}
-
 /* The first weight row of half `half` (64 rows) of the weight tile of output tile column n0:
  * rows n0 + 64 half, or with the contiguous GLU (virtual tiles of 64 z columns zb = n0 / 2)
  * the first half's rows zb and the second's F + zb. */
@@ -96,72 +86,18 @@ template <int GLU> static __device__ __forceinline__ int f8_wrow(int n0, int hal
     return GLU == 1 ? (half ? F : 0) + n0 / 2 : n0 + 64 * half;
 }
 
-/* y[r, n..n+1] = (a, b) rounded, for a row r < row1 and n < N (n + 1 too when < N). */
-template <int YF16>
-static __device__ __forceinline__ void f8_store(void *y, int64_t r, int n, int N, float a, float b) {
-    if (YF16) {
-        __half *p = (__half *)y + r * N + n;
-        if (n + 1 < N) *(__half2 *)p = __floats2half2_rn(a, b);
-        else *p = __float2half_rn(a);
-    } else {
-        __nv_bfloat16 *p = (__nv_bfloat16 *)y + r * N + n;
-        if (n + 1 < N) *(__nv_bfloat162 *)p = __floats2bfloat162_rn(a, b);
-        else *p = __float2bfloat16_rn(a);
-    }
-}
-
-/* v rounded to y's dtype (bf16 or f16), as f32. */
-template <int YF16> static __device__ __forceinline__ float f8_round(float v) {
-    return YF16 ? __half2float(__float2half_rn(v)) : __bfloat162float(__float2bfloat16_rn(v));
-}
-
-/* The FC1 + scaled GLU epilogue of a consumer's 64 rows of virtual tile column n0 (64 z
- * columns from zb = n0 / 2; GLU 1: contiguous halves, the tile's columns [0, 64) of the first
- * half (h columns zb ...) and [64, 128) of the second (F + zb ...); GLU 2: interleaved_32, h
- * columns [n0, n0 + 128)): h = sc acc + b1 rounded and stored, then z = p glu(h) of the rounded
- * h stored. Rows at or past row1, h and z columns past the halves' width F not written
- * (F % 8 == 0: a pair never straddles). */
-template <int YF16, int GLU>
-static __device__ __forceinline__ void f8_epi_glu(const sm90_fp8_params &p, float (&acc)[64], float sc, int g,
-                                                  int n0, int64_t ra, int64_t rb, int64_t row1, int lane) {
-    const int zb = n0 / 2, F = p.F;
-    const float ga = p.glu_probs != NULL && ra < row1 ? p.glu_probs[ra] : 1.0f;
-    const float gb = p.glu_probs != NULL && rb < row1 ? p.glu_probs[rb] : 1.0f;
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-        const int lc = 8 * j + 2 * (lane % 4);
-        const int hc = GLU == 1 ? (j < 8 ? zb + lc : F + zb + lc - 64) : n0 + lc;
-        const bool in = GLU == 1 ? zb + (lc & 63) < F : hc < 2 * F;
-        float b0 = 0.0f, b1 = 0.0f;
-        if (p.bias != NULL && in) f8_bias<YF16>(p, g, hc, &b0, &b1);
-        acc[4 * j] = f8_round<YF16>(sc * acc[4 * j] + b0);
-        acc[4 * j + 1] = f8_round<YF16>(sc * acc[4 * j + 1] + b1);
-        acc[4 * j + 2] = f8_round<YF16>(sc * acc[4 * j + 2] + b0);
-        acc[4 * j + 3] = f8_round<YF16>(sc * acc[4 * j + 3] + b1);
-        if (!in) continue;
-        if (ra < row1) f8_store<YF16>(p.y, ra, hc, p.N, acc[4 * j], acc[4 * j + 1]);
-        if (rb < row1) f8_store<YF16>(p.y, rb, hc, p.N, acc[4 * j + 2], acc[4 * j + 3]);
-    }
-#pragma unroll
-    for (int i = 0; i < 8; i++) {   /* the pairs (first half j, second half jb) */
-        const int j = GLU == 1 ? i : 8 * (i / 4) + i % 4, jb = j + (GLU == 1 ? 8 : 4);
-        const int lc = 8 * j + 2 * (lane % 4);
-        const int zc = GLU == 1 ? zb + lc : zb + 32 * (lc / 64) + lc % 64;
-        if (zc >= F) continue;
-        if (ra < row1)
-            f8_store<YF16>(p.z, ra, zc, F, moex_glu_forward(p.glu, acc[4 * j], acc[4 * jb], ga),
-                           moex_glu_forward(p.glu, acc[4 * j + 1], acc[4 * jb + 1], ga));
-        if (rb < row1)
-            f8_store<YF16>(p.z, rb, zc, F, moex_glu_forward(p.glu, acc[4 * j + 2], acc[4 * jb + 2], gb),
-                           moex_glu_forward(p.glu, acc[4 * j + 3], acc[4 * jb + 3], gb));
-    }
+/* The epilogue kind (sm90_epilogue.cuh) of this instance's consumer blocks of 64 x 128: the
+ * GLU's, else the bias's (which adds nothing where there is no bias). */
+template <int GLU> static __device__ __forceinline__ constexpr int f8_epi_kind(void) {
+    return GLU == 1 ? MOEX_SM90_EPI_GLU_CONTIG : GLU == 2 ? MOEX_SM90_EPI_GLU_INTERLEAVED : MOEX_SM90_EPI_BIAS;
 }
 #endif
 
 /* The tensor maps: boxes of 128 k by 128 rows (x) or 128 weight rows (w), and by 64 (the
- * halves a cluster's CTAs load of a shared tile). */
+ * halves a cluster's CTAs load of a shared tile); the output's y (h with the GLU) and z, boxes
+ * of 64 x 64 for the TMA stores. */
 typedef struct sm90_fp8_maps {
-    CUtensorMap x, xh, w, wh;
+    CUtensorMap x, xh, w, wh, y, z;
 } sm90_fp8_maps;
 
 /* X5, W5: x, W in E5M2 (else E4M3); YF16: y in f16 (else bf16); CM: CTAs per cluster; BLK:
@@ -174,11 +110,12 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = sm90_smem_aligned(smem_raw);
     uint8_t *sa = smem;                                            /* [STAGES][BM][BK] */
-    uint8_t *sb = sa + SM90_STAGES * F8_BM * F8_BK;                /* [STAGES][BN][BK] */
-    uint64_t *full = (uint64_t *)(sb + SM90_STAGES * F8_BN * F8_BK);
-    uint64_t *empty = full + SM90_STAGES;
+    uint8_t *sb = sa + F8_STAGES * F8_BM * F8_BK;                  /* [STAGES][BN][BK] */
+    uint8_t *sc = sb + F8_STAGES * F8_BN * F8_BK;                  /* [2][2][8 KB] staging */
+    uint64_t *full = (uint64_t *)(sc + F8_STAGING_BYTES);
+    uint64_t *empty = full + F8_STAGES;
     const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
-    sm90_ring_init<CM>(full, empty);
+    sm90_ring_init<CM, F8_STAGES>(full, empty);
     /* column tiles (GLU: virtual, 64 z columns each) and weight block rows */
     const int64_t nt = GLU ? (p.F + 63) / 64 : (p.N + F8_BN - 1) / F8_BN, ntw = (p.N + F8_BN - 1) / F8_BN;
     const sm90_units_rows units = {nt, F8_BM, CM};
@@ -200,7 +137,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 int n0;
                 const int colpair = f8_tile<CM>(&wk.cur, wk.w.t, nt, rank, &m0, &n0);
                 for (int kb = 0; kb < nk; kb++, it++) {
-                    const uint32_t s = sm90_ring_fill(full, empty, it, F8_STAGE_BYTES);
+                    const uint32_t s = sm90_ring_fill<F8_STAGES>(full, empty, it, F8_STAGE_BYTES);
                     uint8_t *a = sa + s * F8_BM * F8_BK, *b = sb + s * F8_BN * F8_BK;
                     const int g = wk.cur.g;
                     if (CM > 1 && !colpair) {   /* 64 of the shared weight rows each, into both CTAs */
@@ -235,6 +172,24 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         sm90_desc_hold(db0);
         float acc[64], part[64];
         uint32_t it = 0;
+        /* the epilogue's view of the parameters (sm90_epilogue.cuh): the probs are the GLU's or
+         * the scaled bias's */
+        constexpr int EPI = f8_epi_kind<GLU>();
+        sm90_epi e;
+        memset(&e, 0, sizeof e);
+        e.bias = p.bias;
+        e.bias_f32 = p.bias_f32;
+        e.bias_scaled = p.bias_scaled;
+        e.probs = GLU ? p.glu_probs : p.probs;
+        e.z = (uint16_t *)p.z;
+        e.F = p.F;
+        e.glu = p.glu;
+        sm90_block k;
+        k.c = c;
+        k.tid = tid;
+        k.lane = lane;
+        k.rl = rl;
+        uint8_t *stage = sc + c * 2 * SM90_STAGE_HALF_BYTES;
         sm90_walk wk;
         sm90_walk_start(&wk, false, 0, nk, CM, 0);
         while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
@@ -243,6 +198,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             f8_tile<CM>(&wk.cur, wk.w.t, nt, rank, &m0, &n0);
             const int g = wk.cur.g;
             const int64_t ra = m0 + 64 * c + rl, rb = ra + 8, row1 = wk.cur.row1;
+            k.mr = m0 + 64 * c;
+            k.ra = ra;
+            k.rb = rb;
+            k.row1 = row1;
+            k.oka = ra < row1;
+            k.okb = rb < row1;
+            sm90_cols<EPI, 128> cols;
+            cols.ob = GLU ? n0 / 2 : n0;
+            cols.lim = GLU ? p.F : p.N;
+            const bool has_bias = p.bias != NULL;
             /* BLOCK: this thread's rows' scale rows and the tile's weight block row (rows past T
              * read row T - 1, a column tile past N, a cluster's second of a column pair, reads
              * the last: never stored) */
@@ -259,9 +224,11 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     const float xa = __ldg(sxa + kb), xb = __ldg(sxb + kb);
                     fa = xa * w, fb = xb * w, fa2 = xa * w2, fb2 = xb * w2;
                 }
-                const uint32_t s = sm90_ring_wait(full, it);
+                const uint32_t s = sm90_ring_wait<F8_STAGES>(full, it);
                 sm90_wgmma_fp8_stage<X5, W5, F8_BK>(part, da0, s * F8_BM * F8_BK, db0, s * F8_BN * F8_BK);
-                sm90_ring_release<CM>(empty, it, tid);
+                sm90_ring_release<CM, F8_STAGES>(empty, it, tid);
+                if (has_bias && kb == 0)   /* the bias row, fetched while the tile is computed */
+                    sm90_epi_bias_fetch(e, cols, g, p.N, stage, k);
                 if (BLK) {
 #pragma unroll
                     for (int i = 0; i < 64; i += 4) {
@@ -274,26 +241,17 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     for (int i = 0; i < 64; i++) acc[i] += part[i];
                 }
             }
-            const float sc = BLK ? 1.0f : p.xs[p.xs_group ? g : 0] * p.ws[g];
-            if (GLU) {
-                f8_epi_glu<YF16, GLU>(p, acc, sc, g, n0, ra, rb, row1, lane);
-                continue;
-            }
-            /* the bias term's factor of each row: 1, or p_r (SCALED; rows past T never stored) */
-            const float pa = p.bias_scaled && ra < row1 ? p.probs[ra] : 1.0f;
-            const float pb = p.bias_scaled && rb < row1 ? p.probs[rb] : 1.0f;
+            if (!BLK) {   /* current scaling: the group's scales once */
+                const float f = p.xs[p.xs_group ? g : 0] * p.ws[g];
 #pragma unroll
-            for (int j = 0; j < 16; j++) {
-                const int n = n0 + 8 * j + 2 * (lane % 4);
-                if (n >= p.N) continue;
-                float b0 = 0.0f, b1 = 0.0f;
-                if (p.bias != NULL) f8_bias<YF16>(p, g, n, &b0, &b1);
-                if (ra < row1)
-                    f8_store<YF16>(p.y, ra, n, p.N, sc * acc[4 * j] + pa * b0, sc * acc[4 * j + 1] + pa * b1);
-                if (rb < row1)
-                    f8_store<YF16>(p.y, rb, n, p.N, sc * acc[4 * j + 2] + pb * b0, sc * acc[4 * j + 3] + pb * b1);
+                for (int i = 0; i < 64; i++) acc[i] *= f;
             }
+            float pa, pb;
+            sm90_epi_probs<EPI>(e, k, &pa, &pb);
+            sm90_epi_rows<YF16, 1, EPI, 128>(acc, e, cols, has_bias, pa, pb, stage, &m.y, &m.z, (uint16_t *)p.y, p.N,
+                                              k);
         }
+        if (tid == 0) sm90_bulk_wait<0>();   /* stores done before the CTA ends */
     }
     /* no CTA of a cluster leaves while its peer may still arrive on its barriers */
     if (CM > 1) sm90_cluster_sync();
@@ -348,8 +306,9 @@ extern "C" bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_s
             a->F % 8 != 0 || (a->block && a->glu == 1 && a->F % 64 != 0) || a->bias_scaled || !sm90_aligned16(a->z))
             return false;
     }
+    /* the bias row is copied with cp.async in 4- or 8-byte pieces: 16-byte aligned, as the bf16 kernels ask */
     return sm90_aligned16(a->x) && sm90_aligned16(a->w) && sm90_aligned16(a->y) && a->x_scales != NULL &&
-           a->w_scales != NULL;
+           a->w_scales != NULL && (a->bias == NULL || sm90_aligned16(a->bias));
 }
 
 extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,
@@ -369,6 +328,14 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
         !sm90_make_map(c, &km.w, a->w_fmt, a->w, 3, wdims, wbox, promo, kname, "w", why) ||
         !sm90_make_map(c, &km.wh, a->w_fmt, a->w, 3, wdims, whbox, promo, kname, "w", why))
         return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
+    /* the output's maps for the TMA stores (z: y's map again without the GLU) */
+    const cuuint64_t ydims[2] = {(cuuint64_t)a->N, (cuuint64_t)a->T}, zdims[2] = {(cuuint64_t)a->F, (cuuint64_t)a->T};
+    const cuuint32_t ybox[2] = {64, 64};
+    const bool glu = a->glu != 0;
+    if (!sm90_make_map(c, &km.y, a->y_dtype, a->y, 2, ydims, ybox, promo, kname, glu ? "h" : "y", why) ||
+        !sm90_make_map(c, &km.z, a->y_dtype, glu ? a->z : a->y, 2, glu ? zdims : ydims, ybox, promo, kname,
+                       glu ? "z" : "y", why))
+        return MOEX_ERR_CUDA;
     sm90_fp8_params kp;
     memset(&kp, 0, sizeof kp);
     kp.y = a->y;
