@@ -7,10 +7,10 @@
  * sm90_scheduler.cuh, the stage ring of sm90_pipeline.cuh, TMA and wgmma PTX): a persistent
  * grid, one CTA per SM, one TMA producer warpgroup and two wgmma consumer warpgroups; tiles of
  * 128 rows x 128 columns (each consumer 64 x 128); a stage is 128 k of both operands (one
- * 128-byte swizzle row, 16 KB each), F8_STAGES of them. In 2-CTA clusters (CM = 2, on long reductions) the two
- * CTAs take two tiles that share an operand, as the bf16 kernel's do: a pair of row tiles (the
- * weight tile) or, on a group's odd last row tile, a pair of column tiles (the input tile);
- * each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
+ * 128-byte swizzle row, 16 KB each), F8_STAGES of them. In 2-CTA clusters (CM = 2, on long
+ * reductions) the two CTAs take two tiles that share an operand, as the bf16 kernel's do: a
+ * pair of row tiles (the weight tile) or, on a group's odd last row tile, a pair of column
+ * tiles (the input tile); each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
  * accumulation keeps fewer bits than f32, so each stage's four m64n128k32 steps go into a
  * product of their own that is added to the f32 sums once the stage is done (DeepSeek-V3's
  * promotion every 128 k); with BLOCK the product is scaled there by the row's x scale and the
