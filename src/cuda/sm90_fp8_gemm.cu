@@ -10,18 +10,18 @@
  * 128-byte swizzle row, 16 KB each), F8_STAGES of them. In 2-CTA clusters (CM = 2, on long
  * reductions) the two CTAs take two tiles that share an operand, as the bf16 kernel's do: a
  * pair of row tiles (the weight tile) or, on a group's odd last row tile, a pair of column
- * tiles (the input tile); each CTA loads half of the shared tile, multicast into both. The tensor cores' FP8
- * accumulation keeps fewer bits than f32, so each stage's four m64n128k32 steps go into a
- * product of their own that is added to the f32 sums once the stage is done (DeepSeek-V3's
- * promotion every 128 k); with BLOCK the product is scaled there by the row's x scale and the
- * weight block's (a tile's 128 columns are one weight block). The epilogue scales by xs ws_g
- * (current scaling), then is the bf16 kernels' (sm90_epilogue.cuh) on each consumer's 64 x 128
- * block: the bias row (b_g, or p_r b_g) fetched into the consumer's staging buffer while the
- * tile is computed, full blocks through that buffer and TMA stores, the others through masked
- * stores to the group's rows and the output width; with GLU (FC1 of the grouped MLP) h rounded
- * and stored, then z = p glu(h) of the rounded h (the contiguous layout's tile is two 64-row
- * weight boxes, rows zb and F + zb, as the bf16 kernel's GLU tile). No stream-K: the caller
- * falls back.
+ * tiles (the input tile); each CTA loads half of the shared tile, multicast into both. The
+ * tensor cores' FP8 accumulation keeps fewer bits than f32, so each stage's four m64n128k32
+ * steps go into a product of their own that is added to the f32 sums once the stage is done
+ * (DeepSeek-V3's promotion every 128 k); with BLOCK the product is scaled there by the row's x
+ * scale and the weight block's (a tile's 128 columns are one weight block). The epilogue scales
+ * by xs ws_g (current scaling), then is the bf16 kernels' (sm90_epilogue.cuh) on each
+ * consumer's 64 x 128 block: the bias row (b_g, or p_r b_g) fetched into the consumer's staging
+ * buffer while the tile is computed, full blocks through that buffer and TMA stores, the others
+ * through masked stores to the group's rows and the output width; with GLU (FC1 of the grouped
+ * MLP) h rounded and stored, then z = p glu(h) of the rounded h (the contiguous layout's tile
+ * is two 64-row weight boxes, rows zb and F + zb, as the bf16 kernel's GLU tile). No stream-K:
+ * the caller falls back.
  */
 #include "glu_math.h"
 #include "sm90_epilogue.cuh"
