@@ -25,13 +25,14 @@ workspaces included; mlp_bench.peak_bytes).
 --skewed: x[:, 0] = 1 and router_w[:, 0] = SKEW for the first max(1, E // 16) experts, 0 for the
 others, so that their logits carry a fixed bias SKEW (the same for both layers); load: the most
 rows an expert gets over the mean, T k / E.
+--profile: each config's kernels of one moex step and one eager step (torch.profiler, GPU time).
 --device cpu --configs tiny: a smoke run of the agreement check on the CPU (host timing, no
 compile, no peak), with a CPU libmoex as MOEX_LIBRARY and MOEX_TORCH_EXTENSION=0.
 
 Usage (GPU machine; the build of scripts/gpu_python.sh): PYTHONPATH=python:bench \\
     MOEX_LIBRARY=build-py/libmoex/libmoex.so MOEX_TORCH_EXTENSION=build-py/libmoex_torch.so \\
     python3 bench/moe_bench.py [--configs qwen3-30b,dsv3-32,mixtral,gptoss] [--iters N] [--skewed]
-    [--no-compile] [--device cpu]
+    [--no-compile] [--profile] [--device cpu]
 """
 import argparse
 import json
@@ -42,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 import moex.torch as mt
-from mlp_bench import SPIN, peak_bytes, rel_diff
+from mlp_bench import SPIN, peak_bytes, profile, rel_diff
 from torch_baseline import median_ms
 
 BF = torch.bfloat16
@@ -153,6 +154,10 @@ def bench_config(name, args, dev, compiled):
             r[f"{fname}_peak_mb"] = round(peak_bytes(fn) / 1e6, 1)
         r[f"{fname}_ms"] = round(step_ms(fn, args.iters, dev), 4)
         r[fname] = round(flops / r[f"{fname}_ms"] / 1e9, 1)
+    if args.profile and dev.type == "cuda":
+        print(json.dumps(r), flush=True)   # (the row so far, above its kernels)
+        for fname in ("moex", "eager"):
+            profile(fns[fname], f"{name} {fname}", top=24)
     r["vs_eager"] = round(r["eager_ms"] / r["moex_ms"], 3)
     r["vs_torch"] = round(min(r["eager_ms"], r.get("compile_ms", float("inf"))) / r["moex_ms"], 3)
     return r
@@ -164,6 +169,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--skewed", action="store_true", help=f"bias the logits of a few experts by {SKEW}")
     ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--profile", action="store_true", help="the kernels of one moex and one eager step")
     ap.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run (no compile)")
     args = ap.parse_args()
     dev = torch.device(args.device)
