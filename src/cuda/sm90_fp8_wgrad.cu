@@ -43,13 +43,12 @@
 #define F8W_BK 128                              /* dW columns (K) per tile                  */
 #define F8W_BR 128                              /* group rows per stage (bytes of one row)  */
 #define F8W_STAGE_BYTES ((F8W_BN + F8W_BK) * F8W_BR)
-#define F8W_STAGES SM90_STAGES                  /* 32 KB stages (a fifth fits, and was slower) */
 #define F8W_HEAD_BYTES (2 * 64 * F8W_BR)        /* each consumer's copy of a window's head  */
 #define F8W_STAGING_BYTES (2 * 2 * SM90_STAGE_HALF_BYTES)   /* each consumer's two TMA boxes */
-#define F8W_SCALE_BYTES (F8W_STAGES * (F8W_BN + F8W_BK) * 4)   /* BLK: each stage's scales */
+#define F8W_SCALE_BYTES (SM90_STAGES * (F8W_BN + F8W_BK) * 4)   /* BLK: each stage's scales */
 #define F8W_SMEM_BYTES                                                                                    \
-    ((size_t)F8W_STAGES * F8W_STAGE_BYTES + F8W_HEAD_BYTES + F8W_STAGING_BYTES + F8W_SCALE_BYTES +       \
-     3 * F8W_STAGES * 8 + 1024)
+    ((size_t)SM90_STAGES * F8W_STAGE_BYTES + F8W_HEAD_BYTES + F8W_STAGING_BYTES + F8W_SCALE_BYTES +       \
+     3 * SM90_STAGES * 8 + 1024)
 #define F8W_BAND 8                              /* N tiles per band of the tile order       */
 
 typedef struct sm90_fp8_wgrad_params {
@@ -185,17 +184,17 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
     extern __shared__ uint8_t smem_raw[];
     uint8_t *smem = sm90_smem_aligned(smem_raw);
     uint8_t *sa = smem;                                            /* [STAGES][BN][BR] dy      */
-    uint8_t *sb = sa + F8W_STAGES * F8W_BN * F8W_BR;              /* [STAGES][BK][BR] x       */
-    uint8_t *sh = sb + F8W_STAGES * F8W_BK * F8W_BR;              /* [2][64][BR] heads         */
+    uint8_t *sb = sa + SM90_STAGES * F8W_BN * F8W_BR;              /* [STAGES][BK][BR] x       */
+    uint8_t *sh = sb + SM90_STAGES * F8W_BK * F8W_BR;              /* [2][64][BR] heads         */
     uint8_t *stg = sh + F8W_HEAD_BYTES;                            /* [2][2][8 KB] staging      */
     float *ssc = (float *)(stg + F8W_STAGING_BYTES);               /* [STAGES][BN + BK] scales  */
-    uint64_t *full = (uint64_t *)(ssc + F8W_STAGES * (F8W_BN + F8W_BK));
-    uint64_t *empty = full + F8W_STAGES;
-    uint64_t *sfull = empty + F8W_STAGES;                         /* BLK: a stage's scales     */
+    uint64_t *full = (uint64_t *)(ssc + SM90_STAGES * (F8W_BN + F8W_BK));
+    uint64_t *empty = full + SM90_STAGES;
+    uint64_t *sfull = empty + SM90_STAGES;                         /* BLK: a stage's scales     */
     const int wg = sm90_warpgroup(), tid = threadIdx.x % 128;
     if (BLK && threadIdx.x == 0)
-        for (int i = 0; i < F8W_STAGES; i++) sm90_mbar_init(&sfull[i], 32);   /* fenced by the ring's init */
-    sm90_ring_init<1, F8W_STAGES>(full, empty);
+        for (int i = 0; i < SM90_STAGES; i++) sm90_mbar_init(&sfull[i], 32);   /* fenced by the ring's init */
+    sm90_ring_init<1>(full, empty);
     const int64_t tn = (p.N + F8W_BN - 1) / F8W_BN, tk = (p.K + F8W_BK - 1) / F8W_BK;
     const sm90_units_fixed units = {tn * tk};
 
@@ -214,7 +213,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                 const int64_t a = wk.cur.row0 & ~(int64_t)15;   /* 16-byte-aligned windows */
                 const int64_t nks = wk.cur.row1 > wk.cur.row0 ? (wk.cur.row1 - a + F8W_BR - 1) / F8W_BR : 0;
                 for (int64_t kb = 0; kb < nks; kb++, it++) {
-                    const uint32_t s = sm90_ring_fill<F8W_STAGES>(full, empty, it, F8W_STAGE_BYTES);
+                    const uint32_t s = sm90_ring_fill(full, empty, it, F8W_STAGE_BYTES);
                     const int32_t r = (int32_t)(a + kb * F8W_BR);
                     sm90_tma_load_2d(sa + s * F8W_BN * F8W_BR, &m.dy, &full[s], r, n0);
                     sm90_tma_load_2d(sb + s * F8W_BK * F8W_BR, &m.x, &full[s], r, k0);
@@ -246,8 +245,8 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                         v[i] = __ldg(p.dys + (int64_t)(n < p.N ? n : p.N - 1) * p.ld + j);
                         v[4 + i] = __ldg(p.xs + (int64_t)(k < p.K ? k : p.K - 1) * p.ld + j);
                     }
-                    const uint32_t s = it % F8W_STAGES;
-                    sm90_mbar_wait(&empty[s], ((it / F8W_STAGES) & 1u) ^ 1u);
+                    const uint32_t s = it % SM90_STAGES;
+                    sm90_mbar_wait(&empty[s], ((it / SM90_STAGES) & 1u) ^ 1u);
                     float *slot = ssc + s * (F8W_BN + F8W_BK);
 #pragma unroll
                     for (int i = 0; i < 4; i++) slot[lane + 32 * i] = v[i], slot[F8W_BN + lane + 32 * i] = v[4 + i];
@@ -284,7 +283,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             for (int i = 0; i < 64; i++) acc[i] = 0.0f;
             float pa = 0.0f, pb = 0.0f;   /* BLOCK: block kb - 1's dy scales */
             for (int64_t kb = 0; kb < nks; kb++, it++) {
-                const uint32_t s = sm90_ring_wait<F8W_STAGES>(full, it);
+                const uint32_t s = sm90_ring_wait(full, it);
                 uint8_t *wa = sa + s * F8W_BN * F8W_BR + 64 * c * F8W_BR, *wb = sb + s * F8W_BK * F8W_BR + 64 * c * F8W_BR;
                 const int lo = kb == 0 ? o : 0, hi = kb == nks - 1 ? end : F8W_BR;   /* the group's bytes */
                 if (lo > 0 || hi < F8W_BR) {
@@ -300,16 +299,16 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
                     sm90_named_barrier(2 + c, 128);
                     /* the head's bytes lie in the first k32 step: one step, against the window's x */
                     sm90_wgmma_fp8_stage<D5, X5, 32>(part, dh, 0, db0, s * F8W_BK * F8W_BR);
-                    f8w_promote(acc, part, ssc + ((it - 1) % F8W_STAGES) * (F8W_BN + F8W_BK) + F8W_BN, pa, pb,
+                    f8w_promote(acc, part, ssc + ((it - 1) % SM90_STAGES) * (F8W_BN + F8W_BK) + F8W_BN, pa, pb,
                                 lane);
                 }
                 sm90_wgmma_fp8_stage<D5, X5, F8W_BR>(part, da0, s * F8W_BN * F8W_BR, db0, s * F8W_BK * F8W_BR);
                 /* every warp of the consumer issued this stage's wgmmas: all are past stage
                  * it - 1's promotion, so it goes back to the producers */
-                if (kb > 0) sm90_ring_release<1, F8W_STAGES>(empty, it - 1, tid);
+                if (kb > 0) sm90_ring_release<1>(empty, it - 1, tid);
                 if (BLK) {
                     const float *slot = ssc + s * (F8W_BN + F8W_BK);
-                    sm90_mbar_wait(&sfull[s], (it / F8W_STAGES) & 1u);
+                    sm90_mbar_wait(&sfull[s], (it / SM90_STAGES) & 1u);
                     pa = slot[64 * c + rl], pb = slot[64 * c + rl + 8];
                     f8w_promote(acc, part, slot + F8W_BN, pa, pb, lane);
                 } else {
@@ -319,7 +318,7 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             }
             if (nks > 0) {   /* the last stage, once every warp has promoted it */
                 if (BLK) sm90_named_barrier(2 + c, 128);
-                sm90_ring_release<1, F8W_STAGES>(empty, it - 1, tid);
+                sm90_ring_release<1>(empty, it - 1, tid);
             }
             /* an empty group writes zeros (=) */
             const bool live = nks > 0;
