@@ -152,6 +152,7 @@ typedef struct fp8_case {
     moex_bias_mode mode;
     moex_grad_mode dw_mode;
     moex_dtype dwdt;            /* dW's dtype: f32 (the default), or bf16 / f16 (WRITE) */
+    int bias_off;               /* the bias this many elements into its buffer: off 16-byte alignment */
 } fp8_case;
 
 static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
@@ -162,9 +163,10 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     int64_t S = 0;
     for (int64_t g = 0; g < G; g++) S += splits[g];
     char label[200];
-    snprintf(label, sizeof label, "G=%lld T=%lld S=%lld K=%lld N=%lld recipes %d/%d y %s bias %d dw %s %s",
+    snprintf(label, sizeof label, "G=%lld T=%lld S=%lld K=%lld N=%lld recipes %d/%d y %s bias %d (+%d) dw %s %s",
              (long long)G, (long long)T, (long long)S, (long long)K, (long long)N, (int)c->xr, (int)c->wr,
-             dt_name(c->ydt), (int)c->mode, c->dw_mode == MOEX_GRAD_ACCUMULATE ? "acc" : "write", dt_name(c->dwdt));
+             dt_name(c->ydt), (int)c->mode, c->bias_off, c->dw_mode == MOEX_GRAD_ACCUMULATE ? "acc" : "write",
+             dt_name(c->dwdt));
     tu_log("case %s\n", label);
     const int failures_before = tu_failures();
 
@@ -180,7 +182,11 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     const moex_quant_params gp = params_of(c->xr, MOEX_DTYPE_E5M2);   /* the gradient dy */
     qrows xq = quantize_rows(&xp, G, T, K, splits, x), dyq = quantize_rows(&gp, G, T, N, splits, dy);
     qrows wq = quantize_weights(&wp, G, N, K, w);
-    void *bb = tu_buffer(bdt, bias, G * N), *pb = tu_buffer_rows(MOEX_DTYPE_F32, probs, S, T, 1);
+    const size_t bes = moex_dtype_size(bdt), boff = (size_t)c->bias_off * bes;
+    void *bias_buf = tu_alloc((size_t)(G * N) * bes + boff), *bias_vals = tu_buffer(bdt, bias, G * N);
+    memcpy((char *)bias_buf + boff, bias_vals, (size_t)(G * N) * bes);
+    free(bias_vals);
+    void *bb = (char *)bias_buf + boff, *pb = tu_buffer_rows(MOEX_DTYPE_F32, probs, S, T, 1);
     const moex_tensor splits_t = moex_tensor_1d(splits, MOEX_DTYPE_I64, G);
     char what[300];
     size_t bytes = 0;
@@ -298,7 +304,7 @@ static void run_case(moex_context *ctx, tu_rng *r, const fp8_case *c) {
     if (tu_failures() != failures_before) printf("  (failures above: case %s)\n", label);
 
     qrows_free(&xq), qrows_free(&dyq), qrows_free(&wq);
-    free(splits); free(x); free(w); free(dy); free(bias); free(probs); free(bb); free(pb);
+    free(splits); free(x); free(w); free(dy); free(bias); free(probs); free(bias_buf); free(pb);
     free(yb); free(y); free(yd); free(dxb); free(dx); free(dxd); free(dw0); free(dwb); free(dw); free(dwd);
 }
 
@@ -413,6 +419,12 @@ int main(void) {
                             .xr = MOEX_QUANT_GROUP, .wr = MOEX_QUANT_GROUP, .ydt = MOEX_DTYPE_BF16,
                             .mode = MOEX_BIAS_NONE, .dw_mode = MOEX_GRAD_WRITE};
         run_case(ctx, &r, &a), run_case(ctx, &r, &b), run_case(ctx, &r, &e), run_case(ctx, &r, &f);
+        /* biases one element off 16-byte alignment (f32 ADD: off its pairs' 8 bytes; bf16 SCALED:
+         * off 4), on Hopper fetched by plain loads */
+        fp8_case ao = a, bo = b;
+        ao.bias_off = 1, bo.bias_off = 1, bo.ydt = MOEX_DTYPE_BF16, bo.xr = bo.wr = MOEX_QUANT_BLOCK;
+        run_case(ctx, &r, &ao), run_case(ctx, &r, &bo);
+        n += 2;
         /* clusters, the last group's odd last row tile as a column pair whose second tile lies
          * past N (its BLOCK weight scales must not be read past the last group's) */
         static const int64_t two[2] = {256, 100};

@@ -188,7 +188,9 @@ static __device__ __forceinline__ void sm90_epi_probs(const sm90_epi &epi, const
 }
 
 /* Starts the copy of group g's bias row (the block's columns) into `stage` (cp.async, block
- * column pair lc / 2 at 4 or 8 bytes each), once the last tile's TMA stores have read it. */
+ * column pair lc / 2 at 4 or 8 bytes each; a bias whose pairs are not aligned so, at its
+ * dtype's natural alignment only, by two loads and a shared store), once the last tile's TMA
+ * stores have read it. */
 template <int EPI, int NC>
 static __device__ __forceinline__ void sm90_epi_bias_fetch(const sm90_epi &epi, const sm90_cols<EPI, NC> &cols, int g,
                                                            int N, uint8_t *stage, const sm90_block &k) {
@@ -196,11 +198,17 @@ static __device__ __forceinline__ void sm90_epi_bias_fetch(const sm90_epi &epi, 
     sm90_named_barrier(1 + k.c, 128);
     const int lc = 2 * k.tid;
     if (lc < NC && cols.ok(lc)) {
-        const int64_t bi = (int64_t)g * N + cols.col(lc);
-        if (epi.bias_f32)
-            sm90_cp_async<8>(stage + 8 * k.tid, (const float *)epi.bias + bi);
-        else
-            sm90_cp_async<4>(stage + 4 * k.tid, (const uint16_t *)epi.bias + bi);
+        const int64_t bi = (int64_t)g * N + cols.col(lc);   /* even: N and the columns' pairs */
+        const bool pairs = (uintptr_t)epi.bias % (epi.bias_f32 ? 8u : 4u) == 0;   /* uniform */
+        if (epi.bias_f32) {
+            const float *b = (const float *)epi.bias + bi;
+            if (pairs) sm90_cp_async<8>(stage + 8 * k.tid, b);
+            else *(float2 *)(stage + 8 * k.tid) = make_float2(__ldg(b), __ldg(b + 1));
+        } else {
+            const uint16_t *b = (const uint16_t *)epi.bias + bi;
+            if (pairs) sm90_cp_async<4>(stage + 4 * k.tid, b);
+            else *(uint32_t *)(stage + 4 * k.tid) = (uint32_t)__ldg(b) | (uint32_t)__ldg(b + 1) << 16;
+        }
     }
     sm90_cp_async_commit();
 }

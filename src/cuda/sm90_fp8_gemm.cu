@@ -306,9 +306,9 @@ extern "C" bool moex_sm90_fp8_supported(const moex_sm90_context *c, const moex_s
             a->F % 8 != 0 || (a->block && a->glu == 1 && a->F % 64 != 0) || a->bias_scaled || !sm90_aligned16(a->z))
             return false;
     }
-    /* the bias row is copied with cp.async in 4- or 8-byte pieces: 16-byte aligned, as the bf16 kernels ask */
+    /* (a bias at any natural alignment: sm90_epi_bias_fetch) */
     return sm90_aligned16(a->x) && sm90_aligned16(a->w) && sm90_aligned16(a->y) && a->x_scales != NULL &&
-           a->w_scales != NULL && (a->bias == NULL || sm90_aligned16(a->bias));
+           a->w_scales != NULL;
 }
 
 extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex_sm90_fp8_args *a, moex_stream stream,

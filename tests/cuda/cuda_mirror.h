@@ -4,7 +4,8 @@
  * host-side harness and the fp64 reference unchanged.
  *
  * A mirror copies every tensor of the struct (and each matrix of a discrete weight, with a
- * device array of device pointers) to fresh device memory, runs the op with a workspace
+ * device array of device pointers) to fresh device memory at the host address's offset from
+ * 16-byte alignment (a tensor placed off alignment on the host is so on the device), runs the op with a workspace
  * poisoned with 0xFF bytes (so reading scratch nothing wrote shows up as NaN/garbage),
  * synchronises, checks moex_context_check_splits, and copies the output tensors back over
  * the host buffers (whole tensors, so poisoned tail rows must come back still poisoned).
@@ -28,6 +29,7 @@
 
 typedef struct cm_buf {
     void *host, *dev;
+    void *base;             /* the device allocation dev lies in (dev - base = host % 16) */
     size_t bytes;
     int out;
     void *init;             /* out: the device copy's bytes before the op (host memory) */
@@ -94,7 +96,9 @@ static void *cm_add(cm_mirror *m, void *host, size_t bytes, int out) {
     b->host = host;
     b->bytes = bytes;
     b->out = out;
-    b->dev = cm_to_dev(host, bytes);
+    b->base = cm_malloc(bytes + 16);
+    b->dev = (char *)b->base + (uintptr_t)host % 16;
+    if (bytes) cm_die(cudaMemcpy(b->dev, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy H2D");
     b->init = NULL;
     if (out) {
         b->init = tu_alloc(bytes ? bytes : 1);
@@ -166,7 +170,7 @@ static moex_status cm_finish(cm_mirror *m, moex_context *ctx, moex_status st) {
             free(now);
         }
         free(b->init);
-        cudaFree(b->dev);
+        cudaFree(b->base);
     }
     for (int i = 0; i < m->nextra; i++) cudaFree(m->extra[i]);
     m->n = m->nextra = 0;
