@@ -328,13 +328,14 @@ extern "C" moex_status moex_sm90_fp8_gemm(const moex_sm90_context *c, const moex
         !sm90_make_map(c, &km.w, a->w_fmt, a->w, 3, wdims, wbox, promo, kname, "w", why) ||
         !sm90_make_map(c, &km.wh, a->w_fmt, a->w, 3, wdims, whbox, promo, kname, "w", why))
         return MOEX_ERR_CUDA;   /* *why names the operand and the CUresult */
-    /* the output's maps for the TMA stores (z: y's map again without the GLU) */
+    /* the output's maps for the TMA stores (z: a copy of y's without the GLU, never read) */
     const cuuint64_t ydims[2] = {(cuuint64_t)a->N, (cuuint64_t)a->T}, zdims[2] = {(cuuint64_t)a->F, (cuuint64_t)a->T};
     const cuuint32_t ybox[2] = {64, 64};
     const bool glu = a->glu != 0;
-    if (!sm90_make_map(c, &km.y, a->y_dtype, a->y, 2, ydims, ybox, promo, kname, glu ? "h" : "y", why) ||
-        !sm90_make_map(c, &km.z, a->y_dtype, glu ? a->z : a->y, 2, glu ? zdims : ydims, ybox, promo, kname,
-                       glu ? "z" : "y", why))
+    if (!sm90_make_map(c, &km.y, a->y_dtype, a->y, 2, ydims, ybox, promo, kname, glu ? "h" : "y", why))
+        return MOEX_ERR_CUDA;
+    km.z = km.y;
+    if (glu && !sm90_make_map(c, &km.z, a->y_dtype, a->z, 2, zdims, ybox, promo, kname, "z", why))
         return MOEX_ERR_CUDA;
     sm90_fp8_params kp;
     memset(&kp, 0, sizeof kp);
