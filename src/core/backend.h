@@ -111,8 +111,110 @@ typedef struct moex_cast_rows_args {
     moex_tensor dst;
 } moex_cast_rows_args;
 
-/* The primitives, one field each with its comment, and a *_ws query beside each primitive with
- * a workspace: written out so that grep finds each; their shapes repeat by design. */
+/* The signature of each function of moex_backend_ops below (what each does: its field's
+ * comment), written once as a type moex_<field>_fn: the table's fields and each backend's
+ * declarations of its definitions (src/cpu/cpu_ops.h, src/cuda/cuda_ops.h) are written with
+ * these types, so a definition that disagrees with its field does not compile. The list repeats
+ * in shape, by design: each line is a signature the compiler checks. */
+typedef moex_status moex_enter_fn(moex_context *ctx, const moex_call *c, int *scope);
+typedef moex_status moex_leave_fn(moex_context *ctx, int scope, moex_status st);
+typedef moex_status moex_check_limits_fn(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups,
+                                         int64_t experts);
+typedef size_t moex_groups_ws_fn(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
+typedef moex_status moex_groups_prepare_fn(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
+                                           int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
+typedef size_t moex_linear_fwd_ws_fn(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
+typedef moex_status moex_linear_fwd_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                       const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
+typedef size_t moex_linear_dgrad_ws_fn(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
+                                       const moex_gl_dims *d);
+typedef moex_status moex_linear_dgrad_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                         const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
+typedef size_t moex_linear_wgrad_ws_fn(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
+                                       const moex_gl_dims *d);
+typedef moex_status moex_linear_wgrad_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                         const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+typedef size_t moex_glu_fwd_ws_fn(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
+typedef moex_status moex_glu_fwd_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                    const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws);
+typedef size_t moex_glu_bwd_ws_fn(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
+typedef moex_status moex_glu_bwd_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                    const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+typedef size_t moex_quantize_ws_fn(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
+typedef moex_status moex_quantize_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                     const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
+typedef size_t moex_dequantize_ws_fn(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
+typedef moex_status moex_dequantize_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                       const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
+typedef size_t moex_cast_rows_ws_fn(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
+typedef moex_status moex_cast_rows_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                      const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+typedef size_t moex_zero_tail_ws_fn(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
+typedef moex_status moex_zero_tail_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                      const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+typedef size_t moex_splits_to_offsets_ws_fn(moex_context *ctx, const moex_splits_to_offsets_args *a,
+                                            const moex_splits_dims *d);
+typedef moex_status moex_splits_to_offsets_fn(moex_context *ctx, const moex_call *c,
+                                              const moex_splits_to_offsets_args *a, const moex_splits_dims *d,
+                                              void *ws);
+typedef size_t moex_router_fwd_ws_fn(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
+typedef moex_status moex_router_fwd_fn(moex_context *ctx, const moex_call *c, const moex_router_args *a,
+                                       const moex_router_dims *d, void *ws);
+typedef size_t moex_router_bwd_ws_fn(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
+typedef moex_status moex_router_bwd_fn(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
+                                       const moex_router_dims *d, void *ws);
+typedef size_t moex_permute_fwd_ws_fn(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
+typedef moex_status moex_permute_fwd_fn(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
+                                        const moex_perm_dims *d, void *ws);
+typedef size_t moex_permute_bwd_ws_fn(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
+typedef moex_status moex_permute_bwd_fn(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
+                                        const moex_perm_dims *d, void *ws);
+typedef size_t moex_unpermute_fwd_ws_fn(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
+typedef moex_status moex_unpermute_fwd_fn(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
+                                          const moex_perm_dims *d, void *ws);
+typedef size_t moex_unpermute_bwd_ws_fn(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
+typedef moex_status moex_unpermute_bwd_fn(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
+                                          const moex_perm_dims *d, void *ws);
+typedef size_t moex_weight_quantize_ws_fn(moex_context *ctx, const moex_weight_quantize_args *a,
+                                          const moex_quant_dims *d);
+typedef moex_status moex_weight_quantize_fn(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
+                                            const moex_quant_dims *d, void *ws);
+typedef size_t moex_weight_dequantize_ws_fn(moex_context *ctx, const moex_weight_dequantize_args *a,
+                                            const moex_quant_dims *d);
+typedef moex_status moex_weight_dequantize_fn(moex_context *ctx, const moex_call *c,
+                                              const moex_weight_dequantize_args *a, const moex_quant_dims *d, void *ws);
+typedef size_t moex_weight_maps_size_fn(moex_context *ctx, const moex_gl_dims *d);
+typedef moex_status moex_weight_maps_write_fn(moex_context *ctx, const moex_call *c,
+                                              const moex_weight_maps_write_args *a, const moex_gl_dims *d);
+typedef size_t moex_weight_copy_ws_fn(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
+typedef moex_status moex_weight_copy_fn(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
+                                        const moex_gl_dims *d, void *ws);
+typedef size_t moex_dense_gemm_ws_fn(moex_context *ctx, const moex_dense_gemm *p);
+typedef moex_status moex_dense_gemm_fn(moex_context *ctx, const moex_call *c, const moex_groups *rows,
+                                       const moex_dense_gemm *p, void *ws);
+typedef moex_status moex_fc1_glu_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                    const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
+typedef size_t moex_fc2_glu_grad_ws_fn(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
+typedef moex_status moex_fc2_glu_grad_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                         const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
+typedef size_t moex_linear_fp8_ws_fn(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
+typedef moex_status moex_linear_fp8_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                       const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+typedef size_t moex_fc1_glu_fp8_ws_fn(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d);
+typedef moex_status moex_fc1_glu_fp8_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                        const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws);
+typedef size_t moex_linear_fp8_wgrad_ws_fn(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
+                                           const moex_fp8_dims *d);
+typedef moex_status moex_linear_fp8_wgrad_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                             const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d,
+                                             void *ws);
+typedef moex_status moex_glu_quantize_fn(moex_context *ctx, const moex_call *c, const moex_groups *g,
+                                         const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
+                                         const moex_quant_dims *d, void *ws);
+typedef moex_status moex_zero_f32_fn(moex_context *ctx, const moex_call *c, float *p, int64_t n);
+typedef moex_status moex_check_splits_fn(moex_context *ctx, moex_stream stream);
+typedef void moex_destroy_fn(moex_context *ctx);
+
 typedef struct moex_backend_ops {
     const char *name;
     bool host_memory;           /* tensors are host memory: the core may read them */
@@ -120,176 +222,144 @@ typedef struct moex_backend_ops {
     /* Around every public call's primitives (CUDA: makes ctx->device current and restores
      * the caller's device in leave; leave also launches the work a call left pending, and
      * returns its status; st: the primitives' status). NULL: nothing to do. */
-    moex_status (*enter)(moex_context *ctx, const moex_call *c, int *scope);
-    moex_status (*leave)(moex_context *ctx, int scope, moex_status st);
+    moex_enter_fn *enter;
+    moex_leave_fn *leave;
 
     /* Limits of the backend's grouped kernels for `rows` rows in `groups` groups, and for
      * `experts` experts of a permute (0: none), checked before a call's first launch.
      * NULL: no limits. */
-    moex_status (*check_limits)(moex_context *ctx, const moex_call *c, int64_t rows, int64_t groups,
-                                int64_t experts);
+    moex_check_limits_fn *check_limits;
 
     /* The prepared-splits handle: its storage, and its build from splits [G] in the
      * backend's memory (NULL: one group of all T rows). `fwd`: the grouped linear forward the
      * handle serves, whose own GEMM scratch it then carries (CUDA: the Hopper forward's
      * stream-K partial sums, on the shapes where it runs stream-K); NULL: none. */
-    size_t (*groups_ws)(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
-    moex_status (*groups_prepare)(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                  int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
+    moex_groups_ws_fn *groups_ws;
+    moex_groups_prepare_fn *groups_prepare;
 
     /* The primitives with a workspace query, each a pair: <f>_ws, its workspace bytes, and <f>.
      * Those with a moex_groups *g run on the call's prepared handle and do not read the splits
      * fields of their args (the handle has them); the others need none. A backend defines each as
-     * <prefix>_<f>_ws and <prefix>_<f> (declared in its header: src/cpu/cpu_ops.h,
-     * src/cuda/cuda_ops.h) and names them in its table. */
+     * <prefix>_<f>_ws and <prefix>_<f> (declared with the field's types in its header:
+     * src/cpu/cpu_ops.h, src/cuda/cuda_ops.h) and names them in its table. */
 
     /* The grouped linear forward y = x W_g^T with its bias epilogue. */
-    size_t (*linear_fwd_ws)(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
-    moex_status (*linear_fwd)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
+    moex_linear_fwd_ws_fn *linear_fwd_ws;
+    moex_linear_fwd_fn *linear_fwd;
 
     /* Its backward data: dx, dbias, dprobs (+=). */
-    size_t (*linear_dgrad_ws)(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
-    moex_status (*linear_dgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
+    moex_linear_dgrad_ws_fn *linear_dgrad_ws;
+    moex_linear_dgrad_fn *linear_dgrad;
 
     /* Its backward weight: dW (= or +=). */
-    size_t (*linear_wgrad_ws)(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
-    moex_status (*linear_wgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+    moex_linear_wgrad_ws_fn *linear_wgrad_ws;
+    moex_linear_wgrad_fn *linear_wgrad;
 
     /* The scaled GLU over the rows [0, off[G]) of g (g NULL: all T rows), forward and backward.
      * The backward also takes an absent dh (dprobs only), and its dh may be its h itself (each
      * pair of h is read before its dh is written: the grouped MLP's MOEX_H_OVERWRITE). */
-    size_t (*glu_fwd_ws)(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
-    moex_status (*glu_fwd)(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_scaled_glu_args *a,
-                           const moex_glu_dims *d, void *ws);
-    size_t (*glu_bwd_ws)(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
-    moex_status (*glu_bwd)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                           const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+    moex_glu_fwd_ws_fn *glu_fwd_ws;
+    moex_glu_fwd_fn *glu_fwd;
+    moex_glu_bwd_ws_fn *glu_bwd_ws;
+    moex_glu_bwd_fn *glu_bwd;
 
     /* The FP8 copies of docs/ops.md section 9 (math: quant_math.h), and their way back. */
-    size_t (*quantize_ws)(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
-    moex_status (*quantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                            const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
-    size_t (*dequantize_ws)(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
-    moex_status (*dequantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
+    moex_quantize_ws_fn *quantize_ws;
+    moex_quantize_fn *quantize;
+    moex_dequantize_ws_fn *dequantize_ws;
+    moex_dequantize_fn *dequantize;
 
     /* dst[r, n] = round(src[r, n]) for the rows r < off[G]: f32 rows [T, N] into dst's dtype
      * (moex_cast_rows_args; d: T, N). */
-    size_t (*cast_rows_ws)(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
-    moex_status (*cast_rows)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                             const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
+    moex_cast_rows_ws_fn *cast_rows_ws;
+    moex_cast_rows_fn *cast_rows;
 
     /* Every byte of x's rows r >= off[G] = 0 (d: T rows of row_bytes). */
-    size_t (*zero_tail_ws)(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
-    moex_status (*zero_tail)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                             const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+    moex_zero_tail_ws_fn *zero_tail_ws;
+    moex_zero_tail_fn *zero_tail;
 
     /* The public splits_to_offsets, router, permute and unpermute (forward and backward): one
      * primitive each (docs/ops.md 1, 5, 6, 7). */
-    size_t (*splits_to_offsets_ws)(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                   const moex_splits_dims *d);
-    moex_status (*splits_to_offsets)(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
-                                     const moex_splits_dims *d, void *ws);
-    size_t (*router_fwd_ws)(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
-    moex_status (*router_fwd)(moex_context *ctx, const moex_call *c, const moex_router_args *a,
-                              const moex_router_dims *d, void *ws);
-    size_t (*router_bwd_ws)(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
-    moex_status (*router_bwd)(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
-                              const moex_router_dims *d, void *ws);
-    size_t (*permute_fwd_ws)(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
-    moex_status (*permute_fwd)(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
-                               const moex_perm_dims *d, void *ws);
-    size_t (*permute_bwd_ws)(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
-    moex_status (*permute_bwd)(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
-                               const moex_perm_dims *d, void *ws);
-    size_t (*unpermute_fwd_ws)(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
-    moex_status (*unpermute_fwd)(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
-                                 const moex_perm_dims *d, void *ws);
-    size_t (*unpermute_bwd_ws)(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
-    moex_status (*unpermute_bwd)(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
-                                 const moex_perm_dims *d, void *ws);
+    moex_splits_to_offsets_ws_fn *splits_to_offsets_ws;
+    moex_splits_to_offsets_fn *splits_to_offsets;
+    moex_router_fwd_ws_fn *router_fwd_ws;
+    moex_router_fwd_fn *router_fwd;
+    moex_router_bwd_ws_fn *router_bwd_ws;
+    moex_router_bwd_fn *router_bwd;
+    moex_permute_fwd_ws_fn *permute_fwd_ws;
+    moex_permute_fwd_fn *permute_fwd;
+    moex_permute_bwd_ws_fn *permute_bwd_ws;
+    moex_permute_bwd_fn *permute_bwd;
+    moex_unpermute_fwd_ws_fn *unpermute_fwd_ws;
+    moex_unpermute_fwd_fn *unpermute_fwd;
+    moex_unpermute_bwd_ws_fn *unpermute_bwd_ws;
+    moex_unpermute_bwd_fn *unpermute_bwd;
 
     /* The FP8 copies of grouped weights and their way back (docs/ops.md 9.7; no splits). */
-    size_t (*weight_quantize_ws)(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
-    moex_status (*weight_quantize)(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
-                                   const moex_quant_dims *d, void *ws);
-    size_t (*weight_dequantize_ws)(moex_context *ctx, const moex_weight_dequantize_args *a, const moex_quant_dims *d);
-    moex_status (*weight_dequantize)(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
-                                     const moex_quant_dims *d, void *ws);
+    moex_weight_quantize_ws_fn *weight_quantize_ws;
+    moex_weight_quantize_fn *weight_quantize;
+    moex_weight_dequantize_ws_fn *weight_dequantize_ws;
+    moex_weight_dequantize_fn *weight_dequantize;
 
     /* A discrete weight's maps (moex_weight_maps_write, d: G, N, K, dt; T unused): their bytes
      * (0: this backend's GEMMs read none, and weight_maps_write is never called), and a->maps
      * = the maps of a->w's matrices. */
-    size_t (*weight_maps_size)(moex_context *ctx, const moex_gl_dims *d);
-    moex_status (*weight_maps_write)(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
-                                     const moex_gl_dims *d);
+    moex_weight_maps_size_fn *weight_maps_size;
+    moex_weight_maps_write_fn *weight_maps_write;
 
     /* Grouped weights from one form and dtype into another (moex_weight_copy_args). */
-    size_t (*weight_copy_ws)(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
-    moex_status (*weight_copy)(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
-                               const moex_gl_dims *d, void *ws);
+    moex_weight_copy_ws_fn *weight_copy_ws;
+    moex_weight_copy_fn *weight_copy;
 
     /* The router's dense GEMMs; `rows` is a handle of one group of T rows (M of NT and NN,
      * K of TN). */
-    size_t (*dense_gemm_ws)(moex_context *ctx, const moex_dense_gemm *p);
-    moex_status (*dense_gemm)(moex_context *ctx, const moex_call *c, const moex_groups *rows,
-                              const moex_dense_gemm *p, void *ws);
+    moex_dense_gemm_ws_fn *dense_gemm_ws;
+    moex_dense_gemm_fn *dense_gemm;
 
     /* The grouped MLP's FC1 with the GLU fused (no workspace). *ran = false, and nothing
      * launched, when the backend cannot: the composition then runs linear_fwd and glu_fwd.
      * NULL: never. */
-    moex_status (*fc1_glu)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                           const moex_fc1_glu_args *a, const moex_gl_dims *d, bool *ran);
+    moex_fc1_glu_fn *fc1_glu;
 
     /* The grouped MLP's FC2 backward-data with the GLU's backward fused (d: FC2's dims, K = F,
      * N = H). fc2_glu_grad_ws: its workspace, or SIZE_MAX when the backend cannot run these
      * args (from shapes, dtypes, layouts and which tensors are present, never split values):
      * the composition then runs linear_dgrad and glu_bwd. NULL: never. */
-    size_t (*fc2_glu_grad_ws)(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
-    moex_status (*fc2_glu_grad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
+    moex_fc2_glu_grad_ws_fn *fc2_glu_grad_ws;
+    moex_fc2_glu_grad_fn *fc2_glu_grad;
 
     /* The FP8 grouped linear's forward on the backend's FP8 kernels. linear_fp8_ws: its
      * workspace, or SIZE_MAX when the backend cannot run these args (from shapes, dtypes,
      * recipes and which tensors are present, never pointers or split values): the composition
      * then dequantizes. NULL: never. */
-    size_t (*linear_fp8_ws)(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
-    moex_status (*linear_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
+    moex_linear_fp8_ws_fn *linear_fp8_ws;
+    moex_linear_fp8_fn *linear_fp8;
     /* The FP8 FC1 + scaled GLU (moex_fc1_glu_fp8_args; d: fc1's). fc1_glu_fp8_ws: its
      * workspace, or SIZE_MAX when the backend cannot run these args (from shapes, dtypes,
      * recipes, the GLU's layout and which tensors are present, never pointers or split
      * values): the composition then runs linear_fp8's forward and the scaled GLU. NULL: never. */
-    size_t (*fc1_glu_fp8_ws)(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d);
-    moex_status (*fc1_glu_fp8)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                               const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws);
+    moex_fc1_glu_fp8_ws_fn *fc1_glu_fp8_ws;
+    moex_fc1_glu_fp8_fn *fc1_glu_fp8;
     /* The same for the FP8 grouped linear's backward weight. */
-    size_t (*linear_fp8_wgrad_ws)(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
-                                  const moex_fp8_dims *d);
-    moex_status (*linear_fp8_wgrad)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                    const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *ws);
+    moex_linear_fp8_wgrad_ws_fn *linear_fp8_wgrad_ws;
+    moex_linear_fp8_wgrad_fn *linear_fp8_wgrad;
 
     /* The scaled GLU's z quantized straight from h, z not written: the quantize primitive's
      * work for q (its x: z's shape and dtype [T, F], x.data unused; its workspace:
      * quantize_ws(q)) on z = p glu(h) of `glu` over the rows of g. NULL: the composition
      * runs glu_fwd into a z buffer and quantize on it. */
-    moex_status (*glu_quantize)(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                const moex_quant_dims *d, void *ws);
+    moex_glu_quantize_fn *glu_quantize;
 
     /* Expert parallelism's local kernels (src/core/ep.h). NULL: the backend has none. */
     const struct moex_ep_kernels *ep;
 
     /* p[0, n) = 0 (f32). */
-    moex_status (*zero_f32)(moex_context *ctx, const moex_call *c, float *p, int64_t n);
+    moex_zero_f32_fn *zero_f32;
 
     /* moex_context_check_splits (NULL: nothing is ever flagged), and the backend's
      * destruction (frees ctx->backend_state). */
-    moex_status (*check_splits)(moex_context *ctx, moex_stream stream);
-    void (*destroy)(moex_context *ctx);
+    moex_check_splits_fn *check_splits;
+    moex_destroy_fn *destroy;
 } moex_backend_ops;
 
 

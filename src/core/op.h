@@ -10,13 +10,9 @@
  *   moex_op_<name>_run(ctx, call, args, dims, ws)
  *       its composition of backend primitives (backend.h), ws aligned to MOEX_WS_ALIGN;
  *
- * declared below, file by file, and called by op.c's dispatch (its cases come from op_list.h's
- * rows); its public pair is in api.c.
- *
- * Same shape by design: one plain declaration and definition per op function, so that grep
- * finds each (no macro pastes their names); the declarations below repeat in shape, and so do
- * the definitions of an op's ws and run where they share one layout function (ws: its total
- * with no workspace; run: its pointers in ws) or only call one primitive.
+ * declared below from op_list.h's rows, and called by op.c's dispatch (its cases come from the
+ * same rows); its public pair is in api.c. Each definition is plain (no macro pastes its
+ * name), so grep finds it.
  */
 #ifndef MOEX_OP_H
 #define MOEX_OP_H
@@ -26,199 +22,18 @@
 
 typedef enum moex_purpose { MOEX_FOR_SIZE = 0, MOEX_FOR_RUN = 1 } moex_purpose;
 
-/* ---- each op's three functions (op.c's dispatch calls them) ---------------------------- */
-
-/* grouped_linear.c */
-moex_status moex_op_splits_to_offsets_validate(moex_context *ctx, const char *op,
-                                               const moex_splits_to_offsets_args *a, moex_purpose p,
-                                               moex_splits_dims *d);
-size_t moex_op_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                    const moex_splits_dims *d);
-moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
-                                          const moex_splits_dims *d, void *ws);
-moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const moex_zero_tail_args *a,
-                                       moex_purpose p, moex_tail_dims *d);
-size_t moex_op_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
-moex_status moex_op_zero_tail_run(moex_context *ctx, const moex_call *c, const moex_zero_tail_args *a,
-                                  const moex_tail_dims *d, void *ws);
-moex_status moex_op_weight_maps_write_validate(moex_context *ctx, const char *op,
-                                               const moex_weight_maps_write_args *a, moex_purpose p,
-                                               moex_gl_dims *d);
-size_t moex_op_weight_maps_write_ws(moex_context *ctx, const moex_weight_maps_write_args *a, const moex_gl_dims *d);
-moex_status moex_op_weight_maps_write_run(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
-                                          const moex_gl_dims *d, void *ws);
-moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
-                                                    const moex_grouped_linear_args *a, moex_purpose p,
-                                                    moex_gl_dims *d);
-size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
-moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c,
-                                               const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
-moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
-                                                          const moex_grouped_linear_dgrad_args *a, moex_purpose p,
-                                                          moex_gl_dims *d);
-size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
-                                               const moex_gl_dims *d);
-moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
-                                                     const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
-                                                     void *ws);
-moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,
-                                                            const moex_grouped_linear_wgrad_args *a, moex_purpose p,
-                                                            moex_gl_dims *d);
-size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
-                                                 const moex_gl_dims *d);
-moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
-                                                       const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                                                       void *ws);
-
-/* scaled_glu.c */
-moex_status moex_op_scaled_glu_forward_validate(moex_context *ctx, const char *op, const moex_scaled_glu_args *a,
-                                                moex_purpose p, moex_glu_dims *d);
-size_t moex_op_scaled_glu_forward_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
-moex_status moex_op_scaled_glu_forward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_args *a,
-                                           const moex_glu_dims *d, void *ws);
-moex_status moex_op_scaled_glu_backward_validate(moex_context *ctx, const char *op,
-                                                 const moex_scaled_glu_grad_args *a, moex_purpose p,
-                                                 moex_glu_dims *d);
-size_t moex_op_scaled_glu_backward_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
-moex_status moex_op_scaled_glu_backward_run(moex_context *ctx, const moex_call *c, const moex_scaled_glu_grad_args *a,
-                                            const moex_glu_dims *d, void *ws);
-
-/* grouped_mlp.c */
-moex_status moex_op_grouped_mlp_forward_validate(moex_context *ctx, const char *op, const moex_grouped_mlp_args *a,
-                                                 moex_purpose p, moex_mlp_dims *d);
-size_t moex_op_grouped_mlp_forward_ws(moex_context *ctx, const moex_grouped_mlp_args *a, const moex_mlp_dims *d);
-moex_status moex_op_grouped_mlp_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_mlp_args *a,
-                                            const moex_mlp_dims *d, void *ws);
-moex_status moex_op_grouped_mlp_backward_validate(moex_context *ctx, const char *op,
-                                                  const moex_grouped_mlp_grad_args *a, moex_purpose p,
-                                                  moex_mlp_dims *d);
-size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp_grad_args *a,
-                                       const moex_mlp_dims *d);
-moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call *c,
-                                             const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws);
-
-/* routing.c */
-moex_status moex_op_router_forward_validate(moex_context *ctx, const char *op, const moex_router_args *a,
-                                            moex_purpose p, moex_router_dims *d);
-size_t moex_op_router_forward_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
-moex_status moex_op_router_forward_run(moex_context *ctx, const moex_call *c, const moex_router_args *a,
-                                       const moex_router_dims *d, void *ws);
-moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, const moex_router_grad_args *a,
-                                             moex_purpose p, moex_router_dims *d);
-size_t moex_op_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
-moex_status moex_op_router_backward_run(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
-                                        const moex_router_dims *d, void *ws);
-moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, const moex_permute_args *a,
-                                             moex_purpose p, moex_perm_dims *d);
-size_t moex_op_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
-moex_status moex_op_permute_forward_run(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
-                                        const moex_perm_dims *d, void *ws);
-moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
-                                              moex_purpose p, moex_perm_dims *d);
-size_t moex_op_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_op_permute_backward_run(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
-                                         const moex_perm_dims *d, void *ws);
-moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op, const moex_unpermute_args *a,
-                                               moex_purpose p, moex_perm_dims *d);
-size_t moex_op_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
-moex_status moex_op_unpermute_forward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
-                                          const moex_perm_dims *d, void *ws);
-moex_status moex_op_unpermute_backward_validate(moex_context *ctx, const char *op, const moex_unpermute_grad_args *a,
-                                                moex_purpose p, moex_perm_dims *d);
-size_t moex_op_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_op_unpermute_backward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
-                                           const moex_perm_dims *d, void *ws);
-
-/* moe_layer.c */
-moex_status moex_op_moe_layer_forward_validate(moex_context *ctx, const char *op, const moex_moe_layer_args *a,
-                                               moex_purpose p, moex_moe_dims *d);
-size_t moex_op_moe_layer_forward_ws(moex_context *ctx, const moex_moe_layer_args *a, const moex_moe_dims *d);
-moex_status moex_op_moe_layer_forward_run(moex_context *ctx, const moex_call *c, const moex_moe_layer_args *a,
-                                          const moex_moe_dims *d, void *ws);
-moex_status moex_op_moe_layer_backward_validate(moex_context *ctx, const char *op, const moex_moe_layer_grad_args *a,
-                                                moex_purpose p, moex_moe_dims *d);
-size_t moex_op_moe_layer_backward_ws(moex_context *ctx, const moex_moe_layer_grad_args *a, const moex_moe_dims *d);
-moex_status moex_op_moe_layer_backward_run(moex_context *ctx, const moex_call *c, const moex_moe_layer_grad_args *a,
-                                           const moex_moe_dims *d, void *ws);
-
-/* quantize.c */
-moex_status moex_op_group_quantize_validate(moex_context *ctx, const char *op, const moex_group_quantize_args *a,
-                                            moex_purpose p, moex_quant_dims *d);
-size_t moex_op_group_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_op_group_quantize_run(moex_context *ctx, const moex_call *c, const moex_group_quantize_args *a,
-                                       const moex_quant_dims *d, void *ws);
-moex_status moex_op_group_dequantize_validate(moex_context *ctx, const char *op, const moex_group_dequantize_args *a,
-                                              moex_purpose p, moex_quant_dims *d);
-size_t moex_op_group_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
-moex_status moex_op_group_dequantize_run(moex_context *ctx, const moex_call *c, const moex_group_dequantize_args *a,
-                                         const moex_quant_dims *d, void *ws);
-moex_status moex_op_weight_quantize_validate(moex_context *ctx, const char *op, const moex_weight_quantize_args *a,
-                                             moex_purpose p, moex_quant_dims *d);
-size_t moex_op_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_op_weight_quantize_run(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
-                                        const moex_quant_dims *d, void *ws);
-moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op,
-                                               const moex_weight_dequantize_args *a, moex_purpose p,
-                                               moex_quant_dims *d);
-size_t moex_op_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
-                                    const moex_quant_dims *d);
-moex_status moex_op_weight_dequantize_run(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
-                                          const moex_quant_dims *d, void *ws);
-
-/* fp8_linear.c */
-moex_status moex_op_grouped_linear_fp8_forward_validate(moex_context *ctx, const char *op,
-                                                        const moex_grouped_linear_fp8_args *a, moex_purpose p,
-                                                        moex_fp8_dims *d);
-size_t moex_op_grouped_linear_fp8_forward_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a,
-                                             const moex_fp8_dims *d);
-moex_status moex_op_grouped_linear_fp8_forward_run(moex_context *ctx, const moex_call *c,
-                                                   const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d,
-                                                   void *ws);
-moex_status moex_op_grouped_linear_fp8_backward_weight_validate(moex_context *ctx, const char *op,
-                                                                const moex_grouped_linear_fp8_wgrad_args *a,
-                                                                moex_purpose p, moex_fp8_dims *d);
-size_t moex_op_grouped_linear_fp8_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
-                                                     const moex_fp8_dims *d);
-moex_status moex_op_grouped_linear_fp8_backward_weight_run(moex_context *ctx, const moex_call *c,
-                                                           const moex_grouped_linear_fp8_wgrad_args *a,
-                                                           const moex_fp8_dims *d, void *ws);
-
-/* ep.c */
-moex_status moex_op_ep_dispatch_forward_validate(moex_context *ctx, const char *op, const moex_ep_dispatch_args *a,
-                                                 moex_purpose p, moex_ep_dims *d);
-size_t moex_op_ep_dispatch_forward_ws(moex_context *ctx, const moex_ep_dispatch_args *a, const moex_ep_dims *d);
-moex_status moex_op_ep_dispatch_forward_run(moex_context *ctx, const moex_call *c, const moex_ep_dispatch_args *a,
-                                            const moex_ep_dims *d, void *ws);
-moex_status moex_op_ep_dispatch_backward_validate(moex_context *ctx, const char *op,
-                                                  const moex_ep_dispatch_grad_args *a, moex_purpose p,
-                                                  moex_ep_dims *d);
-size_t moex_op_ep_dispatch_backward_ws(moex_context *ctx, const moex_ep_dispatch_grad_args *a, const moex_ep_dims *d);
-moex_status moex_op_ep_dispatch_backward_run(moex_context *ctx, const moex_call *c,
-                                             const moex_ep_dispatch_grad_args *a, const moex_ep_dims *d, void *ws);
-moex_status moex_op_ep_combine_forward_validate(moex_context *ctx, const char *op, const moex_ep_combine_args *a,
-                                                moex_purpose p, moex_ep_dims *d);
-size_t moex_op_ep_combine_forward_ws(moex_context *ctx, const moex_ep_combine_args *a, const moex_ep_dims *d);
-moex_status moex_op_ep_combine_forward_run(moex_context *ctx, const moex_call *c, const moex_ep_combine_args *a,
-                                           const moex_ep_dims *d, void *ws);
-moex_status moex_op_ep_combine_backward_validate(moex_context *ctx, const char *op,
-                                                 const moex_ep_combine_grad_args *a, moex_purpose p, moex_ep_dims *d);
-size_t moex_op_ep_combine_backward_ws(moex_context *ctx, const moex_ep_combine_grad_args *a, const moex_ep_dims *d);
-moex_status moex_op_ep_combine_backward_run(moex_context *ctx, const moex_call *c, const moex_ep_combine_grad_args *a,
-                                            const moex_ep_dims *d, void *ws);
-
-/* ep_layer.c */
-moex_status moex_op_ep_moe_layer_forward_validate(moex_context *ctx, const char *op, const moex_ep_moe_layer_args *a,
-                                                  moex_purpose p, moex_ep_dims *d);
-size_t moex_op_ep_moe_layer_forward_ws(moex_context *ctx, const moex_ep_moe_layer_args *a, const moex_ep_dims *d);
-moex_status moex_op_ep_moe_layer_forward_run(moex_context *ctx, const moex_call *c, const moex_ep_moe_layer_args *a,
-                                             const moex_ep_dims *d, void *ws);
-moex_status moex_op_ep_moe_layer_backward_validate(moex_context *ctx, const char *op,
-                                                   const moex_ep_moe_layer_grad_args *a, moex_purpose p,
-                                                   moex_ep_dims *d);
-size_t moex_op_ep_moe_layer_backward_ws(moex_context *ctx, const moex_ep_moe_layer_grad_args *a,
-                                        const moex_ep_dims *d);
-moex_status moex_op_ep_moe_layer_backward_run(moex_context *ctx, const moex_call *c,
-                                              const moex_ep_moe_layer_grad_args *a, const moex_ep_dims *d, void *ws);
+/* ---- each op's three functions (op.c's dispatch calls them) ----------------------------
+ * Their signatures are written once, here, for every row of op_list.h (ID, name, args type,
+ * dims type): the row fixes the types, so a definition that disagrees with its row does not
+ * compile. The definitions are plain, in the op's file, where grep finds each by its name. */
+#define MOEX_OP_DECLARE_(ID, name, args_t, dims_t)                                                        \
+    moex_status moex_op_##name##_validate(moex_context *ctx, const char *op, const args_t *a, moex_purpose p, \
+                                          dims_t *d);                                                     \
+    size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);                      \
+    moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
+                                     void *ws);
+MOEX_OPS(MOEX_OP_DECLARE_)
+#undef MOEX_OP_DECLARE_
 
 /* The grouped MLP's forward (grouped_mlp.c; the op's ws and run with xq NULL), in FP8 given
  * xq, x's rowwise copy as the recipe's quantize writes it (an FP8 dispatch's rows and scales,

@@ -10,95 +10,70 @@
 #include "backend.h"
 
 /* ---- the primitives of src/core/backend.h (cpu_backend.c's table), by file ------------ */
-/* Plain declarations, one a primitive, by the file that defines it, so grep finds each: a
- * `_ws` and its primitive with backend.h's signatures, so the list looks alike from pair to
- * pair, and like cuda_ops.h's, by design (docs/architecture.md). */
+/* One declaration a primitive, by the file that defines it, with its field's type
+ * (moex_<field>_fn, backend.h); the definitions are plain, so grep finds each. */
 
 /* cpu_splits.c: the prepared groups (off[G+1] in the workspace, read from host splits and
  * checked: MOEX_ERR_BAD_SPLITS naming the call and the group when a split is negative or the
  * sum passes T), splits_to_offsets and zero_tail. */
-size_t moex_cpu_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
-moex_status moex_cpu_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                    int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
-size_t moex_cpu_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                     const moex_splits_dims *d);
-moex_status moex_cpu_splits_to_offsets(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
-                                       const moex_splits_dims *d, void *ws);
-size_t moex_cpu_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
-moex_status moex_cpu_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                               const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+moex_groups_ws_fn moex_cpu_groups_ws;
+moex_groups_prepare_fn moex_cpu_groups_prepare;
+moex_splits_to_offsets_ws_fn moex_cpu_splits_to_offsets_ws;
+moex_splits_to_offsets_fn moex_cpu_splits_to_offsets;
+moex_zero_tail_ws_fn moex_cpu_zero_tail_ws;
+moex_zero_tail_fn moex_cpu_zero_tail;
 
 /* cpu_grouped_linear.c (GEMMs: cpu_gemm.c). */
-size_t moex_cpu_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
-moex_status moex_cpu_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cpu_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
-moex_status moex_cpu_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                  const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cpu_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
-moex_status moex_cpu_linear_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                  const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+moex_linear_fwd_ws_fn moex_cpu_linear_fwd_ws;
+moex_linear_fwd_fn moex_cpu_linear_fwd;
+moex_linear_dgrad_ws_fn moex_cpu_linear_dgrad_ws;
+moex_linear_dgrad_fn moex_cpu_linear_dgrad;
+moex_linear_wgrad_ws_fn moex_cpu_linear_wgrad_ws;
+moex_linear_wgrad_fn moex_cpu_linear_wgrad;
 
 /* cpu_glu.c. */
-size_t moex_cpu_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
-moex_status moex_cpu_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                             const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws);
-size_t moex_cpu_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
-moex_status moex_cpu_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                             const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+moex_glu_fwd_ws_fn moex_cpu_glu_fwd_ws;
+moex_glu_fwd_fn moex_cpu_glu_fwd;
+moex_glu_bwd_ws_fn moex_cpu_glu_bwd_ws;
+moex_glu_bwd_fn moex_cpu_glu_bwd;
 
 /* cpu_quantize.c. */
-size_t moex_cpu_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_cpu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
-size_t moex_cpu_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
-moex_status moex_cpu_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
-size_t moex_cpu_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_cpu_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
-                                     const moex_quant_dims *d, void *ws);
-size_t moex_cpu_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
-                                     const moex_quant_dims *d);
-moex_status moex_cpu_weight_dequantize(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
-                                       const moex_quant_dims *d, void *ws);
+moex_quantize_ws_fn moex_cpu_quantize_ws;
+moex_quantize_fn moex_cpu_quantize;
+moex_dequantize_ws_fn moex_cpu_dequantize_ws;
+moex_dequantize_fn moex_cpu_dequantize;
+moex_weight_quantize_ws_fn moex_cpu_weight_quantize_ws;
+moex_weight_quantize_fn moex_cpu_weight_quantize;
+moex_weight_dequantize_ws_fn moex_cpu_weight_dequantize_ws;
+moex_weight_dequantize_fn moex_cpu_weight_dequantize;
 
 /* cpu_common.c. */
-size_t moex_cpu_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
-moex_status moex_cpu_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                               const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cpu_weight_maps_size(moex_context *ctx, const moex_gl_dims *d);
-moex_status moex_cpu_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
-                                       const moex_gl_dims *d);
-size_t moex_cpu_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
-moex_status moex_cpu_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
-                                 const moex_gl_dims *d, void *ws);
+moex_cast_rows_ws_fn moex_cpu_cast_rows_ws;
+moex_cast_rows_fn moex_cpu_cast_rows;
+moex_weight_maps_size_fn moex_cpu_weight_maps_size;
+moex_weight_maps_write_fn moex_cpu_weight_maps_write;
+moex_weight_copy_ws_fn moex_cpu_weight_copy_ws;
+moex_weight_copy_fn moex_cpu_weight_copy;
 
 /* cpu_router.c. */
-size_t moex_cpu_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
-moex_status moex_cpu_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
-                                const moex_router_dims *d, void *ws);
-size_t moex_cpu_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
-moex_status moex_cpu_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
-                                const moex_router_dims *d, void *ws);
+moex_router_fwd_ws_fn moex_cpu_router_fwd_ws;
+moex_router_fwd_fn moex_cpu_router_fwd;
+moex_router_bwd_ws_fn moex_cpu_router_bwd_ws;
+moex_router_bwd_fn moex_cpu_router_bwd;
 
 /* cpu_permute.c. */
-size_t moex_cpu_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
-moex_status moex_cpu_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
-                                 const moex_perm_dims *d, void *ws);
-size_t moex_cpu_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_cpu_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
-                                 const moex_perm_dims *d, void *ws);
-size_t moex_cpu_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
-moex_status moex_cpu_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
-                                   const moex_perm_dims *d, void *ws);
-size_t moex_cpu_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_cpu_unpermute_bwd(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
-                                   const moex_perm_dims *d, void *ws);
+moex_permute_fwd_ws_fn moex_cpu_permute_fwd_ws;
+moex_permute_fwd_fn moex_cpu_permute_fwd;
+moex_permute_bwd_ws_fn moex_cpu_permute_bwd_ws;
+moex_permute_bwd_fn moex_cpu_permute_bwd;
+moex_unpermute_fwd_ws_fn moex_cpu_unpermute_fwd_ws;
+moex_unpermute_fwd_fn moex_cpu_unpermute_fwd;
+moex_unpermute_bwd_ws_fn moex_cpu_unpermute_bwd_ws;
+moex_unpermute_bwd_fn moex_cpu_unpermute_bwd;
 
 /* cpu_dense_gemm.c. */
-size_t moex_cpu_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);
-moex_status moex_cpu_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
-                                const moex_dense_gemm *gemm, void *ws);
+moex_dense_gemm_ws_fn moex_cpu_dense_gemm_ws;
+moex_dense_gemm_fn moex_cpu_dense_gemm;
 
 /* Expert parallelism's local kernels (cpu_ep.c; src/core/ep.h). */
 extern const struct moex_ep_kernels moex_cpu_ep_kernels;
@@ -138,6 +113,6 @@ void moex_cpu_group_colsum(moex_context *ctx, const int64_t *off, int64_t G, con
 /* The pool behind moex_cpu_parallel_for, kept in ctx->backend_state: created by
  * moex_cpu_backend_init, freed by the backend's destroy (accepts a NULL state). */
 moex_status moex_cpu_state_create(moex_context *ctx);
-void moex_cpu_state_destroy(moex_context *ctx);
+moex_destroy_fn moex_cpu_state_destroy;
 
 #endif /* MOEX_CPU_OPS_H */

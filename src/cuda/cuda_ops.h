@@ -164,9 +164,8 @@ void *moex_cuda_gemm_ws_take(moex_context *ctx, moex_carver *c, const moex_group
  * (w->maps), or without the Hopper kernels. */
 void *moex_cuda_weight_maps_take(moex_context *ctx, moex_carver *c, const moex_weight *w);
 /* The weight_maps_write primitives (backend.h): the Hopper kernels' kept maps. */
-size_t moex_cuda_weight_maps_size(moex_context *ctx, const moex_gl_dims *d);
-moex_status moex_cuda_weight_maps_write(moex_context *ctx, const moex_call *c, const moex_weight_maps_write_args *a,
-                                        const moex_gl_dims *d);
+moex_weight_maps_size_fn moex_cuda_weight_maps_size;
+moex_weight_maps_write_fn moex_cuda_weight_maps_write;
 /* Once per context, after st->sm90 is set: the Hopper GEMMs' per-context state
  * (st->sm90_ctx); release frees it (accepts none). */
 moex_status moex_cuda_sm90_prepare(moex_context *ctx);
@@ -286,114 +285,82 @@ extern "C" const struct moex_ep_kernels moex_cuda_ep_kernels;
 
 /* Zeroes n floats (a kernel, so that it is the same in and out of graphs): the zero_f32
  * primitive. */
-moex_status moex_cuda_zero_f32(moex_context *ctx, const moex_call *c, float *p, int64_t n);
+moex_zero_f32_fn moex_cuda_zero_f32;
 
 /* ---- the primitives of backend.h (cuda_backend.cu's table), by file -------------------- */
-/* Plain declarations, one a primitive, by the file that defines it, so grep finds each: a
- * `_ws` and its primitive with backend.h's signatures, so the list looks alike from pair to
- * pair, and like cpu_ops.h's, by design (docs/architecture.md). */
+/* One declaration a primitive, by the file that defines it, with its field's type
+ * (moex_<field>_fn, backend.h); the definitions are plain, so grep finds each. */
 
 /* cuda_splits.cu: the prepared groups (the schedule's arrays, and for a grouped linear
  * forward the Hopper GEMM's scratch, from ws; built by one launch), splits_to_offsets. */
-size_t moex_cuda_groups_ws(moex_context *ctx, int64_t G, int64_t T, const moex_grouped_linear_args *fwd);
-moex_status moex_cuda_groups_prepare(moex_context *ctx, const moex_call *c, const int64_t *splits, int64_t G,
-                                     int64_t T, const moex_grouped_linear_args *fwd, void *ws, moex_groups *g);
-size_t moex_cuda_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                      const moex_splits_dims *d);
-moex_status moex_cuda_splits_to_offsets(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
-                                        const moex_splits_dims *d, void *ws);
+moex_groups_ws_fn moex_cuda_groups_ws;
+moex_groups_prepare_fn moex_cuda_groups_prepare;
+moex_splits_to_offsets_ws_fn moex_cuda_splits_to_offsets_ws;
+moex_splits_to_offsets_fn moex_cuda_splits_to_offsets;
 
 /* cuda_zero_tail.cu. */
-size_t moex_cuda_zero_tail_ws(moex_context *ctx, const moex_zero_tail_args *a, const moex_tail_dims *d);
-moex_status moex_cuda_zero_tail(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_zero_tail_args *a, const moex_tail_dims *d, void *ws);
+moex_zero_tail_ws_fn moex_cuda_zero_tail_ws;
+moex_zero_tail_fn moex_cuda_zero_tail;
 
 /* cuda_grouped_linear.cu (with fc1_glu, fc2_glu_grad and the FP8 slots below). */
-size_t moex_cuda_linear_fwd_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_linear_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                 const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cuda_linear_dgrad_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_linear_dgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cuda_linear_wgrad_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_linear_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d, void *ws);
+moex_linear_fwd_ws_fn moex_cuda_linear_fwd_ws;
+moex_linear_fwd_fn moex_cuda_linear_fwd;
+moex_linear_dgrad_ws_fn moex_cuda_linear_dgrad_ws;
+moex_linear_dgrad_fn moex_cuda_linear_dgrad;
+moex_linear_wgrad_ws_fn moex_cuda_linear_wgrad_ws;
+moex_linear_wgrad_fn moex_cuda_linear_wgrad;
 
 /* cuda_glu.cu. */
-size_t moex_cuda_glu_fwd_ws(moex_context *ctx, const moex_scaled_glu_args *a, const moex_glu_dims *d);
-moex_status moex_cuda_glu_fwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_scaled_glu_args *a, const moex_glu_dims *d, void *ws);
-size_t moex_cuda_glu_bwd_ws(moex_context *ctx, const moex_scaled_glu_grad_args *a, const moex_glu_dims *d);
-moex_status moex_cuda_glu_bwd(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                              const moex_scaled_glu_grad_args *a, const moex_glu_dims *d, void *ws);
+moex_glu_fwd_ws_fn moex_cuda_glu_fwd_ws;
+moex_glu_fwd_fn moex_cuda_glu_fwd;
+moex_glu_bwd_ws_fn moex_cuda_glu_bwd_ws;
+moex_glu_bwd_fn moex_cuda_glu_bwd;
 
 /* cuda_quantize.cu (with glu_quantize below), and cuda_weight_dequantize.cu. */
-size_t moex_cuda_quantize_ws(moex_context *ctx, const moex_group_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_cuda_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                               const moex_group_quantize_args *a, const moex_quant_dims *d, void *ws);
-size_t moex_cuda_dequantize_ws(moex_context *ctx, const moex_group_dequantize_args *a, const moex_quant_dims *d);
-moex_status moex_cuda_dequantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                 const moex_group_dequantize_args *a, const moex_quant_dims *d, void *ws);
-size_t moex_cuda_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d);
-moex_status moex_cuda_weight_quantize(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
-                                      const moex_quant_dims *d, void *ws);
-size_t moex_cuda_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
-                                      const moex_quant_dims *d);
-moex_status moex_cuda_weight_dequantize(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
-                                        const moex_quant_dims *d, void *ws);
+moex_quantize_ws_fn moex_cuda_quantize_ws;
+moex_quantize_fn moex_cuda_quantize;
+moex_dequantize_ws_fn moex_cuda_dequantize_ws;
+moex_dequantize_fn moex_cuda_dequantize;
+moex_weight_quantize_ws_fn moex_cuda_weight_quantize_ws;
+moex_weight_quantize_fn moex_cuda_weight_quantize;
+moex_weight_dequantize_ws_fn moex_cuda_weight_dequantize_ws;
+moex_weight_dequantize_fn moex_cuda_weight_dequantize;
 
 /* cuda_cast.cu. */
-size_t moex_cuda_cast_rows_ws(moex_context *ctx, const moex_cast_rows_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_cast_rows(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                const moex_cast_rows_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cuda_weight_copy_ws(moex_context *ctx, const moex_weight_copy_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_weight_copy(moex_context *ctx, const moex_call *c, const moex_weight_copy_args *a,
-                                  const moex_gl_dims *d, void *ws);
+moex_cast_rows_ws_fn moex_cuda_cast_rows_ws;
+moex_cast_rows_fn moex_cuda_cast_rows;
+moex_weight_copy_ws_fn moex_cuda_weight_copy_ws;
+moex_weight_copy_fn moex_cuda_weight_copy;
 
 /* cuda_routing.cu. */
-size_t moex_cuda_router_fwd_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d);
-moex_status moex_cuda_router_fwd(moex_context *ctx, const moex_call *c, const moex_router_args *a,
-                                 const moex_router_dims *d, void *ws);
-size_t moex_cuda_router_bwd_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d);
-moex_status moex_cuda_router_bwd(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
-                                 const moex_router_dims *d, void *ws);
-size_t moex_cuda_permute_fwd_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d);
-moex_status moex_cuda_permute_fwd(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
-                                  const moex_perm_dims *d, void *ws);
-size_t moex_cuda_permute_bwd_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_cuda_permute_bwd(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
-                                  const moex_perm_dims *d, void *ws);
-size_t moex_cuda_unpermute_fwd_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d);
-moex_status moex_cuda_unpermute_fwd(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
-                                    const moex_perm_dims *d, void *ws);
-size_t moex_cuda_unpermute_bwd_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d);
-moex_status moex_cuda_unpermute_bwd(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
-                                    const moex_perm_dims *d, void *ws);
+moex_router_fwd_ws_fn moex_cuda_router_fwd_ws;
+moex_router_fwd_fn moex_cuda_router_fwd;
+moex_router_bwd_ws_fn moex_cuda_router_bwd_ws;
+moex_router_bwd_fn moex_cuda_router_bwd;
+moex_permute_fwd_ws_fn moex_cuda_permute_fwd_ws;
+moex_permute_fwd_fn moex_cuda_permute_fwd;
+moex_permute_bwd_ws_fn moex_cuda_permute_bwd_ws;
+moex_permute_bwd_fn moex_cuda_permute_bwd;
+moex_unpermute_fwd_ws_fn moex_cuda_unpermute_fwd_ws;
+moex_unpermute_fwd_fn moex_cuda_unpermute_fwd;
+moex_unpermute_bwd_ws_fn moex_cuda_unpermute_bwd_ws;
+moex_unpermute_bwd_fn moex_cuda_unpermute_bwd;
 
 /* cuda_dense_gemm.cu: the router's GEMMs on the grouped GEMM with one group. */
-size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *gemm);
-moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
-                                 const moex_dense_gemm *gemm, void *ws);
+moex_dense_gemm_ws_fn moex_cuda_dense_gemm_ws;
+moex_dense_gemm_fn moex_cuda_dense_gemm;
 
 /* The optional slots: fc1_glu, fc2_glu_grad and the FP8 GEMMs in cuda_grouped_linear.cu,
  * glu_quantize in cuda_quantize.cu. */
-moex_status moex_cuda_fc1_glu(moex_context *ctx, const moex_call *c, const moex_groups *g, const moex_fc1_glu_args *a,
-                              const moex_gl_dims *d, bool *ran);
-size_t moex_cuda_fc2_glu_grad_ws(moex_context *ctx, const moex_fc2_glu_grad_args *a, const moex_gl_dims *d);
-moex_status moex_cuda_fc2_glu_grad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_fc2_glu_grad_args *a, const moex_gl_dims *d, void *ws);
-size_t moex_cuda_linear_fp8_ws(moex_context *ctx, const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d);
-moex_status moex_cuda_linear_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                 const moex_grouped_linear_fp8_args *a, const moex_fp8_dims *d, void *ws);
-size_t moex_cuda_fc1_glu_fp8_ws(moex_context *ctx, const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d);
-moex_status moex_cuda_fc1_glu_fp8(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                  const moex_fc1_glu_fp8_args *a, const moex_fp8_dims *d, void *ws);
-size_t moex_cuda_linear_fp8_wgrad_ws(moex_context *ctx, const moex_grouped_linear_fp8_wgrad_args *a,
-                                     const moex_fp8_dims *d);
-moex_status moex_cuda_linear_fp8_wgrad(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                       const moex_grouped_linear_fp8_wgrad_args *a, const moex_fp8_dims *d, void *ws);
-moex_status moex_cuda_glu_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g,
-                                   const moex_scaled_glu_args *glu, const moex_group_quantize_args *q,
-                                   const moex_quant_dims *d, void *ws);
+moex_fc1_glu_fn moex_cuda_fc1_glu;
+moex_fc2_glu_grad_ws_fn moex_cuda_fc2_glu_grad_ws;
+moex_fc2_glu_grad_fn moex_cuda_fc2_glu_grad;
+moex_linear_fp8_ws_fn moex_cuda_linear_fp8_ws;
+moex_linear_fp8_fn moex_cuda_linear_fp8;
+moex_fc1_glu_fp8_ws_fn moex_cuda_fc1_glu_fp8_ws;
+moex_fc1_glu_fp8_fn moex_cuda_fc1_glu_fp8;
+moex_linear_fp8_wgrad_ws_fn moex_cuda_linear_fp8_wgrad_ws;
+moex_linear_fp8_wgrad_fn moex_cuda_linear_fp8_wgrad;
+moex_glu_quantize_fn moex_cuda_glu_quantize;
 
 #endif /* MOEX_CUDA_OPS_H */
