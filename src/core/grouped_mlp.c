@@ -490,6 +490,10 @@ size_t moex_op_grouped_mlp_backward_ws(moex_context *ctx, const moex_grouped_mlp
     return bwd_layout_of(ctx, a, d, &p, NULL).total;
 }
 
+/* With z given (or dw2 absent), dx may be dy's own memory: every read of dy (FC2's steps, dy's
+ * FP8 copies) precedes FC1's dgrad, the first write of dx. (Without z, the recomputed z may
+ * live in dx's memory, z_in_dx.) The public call's overlap rule refuses it; the MoE layer's
+ * backward relies on it. */
 moex_status moex_op_grouped_mlp_backward_run(moex_context *ctx, const moex_call *c,
                                              const moex_grouped_mlp_grad_args *a, const moex_mlp_dims *d, void *ws) {
     const moex_backend_ops *ops = moex_ops(ctx);

@@ -345,10 +345,12 @@ static bwd_plan bwd_plan_of(const moex_moe_layer_grad_args *a) {
     return p;
 }
 
-/* The workspace: dyp, dxp, dprobs_p, dprobs, dx_perm (f32), and one region shared by the
- * primitives, the grouped MLP and the router. */
+/* The workspace: dyp, dprobs_p, dprobs, dx_perm (f32), and one region shared by the
+ * primitives, the grouped MLP and the router. dxp is written over dyp: given z (the layer
+ * saves it), the grouped MLP's backward reads every row of dy before it writes dx
+ * (grouped_mlp.c). */
 typedef struct bwd_layout {
-    void *dyp, *dxp, *dprobs_p, *dprobs, *dxf, *sub;
+    void *dyp, *dprobs_p, *dprobs, *dxf, *sub;
     size_t total;
 } bwd_layout;
 
@@ -364,7 +366,7 @@ static void bwd_calls_of(const moex_moe_layer_grad_args *a, const moex_moe_dims 
                          const saved_views *v, const bwd_layout *l, bwd_calls *c) {
     const int64_t rows = d->T * d->k;
     const moex_tensor dyp = moex_tensor_2d(l->dyp, d->dt, rows, d->H);
-    const moex_tensor dxp = p->dx ? moex_tensor_2d(l->dxp, d->dt, rows, d->H) : absent_tensor;
+    const moex_tensor dxp = p->dx ? moex_tensor_2d(l->dyp, d->dt, rows, d->H) : absent_tensor;
     const moex_tensor dprobs_p = p->router ? moex_tensor_1d(l->dprobs_p, MOEX_DTYPE_F32, rows) : absent_tensor;
     const moex_tensor dxf = p->dx ? moex_tensor_2d(l->dxf, MOEX_DTYPE_F32, d->T, d->H) : absent_tensor;
     c->dprobs = moex_tensor_2d(l->dprobs, MOEX_DTYPE_F32, d->T, d->k);
@@ -383,7 +385,6 @@ static bwd_layout bwd_layout_of(moex_context *ctx, const moex_moe_layer_grad_arg
     moex_carver k = {(char *)ws, 0};
     bwd_layout l;
     l.dyp = moex_take(&k, moex_sz_bytes(rows, d->H, es));
-    l.dxp = p.dx ? moex_take(&k, moex_sz_bytes(rows, d->H, es)) : NULL;
     l.dprobs_p = p.router ? moex_take(&k, moex_sz_bytes(rows, 1, sizeof(float))) : NULL;
     l.dprobs = p.router ? moex_take(&k, moex_sz_bytes(rows, 1, sizeof(float))) : NULL;
     l.dxf = p.dx ? moex_take(&k, moex_sz_bytes(d->T, d->H, sizeof(float))) : NULL;
