@@ -13,7 +13,7 @@
  * entries of the flattened [T*k] ids (one warp per chunk): (1) per-chunk expert counts,
  * (2) one block turns them into each chunk's first row per expert and writes splits,
  * (3) each chunk assigns rows in (t, j) order (warp match + popc ranks), then a copy kernel
- * moves rows. Ids outside [0, E) (or row_map values outside [0, T*k)) are skipped and
+ * moves rows (in 16-byte pieces where the rows allow). Ids outside [0, E) (or row_map values outside [0, T*k)) are skipped and
  * recorded in the context's flag (moex_context_check_splits reports them).
  */
 #include "cuda_common.cuh"
@@ -312,18 +312,69 @@ static __global__ void perm_assign_kernel(const int32_t *ids, int64_t n, int64_t
     }
 }
 
-/* xp[row_map[t*k + j]] = x[t]; probs_p[row_map[t*k + j]] = probs[t*k + j]. Block per token. */
-template <typename T>
+/* ---- rows in pieces ---------------------------------------------------------------------
+ * The copies and gathers below move each row in pieces of N elements: N * sizeof(T) = 16 bytes
+ * (vector loads and stores) where rows_in_pieces allows it, one element otherwise. */
+
+/* v = p[0, N): one 16-byte load when N elements are 16 bytes (p 16-byte aligned). */
+template <typename T, int N> static __device__ __forceinline__ void piece_load(const T *p, T (&v)[N]) {
+    if constexpr (N * sizeof(T) == 16) {
+        const uint4 u = *(const uint4 *)p;
+        memcpy(v, &u, 16);
+    } else {
+        for (int i = 0; i < N; i++) v[i] = p[i];
+    }
+}
+
+/* p[0, N) = v: 16-byte stores when N elements are a multiple of 16 bytes (p 16-byte aligned). */
+template <typename T, int N> static __device__ __forceinline__ void piece_store(T *p, const T (&v)[N]) {
+    if constexpr (N * sizeof(T) % 16 == 0) {
+        for (int q = 0; q < (int)(N * sizeof(T) / 16); q++) {
+            uint4 u;
+            memcpy(&u, (const char *)v + 16 * q, 16);
+            ((uint4 *)p)[q] = u;
+        }
+    } else {
+        for (int i = 0; i < N; i++) p[i] = v[i];
+    }
+}
+
+/* Whether rows of H elements of `es` bytes at a and b move in 16-byte pieces. */
+static bool rows_in_pieces(int64_t H, size_t es, const void *a, const void *b) {
+    return (H * (int64_t)es) % 16 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
+/* xp[row_map[t*k + j]] = x[t]; probs_p[row_map[t*k + j]] = probs[t*k + j]. Block per token; each
+ * piece of x[t] is read once and stored k times. */
+template <typename T, int N>
 static __global__ void perm_copy_kernel(const T *x, const float *probs, const int32_t *row_map, int64_t T_rows,
                                         int64_t H, int64_t k, T *xp, float *probs_p) {
     for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
-        for (int64_t j = 0; j < k; j++) {
-            int32_t r = row_map[t * k + j];
-            if (r < 0) continue;
-            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) xp[(int64_t)r * H + h] = x[t * H + h];
-            if (probs && threadIdx.x == 0) probs_p[r] = probs[t * k + j];
+        for (int64_t q = threadIdx.x; q < H / N; q += COPY_THREADS) {
+            T v[N];
+            piece_load<T, N>(x + t * H + q * N, v);
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t r = row_map[t * k + j];
+                if (r >= 0) piece_store<T, N>(xp + (int64_t)r * H + q * N, v);
+            }
         }
+        if (probs)
+            for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
+                const int32_t r = row_map[t * k + j];
+                if (r >= 0) probs_p[r] = probs[t * k + j];
+            }
     }
+}
+
+template <typename T>
+static void launch_perm_copy(unsigned nb, const void *x, const float *probs, const int32_t *row_map, int64_t T_rows,
+                             int64_t H, int64_t k, void *xp, float *probs_p, cudaStream_t stream) {
+    if (rows_in_pieces(H, sizeof(T), x, xp))
+        perm_copy_kernel<T, 16 / sizeof(T)><<<nb, COPY_THREADS, 0, stream>>>((const T *)x, probs, row_map, T_rows, H,
+                                                                           k, (T *)xp, probs_p);
+    else
+        perm_copy_kernel<T, 1><<<nb, COPY_THREADS, 0, stream>>>((const T *)x, probs, row_map, T_rows, H, k, (T *)xp,
+                                                              probs_p);
 }
 
 static unsigned copy_blocks(int64_t T) { return (unsigned)(T < (1 << 20) ? T : (1 << 20)); }
@@ -348,15 +399,9 @@ moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, 
     perm_assign_kernel<<<(unsigned)nc, 32, smem, stream>>>(ids, n, E, counts, row_map);
     CUDA_TRY_LAUNCH(ctx, op);
     unsigned nb = copy_blocks(T);
-    if (dt == MOEX_DTYPE_F32)
-        perm_copy_kernel<float><<<nb, COPY_THREADS, 0, stream>>>((const float *)x, probs, row_map, T, H, k,
-                                                                 (float *)xp, probs_p);
-    else if (dt == MOEX_DTYPE_BF16)
-        perm_copy_kernel<bf16><<<nb, COPY_THREADS, 0, stream>>>((const bf16 *)x, probs, row_map, T, H, k,
-                                                                (bf16 *)xp, probs_p);
-    else
-        perm_copy_kernel<f16><<<nb, COPY_THREADS, 0, stream>>>((const f16 *)x, probs, row_map, T, H, k,
-                                                               (f16 *)xp, probs_p);
+    if (dt == MOEX_DTYPE_F32) launch_perm_copy<float>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
+    else if (dt == MOEX_DTYPE_BF16) launch_perm_copy<bf16>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
+    else launch_perm_copy<f16>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
@@ -364,20 +409,33 @@ moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, 
 /* ---- gathers and scatters by row_map ----------------------------------------------------- */
 
 /* dst[t] = sum_j src[row_map[t*k + j]] (f32, j ascending, rounded once; rows outside
- * [0, rows_p) skipped and flagged); vdst[t*k + j] = vsrc[row_map[t*k + j]] (0 when skipped). */
-template <typename TS, typename TD>
+ * [0, rows_p) skipped and flagged); vdst[t*k + j] = vsrc[row_map[t*k + j]] (0 when skipped).
+ * Each thread sums pieces of N columns, loading GATHER_BATCH rows' pieces before it adds them. */
+#define GATHER_BATCH 4
+template <typename TS, typename TD, int N>
 static __global__ void gather_sum_kernel(const int32_t *row_map, const TS *src, int64_t T_rows, int64_t H,
                                          int64_t k, int64_t rows_p, TD *dst, const float *vsrc, float *vdst,
                                          int *flag, int op_id) {
     for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
         if (dst)
-            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) {
-                float s = 0.0f;
-                for (int64_t j = 0; j < k; j++) {
-                    int32_t r = row_map[t * k + j];
-                    if (r >= 0 && r < rows_p) s += to_f32(src[(int64_t)r * H + h]);
+            for (int64_t q = threadIdx.x; q < H / N; q += COPY_THREADS) {
+                float s[N];
+                for (int i = 0; i < N; i++) s[i] = 0.0f;
+                for (int64_t j0 = 0; j0 < k; j0 += GATHER_BATCH) {
+                    TS v[GATHER_BATCH][N];
+                    bool ok[GATHER_BATCH];
+                    for (int b = 0; b < GATHER_BATCH; b++) {
+                        const int32_t r = j0 + b < k ? row_map[t * k + j0 + b] : -1;
+                        ok[b] = r >= 0 && r < rows_p;
+                        if (ok[b]) piece_load<TS, N>(src + (int64_t)r * H + q * N, v[b]);
+                    }
+                    for (int b = 0; b < GATHER_BATCH; b++)
+                        if (ok[b])
+                            for (int i = 0; i < N; i++) s[i] += to_f32(v[b][i]);
                 }
-                dst[t * H + h] = from_f32<TD>(s);
+                TD o[N];
+                for (int i = 0; i < N; i++) o[i] = from_f32<TD>(s[i]);
+                piece_store<TD, N>(dst + t * H + q * N, o);
             }
         for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
             int32_t r = row_map[t * k + j];
@@ -388,19 +446,47 @@ static __global__ void gather_sum_kernel(const int32_t *row_map, const TS *src, 
     }
 }
 
-/* dst[row_map[t*k + j]] = src[t]. */
-template <typename T>
+/* dst[row_map[t*k + j]] = src[t] (rows outside [0, rows_p) skipped and flagged); each piece
+ * of src[t] is read once. */
+template <typename T, int N>
 static __global__ void scatter_copy_kernel(const int32_t *row_map, const T *src, int64_t T_rows, int64_t H,
                                            int64_t k, int64_t rows_p, T *dst, int *flag, int op_id) {
-    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x)
-        for (int64_t j = 0; j < k; j++) {
-            int32_t r = row_map[t * k + j];
-            if (r < 0 || r >= rows_p) {
-                if (threadIdx.x == 0) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
-                continue;
+    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
+        for (int64_t q = threadIdx.x; q < H / N; q += COPY_THREADS) {
+            T v[N];
+            piece_load<T, N>(src + t * H + q * N, v);
+            for (int64_t j = 0; j < k; j++) {
+                const int32_t r = row_map[t * k + j];
+                if (r >= 0 && r < rows_p) piece_store<T, N>(dst + (int64_t)r * H + q * N, v);
             }
-            for (int64_t h = threadIdx.x; h < H; h += COPY_THREADS) dst[(int64_t)r * H + h] = src[t * H + h];
         }
+        for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
+            const int32_t r = row_map[t * k + j];
+            if (r < 0 || r >= rows_p) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
+        }
+    }
+}
+
+template <typename T>
+static void launch_scatter(unsigned nb, const int32_t *row_map, const void *src, int64_t T_rows, int64_t H,
+                           int64_t k, int64_t rows_p, void *dst, int *flag, int op_id, cudaStream_t stream) {
+    if (rows_in_pieces(H, sizeof(T), src, dst))
+        scatter_copy_kernel<T, 16 / sizeof(T)><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const T *)src, T_rows, H,
+                                                                              k, rows_p, (T *)dst, flag, op_id);
+    else
+        scatter_copy_kernel<T, 1><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const T *)src, T_rows, H, k, rows_p,
+                                                                 (T *)dst, flag, op_id);
+}
+
+template <typename TS, typename TD>
+static void launch_gather_to(unsigned nb, const int32_t *row_map, const void *src, int64_t T, int64_t H, int64_t k,
+                             void *dst, const float *vsrc, float *vdst, int *flag, int op_id, cudaStream_t stream) {
+    if (rows_in_pieces(H, sizeof(TS), src, dst ? dst : src))
+        gather_sum_kernel<TS, TD, 16 / sizeof(TS)><<<nb, COPY_THREADS, 0, stream>>>(
+            row_map, (const TS *)src, T, H, k, T * k, (TD *)dst, vsrc, vdst, flag, op_id);
+    else
+        gather_sum_kernel<TS, TD, 1><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
+                                                                    (TD *)dst, vsrc, vdst, flag, op_id);
 }
 
 template <typename TS>
@@ -409,11 +495,9 @@ static void launch_gather(const int32_t *row_map, const void *src, int64_t T, in
                           cudaStream_t stream) {
     unsigned nb = copy_blocks(T);
     if (dst_dt == MOEX_DTYPE_F32 || !dst)
-        gather_sum_kernel<TS, float><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
-                                                                      (float *)dst, vsrc, vdst, flag, op_id);
+        launch_gather_to<TS, float>(nb, row_map, src, T, H, k, dst, vsrc, vdst, flag, op_id, stream);
     else
-        gather_sum_kernel<TS, TS><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
-                                                                   (TS *)dst, vsrc, vdst, flag, op_id);
+        launch_gather_to<TS, TS>(nb, row_map, src, T, H, k, dst, vsrc, vdst, flag, op_id, stream);
 }
 
 static void gather(const int32_t *row_map, const void *src, moex_dtype dt, int64_t T, int64_t H, int64_t k,
@@ -450,15 +534,9 @@ moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const
     unsigned nb = copy_blocks(T);
     int *flag = moex_cuda_st(ctx)->flag;
     int id = MOEX_OP_UNPERMUTE_BACKWARD;
-    if (dt == MOEX_DTYPE_F32)
-        scatter_copy_kernel<float><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const float *)dy, T, H, k, rows_p,
-                                                                    (float *)dyp, flag, id);
-    else if (dt == MOEX_DTYPE_BF16)
-        scatter_copy_kernel<bf16><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const bf16 *)dy, T, H, k, rows_p,
-                                                                   (bf16 *)dyp, flag, id);
-    else
-        scatter_copy_kernel<f16><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const f16 *)dy, T, H, k, rows_p,
-                                                                  (f16 *)dyp, flag, id);
+    if (dt == MOEX_DTYPE_F32) launch_scatter<float>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
+    else if (dt == MOEX_DTYPE_BF16) launch_scatter<bf16>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
+    else launch_scatter<f16>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }

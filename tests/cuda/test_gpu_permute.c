@@ -2,7 +2,9 @@
  * test_gpu_permute.c - the CUDA permute and unpermute (forward, backward) against the fp64
  * reference: the cases of the CPU test tests/test_permute.c (distinct and repeated ids,
  * skipped and single experts, k = E, E = 1, T = 0, with and without probs, every dtype)
- * plus larger ones that span several 2048-entry chunks of the device counting sort, run
+ * plus larger ones that span several 2048-entry chunks of the device counting sort, and rows
+ * longer than one pass of the copy kernels over 16-byte pieces (and rows that are not whole
+ * pieces: their element-wise path), run
  * on the GPU through cuda_mirror.h. The CPU-specific bad-id checks (which require that
  * nothing is written) and thread-count checks are not run; test_gpu_bad_splits.c checks
  * the GPU's flag for bad ids. Exits 77 (skipped) without a GPU.
@@ -36,6 +38,9 @@ int main(void) {
         {.T = 1500, .H = 40, .k = 4, .E = 128, .ids = IDS_DISTINCT, .with_probs = 1},
         {.T = 3000, .H = 17, .k = 2, .E = 33, .ids = IDS_REPEATS, .with_probs = 1},
         {.T = 2100, .H = 8, .k = 1, .E = 7, .ids = IDS_ONE_EXPERT, .with_probs = 1},
+        /* rows longer than one pass of the copy kernels' threads over 16-byte pieces */
+        {.T = 300, .H = 4104, .k = 3, .E = 16, .ids = IDS_SKIP_SOME, .with_probs = 1},
+        {.T = 64, .H = 4100, .k = 6, .E = 9, .ids = IDS_REPEATS, .with_probs = 1},
     };
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int d = 0; d < 3; d++) {
