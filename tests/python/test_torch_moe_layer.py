@@ -144,3 +144,19 @@ def test_module_te_weight_gradients(device, fuse, delay, te_weight_grads):
     others = {"x": (x["plain"], x["te"]), "router_w": (plain.router_w, te.router_w), "b1": (plain.b1, te.b1),
               "b2": (plain.b2, te.b2)}
     te_weight_grads(plain, te, run, ["w1", "w2"], others, tol=1e-4)
+
+
+def test_backward_makes_no_zero_gradient_of_saved():
+    """The forward's `saved` buffer is an output for the backward only: autograd must not fill
+    a zero gradient of it (the size of the layer's activations) before every backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    layer, x = make("cpu", torch.float32, "softmax", True, "none")
+    y = layer(x)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.autograd.grad(y, [x, layer.w1], torch.randn_like(y))
+    big = T * layer.options[0] * H   # x's permuted rows alone are this many elements
+    fills = [(e.name, e.input_shapes) for e in prof.events()
+             if e.name in ("aten::zeros_like", "aten::zero_", "aten::fill_")
+             and any(len(s) == 1 and s[0] >= big for s in e.input_shapes)]
+    assert not fills, f"the backward zero-filled the saved buffer: {fills}"

@@ -312,9 +312,12 @@ def _ep_moe_setup(ctx, inputs, output):
     x, router_w, w1, b1, w2, b2 = inputs[:6]
     ctx.save_for_backward(x, router_w, w1, b1, w2, b2, output[1])
     ctx.ep_id, ctx.options = inputs[6], inputs[7:]
+    ctx.set_materialize_grads(False)   # saved and dropped are outputs for the backward only: no zero gradients
 
 
 def _ep_moe_grads(ctx, dy, _dsaved, _ddropped):
+    if dy is None:
+        return (None,) * (7 + len(ctx.options))
     x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
     needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _ep_moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), ctx.ep_id, *ctx.options, needs)

@@ -122,6 +122,7 @@ def _moe_setup(ctx, inputs, output):
     x, router_w, w1, b1, w2, b2 = inputs[:6]
     ctx.save_for_backward(x, router_w, w1, b1, w2, b2, output[1])
     ctx.options, ctx.fp8 = inputs[6:15], inputs[15:]
+    ctx.set_materialize_grads(False)   # saved is an output for the backward only: no zero gradient of it
 
 
 def _moe_needs(n, b1, b2, b2_mode) -> List[bool]:
@@ -131,6 +132,8 @@ def _moe_needs(n, b1, b2, b2_mode) -> List[bool]:
 
 
 def _moe_grads(ctx, dy, dsaved_unused):
+    if dy is None:
+        return (None,) * (15 + _FP8_ARGS)
     x, router_w, w1, b1, w2, b2, saved = ctx.saved_tensors
     needs = _moe_needs(ctx.needs_input_grad, b1, b2, ctx.options[3])
     outs = _moe_backward(x, router_w, w1, b1, w2, b2, saved, dy.contiguous(), *ctx.options, needs, *ctx.fp8)
