@@ -1,12 +1,30 @@
 /*
  * cuda_dense_gemm.cu - the CUDA `gemm` primitive (src/core/backend.h, moex_dense_gemm): the
  * MoE layer's router GEMMs on the portable grouped GEMM (sm80_grouped_gemm.cu) with one
- * group of all rows. The product runs in B's dtype (A is rounded to it on the way in; f32
- * inputs: exact f32). No workspace.
+ * group of all rows, its reduction split where the output has few tiles. The product runs in
+ * B's dtype (A is rounded to it on the way in; f32 inputs: exact f32).
  */
 #include "cuda_ops.h"
 
-size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) { return 0; }
+/* The router's GEMMs have few output tiles of 128 x 128 (T x E logits; E x H for dWr) and a
+ * long reduction: below DENSE_FULL_TILES tiles the reduction is split (split-K, workspace: the
+ * splits' f32 sums) so that tiles x splits reaches DENSE_CTAS, each split DENSE_MIN_K long at
+ * least. */
+#define DENSE_FULL_TILES 128
+#define DENSE_CTAS 256
+#define DENSE_MIN_K 256
+
+static int dense_ksplit(const moex_dense_gemm *p) {
+    const int64_t tiles = ((p->M + 127) / 128) * ((p->N + 127) / 128);
+    if (tiles == 0 || tiles >= DENSE_FULL_TILES) return 1;
+    int64_t s = DENSE_CTAS / tiles;
+    if (s > p->K / DENSE_MIN_K) s = p->K / DENSE_MIN_K;
+    return s > 1 ? (int)s : 1;
+}
+
+size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) {
+    return moex_cuda_gemm_part_bytes(dense_ksplit(p), p->M, p->N);
+}
 
 moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
                                  const moex_dense_gemm *p, void *ws) {
@@ -20,6 +38,8 @@ moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const mo
     g.c = p->c;
     g.n_dim = p->N;
     g.ldc = p->N;
+    g.ksplit = dense_ksplit(p);
+    g.part = (float *)ws;
     switch (p->kind) {
     case MOEX_GEMM_NT:   /* C[m, n] = sum_k A[m, k] B[n, k] */
         g.kind = MOEX_CUDA_GEMM_ROWS;

@@ -132,7 +132,16 @@ typedef struct moex_cuda_gemm {
     const float *probs;
     const float *residual;
     int64_t ldr;
+    /* split-K (ROWS, or WGRAD of one group): ksplit > 1 CTAs share each output tile, each
+     * reducing over one of ksplit equal runs of k tiles into its own f32 slice of part
+     * [ksplit, rows, n_dim] (rows: T for ROWS, m_dim for WGRAD; moex_cuda_gemm_part_bytes),
+     * which a second launch sums in slice order into C with the epilogue above. */
+    int ksplit;
+    float *part;
 } moex_cuda_gemm;
+
+/* The bytes of part for a split-K GEMM of `rows` x n_dim outputs (0: ksplit <= 1). */
+size_t moex_cuda_gemm_part_bytes(int ksplit, int64_t rows, int64_t n_dim);
 
 moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *p,
                                cudaStream_t stream);

@@ -5,6 +5,9 @@
  *   ROWS:  grid (N tiles, row tiles); a CTA finds its group by a binary search of its row
  *          tile in the device schedule (tiles[]), so the host never sees a split value.
  *   WGRAD: grid (N tiles, M tiles, G); a CTA reduces over its group's rows.
+ * Split-K (the router's dense GEMMs, whose few output tiles would leave most SMs idle): grid z
+ * is the split; each CTA writes its raw f32 sums into its own slice, and split_k_finish_kernel
+ * adds the slices in a fixed order and applies the epilogue, so results stay deterministic.
  * Tiles are 128 x 128 x 32 with 256 threads. bf16/f16 operands (of the compute type) go
  * global -> shared memory by cp.async in a 4-stage ring, kept in their global layout
  * (reduction- or output-contiguous) and read with ldmatrix (.trans for the latter);
@@ -48,6 +51,9 @@ typedef struct gemm_params {
     const float *probs;
     const float *residual;
     int64_t ldr;
+    int ksplit;             /* > 1: blockIdx.z is the split, acc goes raw into part */
+    float *part;
+    int64_t part_rows;
 } gemm_params;
 
 /* Shared memory of one operand tile (128 output rows x 32 reduction steps), per stage:
@@ -302,6 +308,10 @@ __device__ __forceinline__ void store_out(const gemm_params &p, const tile_out &
     int64_t col = t.n0 + n;
     if (m >= t.rows || col >= p.n_dim) return;
     int64_t r = t.row0 + m;
+    if (p.ksplit > 1) {   /* the split's raw sum; split_k_finish applies the epilogue */
+        p.part[((int64_t)blockIdx.z * p.part_rows + r) * p.n_dim + col] = acc;
+        return;
+    }
     TO *dst;
     if (p.kind == MOEX_CUDA_GEMM_ROWS) {
         if (p.bias) {
@@ -316,6 +326,20 @@ __device__ __forceinline__ void store_out(const gemm_params &p, const tile_out &
     }
     if (p.accumulate) *(float *)dst += acc;
     else *dst = from_f32<TO>(acc);
+}
+
+/* The reduction range of this CTA's split (blockIdx.z of p.ksplit, or all of it): its start
+ * in [0, len), and *kvalid its length; the splits take equal runs of whole k tiles, and a
+ * split past the end has none (its slice of part gets zeros). */
+__device__ __forceinline__ int64_t split_start(const gemm_params &p, int64_t len, int64_t *kvalid) {
+    if (p.ksplit <= 1) {
+        *kvalid = len;
+        return 0;
+    }
+    const int64_t per = (len + (int64_t)p.ksplit * GBK - 1) / ((int64_t)p.ksplit * GBK) * GBK;
+    const int64_t k0 = min(len, (int64_t)blockIdx.z * per);
+    *kvalid = min(per, len - k0);
+    return k0;
 }
 
 template <typename TC, typename TA, typename TB, typename TO>
@@ -338,14 +362,15 @@ __global__ void __launch_bounds__(GTHREADS) grouped_gemm_kernel(gemm_params p) {
         t.rows = min((int64_t)GBM, p.off[t.g + 1] - t.row0);
         t.cg = NULL;
         const TB *bg = p.b_ptrs ? (const TB *)p.b_ptrs[t.g] : (const TB *)p.b + t.g * p.b_gstride;
-        la.init((const TA *)p.a + t.row0 * p.lda, p.lda, t.rows, 1);
-        lb.init(p.b_kc ? bg + t.n0 * p.ldb : bg + t.n0, p.ldb, p.n_dim - t.n0, p.b_kc);
-        kvalid = p.k_dim;
+        const int64_t k0 = split_start(p, p.k_dim, &kvalid);
+        la.init((const TA *)p.a + t.row0 * p.lda + k0, p.lda, t.rows, 1);
+        lb.init(p.b_kc ? bg + t.n0 * p.ldb + k0 : bg + k0 * p.ldb + t.n0, p.ldb, p.n_dim - t.n0, p.b_kc);
     } else {
-        t.g = blockIdx.z;
+        t.g = p.ksplit > 1 ? 0 : blockIdx.z;
         int64_t r0 = p.off[t.g];
-        kvalid = p.off[t.g + 1] - r0;
-        if (kvalid <= 0 && p.accumulate) return;   /* += of an empty group: unchanged */
+        const int64_t n = p.off[t.g + 1] - r0;
+        if (n <= 0 && p.accumulate && p.ksplit <= 1) return;   /* += of an empty group: unchanged */
+        r0 += split_start(p, n, &kvalid);
         t.row0 = (int64_t)blockIdx.y * GBM;
         t.rows = min((int64_t)GBM, p.m_dim - t.row0);
         t.cg = p.c_ptrs ? p.c_ptrs[t.g] : (void *)((TO *)p.c + t.g * p.c_gstride);
@@ -457,6 +482,26 @@ static void launch(const gemm_params &p, dim3 grid, cudaStream_t stream) {
     grouped_gemm_kernel<TC, TA, TB, TO><<<grid, GTHREADS, async ? ASYNC_SMEM_BYTES : 0, stream>>>(p);
 }
 
+/* C[r, n] = (sum over the splits s, in order, of part[s, r, n]) with the ROWS epilogue's
+ * residual, or C += it (accumulate, f32), for r < part_rows, n < n_dim. The dense GEMMs only
+ * (no bias; C packed, ld ldc). */
+template <typename TO> static __global__ void split_k_finish_kernel(gemm_params p) {
+    const int64_t n = p.part_rows * p.n_dim;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / p.n_dim, col = i % p.n_dim;
+        float acc = 0.0f;
+        for (int s = 0; s < p.ksplit; s++) acc += p.part[s * n + i];
+        if (p.residual) acc += p.residual[r * p.ldr + col];
+        TO *dst = (TO *)p.c + r * p.ldc + col;
+        if (p.accumulate) *(float *)dst += acc;
+        else *dst = from_f32<TO>(acc);
+    }
+}
+
+size_t moex_cuda_gemm_part_bytes(int ksplit, int64_t rows, int64_t n_dim) {
+    return ksplit > 1 ? moex_sz_mul(moex_sz_bytes(rows, n_dim, sizeof(float)), (size_t)ksplit) : 0;
+}
+
 /* Raises the dynamic shared-memory limit of the cp.async instantiations (once per device,
  * from context creation, so that no operation calls it). */
 moex_status moex_cuda_gemm_prepare(moex_context *ctx) {
@@ -477,6 +522,14 @@ static int launch_to(moex_dtype to, const gemm_params &p, dim3 grid, cudaStream_
     if (to == MOEX_DTYPE_F32) launch<TC, TA, TC, float>(p, grid, stream);
     else launch<TC, TA, TC, TC>(p, grid, stream);
     return 1;
+}
+
+static void launch_finish(moex_dtype to, const gemm_params &p, cudaStream_t stream) {
+    const int64_t n = p.part_rows * p.n_dim, blocks = (n + 255) / 256;
+    const unsigned nb = (unsigned)(blocks < 4096 ? blocks : 4096);
+    if (to == MOEX_DTYPE_F32) split_k_finish_kernel<float><<<nb, 256, 0, stream>>>(p);
+    else if (to == MOEX_DTYPE_BF16) split_k_finish_kernel<bf16><<<nb, 256, 0, stream>>>(p);
+    else split_k_finish_kernel<f16><<<nb, 256, 0, stream>>>(p);
 }
 
 moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *g,
@@ -510,6 +563,12 @@ moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cud
     p.probs = g->probs;
     p.residual = g->residual;
     p.ldr = g->ldr;
+    p.ksplit = g->ksplit > 1 ? g->ksplit : 1;
+    p.part = g->part;
+    p.part_rows = g->kind == MOEX_CUDA_GEMM_ROWS ? g->sched->T : g->m_dim;
+    if (p.ksplit > 1 && (g->bias || (g->kind == MOEX_CUDA_GEMM_WGRAD && g->sched->G != 1) || !g->part ||
+                         g->c_ptrs || p.ksplit > 64))
+        return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: split-K takes a dense GEMM (no bias, one group, part)", op);
 
     dim3 grid;
     int64_t nt = (g->n_dim + GBN - 1) / GBN;
@@ -519,14 +578,14 @@ moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cud
         if (mt > 65535 || nt > 2147483647)
             return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: %lld row tiles exceed the grid limit (T too large)",
                              op, (long long)mt);
-        grid = dim3((unsigned)nt, (unsigned)mt, 1);
+        grid = dim3((unsigned)nt, (unsigned)mt, (unsigned)p.ksplit);
     } else {
         int64_t mt = (g->m_dim + GBM - 1) / GBM;
         if (nt == 0 || mt == 0) return MOEX_OK;
         if (mt > 65535 || g->sched->G > 65535)
             return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: weight-gradient grid too large (%lld x %lld groups)",
                              op, (long long)mt, (long long)g->sched->G);
-        grid = dim3((unsigned)nt, (unsigned)mt, (unsigned)g->sched->G);
+        grid = dim3((unsigned)nt, (unsigned)mt, p.ksplit > 1 ? (unsigned)p.ksplit : (unsigned)g->sched->G);
     }
     if (g->accumulate && g->to != MOEX_DTYPE_F32)
         return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: accumulating GEMM needs an f32 output", op);
@@ -550,5 +609,9 @@ moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cud
         return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no GEMM kernel for operand dtypes %d/%d, compute %d, out %d",
                          op, (int)g->ta, (int)g->tb, (int)g->tc, (int)g->to);
     CUDA_TRY_LAUNCH(ctx, op);
+    if (p.ksplit > 1) {
+        launch_finish(g->to, p, stream);
+        CUDA_TRY_LAUNCH(ctx, op);
+    }
     return MOEX_OK;
 }

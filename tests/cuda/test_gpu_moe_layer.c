@@ -28,6 +28,14 @@ int main(void) {
         {.T = 257, .H = 72, .E = 9, .F = 40, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_NO_RENORM,
          .b2_mode = MOEX_BIAS_ADD, .with_b1 = 1, .glu = MOEX_GLU_CLAMPED_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS,
          .dt = MOEX_DTYPE_F32, .n_empty = 1, .dw_mode = MOEX_GRAD_ACCUMULATE, .dw_dt = MOEX_DTYPE_F32, .discrete = 1},
+        /* reductions long enough that the router's GEMMs split them (logits over H, dWr over T),
+         * in runs that are not whole tiles */
+        {.T = 600, .H = 640, .E = 8, .F = 32, .k = 2, .score = MOEX_ROUTER_SOFTMAX, .norm = MOEX_ROUTER_RENORM,
+         .b2_mode = MOEX_BIAS_NONE, .glu = MOEX_GLU_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS, .dt = MOEX_DTYPE_BF16,
+         .n_empty = 1, .dw_mode = MOEX_GRAD_WRITE, .dw_dt = MOEX_DTYPE_F32},
+        {.T = 1100, .H = 520, .E = 5, .F = 24, .k = 2, .score = MOEX_ROUTER_SIGMOID, .norm = MOEX_ROUTER_RENORM,
+         .b2_mode = MOEX_BIAS_ADD, .glu = MOEX_GLU_SWIGLU, .layout = MOEX_GLU_CONTIGUOUS, .dt = MOEX_DTYPE_F32,
+         .dw_mode = MOEX_GRAD_ACCUMULATE, .dw_dt = MOEX_DTYPE_F32},
     };
     for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) test_case(&r, &big[i]);
     test_empty_and_partial(&r);
