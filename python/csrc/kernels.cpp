@@ -658,6 +658,12 @@ void check_k(const char* op, int64_t k, int64_t rows, const char* rows_name) {
                       " rows of ", rows_name);
 }
 
+// The permutation's row_map: int32, one-dimensional, on the operator's device.
+void check_row_map(const char* op, const at::Tensor& row_map, const c10::Device& device) {
+    static const at::ScalarType kInt = at::kInt;
+    check(op, "row_map", row_map, device, only(kInt), 1);
+}
+
 // The fields the router's forward and backward args share (A: moex_router_args or
 // moex_router_grad_args): the logits and the options.
 template <class A>
@@ -736,8 +742,8 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(const at::Tensor& row_map, c
                                                     const at::Tensor& dprobs_p, int64_t k) {
     const char* op = "permute_backward";
     check(op, "dxp", dxp, dxp.device(), kFloats, 2);
-    static const at::ScalarType kInt = at::kInt, kF32 = at::kFloat;
-    check(op, "row_map", row_map, dxp.device(), only(kInt), 1);
+    static const at::ScalarType kF32 = at::kFloat;
+    check_row_map(op, row_map, dxp.device());
     check(op, "dprobs_p", dprobs_p, dxp.device(), only(kF32), 1);
     check_k(op, k, dxp.size(0), "dxp");
     const int64_t T = dxp.size(0) / k;
@@ -758,8 +764,7 @@ std::tuple<at::Tensor, at::Tensor> permute_backward(const at::Tensor& row_map, c
 at::Tensor unpermute_forward(const at::Tensor& yp, const at::Tensor& row_map, int64_t k) {
     const char* op = "unpermute_forward";
     check(op, "yp", yp, yp.device(), kFloats, 2);
-    static const at::ScalarType kInt = at::kInt;
-    check(op, "row_map", row_map, yp.device(), only(kInt), 1);
+    check_row_map(op, row_map, yp.device());
     check_k(op, k, yp.size(0), "yp");
     at::Tensor y = at::empty({yp.size(0) / k, yp.size(1)}, yp.options());
     moex_unpermute_args a{};
@@ -774,8 +779,7 @@ at::Tensor unpermute_forward(const at::Tensor& yp, const at::Tensor& row_map, in
 at::Tensor unpermute_backward(const at::Tensor& dy, const at::Tensor& row_map) {
     const char* op = "unpermute_backward";
     check(op, "dy", dy, dy.device(), kFloats, 2);
-    static const at::ScalarType kInt = at::kInt;
-    check(op, "row_map", row_map, dy.device(), only(kInt), 1);
+    check_row_map(op, row_map, dy.device());
     at::Tensor dyp = at::empty({row_map.size(0), dy.size(1)}, dy.options());
     moex_unpermute_grad_args a{};
     a.row_map = view(row_map);

@@ -187,30 +187,47 @@ static bool glu_vec(moex_dtype dt, int64_t F, int64_t L, const void *a, const vo
 }
 static unsigned glu_vec_blocks(int64_t T) { return glu_blocks((T + GLU_WARPS - 1) / GLU_WARPS); }
 
+/* The launches for element type E: the vector kernel when vec (glu_vec's operands: 16-bit E
+ * only), else the scalar one. */
+template <typename E>
+static void glu_fwd_launch(bool vec, const moex_glu_consts &c, int64_t L, const int64_t *total_rows, int64_t T,
+                           int64_t F, const void *h, const float *probs, void *z, cudaStream_t stream) {
+    if constexpr (sizeof(E) == 2)
+        if (vec) {
+            glu_fwd_vec_kernel<E><<<glu_vec_blocks(T), GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F,
+                                                                                 (const E *)h, probs, (E *)z);
+            return;
+        }
+    glu_fwd_kernel<E><<<glu_blocks(T), GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const E *)h, probs, (E *)z);
+}
+
+template <typename E>
+static void glu_bwd_launch(bool vec, const moex_glu_consts &c, int64_t L, const int64_t *total_rows, int64_t T,
+                           int64_t F, const void *h, const float *probs, const void *dz, void *dh, float *dprobs,
+                           cudaStream_t stream) {
+    if constexpr (sizeof(E) == 2)
+        if (vec) {
+            glu_bwd_vec_kernel<E><<<glu_vec_blocks(T), GLU_THREADS, 0, stream>>>(
+                c, L, total_rows, T, F, (const E *)h, probs, (const E *)dz, (E *)dh, dprobs);
+            return;
+        }
+    glu_bwd_kernel<E><<<glu_blocks(T), GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const E *)h, probs,
+                                                                 (const E *)dz, (E *)dh, dprobs);
+}
+
 moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_glu_params *glu,
                               const int64_t *total_rows, int64_t T, int64_t F, moex_dtype dt,
                               const void *h, const float *probs, void *z, cudaStream_t stream) {
     if (T == 0 || F == 0) return MOEX_OK;
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
-    if (glu_vec(dt, F, L, h, z, NULL)) {
-        const unsigned vb = glu_vec_blocks(T);
-        if (dt == MOEX_DTYPE_BF16)
-            glu_fwd_vec_kernel<bf16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs,
-                                                                    (bf16 *)z);
-        else
-            glu_fwd_vec_kernel<f16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs,
-                                                                   (f16 *)z);
-        CUDA_TRY_LAUNCH(ctx, op);
-        return MOEX_OK;
-    }
-    unsigned nb = glu_blocks(T);
+    const bool vec = glu_vec(dt, F, L, h, z, NULL);
     if (dt == MOEX_DTYPE_F32)
-        glu_fwd_kernel<float><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const float *)h, probs, (float *)z);
+        glu_fwd_launch<float>(vec, c, L, total_rows, T, F, h, probs, z, stream);
     else if (dt == MOEX_DTYPE_BF16)
-        glu_fwd_kernel<bf16><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs, (bf16 *)z);
+        glu_fwd_launch<bf16>(vec, c, L, total_rows, T, F, h, probs, z, stream);
     else
-        glu_fwd_kernel<f16><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs, (f16 *)z);
+        glu_fwd_launch<f16>(vec, c, L, total_rows, T, F, h, probs, z, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
@@ -222,27 +239,13 @@ moex_status moex_cuda_glu_bwd_run(moex_context *ctx, const char *op, const moex_
     if (T == 0 || F == 0 || (!dh && !dprobs)) return MOEX_OK;
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
-    if (glu_vec(dt, F, L, h, dz, dh)) {
-        const unsigned vb = glu_vec_blocks(T);
-        if (dt == MOEX_DTYPE_BF16)
-            glu_bwd_vec_kernel<bf16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs,
-                                                                    (const bf16 *)dz, (bf16 *)dh, dprobs);
-        else
-            glu_bwd_vec_kernel<f16><<<vb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs,
-                                                                   (const f16 *)dz, (f16 *)dh, dprobs);
-        CUDA_TRY_LAUNCH(ctx, op);
-        return MOEX_OK;
-    }
-    unsigned nb = glu_blocks(T);
+    const bool vec = glu_vec(dt, F, L, h, dz, dh);
     if (dt == MOEX_DTYPE_F32)
-        glu_bwd_kernel<float><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const float *)h, probs,
-                                                             (const float *)dz, (float *)dh, dprobs);
+        glu_bwd_launch<float>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
     else if (dt == MOEX_DTYPE_BF16)
-        glu_bwd_kernel<bf16><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const bf16 *)h, probs,
-                                                            (const bf16 *)dz, (bf16 *)dh, dprobs);
+        glu_bwd_launch<bf16>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
     else
-        glu_bwd_kernel<f16><<<nb, GLU_THREADS, 0, stream>>>(c, L, total_rows, T, F, (const f16 *)h, probs,
-                                                           (const f16 *)dz, (f16 *)dh, dprobs);
+        glu_bwd_launch<f16>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
