@@ -416,6 +416,7 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
                                   fp8_amax_epsilon, fp8_weights);
         ctx->save_for_backward({x, router_w, w1, b1.value_or(at::Tensor()), w2, b2.value_or(at::Tensor()), saved});
         ctx->mark_non_differentiable({saved});
+        ctx->set_materialize_grads(false);   // saved is for the backward only: no zero gradient of it
         save_edges(ctx, x, router_w, w1, b1, w2, b2);
         auto& d = ctx->saved_data;
         d["topk"] = topk;
@@ -428,6 +429,7 @@ struct MoeLayerFunction : public torch::autograd::Function<MoeLayerFunction> {
 
     static variable_list backward(AutogradContext* ctx, variable_list grads) {
         static const auto op = op_handle<MoeBackwardSig>("moex::moe_layer_backward");
+        if (!grads[0].defined()) return variable_list(20);   // y does not reach the loss
         const variable_list saved = ctx->get_saved_variables();
         const OptTensor b1 = optional(saved[3]), b2 = optional(saved[5]);
         auto& d = ctx->saved_data;
