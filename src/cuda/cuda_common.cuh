@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include "moex.h"
 #include "splits_rule.h"
 
 typedef __nv_bfloat16 bf16;
@@ -24,6 +25,17 @@ template <typename T> __device__ __forceinline__ T from_f32(float v);
 template <> __device__ __forceinline__ float from_f32<float>(float v) { return v; }
 template <> __device__ __forceinline__ bf16 from_f32<bf16>(float v) { return __float2bfloat16_rn(v); }
 template <> __device__ __forceinline__ f16 from_f32<f16>(float v) { return __float2half_rn(v); }
+
+/* Host: launch(tag) with tag a moex_elem<T> of the element type T of dt (f32, bf16, or else
+ * f16), for a launch templated on T: by_dtype(dt, [&](auto e) { run<typename decltype(e)::type>(); }). */
+template <typename T> struct moex_elem {
+    typedef T type;
+};
+template <typename Launch> static void by_dtype(moex_dtype dt, Launch launch) {
+    if (dt == MOEX_DTYPE_F32) launch(moex_elem<float>());
+    else if (dt == MOEX_DTYPE_BF16) launch(moex_elem<bf16>());
+    else launch(moex_elem<f16>());
+}
 
 /* Reads element i of a tensor whose dtype is only known at run time (f32, bf16 or f16). */
 static __device__ __forceinline__ float load_any(const void *p, int is_f32, int is_bf16, int64_t i) {

@@ -222,12 +222,9 @@ moex_status moex_cuda_glu_fwd_run(moex_context *ctx, const char *op, const moex_
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
     const bool vec = glu_vec(dt, F, L, h, z, NULL);
-    if (dt == MOEX_DTYPE_F32)
-        glu_fwd_launch<float>(vec, c, L, total_rows, T, F, h, probs, z, stream);
-    else if (dt == MOEX_DTYPE_BF16)
-        glu_fwd_launch<bf16>(vec, c, L, total_rows, T, F, h, probs, z, stream);
-    else
-        glu_fwd_launch<f16>(vec, c, L, total_rows, T, F, h, probs, z, stream);
+    by_dtype(dt, [&](auto e) {
+        glu_fwd_launch<typename decltype(e)::type>(vec, c, L, total_rows, T, F, h, probs, z, stream);
+    });
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
@@ -240,12 +237,9 @@ moex_status moex_cuda_glu_bwd_run(moex_context *ctx, const char *op, const moex_
     moex_glu_consts c = moex_glu_consts_of(glu);
     int64_t L = moex_glu_segment(glu->layout, F);
     const bool vec = glu_vec(dt, F, L, h, dz, dh);
-    if (dt == MOEX_DTYPE_F32)
-        glu_bwd_launch<float>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
-    else if (dt == MOEX_DTYPE_BF16)
-        glu_bwd_launch<bf16>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
-    else
-        glu_bwd_launch<f16>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
+    by_dtype(dt, [&](auto e) {
+        glu_bwd_launch<typename decltype(e)::type>(vec, c, L, total_rows, T, F, h, probs, dz, dh, dprobs, stream);
+    });
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }

@@ -13,9 +13,12 @@
  * entries of the flattened [T*k] ids (one warp per chunk): (1) per-chunk expert counts,
  * (2) one block turns them into each chunk's first row per expert and writes splits,
  * (3) each chunk assigns rows in (t, j) order (warp match + popc ranks), then a copy kernel
- * moves rows (in 16-byte pieces where the rows allow). Ids outside [0, E) (or row_map values outside [0, T*k)) are skipped and
+ * moves rows (in 16-byte pieces where the rows allow). Ids outside [0, E) (or row_map values
+ * outside [0, T*k)) are skipped and
  * recorded in the context's flag (moex_context_check_splits reports them).
  */
+#include <type_traits>
+
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 #include "router_math.h"
@@ -314,7 +317,7 @@ static __global__ void perm_assign_kernel(const int32_t *ids, int64_t n, int64_t
 
 /* ---- rows in pieces ---------------------------------------------------------------------
  * The copies and gathers below move each row in pieces of N elements: N * sizeof(T) = 16 bytes
- * (vector loads and stores) where rows_in_pieces allows it, one element otherwise. */
+ * (vector loads and stores) where by_pieces allows it, one element otherwise. */
 
 /* v = p[0, N): one 16-byte load when N elements are 16 bytes (p 16-byte aligned). */
 template <typename T, int N> static __device__ __forceinline__ void piece_load(const T *p, T (&v)[N]) {
@@ -339,45 +342,65 @@ template <typename T, int N> static __device__ __forceinline__ void piece_store(
     }
 }
 
-/* Whether rows of H elements of `es` bytes at a and b move in 16-byte pieces. */
-static bool rows_in_pieces(int64_t H, size_t es, const void *a, const void *b) {
-    return (H * (int64_t)es) % 16 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+/* launch(N) with the piece size N as a constant (std::integral_constant): 16 bytes of T when
+ * rows of H elements at a and b move in 16-byte pieces, else 1. */
+template <typename T, typename Launch> static void by_pieces(int64_t H, const void *a, const void *b, Launch launch) {
+    if ((H * (int64_t)sizeof(T)) % 16 == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0)
+        launch(std::integral_constant<int, (int)(16 / sizeof(T))>());
+    else
+        launch(std::integral_constant<int, 1>());
 }
 
-/* xp[row_map[t*k + j]] = x[t]; probs_p[row_map[t*k + j]] = probs[t*k + j]. Block per token; each
- * piece of x[t] is read once and stored k times. */
+/* dst[row_map[t*k + j]] = src[t] and, with probs, probs_p[row_map[t*k + j]] = probs[t*k + j],
+ * for the rows in [0, rows_p); others are skipped, and flagged where flag is given (a caller's
+ * row_map; the permute's own marks dropped ids -1, which its count already flagged). Block per
+ * token; each piece of src[t] is read once and stored k times. */
 template <typename T, int N>
-static __global__ void perm_copy_kernel(const T *x, const float *probs, const int32_t *row_map, int64_t T_rows,
-                                        int64_t H, int64_t k, T *xp, float *probs_p) {
+static __global__ void spread_rows_kernel(const T *src, const float *probs, const int32_t *row_map, int64_t T_rows,
+                                          int64_t H, int64_t k, int64_t rows_p, T *dst, float *probs_p, int *flag,
+                                          int op_id) {
     for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
         for (int64_t q = threadIdx.x; q < H / N; q += COPY_THREADS) {
             T v[N];
-            piece_load<T, N>(x + t * H + q * N, v);
+            piece_load<T, N>(src + t * H + q * N, v);
             for (int64_t j = 0; j < k; j++) {
                 const int32_t r = row_map[t * k + j];
-                if (r >= 0) piece_store<T, N>(xp + (int64_t)r * H + q * N, v);
+                if (r >= 0 && r < rows_p) piece_store<T, N>(dst + (int64_t)r * H + q * N, v);
             }
         }
-        if (probs)
-            for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
-                const int32_t r = row_map[t * k + j];
-                if (r >= 0) probs_p[r] = probs[t * k + j];
+        for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
+            const int32_t r = row_map[t * k + j];
+            if (r < 0 || r >= rows_p) {
+                if (flag) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
+            } else if (probs) {
+                probs_p[r] = probs[t * k + j];
             }
+        }
     }
 }
 
+static unsigned copy_blocks(int64_t T) { return (unsigned)(T < (1 << 20) ? T : (1 << 20)); }
+
 template <typename T>
-static void launch_perm_copy(unsigned nb, const void *x, const float *probs, const int32_t *row_map, int64_t T_rows,
-                             int64_t H, int64_t k, void *xp, float *probs_p, cudaStream_t stream) {
-    if (rows_in_pieces(H, sizeof(T), x, xp))
-        perm_copy_kernel<T, 16 / sizeof(T)><<<nb, COPY_THREADS, 0, stream>>>((const T *)x, probs, row_map, T_rows, H,
-                                                                           k, (T *)xp, probs_p);
-    else
-        perm_copy_kernel<T, 1><<<nb, COPY_THREADS, 0, stream>>>((const T *)x, probs, row_map, T_rows, H, k, (T *)xp,
-                                                              probs_p);
+static void launch_spread(const void *src, const float *probs, const int32_t *row_map, int64_t T_rows, int64_t H,
+                          int64_t k, int64_t rows_p, void *dst, float *probs_p, int *flag, int op_id,
+                          cudaStream_t stream) {
+    by_pieces<T>(H, src, dst, [&](auto n) {
+        spread_rows_kernel<T, decltype(n)::value><<<copy_blocks(T_rows), COPY_THREADS, 0, stream>>>(
+            (const T *)src, probs, row_map, T_rows, H, k, rows_p, (T *)dst, probs_p, flag, op_id);
+    });
 }
 
-static unsigned copy_blocks(int64_t T) { return (unsigned)(T < (1 << 20) ? T : (1 << 20)); }
+/* launch_spread for the dtype dt. */
+static void spread(moex_dtype dt, const void *src, const float *probs, const int32_t *row_map, int64_t T_rows,
+                   int64_t H, int64_t k, int64_t rows_p, void *dst, float *probs_p, int *flag, int op_id,
+                   cudaStream_t stream) {
+    by_dtype(dt, [&](auto e) {
+        launch_spread<typename decltype(e)::type>(src, probs, row_map, T_rows, H, k, rows_p, dst, probs_p, flag,
+                                                  op_id, stream);
+    });
+}
+
 
 moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, const void *x, moex_dtype dt,
                                   const int32_t *ids, const float *probs, int64_t T, int64_t H, int64_t k,
@@ -398,10 +421,7 @@ moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, 
     if (nc == 0) return MOEX_OK;
     perm_assign_kernel<<<(unsigned)nc, 32, smem, stream>>>(ids, n, E, counts, row_map);
     CUDA_TRY_LAUNCH(ctx, op);
-    unsigned nb = copy_blocks(T);
-    if (dt == MOEX_DTYPE_F32) launch_perm_copy<float>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
-    else if (dt == MOEX_DTYPE_BF16) launch_perm_copy<bf16>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
-    else launch_perm_copy<f16>(nb, x, probs, row_map, T, H, k, xp, probs_p, stream);
+    spread(dt, x, probs, row_map, T, H, k, n, xp, probs_p, NULL, op_id, stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
@@ -446,47 +466,13 @@ static __global__ void gather_sum_kernel(const int32_t *row_map, const TS *src, 
     }
 }
 
-/* dst[row_map[t*k + j]] = src[t] (rows outside [0, rows_p) skipped and flagged); each piece
- * of src[t] is read once. */
-template <typename T, int N>
-static __global__ void scatter_copy_kernel(const int32_t *row_map, const T *src, int64_t T_rows, int64_t H,
-                                           int64_t k, int64_t rows_p, T *dst, int *flag, int op_id) {
-    for (int64_t t = blockIdx.x; t < T_rows; t += gridDim.x) {
-        for (int64_t q = threadIdx.x; q < H / N; q += COPY_THREADS) {
-            T v[N];
-            piece_load<T, N>(src + t * H + q * N, v);
-            for (int64_t j = 0; j < k; j++) {
-                const int32_t r = row_map[t * k + j];
-                if (r >= 0 && r < rows_p) piece_store<T, N>(dst + (int64_t)r * H + q * N, v);
-            }
-        }
-        for (int64_t j = threadIdx.x; j < k; j += COPY_THREADS) {
-            const int32_t r = row_map[t * k + j];
-            if (r < 0 || r >= rows_p) flag_bad(flag, op_id, MOEX_CUDA_BAD_IDS);
-        }
-    }
-}
-
-template <typename T>
-static void launch_scatter(unsigned nb, const int32_t *row_map, const void *src, int64_t T_rows, int64_t H,
-                           int64_t k, int64_t rows_p, void *dst, int *flag, int op_id, cudaStream_t stream) {
-    if (rows_in_pieces(H, sizeof(T), src, dst))
-        scatter_copy_kernel<T, 16 / sizeof(T)><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const T *)src, T_rows, H,
-                                                                              k, rows_p, (T *)dst, flag, op_id);
-    else
-        scatter_copy_kernel<T, 1><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const T *)src, T_rows, H, k, rows_p,
-                                                                 (T *)dst, flag, op_id);
-}
-
 template <typename TS, typename TD>
 static void launch_gather_to(unsigned nb, const int32_t *row_map, const void *src, int64_t T, int64_t H, int64_t k,
                              void *dst, const float *vsrc, float *vdst, int *flag, int op_id, cudaStream_t stream) {
-    if (rows_in_pieces(H, sizeof(TS), src, dst ? dst : src))
-        gather_sum_kernel<TS, TD, 16 / sizeof(TS)><<<nb, COPY_THREADS, 0, stream>>>(
+    by_pieces<TS>(H, src, dst ? dst : src, [&](auto n) {
+        gather_sum_kernel<TS, TD, decltype(n)::value><<<nb, COPY_THREADS, 0, stream>>>(
             row_map, (const TS *)src, T, H, k, T * k, (TD *)dst, vsrc, vdst, flag, op_id);
-    else
-        gather_sum_kernel<TS, TD, 1><<<nb, COPY_THREADS, 0, stream>>>(row_map, (const TS *)src, T, H, k, T * k,
-                                                                    (TD *)dst, vsrc, vdst, flag, op_id);
+    });
 }
 
 template <typename TS>
@@ -503,9 +489,9 @@ static void launch_gather(const int32_t *row_map, const void *src, int64_t T, in
 static void gather(const int32_t *row_map, const void *src, moex_dtype dt, int64_t T, int64_t H, int64_t k,
                    void *dst, moex_dtype dst_dt, const float *vsrc, float *vdst, int *flag, int op_id,
                    cudaStream_t stream) {
-    if (dt == MOEX_DTYPE_F32) launch_gather<float>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
-    else if (dt == MOEX_DTYPE_BF16) launch_gather<bf16>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
-    else launch_gather<f16>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
+    by_dtype(dt, [&](auto e) {
+        launch_gather<typename decltype(e)::type>(row_map, src, T, H, k, dst, dst_dt, vsrc, vdst, flag, op_id, stream);
+    });
 }
 
 moex_status moex_cuda_permute_bwd_run(moex_context *ctx, const char *op, const int32_t *row_map, const void *dxp,
@@ -531,12 +517,8 @@ moex_status moex_cuda_unpermute_bwd_run(moex_context *ctx, const char *op, const
                                         moex_dtype dt, int64_t T, int64_t H, int64_t k, void *dyp, int64_t rows_p,
                                         cudaStream_t stream) {
     if (T == 0) return MOEX_OK;
-    unsigned nb = copy_blocks(T);
-    int *flag = moex_cuda_st(ctx)->flag;
-    int id = MOEX_OP_UNPERMUTE_BACKWARD;
-    if (dt == MOEX_DTYPE_F32) launch_scatter<float>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
-    else if (dt == MOEX_DTYPE_BF16) launch_scatter<bf16>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
-    else launch_scatter<f16>(nb, row_map, dy, T, H, k, rows_p, dyp, flag, id, stream);
+    spread(dt, dy, NULL, row_map, T, H, k, rows_p, dyp, NULL, moex_cuda_st(ctx)->flag, MOEX_OP_UNPERMUTE_BACKWARD,
+           stream);
     CUDA_TRY_LAUNCH(ctx, op);
     return MOEX_OK;
 }
