@@ -3,9 +3,11 @@
 # call it: both trees (OLD_TAR, a `git archive` of the old one, and this one) build as pip
 # builds them (scripts/gpu_ab_torch.sh build) in the background while scripts/sm90_quick.sh
 # builds this tree with its tests, runs the sm90 tests in every kernel variant, the CUDA tests
-# of CTEST_R and the GEMM comparisons of COMPARE; then the moex.torch benchmark BENCH runs on
-# each build (gpu_ab_torch.sh run, RUNS), and where SAN_TEST names one, a CUDA test under
-# compute-sanitizer. Env: those of the two scripts and SAN_* below. Logs in $OUT.
+# of CTEST_R and the GEMM comparisons of COMPARE; then each moex.torch benchmark of BENCHES
+# ("ARGS;ARGS": a script in bench/ with its arguments; default: gpu_ab_torch.sh's BENCH) runs on
+# each build (gpu_ab_torch.sh run, RUNS; the i-th one's logs in $OUT/ab/i), and where SAN_TEST
+# names one, a CUDA test under compute-sanitizer. Env: those of the two scripts and SAN_* below.
+# Logs in $OUT.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-ab/out}
@@ -17,7 +19,13 @@ OUT=$OUT bash scripts/sm90_quick.sh
 echo "sm90_quick done at $((SECONDS - t0)) s"
 wait $ab
 cat "$OUT/ab_build.log"
-OUT=$OUT/ab bash scripts/gpu_ab_torch.sh run
+IFS=';' read -r -a benches <<< "${BENCHES:-${BENCH:-}}"
+[ ${#benches[@]} -gt 0 ] || benches=("")
+for i in "${!benches[@]}"; do
+    mkdir -p "$OUT/ab/$i"
+    echo "== bench $i: ${benches[$i]:-the default}"
+    BENCH=${benches[$i]:-${BENCH:-}} OUT=$OUT/ab/$i bash scripts/gpu_ab_torch.sh run
+done
 echo "gpu_kernel_ab done at $((SECONDS - t0)) s"
 # then, where asked, one CUDA test under compute-sanitizer (SAN_TEST: its build-gpu/tests name
 # with its arguments, e.g. "cuda_test_sm90_epilogue 2"; SAN_TOOL: memcheck by default,
