@@ -1,8 +1,9 @@
 /*
  * cuda_dense_gemm.cu - the CUDA `gemm` primitive (src/core/backend.h, moex_dense_gemm): the
  * MoE layer's router GEMMs on the portable grouped GEMM (sm80_grouped_gemm.cu) with one
- * group of all rows, its reduction split where the output has few tiles. The product runs in
- * B's dtype (A is rounded to it on the way in; f32 inputs: exact f32).
+ * group of all rows, its reduction split where the output has few tiles; the NN with a short
+ * reduction (dx, K = E) on cuda_dense_short_k.cu. The product runs in B's dtype (A is rounded
+ * to it on the way in; f32 inputs: exact f32).
  */
 #include "cuda_ops.h"
 
@@ -26,8 +27,17 @@ size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) {
     return moex_cuda_gemm_part_bytes(dense_ksplit(p), p->M, p->N);
 }
 
+/* The NN with a short reduction (the router's dx, K = E) on its own kernel. */
+static bool dense_short_k(const moex_dense_gemm *p) {
+    return p->kind == MOEX_GEMM_NN && p->K <= MOEX_CUDA_SHORT_K && p->ta == MOEX_DTYPE_F32 && p->tc == p->tb &&
+           p->r != NULL;
+}
+
 moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,
                                  const moex_dense_gemm *p, void *ws) {
+    if (dense_short_k(p))
+        return moex_cuda_dense_short_k(ctx, c->op, (const float *)p->a, p->b, p->tb, p->r, p->c, p->M, p->N, p->K,
+                                       (cudaStream_t)c->stream);
     moex_cuda_gemm g = {};
     g.sched = rows;
     g.ta = p->ta;
