@@ -50,15 +50,22 @@ void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, 
     return NULL;
 }
 
-const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const char *env_var, const char *soname, const char *path,
-                                 const char *what, moex_ep_dl_fill fill, void *table, char *why, size_t why_len) {
+const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const moex_ep_dl_lib *l, moex_ep_dl_fill fill, void *table,
+                                 size_t table_bytes, char *why, size_t why_len) {
     pthread_mutex_lock(&once->lock);
     if (!once->loaded) {
         const char *name;
-        void *lib = moex_ep_dlopen(env_var, soname, path, what, &name, why, why_len);
-        if (lib && !fill(lib, name, table, why, why_len)) {
-            moex_ep_dlclose(lib);
-            lib = NULL;
+        void *lib = moex_ep_dlopen(l->env_var, l->soname, l->path, l->what, &name, why, why_len);
+        if (lib) {
+            memset(table, 0, table_bytes);
+            moex_ep_resolver r = {lib, true, ""};
+            if (!fill(&r, name, table, why, why_len)) {
+                if (!r.ok)
+                    snprintf(why, why_len, "%s %s (%s) lacks %s%s", l->what, name, moex_ep_dl_path(lib), r.why,
+                             l->lacks_hint);
+                moex_ep_dlclose(lib);
+                lib = NULL;
+            }
         }
         once->loaded = lib != NULL;
     }

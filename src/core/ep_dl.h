@@ -37,21 +37,36 @@ extern "C" {
 void *moex_ep_dlopen(const char *env_var, const char *soname, const char *path, const char *what, const char **name,
                      char *why, size_t why_len);
 
-/* A transport's table, filled once per process: `fill` resolves and checks the library's
- * symbols into `table` and returns whether all are there (else why[why_len] says what lacks
- * or is wrong). */
-typedef bool (*moex_ep_dl_fill)(void *lib, const char *name, void *table, char *why, size_t why_len);
+/* A fill's symbol lookup: the library, whether every symbol so far was found, and what
+ * dlsym said of the first one missing. */
+typedef struct moex_ep_resolver {
+    void *lib;
+    bool ok;
+    char why[512];
+} moex_ep_resolver;
+
+/* A transport's library: moex_ep_dlopen's env_var, soname, path and what, and a hint that
+ * follows the message of a missing symbol ("" for none). */
+typedef struct moex_ep_dl_lib {
+    const char *env_var, *soname, *path, *what, *lacks_hint;
+} moex_ep_dl_lib;
+
+/* A transport's table, filled once per process: `fill` resolves the library's symbols into
+ * `table` (zeroed before) with MOEX_EP_RESOLVE(r, ...) and checks what else it needs. It
+ * returns false when r->ok is false (a symbol is missing: the load then says "<what> <name>
+ * (<path>) lacks <r->why><lacks_hint>") or when something else is wrong, with why[why_len] set. */
+typedef bool (*moex_ep_dl_fill)(moex_ep_resolver *r, const char *name, void *table, char *why, size_t why_len);
 typedef struct moex_ep_dl_once {
     pthread_mutex_t lock;
     bool loaded;                    /* under `lock`: the table is filled */
 } moex_ep_dl_once;
 #define MOEX_EP_DL_ONCE_INIT {PTHREAD_MUTEX_INITIALIZER, false}
 
-/* Under once->lock: `table` when it is filled; else moex_ep_dlopen(env_var, soname, path,
- * what) and fill, and `table` when both succeed; else NULL with why[why_len] set, the library
- * closed and the table left unfilled (a later call tries again). */
-const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const char *env_var, const char *soname, const char *path,
-                                 const char *what, moex_ep_dl_fill fill, void *table, char *why, size_t why_len);
+/* Under once->lock: `table` (table_bytes) when it is filled; else moex_ep_dlopen of lib and
+ * fill, and `table` when both succeed; else NULL with why[why_len] set, the library closed and
+ * the table left unfilled (a later call tries again). */
+const void *moex_ep_dl_load_once(moex_ep_dl_once *once, const moex_ep_dl_lib *lib, moex_ep_dl_fill fill, void *table,
+                                 size_t table_bytes, char *why, size_t why_len);
 
 /* dlclose(lib) of a handle whose symbols turned out unusable (NULL: nothing). */
 void moex_ep_dlclose(void *lib);
@@ -62,15 +77,16 @@ void *moex_ep_dlsym(void *lib, const char *name, char *why, size_t why_len);
 /* The path of the file a handle of moex_ep_dlopen is (dlinfo's link map), or "?". */
 const char *moex_ep_dl_path(void *lib);
 
-/* table.field = dlsym(lib, "name") while ok holds (else ok = false, why[why_len] saying which
- * symbol is missing); the field's type is checked against the header's declaration of `name`
- * at compile time (sizeof's operand is not evaluated: no reference to the symbol is made). */
-#define MOEX_EP_RESOLVE(table, field, name, lib, ok, why, why_len)                                   \
+/* table.field = dlsym(r->lib, "name") while r->ok holds (else r->ok = false, r->why saying
+ * which symbol is missing); the field's type is checked against the header's declaration of
+ * `name` at compile time (sizeof's operand is not evaluated: no reference to the symbol is
+ * made). */
+#define MOEX_EP_RESOLVE(r, table, field, name)                                                        \
     do {                                                                                              \
         (void)sizeof((table).field = name);                                                           \
-        void *p_ = (ok) ? moex_ep_dlsym((lib), #name, (why), (why_len)) : NULL;                       \
-        if (!p_) (ok) = false;                                                                        \
-        else memcpy(&(table).field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */ \
+        void *p_ = (r)->ok ? moex_ep_dlsym((r)->lib, #name, (r)->why, sizeof (r)->why) : NULL;        \
+        if (!p_) (r)->ok = false;                                                                     \
+        else memcpy(&(table).field, &p_, sizeof p_); /* object to function pointer (POSIX dlsym) */   \
     } while (0)
 
 #ifdef __cplusplus

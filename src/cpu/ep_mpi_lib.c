@@ -38,29 +38,26 @@ static moex_mpi_api table;        /* filled once, under once.lock */
 
 const char *moex_mpi_api_soname(void) { return MOEX_MPI_SONAME; }
 
-/* A global object of the loaded libmpi by name (an Open MPI predefined handle); NULL with
- * *why set, and *ok cleared, when it is missing. */
-static void *global_of(void *lib, const char *name, char *why, size_t why_len, bool *ok) {
-    if (!*ok) return NULL;
-    void *p = moex_ep_dlsym(lib, name, why, why_len);
-    if (!p) *ok = false;
+/* A global object of the loaded libmpi by name (an Open MPI predefined handle); NULL, and
+ * r->ok cleared, when it is missing. */
+static void *global_of(moex_ep_resolver *r, const char *name) {
+    if (!r->ok) return NULL;
+    void *p = moex_ep_dlsym(r->lib, name, r->why, sizeof r->why);
+    if (!p) r->ok = false;
     return p;
 }
 
 #ifdef OMPI_PREDEFINED_GLOBAL
 #undef OMPI_PREDEFINED_GLOBAL
-#define OMPI_PREDEFINED_GLOBAL(type, global) ((type)global_of(lib, #global, sym_why, sizeof sym_why, &ok))
+#define OMPI_PREDEFINED_GLOBAL(type, global) ((type)global_of(r, #global))
 #endif
 
-#define RESOLVE(field, name) MOEX_EP_RESOLVE(*t, field, name, lib, ok, sym_why, sizeof sym_why)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(r, *t, field, name)
 
 /* The table, one RESOLVE a function: a plain list (grep finds each MPI name), alike in shape
  * with cuda/ep_nccl_lib.c's fill by design (the loading both share is ep_dl.c's). */
-static bool fill(void *lib, const char *name, void *table_, char *why, size_t why_len) {
+static bool fill(moex_ep_resolver *r, const char *name, void *table_, char *why, size_t why_len) {
     moex_mpi_api *t = table_;
-    memset(t, 0, sizeof *t);
-    char sym_why[512] = "";
-    bool ok = true;
     RESOLVE(Initialized, MPI_Initialized);
     RESOLVE(Comm_rank, MPI_Comm_rank);
     RESOLVE(Comm_size, MPI_Comm_size);
@@ -72,19 +69,16 @@ static bool fill(void *lib, const char *name, void *table_, char *why, size_t wh
     RESOLVE(Type_commit, MPI_Type_commit);
     RESOLVE(Type_free, MPI_Type_free);
     /* the header's handles: constants, or (Open MPI) global_of() through the macro above */
-    if (ok) t->byte = MPI_BYTE;
-    if (ok) t->int64 = MPI_INT64_T;
-    if (ok) t->comm_null = MPI_COMM_NULL;
-    if (!ok) {
-        snprintf(why, why_len, "the MPI library %s (%s) lacks %s", name, moex_ep_dl_path(lib), sym_why);
-        return false;
-    }
-    t->path = moex_ep_dl_path(lib);
+    if (r->ok) t->byte = MPI_BYTE;
+    if (r->ok) t->int64 = MPI_INT64_T;
+    if (r->ok) t->comm_null = MPI_COMM_NULL;
+    if (!r->ok) return false;
+    t->path = moex_ep_dl_path(r->lib);
     return true;
 }
 
 const moex_mpi_api *moex_mpi_api_load(char *why, size_t why_len) {
     /* $MOEX_EP_MPI_LIBRARY (a name or path), when set, replaces the build's names */
-    return moex_ep_dl_load_once(&once, "MOEX_EP_MPI_LIBRARY", MOEX_MPI_SONAME, MOEX_MPI_PATH, "the MPI library", fill,
-                                &table, why, why_len);
+    static const moex_ep_dl_lib lib = {"MOEX_EP_MPI_LIBRARY", MOEX_MPI_SONAME, MOEX_MPI_PATH, "the MPI library", ""};
+    return moex_ep_dl_load_once(&once, &lib, fill, &table, sizeof table, why, why_len);
 }

@@ -28,13 +28,10 @@
 static moex_ep_dl_once once = MOEX_EP_DL_ONCE_INIT;
 static moex_nccl_api table;       /* filled once, under once.lock */
 
-#define RESOLVE(field, name) MOEX_EP_RESOLVE(*t, field, name, lib, ok, sym_why, sizeof sym_why)
+#define RESOLVE(field, name) MOEX_EP_RESOLVE(r, *t, field, name)
 
-static bool fill(void *lib, const char *name, void *table_, char *why, size_t why_len) {
+static bool fill(moex_ep_resolver *r, const char *name, void *table_, char *why, size_t why_len) {
     moex_nccl_api *t = table_;
-    memset(t, 0, sizeof *t);
-    char sym_why[512] = "";
-    bool ok = true;
     RESOLVE(GetVersion, ncclGetVersion);
     RESOLVE(GetErrorString, ncclGetErrorString);
     RESOLVE(GetLastError, ncclGetLastError);
@@ -48,24 +45,21 @@ static bool fill(void *lib, const char *name, void *table_, char *why, size_t wh
     RESOLVE(Recv, ncclRecv);
     RESOLVE(AllGather, ncclAllGather);
     RESOLVE(AllReduce, ncclAllReduce);
-    if (!ok) {
-        snprintf(why, why_len, "NCCL's library %s (%s) lacks %s (NCCL 2.13 or later has every function moex calls)",
-                 name, moex_ep_dl_path(lib), sym_why);
-        return false;
-    }
+    if (!r->ok) return false;
     /* NCCL 2 encodes 2.x.y as 2x0y (x < 9) or 2xxyy; another major has another ABI */
     const ncclResult_t vr = t->GetVersion(&t->version);
     if (vr != ncclSuccess || t->version < 20000 || t->version >= 30000) {
         snprintf(why, why_len, "%s (%s) is not NCCL 2 (ncclGetVersion: result %d, version %d)", name,
-                 moex_ep_dl_path(lib), (int)vr, t->version);
+                 moex_ep_dl_path(r->lib), (int)vr, t->version);
         return false;
     }
-    t->path = moex_ep_dl_path(lib);
+    t->path = moex_ep_dl_path(r->lib);
     return true;
 }
 
 const moex_nccl_api *moex_nccl_api_load(char *why, size_t why_len) {
     /* $MOEX_EP_NCCL_LIBRARY (a name or path), when set, replaces the build's names */
-    return moex_ep_dl_load_once(&once, "MOEX_EP_NCCL_LIBRARY", NCCL_SONAME, MOEX_NCCL_PATH, "NCCL's library", fill,
-                                &table, why, why_len);
+    static const moex_ep_dl_lib lib = {"MOEX_EP_NCCL_LIBRARY", NCCL_SONAME, MOEX_NCCL_PATH, "NCCL's library",
+                                       " (NCCL 2.13 or later has every function moex calls)"};
+    return moex_ep_dl_load_once(&once, &lib, fill, &table, sizeof table, why, why_len);
 }
