@@ -604,6 +604,8 @@ moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_cal
 
 /* ---- backward data: the bias terms, dy's rowwise and W's columnwise copies, dx = dy W ---- */
 
+/* dgrad_op and its validation open as fwd_op and the forward's do, alike in shape by design:
+ * each names its own operands (dy [T, N] against W's N; the forward's x [T, K] against W's K). */
 static gl_op dgrad_op(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
     const bool dx = moex_present(&a->dx);
     const gl_op o = {GL_BACKWARD_DATA, {.dgrad = a}, &a->fp8, &a->splits, NULL,
