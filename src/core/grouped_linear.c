@@ -467,34 +467,114 @@ moex_status moex_fp8_check_out(moex_context *ctx, const char *op, const moex_fp8
  * scratch where the backend wants one: groups_ws), the FP8 copies the precision needs, then
  * one region shared by the steps (they run one after the other; the FP8 backward weight's own
  * f32 copy of a dW its kernels cannot write is in that region: fp8_linear.c).
- * A run: the backend's limits, the groups, then the steps. Each op's plan, validate, ws and run
- * are its own plain definitions (op.h), on its own operands: alike in shape by design. */
+ * A run: the backend's limits, the groups, the copy steps, then the GEMM. The three ops differ
+ * only in their two operands and their GEMM: each names them in a gl_op (fwd_op, dgrad_op,
+ * wgrad_op), and one plan (plan_of) and one run (plan_run) serve all three. Each op's ws and
+ * run only call those: plain definitions (op.h), alike in shape by design. */
 
 static bool is_fp8(const moex_fp8_recipe *r) { return r->mode != MOEX_FP8_OFF; }
 
-/* ---- forward: x's and W's rowwise copies, y = x W^T (+ bias) -------------------------- */
+typedef enum gl_step { GL_FORWARD, GL_BACKWARD_DATA, GL_BACKWARD_WEIGHT } gl_step;
 
-typedef struct fwd_plan {
+/* One operand of the GEMM as the FP8 precision copies it: grouped rows `rows` [T, cols] (grad:
+ * a gradient's quantization) or, rows NULL, the weight w [G, N, K] (recipe.weights[0]); row,
+ * col: the copies the GEMM reads. */
+typedef struct gl_source {
+    const moex_tensor *rows;
+    const moex_weight *w;
+    bool grad;
+    int64_t cols;
+    bool row, col;
+} gl_source;
+
+/* One op: its step, its args (the member the step names) and what its plan reads of them. */
+typedef struct gl_op {
+    gl_step step;
+    union {
+        const moex_grouped_linear_args *fwd;
+        const moex_grouped_linear_dgrad_args *dgrad;
+        const moex_grouped_linear_wgrad_args *wgrad;
+    } a;
+    const moex_fp8_recipe *fp8;
+    const moex_tensor *splits;
+    const moex_grouped_linear_args *groups_arg;   /* groups_ws' and moex_begin_groups' (the
+                                                     forward's args in plain precision) */
+    gl_source src[2];                             /* the GEMM's operands, in carving and copy order */
+} gl_op;
+
+typedef struct gl_plan {
     void *groups, *sub;
-    moex_fp8_operand x, w;
-    moex_gl_fwd gemm;
+    moex_fp8_operand q[2];                        /* src[i]'s copies (all zero in plain precision) */
+    union {
+        moex_gl_fwd fwd;
+        moex_gl_dgrad dgrad;
+        moex_gl_wgrad wgrad;
+    } gemm;                                       /* the member o.step names */
     size_t total;
-} fwd_plan;
+} gl_plan;
 
-static fwd_plan fwd_plan_of(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d, void *ws) {
-    const bool fp8 = is_fp8(&a->fp8);
+static size_t source_ws(moex_context *ctx, const gl_op *o, int i, const moex_fp8_operand *q) {
+    const gl_source *s = &o->src[i];
+    return s->rows ? moex_fp8_rows_ws(ctx, s->rows, o->splits, q) : moex_fp8_weight_ws(ctx, s->w, q);
+}
+
+static moex_status source_quantize(moex_context *ctx, const moex_call *c, const moex_groups *g, const gl_op *o, int i,
+                                   const moex_fp8_operand *q, void *sub) {
+    const gl_source *s = &o->src[i];
+    return s->rows ? moex_fp8_rows_quantize(ctx, c, g, s->rows, o->splits, q, sub)
+                   : moex_fp8_weight_quantize(ctx, c, s->w, q, sub);
+}
+
+/* The plan: the workspace above (ws NULL: its size only, total) and the GEMM on the copies. */
+static gl_plan plan_of(moex_context *ctx, gl_op o, const moex_gl_dims *d, void *ws) {
     moex_carver c = {(char *)ws, 0};
-    fwd_plan l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, fp8 ? NULL : a));
-    moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, true, false, &l.x);
-    moex_fp8_take_weight(&c, &a->fp8, 0, d->G, d->N, d->K, d->dt, true, false, &l.w);
-    l.gemm = moex_gl_fwd_of(a, d, fp8 ? &l.x : NULL, fp8 ? &l.w : NULL);
-    size_t sub = moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x);
-    sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w, &l.w));
-    sub = moex_sz_max(sub, moex_gl_fwd_ws(ctx, &l.gemm));
+    gl_plan l;
+    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, o.groups_arg));
+    for (int i = 0; i < 2; i++) {
+        const gl_source *s = &o.src[i];
+        if (s->rows) moex_fp8_take_rows(&c, o.fp8, s->grad, d->G, d->T, s->cols, d->dt, s->row, s->col, &l.q[i]);
+        else moex_fp8_take_weight(&c, o.fp8, 0, d->G, d->N, d->K, d->dt, s->row, s->col, &l.q[i]);
+    }
+    const moex_fp8_operand *q0 = is_fp8(o.fp8) ? &l.q[0] : NULL, *q1 = is_fp8(o.fp8) ? &l.q[1] : NULL;
+    size_t sub = 0;
+    switch (o.step) {
+    case GL_FORWARD:
+        l.gemm.fwd = moex_gl_fwd_of(o.a.fwd, d, q0, q1);
+        sub = moex_gl_fwd_ws(ctx, &l.gemm.fwd);
+        break;
+    case GL_BACKWARD_DATA:
+        l.gemm.dgrad = moex_gl_dgrad_of(o.a.dgrad, d, q0, q1);
+        sub = moex_gl_dgrad_ws(ctx, &l.gemm.dgrad);
+        break;
+    case GL_BACKWARD_WEIGHT:
+        l.gemm.wgrad = moex_gl_wgrad_of(o.a.wgrad, d, q0, q1);
+        sub = moex_gl_wgrad_ws(ctx, &l.gemm.wgrad);
+        break;
+    }
+    for (int i = 0; i < 2; i++) sub = moex_sz_max(sub, source_ws(ctx, &o, i, &l.q[i]));
     l.sub = moex_take(&c, sub);
     l.total = c.used;
     return l;
+}
+
+static moex_status plan_run(moex_context *ctx, const moex_call *c, gl_op o, const moex_gl_dims *d, void *ws) {
+    const gl_plan l = plan_of(ctx, o, d, ws);
+    moex_groups g;
+    MOEX_TRY(moex_begin_groups(ctx, c, o.splits, d->T, o.groups_arg, l.groups, &g));
+    /* the backward data's bias terms first (FP8: on dy, before its copy; plain: nothing here) */
+    if (o.step == GL_BACKWARD_DATA) MOEX_TRY(moex_gl_dgrad_bias_run(ctx, c, &g, &l.gemm.dgrad, l.sub));
+    for (int i = 0; i < 2; i++) MOEX_TRY(source_quantize(ctx, c, &g, &o, i, &l.q[i], l.sub));
+    if (o.step == GL_FORWARD) return moex_gl_fwd_run(ctx, c, &g, &l.gemm.fwd, l.sub);
+    if (o.step == GL_BACKWARD_DATA) return moex_gl_dgrad_run(ctx, c, &g, &l.gemm.dgrad, l.sub);
+    return moex_gl_wgrad_run(ctx, c, &g, &l.gemm.wgrad, l.sub);
+}
+
+/* ---- forward: x's and W's rowwise copies, y = x W^T (+ bias) -------------------------- */
+
+static gl_op fwd_op(const moex_grouped_linear_args *a, const moex_gl_dims *d) {
+    const gl_op o = {GL_FORWARD, {.fwd = a}, &a->fp8, &a->splits, is_fp8(&a->fp8) ? NULL : a,
+                     {{&a->x, NULL, false, d->K, true, false}, {NULL, &a->w, false, 0, true, false}}};
+    return o;
 }
 
 moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
@@ -514,43 +594,23 @@ moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const cha
 }
 
 size_t moex_op_grouped_linear_forward_ws(moex_context *ctx, const moex_grouped_linear_args *a, const moex_gl_dims *d) {
-    return fwd_plan_of(ctx, a, d, NULL).total;
+    return plan_of(ctx, fwd_op(a, d), d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_call *c, const moex_grouped_linear_args *a,
                                                const moex_gl_dims *d, void *ws) {
-    const fwd_plan l = fwd_plan_of(ctx, a, d, ws);
-    moex_groups g;
-    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, is_fp8(&a->fp8) ? NULL : a, l.groups, &g));
-    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
-    MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
-    return moex_gl_fwd_run(ctx, c, &g, &l.gemm, l.sub);
+    return plan_run(ctx, c, fwd_op(a, d), d, ws);
 }
 
 /* ---- backward data: the bias terms, dy's rowwise and W's columnwise copies, dx = dy W ---- */
 
-typedef struct dgrad_plan {
-    void *groups, *sub;
-    moex_fp8_operand dy, w;
-    moex_gl_dgrad gemm;
-    size_t total;
-} dgrad_plan;
-
-static dgrad_plan dgrad_plan_of(moex_context *ctx, const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
-                                void *ws) {
-    const bool fp8 = is_fp8(&a->fp8), dx = moex_present(&a->dx);
-    moex_carver c = {(char *)ws, 0};
-    dgrad_plan l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
-    moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, dx, false, &l.dy);
-    moex_fp8_take_weight(&c, &a->fp8, 0, d->G, d->N, d->K, d->dt, false, dx, &l.w);
-    l.gemm = moex_gl_dgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.w : NULL);
-    size_t sub = moex_gl_dgrad_ws(ctx, &l.gemm);
-    sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy));
-    sub = moex_sz_max(sub, moex_fp8_weight_ws(ctx, &a->w, &l.w));
-    l.sub = moex_take(&c, sub);
-    l.total = c.used;
-    return l;
+/* dgrad_op and its validation open as fwd_op and the forward's do, alike in shape by design:
+ * each names its own operands (dy [T, N] against W's N; the forward's x [T, K] against W's K). */
+static gl_op dgrad_op(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
+    const bool dx = moex_present(&a->dx);
+    const gl_op o = {GL_BACKWARD_DATA, {.dgrad = a}, &a->fp8, &a->splits, NULL,
+                     {{&a->dy, NULL, true, d->N, dx, false}, {NULL, &a->w, false, 0, false, dx}}};
+    return o;
 }
 
 moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
@@ -581,45 +641,21 @@ moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, con
 
 size_t moex_op_grouped_linear_backward_data_ws(moex_context *ctx, const moex_grouped_linear_dgrad_args *a,
                                                const moex_gl_dims *d) {
-    return dgrad_plan_of(ctx, a, d, NULL).total;
+    return plan_of(ctx, dgrad_op(a, d), d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const moex_call *c,
                                                      const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d,
                                                      void *ws) {
-    const dgrad_plan l = dgrad_plan_of(ctx, a, d, ws);
-    moex_groups g;
-    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
-    MOEX_TRY(moex_gl_dgrad_bias_run(ctx, c, &g, &l.gemm, l.sub));
-    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
-    MOEX_TRY(moex_fp8_weight_quantize(ctx, c, &a->w, &l.w, l.sub));
-    return moex_gl_dgrad_run(ctx, c, &g, &l.gemm, l.sub);
+    return plan_run(ctx, c, dgrad_op(a, d), d, ws);
 }
 
 /* ---- backward weight: dy's and x's columnwise copies, dW = dy^T x ----------------------- */
 
-typedef struct wgrad_plan {
-    void *groups, *sub;
-    moex_fp8_operand dy, x;
-    moex_gl_wgrad gemm;
-    size_t total;
-} wgrad_plan;
-
-static wgrad_plan wgrad_plan_of(moex_context *ctx, const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
-                                void *ws) {
-    const bool fp8 = is_fp8(&a->fp8);
-    moex_carver c = {(char *)ws, 0};
-    wgrad_plan l;
-    l.groups = moex_take(&c, moex_ops(ctx)->groups_ws(ctx, d->G, d->T, NULL));
-    moex_fp8_take_rows(&c, &a->fp8, true, d->G, d->T, d->N, d->dt, false, true, &l.dy);
-    moex_fp8_take_rows(&c, &a->fp8, false, d->G, d->T, d->K, d->dt, false, true, &l.x);
-    l.gemm = moex_gl_wgrad_of(a, d, fp8 ? &l.dy : NULL, fp8 ? &l.x : NULL);
-    size_t sub = moex_fp8_rows_ws(ctx, &a->dy, &a->splits, &l.dy);
-    sub = moex_sz_max(sub, moex_fp8_rows_ws(ctx, &a->x, &a->splits, &l.x));
-    sub = moex_sz_max(sub, moex_gl_wgrad_ws(ctx, &l.gemm));
-    l.sub = moex_take(&c, sub);
-    l.total = c.used;
-    return l;
+static gl_op wgrad_op(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {
+    const gl_op o = {GL_BACKWARD_WEIGHT, {.wgrad = a}, &a->fp8, &a->splits, NULL,
+                     {{&a->dy, NULL, true, d->N, false, true}, {&a->x, NULL, false, d->K, false, true}}};
+    return o;
 }
 
 moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,
@@ -637,18 +673,13 @@ moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, c
 
 size_t moex_op_grouped_linear_backward_weight_ws(moex_context *ctx, const moex_grouped_linear_wgrad_args *a,
                                                  const moex_gl_dims *d) {
-    return wgrad_plan_of(ctx, a, d, NULL).total;
+    return plan_of(ctx, wgrad_op(a, d), d, NULL).total;
 }
 
 moex_status moex_op_grouped_linear_backward_weight_run(moex_context *ctx, const moex_call *c,
                                                        const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d,
                                                        void *ws) {
-    const wgrad_plan l = wgrad_plan_of(ctx, a, d, ws);
-    moex_groups g;
-    MOEX_TRY(moex_begin_groups(ctx, c, &a->splits, d->T, NULL, l.groups, &g));
-    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->dy, &a->splits, &l.dy, l.sub));
-    MOEX_TRY(moex_fp8_rows_quantize(ctx, c, &g, &a->x, &a->splits, &l.x, l.sub));
-    return moex_gl_wgrad_run(ctx, c, &g, &l.gemm, l.sub);
+    return plan_run(ctx, c, wgrad_op(a, d), d, ws);
 }
 
 /* ---- the public calls that are not ops: moex_fp8_weight_layout (moex_fp8.h; its sibling
