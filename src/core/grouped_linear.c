@@ -49,16 +49,6 @@ moex_status moex_op_splits_to_offsets_validate(moex_context *ctx, const char *op
     return MOEX_OK;
 }
 
-size_t moex_op_splits_to_offsets_ws(moex_context *ctx, const moex_splits_to_offsets_args *a,
-                                    const moex_splits_dims *d) {
-    return moex_ops(ctx)->splits_to_offsets_ws(ctx, a, d);
-}
-
-moex_status moex_op_splits_to_offsets_run(moex_context *ctx, const moex_call *c, const moex_splits_to_offsets_args *a,
-                                          const moex_splits_dims *d, void *ws) {
-    return moex_ops(ctx)->splits_to_offsets(ctx, c, a, d, ws);
-}
-
 /* ---- zero_tail ----------------------------------------------------------------------- */
 
 moex_status moex_op_zero_tail_validate(moex_context *ctx, const char *op, const moex_zero_tail_args *a,
@@ -572,9 +562,9 @@ static moex_status plan_run(moex_context *ctx, const moex_call *c, gl_op o, cons
 /* ---- forward: x's and W's rowwise copies, y = x W^T (+ bias) -------------------------- */
 
 static gl_op fwd_op(const moex_grouped_linear_args *a, const moex_gl_dims *d) {
-    const gl_op o = {GL_FORWARD, {.fwd = a}, &a->fp8, &a->splits, is_fp8(&a->fp8) ? NULL : a,
-                     {{&a->x, NULL, false, d->K, true, false}, {NULL, &a->w, false, 0, true, false}}};
-    return o;
+    return (gl_op){.step = GL_FORWARD, .a.fwd = a, .fp8 = &a->fp8, .splits = &a->splits,
+                   .groups_arg = is_fp8(&a->fp8) ? NULL : a,
+                   .src = {{.rows = &a->x, .cols = d->K, .row = true}, {.w = &a->w, .row = true}}};
 }
 
 moex_status moex_op_grouped_linear_forward_validate(moex_context *ctx, const char *op,
@@ -604,13 +594,10 @@ moex_status moex_op_grouped_linear_forward_run(moex_context *ctx, const moex_cal
 
 /* ---- backward data: the bias terms, dy's rowwise and W's columnwise copies, dx = dy W ---- */
 
-/* dgrad_op and its validation open as fwd_op and the forward's do, alike in shape by design:
- * each names its own operands (dy [T, N] against W's N; the forward's x [T, K] against W's K). */
 static gl_op dgrad_op(const moex_grouped_linear_dgrad_args *a, const moex_gl_dims *d) {
     const bool dx = moex_present(&a->dx);
-    const gl_op o = {GL_BACKWARD_DATA, {.dgrad = a}, &a->fp8, &a->splits, NULL,
-                     {{&a->dy, NULL, true, d->N, dx, false}, {NULL, &a->w, false, 0, false, dx}}};
-    return o;
+    return (gl_op){.step = GL_BACKWARD_DATA, .a.dgrad = a, .fp8 = &a->fp8, .splits = &a->splits,
+                   .src = {{.rows = &a->dy, .grad = true, .cols = d->N, .row = dx}, {.w = &a->w, .col = dx}}};
 }
 
 moex_status moex_op_grouped_linear_backward_data_validate(moex_context *ctx, const char *op,
@@ -653,9 +640,9 @@ moex_status moex_op_grouped_linear_backward_data_run(moex_context *ctx, const mo
 /* ---- backward weight: dy's and x's columnwise copies, dW = dy^T x ----------------------- */
 
 static gl_op wgrad_op(const moex_grouped_linear_wgrad_args *a, const moex_gl_dims *d) {
-    const gl_op o = {GL_BACKWARD_WEIGHT, {.wgrad = a}, &a->fp8, &a->splits, NULL,
-                     {{&a->dy, NULL, true, d->N, false, true}, {&a->x, NULL, false, d->K, false, true}}};
-    return o;
+    return (gl_op){.step = GL_BACKWARD_WEIGHT, .a.wgrad = a, .fp8 = &a->fp8, .splits = &a->splits,
+                   .src = {{.rows = &a->dy, .grad = true, .cols = d->N, .col = true},
+                           {.rows = &a->x, .cols = d->K, .col = true}}};
 }
 
 moex_status moex_op_grouped_linear_backward_weight_validate(moex_context *ctx, const char *op,

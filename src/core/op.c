@@ -7,11 +7,15 @@
 
 /* The public names of the ops, from op_list.h. */
 #define NAME_(ID, name, args_t, dims_t) [MOEX_OP_##ID] = "moex_" #name,
-static const char *const op_names[] = {[MOEX_OP_NONE] = "an unknown operation", MOEX_OPS(NAME_)};
+#define NAME_P_(ID, name, args_t, dims_t, prim) NAME_(ID, name, args_t, dims_t)
+static const char *const op_names[] = {[MOEX_OP_NONE] = "an unknown operation", MOEX_OPS(NAME_, NAME_P_)};
 #undef NAME_
+#undef NAME_P_
 #define SIZE_NAME_(ID, name, args_t, dims_t) [MOEX_OP_##ID] = "moex_" #name "_workspace_size",
-static const char *const op_size_names[] = {[MOEX_OP_NONE] = "", MOEX_OPS(SIZE_NAME_)};
+#define SIZE_NAME_P_(ID, name, args_t, dims_t, prim) SIZE_NAME_(ID, name, args_t, dims_t)
+static const char *const op_size_names[] = {[MOEX_OP_NONE] = "", MOEX_OPS(SIZE_NAME_, SIZE_NAME_P_)};
 #undef SIZE_NAME_
+#undef SIZE_NAME_P_
 
 _Static_assert(sizeof op_names / sizeof op_names[0] == MOEX_OP_COUNT, "op_names must have a row per op_list.h row");
 _Static_assert(sizeof op_size_names / sizeof op_size_names[0] == MOEX_OP_COUNT,
@@ -24,18 +28,19 @@ const char *moex_op_name(moex_op_id id) {
 /* ---- the dispatch: each op's functions (op.h) by its id -------------------------------
  * Three switches from op_list.h's rows: the untyped args become the row's argument struct,
  * and the dims its member of the union (a pointer to a union, converted, points to each of
- * its members). */
+ * its members). A P row's workspace query and run are its backend primitive's. */
 
 static moex_status op_validate(moex_context *ctx, moex_op_id id, const char *op, const void *a, moex_purpose p,
                                moex_dims *d) {
 #define CASE_(ID, name, args_t, dims_t) \
     case MOEX_OP_##ID: return moex_op_##name##_validate(ctx, op, (const args_t *)a, p, (dims_t *)d);
+#define CASE_P_(ID, name, args_t, dims_t, prim) CASE_(ID, name, args_t, dims_t)
     switch (id) {
-        MOEX_OPS(CASE_)
-    case MOEX_OP_NONE:
-    case MOEX_OP_COUNT: break;
+        MOEX_OPS(CASE_, CASE_P_)
+    default: break;   /* MOEX_OP_NONE, MOEX_OP_COUNT */
     }
 #undef CASE_
+#undef CASE_P_
     return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no operation has id %d", op, (int)id);
 }
 
@@ -43,12 +48,14 @@ static moex_status op_validate(moex_context *ctx, moex_op_id id, const char *op,
 static size_t op_ws(moex_context *ctx, moex_op_id id, const void *a, const moex_dims *d) {
 #define CASE_(ID, name, args_t, dims_t) \
     case MOEX_OP_##ID: return moex_op_##name##_ws(ctx, (const args_t *)a, (const dims_t *)d);
+#define CASE_P_(ID, name, args_t, dims_t, prim) \
+    case MOEX_OP_##ID: return ctx->ops->prim##_ws(ctx, (const args_t *)a, (const dims_t *)d);
     switch (id) {
-        MOEX_OPS(CASE_)
-    case MOEX_OP_NONE:
-    case MOEX_OP_COUNT: break;
+        MOEX_OPS(CASE_, CASE_P_)
+    default: break;   /* MOEX_OP_NONE, MOEX_OP_COUNT */
     }
 #undef CASE_
+#undef CASE_P_
     return 0;
 }
 
@@ -56,12 +63,14 @@ static moex_status op_run(moex_context *ctx, moex_op_id id, const moex_call *c, 
                           void *ws) {
 #define CASE_(ID, name, args_t, dims_t) \
     case MOEX_OP_##ID: return moex_op_##name##_run(ctx, c, (const args_t *)a, (const dims_t *)d, ws);
+#define CASE_P_(ID, name, args_t, dims_t, prim) \
+    case MOEX_OP_##ID: return ctx->ops->prim(ctx, c, (const args_t *)a, (const dims_t *)d, ws);
     switch (id) {
-        MOEX_OPS(CASE_)
-    case MOEX_OP_NONE:
-    case MOEX_OP_COUNT: break;
+        MOEX_OPS(CASE_, CASE_P_)
+    default: break;   /* MOEX_OP_NONE, MOEX_OP_COUNT */
     }
 #undef CASE_
+#undef CASE_P_
     return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: no operation has id %d", c->op, (int)id);
 }
 

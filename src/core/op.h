@@ -10,7 +10,8 @@
  *   moex_op_<name>_run(ctx, call, args, dims, ws)
  *       its composition of backend primitives (backend.h), ws aligned to MOEX_WS_ALIGN;
  *
- * declared below from op_list.h's rows, and called by op.c's dispatch (its cases come from the
+ * (an op that is one primitive, a P row, defines only its validate: the primitive's _ws and
+ * run are its own), declared below from op_list.h's rows, and called by op.c's dispatch (its cases come from the
  * same rows); its public pair is in api.c. Each definition is plain (no macro pastes its
  * name), so grep finds it.
  */
@@ -22,9 +23,10 @@
 
 typedef enum moex_purpose { MOEX_FOR_SIZE = 0, MOEX_FOR_RUN = 1 } moex_purpose;
 
-/* ---- each op's three functions (op.c's dispatch calls them) ----------------------------
+/* ---- each op's functions (op.c's dispatch calls them) -----------------------------------
  * Their signatures are written once, here, for every row of op_list.h (ID, name, args type,
- * dims type): the row fixes the types, so a definition that disagrees with its row does not
+ * dims type): the three of an X row, the validate of a P row (its ws and run: its backend
+ * primitive's). The row fixes the types, so a definition that disagrees with its row does not
  * compile. The definitions are plain, in the op's file, where grep finds each by its name. */
 #define MOEX_OP_DECLARE_(ID, name, args_t, dims_t)                                                        \
     moex_status moex_op_##name##_validate(moex_context *ctx, const char *op, const args_t *a, moex_purpose p, \
@@ -32,8 +34,12 @@ typedef enum moex_purpose { MOEX_FOR_SIZE = 0, MOEX_FOR_RUN = 1 } moex_purpose;
     size_t moex_op_##name##_ws(moex_context *ctx, const args_t *a, const dims_t *d);                      \
     moex_status moex_op_##name##_run(moex_context *ctx, const moex_call *c, const args_t *a, const dims_t *d, \
                                      void *ws);
-MOEX_OPS(MOEX_OP_DECLARE_)
+#define MOEX_OP_DECLARE_P_(ID, name, args_t, dims_t, prim)                                                 \
+    moex_status moex_op_##name##_validate(moex_context *ctx, const char *op, const args_t *a, moex_purpose p, \
+                                          dims_t *d);
+MOEX_OPS(MOEX_OP_DECLARE_, MOEX_OP_DECLARE_P_)
 #undef MOEX_OP_DECLARE_
+#undef MOEX_OP_DECLARE_P_
 
 /* The grouped MLP's forward (grouped_mlp.c; the op's ws and run with xq NULL), in FP8 given
  * xq, x's rowwise copy as the recipe's quantize writes it (an FP8 dispatch's rows and scales,

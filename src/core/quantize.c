@@ -245,15 +245,6 @@ moex_status moex_op_weight_quantize_validate(moex_context *ctx, const char *op, 
     return MOEX_OK;
 }
 
-size_t moex_op_weight_quantize_ws(moex_context *ctx, const moex_weight_quantize_args *a, const moex_quant_dims *d) {
-    return moex_ops(ctx)->weight_quantize_ws(ctx, a, d);
-}
-
-moex_status moex_op_weight_quantize_run(moex_context *ctx, const moex_call *c, const moex_weight_quantize_args *a,
-                                        const moex_quant_dims *d, void *ws) {
-    return moex_ops(ctx)->weight_quantize(ctx, c, a, d, ws);
-}
-
 moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op,
                                                const moex_weight_dequantize_args *a, moex_purpose p,
                                                moex_quant_dims *d) {
@@ -265,16 +256,6 @@ moex_status moex_op_weight_dequantize_validate(moex_context *ctx, const char *op
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: unknown orientation %d", op, (int)a->orientation);
     return check_weight_copy(ctx, op, "src.data", "src.scales", &a->src, &a->params, d, a->orientation,
                              MOEX_SPAN_IN);
-}
-
-size_t moex_op_weight_dequantize_ws(moex_context *ctx, const moex_weight_dequantize_args *a,
-                                    const moex_quant_dims *d) {
-    return moex_ops(ctx)->weight_dequantize_ws(ctx, a, d);
-}
-
-moex_status moex_op_weight_dequantize_run(moex_context *ctx, const moex_call *c, const moex_weight_dequantize_args *a,
-                                          const moex_quant_dims *d, void *ws) {
-    return moex_ops(ctx)->weight_dequantize(ctx, c, a, d, ws);
 }
 
 /* ---- FP8 GEMM operands (op.h) ---------------------------------------------------------- */

@@ -35,15 +35,6 @@ moex_status moex_op_router_forward_validate(moex_context *ctx, const char *op, c
     return moex_check_output(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32);
 }
 
-size_t moex_op_router_forward_ws(moex_context *ctx, const moex_router_args *a, const moex_router_dims *d) {
-    return moex_ops(ctx)->router_fwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_router_forward_run(moex_context *ctx, const moex_call *c, const moex_router_args *a,
-                                       const moex_router_dims *d, void *ws) {
-    return moex_ops(ctx)->router_fwd(ctx, c, a, d, ws);
-}
-
 moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, const moex_router_grad_args *a,
                                              moex_purpose p, moex_router_dims *d) {
     MOEX_TRY(validate_router_common(ctx, op, &a->logits, a->topk, a->score, a->norm, d));
@@ -51,15 +42,6 @@ moex_status moex_op_router_backward_validate(moex_context *ctx, const char *op, 
     MOEX_TRY(moex_check_tensor(ctx, op, "ids", &a->ids, 2, tk, MOEX_DT_I32));
     MOEX_TRY(moex_check_tensor(ctx, op, "dprobs", &a->dprobs, 2, tk, MOEX_DT_F32));
     return moex_check_output(ctx, op, "dlogits", &a->dlogits, 2, te, MOEX_DT(d->dt));
-}
-
-size_t moex_op_router_backward_ws(moex_context *ctx, const moex_router_grad_args *a, const moex_router_dims *d) {
-    return moex_ops(ctx)->router_bwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_router_backward_run(moex_context *ctx, const moex_call *c, const moex_router_grad_args *a,
-                                        const moex_router_dims *d, void *ws) {
-    return moex_ops(ctx)->router_bwd(ctx, c, a, d, ws);
 }
 
 /* ---- permute and unpermute ----------------------------------------------------------- */
@@ -108,15 +90,6 @@ moex_status moex_op_permute_forward_validate(moex_context *ctx, const char *op, 
     return moex_check_output(ctx, op, "row_map", &a->row_map, 1, rows, MOEX_DT_I32);
 }
 
-size_t moex_op_permute_forward_ws(moex_context *ctx, const moex_permute_args *a, const moex_perm_dims *d) {
-    return moex_ops(ctx)->permute_fwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_permute_forward_run(moex_context *ctx, const moex_call *c, const moex_permute_args *a,
-                                        const moex_perm_dims *d, void *ws) {
-    return moex_ops(ctx)->permute_fwd(ctx, c, a, d, ws);
-}
-
 moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op, const moex_permute_grad_args *a,
                                               moex_purpose p, moex_perm_dims *d) {
     MOEX_TRY(moex_check_tokens(ctx, op, "dx", &a->dx, MOEX_SPAN_OUT, &d->T, &d->H, &d->dt));
@@ -132,15 +105,6 @@ moex_status moex_op_permute_backward_validate(moex_context *ctx, const char *op,
     else if (moex_present(&a->dprobs))
         return moex_fail(ctx, MOEX_ERR_INVALID_ARG, "%s: dprobs is requested but dprobs_p is absent", op);
     return MOEX_OK;
-}
-
-size_t moex_op_permute_backward_ws(moex_context *ctx, const moex_permute_grad_args *a, const moex_perm_dims *d) {
-    return moex_ops(ctx)->permute_bwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_permute_backward_run(moex_context *ctx, const moex_call *c, const moex_permute_grad_args *a,
-                                         const moex_perm_dims *d, void *ws) {
-    return moex_ops(ctx)->permute_bwd(ctx, c, a, d, ws);
 }
 
 /* The [T, H] side `tok` and the [T*k, H] side `rowsd` of an unpermute, forward (tok is the
@@ -161,25 +125,8 @@ moex_status moex_op_unpermute_forward_validate(moex_context *ctx, const char *op
     return validate_unpermute_common(ctx, op, &a->row_map, "y", &a->y, "yp", &a->yp, MOEX_SPAN_OUT, d);
 }
 
-size_t moex_op_unpermute_forward_ws(moex_context *ctx, const moex_unpermute_args *a, const moex_perm_dims *d) {
-    return moex_ops(ctx)->unpermute_fwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_unpermute_forward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_args *a,
-                                          const moex_perm_dims *d, void *ws) {
-    return moex_ops(ctx)->unpermute_fwd(ctx, c, a, d, ws);
-}
-
 moex_status moex_op_unpermute_backward_validate(moex_context *ctx, const char *op, const moex_unpermute_grad_args *a,
                                                 moex_purpose p, moex_perm_dims *d) {
     return validate_unpermute_common(ctx, op, &a->row_map, "dy", &a->dy, "dyp", &a->dyp, MOEX_SPAN_IN, d);
 }
 
-size_t moex_op_unpermute_backward_ws(moex_context *ctx, const moex_unpermute_grad_args *a, const moex_perm_dims *d) {
-    return moex_ops(ctx)->unpermute_bwd_ws(ctx, a, d);
-}
-
-moex_status moex_op_unpermute_backward_run(moex_context *ctx, const moex_call *c, const moex_unpermute_grad_args *a,
-                                           const moex_perm_dims *d, void *ws) {
-    return moex_ops(ctx)->unpermute_bwd(ctx, c, a, d, ws);
-}
