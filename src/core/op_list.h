@@ -9,6 +9,7 @@
  * argument struct, and the dims its validation fills (src/core/moex_impl.h). The ids, the
  * names and the dispatch's cases (src/core/op.c) and the declarations of the op functions
  * (src/core/op.h) come from this list; the functions are plain definitions in their files.
+ * The rows repeat in shape by design: one an operation.
  *
  * Adding an operation: docs/architecture.md, "Adding an operation" (every step, in order: a
  * row here is one of them).
