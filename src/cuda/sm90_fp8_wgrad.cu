@@ -161,22 +161,18 @@ static __device__ __forceinline__ void f8w_store(const float (&acc)[64], bool li
     }
 }
 
-/* The walk's next unit (sm90_walk_next; WARP as there) and this CTA's tile of it: first dW
- * row *n0 and column *k0 (bands of F8W_BAND N tiles, N tiles fastest, as sm90_wgrad_tile
- * orders them); false past the last unit. The kernel's three walks (the producer thread,
- * BLK's scale warp, the consumers) step the same units through this, then count the unit's
- * windows beside what each derives from the same rows (the aligned start, the block count,
- * the head and the last window's bytes). */
-template <bool WARP>
-static __device__ __forceinline__ bool f8w_next(sm90_walk *wk, const sm90_fp8_wgrad_params &p,
-                                                const sm90_units_fixed &units, int64_t tn, int64_t tk, int *n0,
+/* This CTA's tile of unit t of the cursor's group: first dW row *n0 and column *k0 (bands of
+ * F8W_BAND N tiles, N tiles fastest, as sm90_wgrad_tile orders them). The kernel's three walks
+ * (the producer thread, BLK's scale warp, the consumers) step the same units and call this,
+ * then count the unit's windows beside what each derives from the same rows (the aligned
+ * start, the block count, the head and the last window's bytes): alike loop heads, kept
+ * written out, since a shared next-unit helper does not compile to the same code. */
+static __device__ __forceinline__ void f8w_tile(const sm90_cursor *c, int64_t t, int64_t tn, int64_t tk, int *n0,
                                                 int *k0) {
-    if (!sm90_walk_next<WARP>(wk, p.splits, p.G, p.T, units)) return false;
     int64_t kt, nt;
-    sm90_tile_order<false>(wk->w.t - wk->cur.tile0, tk, tn, F8W_BAND, 1, &kt, &nt);
+    sm90_tile_order<false>(t - c->tile0, tk, tn, F8W_BAND, 1, &kt, &nt);
     *n0 = (int)(nt * F8W_BN);
     *k0 = (int)(kt * F8W_BK);
-    return true;
 }
 #endif
 
@@ -211,8 +207,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             sm90_walk wk;
             sm90_walk_start(&wk, false, 0, 0, 1, 0);
             uint32_t it = 0;
-            int n0, k0;
-            while (f8w_next<false>(&wk, p, units, tn, tk, &n0, &k0)) {
+            while (sm90_walk_next<false>(&wk, p.splits, p.G, p.T, units)) {
+                int n0, k0;
+                f8w_tile(&wk.cur, wk.w.t, tn, tk, &n0, &k0);
                 const int64_t a = wk.cur.row0 & ~(int64_t)15;   /* 16-byte-aligned windows */
                 const int64_t nks = wk.cur.row1 > wk.cur.row0 ? (wk.cur.row1 - a + F8W_BR - 1) / F8W_BR : 0;
                 for (int64_t kb = 0; kb < nks; kb++, it++) {
@@ -232,8 +229,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
             sm90_walk wk;
             sm90_walk_start(&wk, false, 0, 0, 1, 0);
             uint32_t it = 0;
-            int n0, k0;
-            while (f8w_next<true>(&wk, p, units, tn, tk, &n0, &k0)) {
+            while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
+                int n0, k0;
+                f8w_tile(&wk.cur, wk.w.t, tn, tk, &n0, &k0);
                 const int64_t rows = wk.cur.row1 - wk.cur.row0;
                 const int64_t nks = rows > 0 ? (rows + (wk.cur.row0 & 15) + F8W_BR - 1) / F8W_BR : 0;
                 const int64_t nblk = (rows + F8W_BR - 1) / F8W_BR;
@@ -272,8 +270,9 @@ __global__ void __launch_bounds__(SM90_THREADS, 1)
         uint32_t it = 0;
         sm90_walk wk;
         sm90_walk_start(&wk, false, 0, 0, 1, 0);
-        int n0, k0;
-        while (f8w_next<true>(&wk, p, units, tn, tk, &n0, &k0)) {
+        while (sm90_walk_next<true>(&wk, p.splits, p.G, p.T, units)) {
+            int n0, k0;
+            f8w_tile(&wk.cur, wk.w.t, tn, tk, &n0, &k0);
             const int g = wk.cur.g;
             const int64_t rows = wk.cur.row1 - wk.cur.row0;
             const int o = (int)(wk.cur.row0 & 15);   /* the first window's head: the previous group's */
