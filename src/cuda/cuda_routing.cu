@@ -14,8 +14,8 @@
  * (2) one block turns them into each chunk's first row per expert and writes splits,
  * (3) each chunk assigns rows in (t, j) order (warp match + popc ranks), then a copy kernel
  * moves rows (in 16-byte pieces where the rows allow). Ids outside [0, E) (or row_map values
- * outside [0, T*k)) are skipped and
- * recorded in the context's flag (moex_context_check_splits reports them).
+ * outside [0, T*k)) are skipped and recorded in the context's flag (moex_context_check_splits
+ * reports them).
  */
 #include <type_traits>
 
@@ -400,7 +400,6 @@ static void spread(moex_dtype dt, const void *src, const float *probs, const int
                                                   op_id, stream);
     });
 }
-
 
 moex_status moex_cuda_permute_run(moex_context *ctx, const char *op, int op_id, const void *x, moex_dtype dt,
                                   const int32_t *ids, const float *probs, int64_t T, int64_t H, int64_t k,
