@@ -50,7 +50,7 @@ run() {   # name, source tree, rep
     (cd "$2/bench" && MOEX_LIBRARY="$2/build-ab/libmoex/libmoex.so" MOEX_TORCH_EXTENSION="$2/build-ab/libmoex_torch.so" \
         PYTHONPATH="$2/python" PYTHONUNBUFFERED=1 timeout "${BENCH_TIMEOUT:-150}" python3 $BENCH) > "$log" 2>&1
     echo "== $1 (run $3): rc=$?"
-    grep -E "kernels of|^ +[0-9.]+ ms|^[a-z0-9-]+ +(balanced|skewed) " "$log"
+    grep -E "kernels of|^ +[0-9.]+ ms|^[a-z0-9-]+ +(balanced|skewed) |^\| [a-z0-9]" "$log"
 }
 n_old=0 n_new=0
 for w in ${RUNS:-old new new old}; do
