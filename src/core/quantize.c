@@ -104,7 +104,8 @@ static moex_status check_copies_present(moex_context *ctx, const char *op, const
 }
 
 /* The workspace of a grouped quantize or dequantize whose primitive needs `sub` bytes: the
- * handle's storage, then the primitive's region (moex_groups_layout_of). */
+ * handle's storage, then the primitive's region (moex_groups_layout_of). The two ops' ws and
+ * run are alike in shape by design: each is one grouped primitive on its splits' groups. */
 static size_t quant_ws(moex_context *ctx, const moex_quant_dims *d, size_t sub) {
     return moex_groups_layout_of(ctx, d->G, d->T, NULL, sub, NULL).total;
 }
