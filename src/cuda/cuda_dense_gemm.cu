@@ -29,8 +29,8 @@ size_t moex_cuda_dense_gemm_ws(moex_context *ctx, const moex_dense_gemm *p) {
 
 /* The NN with a short reduction (the router's dx, K = E) on its own kernel. */
 static bool dense_short_k(const moex_dense_gemm *p) {
-    return p->kind == MOEX_GEMM_NN && p->K <= MOEX_CUDA_SHORT_K && p->ta == MOEX_DTYPE_F32 && p->tc == p->tb &&
-           p->r != NULL;
+    return p->kind == MOEX_GEMM_NN && p->K <= MOEX_CUDA_SHORT_K && p->M <= MOEX_CUDA_SHORT_K_ROWS &&
+           p->ta == MOEX_DTYPE_F32 && p->tc == p->tb && p->r != NULL;
 }
 
 moex_status moex_cuda_dense_gemm(moex_context *ctx, const moex_call *c, const moex_groups *rows,

@@ -17,6 +17,7 @@
 #define SK_BM (SK_ROWS * SK_THREADS / 32)
 #define SK_BN 128
 #define SK_BK 32
+static_assert((int64_t)65535 * SK_BM == MOEX_CUDA_SHORT_K_ROWS, "the grid's rows: 65535 blocks of SK_BM");
 
 template <typename T>
 static __global__ void __launch_bounds__(SK_THREADS)
@@ -68,8 +69,9 @@ moex_status moex_cuda_dense_short_k(moex_context *ctx, const char *op, const flo
                                     cudaStream_t stream) {
     if (M == 0 || N == 0) return MOEX_OK;
     const int64_t by = (M + SK_BM - 1) / SK_BM, bx = (N + SK_BN - 1) / SK_BN;
-    if (by > 65535 || bx > 2147483647)
-        return moex_fail(ctx, MOEX_ERR_UNSUPPORTED, "%s: %lld rows exceed the short-K GEMM's grid", op, (long long)M);
+    if (M > MOEX_CUDA_SHORT_K_ROWS || bx > 2147483647)
+        return moex_fail(ctx, MOEX_ERR_INTERNAL, "%s: %lld x %lld exceeds the short-K GEMM's grid", op, (long long)M,
+                         (long long)N);
     const dim3 grid((unsigned)bx, (unsigned)by);
     by_dtype(dt, [&](auto e) {
         using T = typename decltype(e)::type;

@@ -143,9 +143,11 @@ typedef struct moex_cuda_gemm {
 /* The bytes of part for a split-K GEMM of `rows` x n_dim outputs (0: ksplit <= 1). */
 size_t moex_cuda_gemm_part_bytes(int ksplit, int64_t rows, int64_t n_dim);
 
-/* C[M, N] = round(R[M, N] + A[M, K] B[K, N]) for K <= MOEX_CUDA_SHORT_K (cuda_dense_short_k.cu):
- * A f32 (rounded to dt on the way in), B and C of dtype dt, R f32, all packed. */
+/* C[M, N] = round(R[M, N] + A[M, K] B[K, N]) for K <= MOEX_CUDA_SHORT_K and M <=
+ * MOEX_CUDA_SHORT_K_ROWS (cuda_dense_short_k.cu): A f32 (rounded to dt on the way in), B and C
+ * of dtype dt, R f32, all packed. */
 #define MOEX_CUDA_SHORT_K 256
+#define MOEX_CUDA_SHORT_K_ROWS ((int64_t)65535 * 64)
 moex_status moex_cuda_dense_short_k(moex_context *ctx, const char *op, const float *A, const void *B,
                                     moex_dtype dt, const float *R, void *C, int64_t M, int64_t N, int64_t K,
                                     cudaStream_t stream);
