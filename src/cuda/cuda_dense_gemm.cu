@@ -7,7 +7,7 @@
  */
 #include "cuda_ops.h"
 
-/* The router's GEMMs have few output tiles of 128 x 128 (T x E logits; E x H for dWr) and a
+/* The router's GEMMs have few output tiles (T x E logits; E x H for dWr) and a
  * long reduction: below DENSE_FULL_TILES tiles the reduction is split (split-K, workspace: the
  * splits' f32 sums) so that tiles x splits reaches DENSE_CTAS, each split DENSE_MIN_K long at
  * least. */
@@ -16,7 +16,7 @@
 #define DENSE_MIN_K 256
 
 static int dense_ksplit(const moex_dense_gemm *p) {
-    const int64_t tiles = ((p->M + 127) / 128) * ((p->N + 127) / 128);
+    const int64_t t = MOEX_CUDA_GEMM_TILE, tiles = ((p->M + t - 1) / t) * ((p->N + t - 1) / t);
     if (tiles == 0 || tiles >= DENSE_FULL_TILES) return 1;
     int64_t s = DENSE_CTAS / tiles;
     if (s > p->K / DENSE_MIN_K) s = p->K / DENSE_MIN_K;

@@ -105,6 +105,9 @@ typedef enum moex_cuda_gemm_kind {
     MOEX_CUDA_GEMM_WGRAD = 1
 } moex_cuda_gemm_kind;
 
+/* The portable GEMM's output tile: MOEX_CUDA_GEMM_TILE x MOEX_CUDA_GEMM_TILE (sm80_grouped_gemm.cu). */
+#define MOEX_CUDA_GEMM_TILE 128
+
 typedef struct moex_cuda_gemm {
     moex_cuda_gemm_kind kind;
     const moex_cuda_sched *sched;

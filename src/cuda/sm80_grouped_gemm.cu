@@ -23,8 +23,8 @@
 #include "cuda_common.cuh"
 #include "cuda_ops.h"
 
-#define GBM 128
-#define GBN 128
+#define GBM MOEX_CUDA_GEMM_TILE
+#define GBN MOEX_CUDA_GEMM_TILE
 #define GBK 32
 #define GTHREADS 256
 
@@ -527,9 +527,7 @@ static int launch_to(moex_dtype to, const gemm_params &p, dim3 grid, cudaStream_
 static void launch_finish(moex_dtype to, const gemm_params &p, cudaStream_t stream) {
     const int64_t n = p.part_rows * p.n_dim, blocks = (n + 255) / 256;
     const unsigned nb = (unsigned)(blocks < 4096 ? blocks : 4096);
-    if (to == MOEX_DTYPE_F32) split_k_finish_kernel<float><<<nb, 256, 0, stream>>>(p);
-    else if (to == MOEX_DTYPE_BF16) split_k_finish_kernel<bf16><<<nb, 256, 0, stream>>>(p);
-    else split_k_finish_kernel<f16><<<nb, 256, 0, stream>>>(p);
+    by_dtype(to, [&](auto e) { split_k_finish_kernel<typename decltype(e)::type><<<nb, 256, 0, stream>>>(p); });
 }
 
 moex_status moex_cuda_gemm_run(moex_context *ctx, const char *op, const moex_cuda_gemm *g,

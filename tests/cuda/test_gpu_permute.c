@@ -4,10 +4,9 @@
  * skipped and single experts, k = E, E = 1, T = 0, with and without probs, every dtype)
  * plus larger ones that span several 2048-entry chunks of the device counting sort, and rows
  * longer than one pass of the copy kernels over 16-byte pieces (and rows that are not whole
- * pieces: their element-wise path), run
- * on the GPU through cuda_mirror.h. The CPU-specific bad-id checks (which require that
- * nothing is written) and thread-count checks are not run; test_gpu_bad_splits.c checks
- * the GPU's flag for bad ids. Exits 77 (skipped) without a GPU.
+ * pieces: their element-wise path), run on the GPU through cuda_mirror.h. The CPU-specific
+ * bad-id checks (which require that nothing is written) and thread-count checks are not run;
+ * test_gpu_bad_splits.c checks the GPU's flag for bad ids. Exits 77 (skipped) without a GPU.
  */
 #include "cuda_mirror.h"
 
