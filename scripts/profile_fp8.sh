@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # profile_fp8.sh - Nsight Compute profiles of the Hopper FP8 kernels as the grouped MLP's FP8
 # (block) step runs them through moex.torch (bench/mlp_bench.py): the first launches of each
-# kernel name, with duration, L2 and DRAM throughput and the warps' stall
-# reasons, so that an FP8 kernel change is aimed at what actually binds it.
+# kernel name, with duration, L2 and DRAM throughput and the warps' stall reasons, so that an
+# FP8 kernel change is aimed at what actually binds it.
 # Usage: scripts/profile_fp8.sh   (MOEX_LIBRARY, MOEX_TORCH_EXTENSION, PYTHONPATH set, as
-# scripts/gpu_python.sh exports them). Env: OUT (logs; default prof_fp8_out), CONFIGS (default
+# scripts/gpu_python.sh exports them). Env: OUT (logs; default build-prof/fp8_out), CONFIGS (default
 # qwen3-30b), KERNELS ("regex:count ...", default the weight gradient's two launches of a step
 # and the forward kernel's four: FC1 + GLU, FC2, FC2's and FC1's backward data).
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/prof_fp8_out}
+OUT=${OUT:-$PWD/build-prof/fp8_out}
 mkdir -p "$OUT"
 CONFIGS=${CONFIGS:-qwen3-30b}
 KERNELS=${KERNELS:-"sm90_fp8_wgrad_kernel:2 sm90_fp8_kernel:4"}
@@ -30,7 +30,7 @@ for cfg in $CONFIGS; do
             python3 mlp_bench.py --configs "$cfg" --splits balanced --fp8 block --fp8-only --no-compile \
             --iters 1) > "$log" 2>&1
         echo "=== $cfg $kre x$n rc=$?"
-        grep -E "^  [a-z_0-9]+<|^  sm90|Duration|gpu__time_duration|gmma_cycles|lts__t_bytes|dram__bytes|hit_rate|inst_executed|issue_stalled" "$log" |
+        grep -E "^  [a-z_0-9]+<|^  sm90|Duration|gpu__time_duration|lts__t_bytes|dram__bytes|hit_rate|inst_executed|issue_stalled" "$log" |
             sed -E 's/smsp__average_warps_issue_stalled_(.*)_per_issue_active.ratio/stall_\1/' | head -80
     done
 done
