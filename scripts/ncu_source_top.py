@@ -29,8 +29,11 @@ def main():
     if total is None:
         print(f"{path}: no stall-sampling column; columns: {head}")
         return
-    reasons = [i for i, c in enumerate(head) if i != total and "stall" in c.lower() and "Not-issued" not in c
-               and "Sampling (" not in c]
+    def is_reason(c):   # a reason's all-samples column (not its "(Not Issued)" twin, not the totals)
+        c = c.lower()
+        return "stall" in c and "not issued" not in c and "not-issued" not in c and "sampling (" not in c
+
+    reasons = [i for i, c in enumerate(head) if i != total and is_reason(c)]
     all_samples = sum(number(r[total]) for r in body if len(r) > total)
     print(f"{path}: {len(body)} instructions, {all_samples:.0f} stall samples")
     sums = sorted(((sum(number(r[i]) for r in body if len(r) > i), head[i]) for i in reasons), reverse=True)

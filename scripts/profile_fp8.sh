@@ -24,24 +24,24 @@ METRICS="gpu__time_duration.sum,\
 lts__t_bytes.sum.per_second,dram__bytes.sum.per_second,lts__t_sector_hit_rate.pct,\
 smsp__inst_executed.sum$STALLS"
 for cfg in $CONFIGS; do
-  for recipe in ${RECIPES:-block}; do
-    for spec in $KERNELS; do
-        kre=${spec%%:*} n=${spec#*:}
-        log="$OUT/prof_${cfg}_${recipe}_${kre}.log"
-        bench=(python3 mlp_bench.py --configs "$cfg" --splits balanced --fp8 "$recipe" --fp8-only --no-compile --iters 1)
-        (cd bench && timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count "$n" \
-            --section SpeedOfLight --metrics "$METRICS" "${bench[@]}") > "$log" 2>&1
-        echo "=== $cfg $recipe $kre x$n rc=$?"
-        grep -E "^  [a-z_0-9]+<|^  sm90|Duration|gpu__time_duration|lts__t_bytes|dram__bytes|hit_rate|inst_executed|issue_stalled" "$log" |
-            sed -E 's/smsp__average_warps_issue_stalled_(.*)_per_issue_active.ratio/stall_\1/' | head -80
-        [ -n "${SOURCE:-}" ] || continue
-        rep="$OUT/src_${cfg}_${recipe}_${kre}"
-        (cd bench && timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count 1 \
-            --section SourceCounters --section WarpStateStats -f -o "$rep" "${bench[@]}") > "$rep.log" 2>&1
-        ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log"
-        rm -f "$rep.ncu-rep"
-        echo "=== $cfg $recipe $kre: stall samples by instruction"
-        python3 scripts/ncu_source_top.py "$rep.csv" 30
+    for recipe in ${RECIPES:-block}; do
+        for spec in $KERNELS; do
+            kre=${spec%%:*} n=${spec#*:}
+            log="$OUT/prof_${cfg}_${recipe}_${kre}.log"
+            bench=(python3 mlp_bench.py --configs "$cfg" --splits balanced --fp8 "$recipe" --fp8-only --no-compile --iters 1)
+            (cd bench && timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count "$n" \
+                --section SpeedOfLight --metrics "$METRICS" "${bench[@]}") > "$log" 2>&1
+            echo "=== $cfg $recipe $kre x$n rc=$?"
+            grep -E "^  [a-z_0-9]+<|^  sm90|Duration|gpu__time_duration|lts__t_bytes|dram__bytes|hit_rate|inst_executed|issue_stalled" "$log" |
+                sed -E 's/smsp__average_warps_issue_stalled_(.*)_per_issue_active.ratio/stall_\1/' | head -80
+            [ -n "${SOURCE:-}" ] || continue
+            rep="$OUT/src_${cfg}_${recipe}_${kre}"
+            (cd bench && timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count 1 \
+                --section SourceCounters --section WarpStateStats -f -o "$rep" "${bench[@]}") > "$rep.log" 2>&1
+            ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.csv" 2>> "$rep.log"
+            rm -f "$rep.ncu-rep"
+            echo "=== $cfg $recipe $kre: stall samples by instruction"
+            python3 scripts/ncu_source_top.py "$rep.csv" 30
+        done
     done
-  done
 done
