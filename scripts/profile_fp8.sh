@@ -8,7 +8,9 @@
 # qwen3-30b), KERNELS ("regex:count ...", default the weight gradient's two launches of a step
 # and the forward kernel's four: FC1 + GLU, FC2, FC2's and FC1's backward data), RECIPES (the FP8
 # recipes profiled, default block), SOURCE (when set: also each kernel's first launch with the
-# warps' stall samples per SASS instruction, scripts/ncu_source_top.py's table; the page's CSV in OUT).
+# warps' stall samples per SASS instruction, scripts/ncu_source_top.py's table; the page's CSV in OUT),
+# BENCH (the program profiled, run in bench/, instead of the MLP step: e.g. "python3 quant_bench.py
+# 32768 2048 128"; CONFIGS and RECIPES then only name the logs).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/build-prof/fp8_out}
@@ -29,6 +31,7 @@ for cfg in $CONFIGS; do
             kre=${spec%%:*} n=${spec#*:}
             log="$OUT/prof_${cfg}_${recipe}_${kre}.log"
             bench=(python3 mlp_bench.py --configs "$cfg" --splits balanced --fp8 "$recipe" --fp8-only --no-compile --iters 1)
+            [ -n "${BENCH:-}" ] && read -r -a bench <<< "$BENCH"
             (cd bench && timeout 240 ncu --kernel-name-base demangled -k "regex:$kre" --launch-count "$n" \
                 --section SpeedOfLight --metrics "$METRICS" "${bench[@]}") > "$log" 2>&1
             echo "=== $cfg $recipe $kre x$n rc=$?"
